@@ -1,0 +1,170 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Wiring and lifecycle: builds the sources, the metrics pipeline and the profile exporters, runs until stopped.
+
+Nothing here reads hardware or encodes data; each part does its own job and the agent only connects them.
+A source that cannot start (no NVIDIA driver, no BTF, no privileges) is logged once and left out; the rest runs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable
+from types import FrameType
+
+from otel_gpu import selfmetrics, semconv
+from otel_gpu.config import AgentConfig
+from otel_gpu.errors import SourceUnavailable
+from otel_gpu.procfs import ProcessResolver
+from otel_gpu.resource import agent_resource
+
+_logger = logging.getLogger(__name__)
+
+
+class Agent:
+    """One agent process: ``run()`` blocks until SIGINT/SIGTERM or ``--duration`` elapses."""
+
+    def __init__(self, config: AgentConfig) -> None:
+        self.config = config
+        self._stop = threading.Event()
+        self._resolver = ProcessResolver()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def run(self) -> int:
+        config = self.config
+        self._install_signal_handlers()
+        if config.write_files:
+            os.makedirs(config.output.dir, exist_ok=True)
+        with contextlib.ExitStack() as cleanup:
+            pipeline = self._start_metrics(cleanup)
+            gpu = self._start_gpu(cleanup, pipeline)
+            profilers = self._start_profilers(cleanup)
+            exporters = self._start_profile_exporters(cleanup) if profilers else []
+            _logger.info("otel-gpu running: gpu metrics %s, cpu profiling %s; %s",
+                         "on" if gpu else "off", "on" if profilers else "off", self._destinations())
+            self._loop(profilers, exporters)
+            _logger.info("otel-gpu stopping")
+        return 0
+
+    # --- parts -----------------------------------------------------------------------------------------------------
+
+    def _start_metrics(self, cleanup: contextlib.ExitStack):  # type: ignore[no-untyped-def]
+        from otel_gpu.metrics.pipeline import MetricsPipeline
+
+        pipeline = MetricsPipeline(self.config, agent_resource(self.config))
+        cleanup.callback(pipeline.shutdown)
+        return pipeline
+
+    def _start_gpu(self, cleanup: contextlib.ExitStack, pipeline) -> object | None:  # type: ignore[no-untyped-def]
+        if not self.config.gpu.enabled:
+            return None
+        from otel_gpu.gpu.source import NVMLSource
+        from otel_gpu.metrics.gpu_instruments import register_gpu_instruments
+
+        source = NVMLSource(self.config.gpu, self._resolver, interval_s=self.config.metrics.export_interval_s)
+        try:
+            source.open()
+        except SourceUnavailable as exc:
+            _logger.warning("GPU metrics are off: %s", exc)
+            return None
+        cleanup.callback(source.close)
+        source.start()
+        register_gpu_instruments(pipeline.meter("otel_gpu.gpu"), source)
+        return source
+
+    def _start_profilers(self, cleanup: contextlib.ExitStack) -> list:  # type: ignore[type-arg]
+        if not self.config.profiling.enabled:
+            return []
+        try:
+            from otel_gpu.cpu.source import CPUProfileSource
+        except ImportError as exc:  # pragma: no cover - a broken install
+            _logger.warning("CPU profiling is off: %s", exc)
+            return []
+        source = CPUProfileSource(self.config.profiling, self._resolver)
+        try:
+            source.open()
+        except SourceUnavailable as exc:
+            _logger.warning("CPU profiling is off: %s", exc)
+            return []
+        cleanup.callback(source.close)
+        return [source]
+
+    def _start_profile_exporters(self, cleanup: contextlib.ExitStack) -> list:  # type: ignore[type-arg]
+        from otel_gpu.exporters import build_profile_exporters
+
+        exporters = build_profile_exporters(self.config)
+        for exporter in reversed(exporters):
+            cleanup.callback(exporter.shutdown)
+        return exporters
+
+    # --- loop ------------------------------------------------------------------------------------------------------
+
+    def _loop(self, profilers: list, exporters: list) -> None:  # type: ignore[type-arg]
+        interval_s = self.config.profiling.interval_s
+        deadline = time.monotonic() + self.config.duration_s if self.config.duration_s else None
+        next_report = time.monotonic() + interval_s
+        while not self._stop.is_set():
+            now = time.monotonic()
+            wake = next_report if deadline is None else min(next_report, deadline)
+            if self._stop.wait(max(0.0, wake - now)):
+                break
+            now = time.monotonic()
+            if now >= next_report:
+                next_report = now + interval_s
+                self._report(profilers, exporters)
+            if deadline is not None and now >= deadline:
+                break
+        self._report(profilers, exporters)  # what was sampled since the last report is not lost
+
+    def _report(self, profilers: list, exporters: list) -> None:  # type: ignore[type-arg]
+        for source in profilers:
+            started = time.monotonic()
+            try:
+                batch = source.drain()
+            except Exception:  # loop boundary: one bad drain must not stop the agent
+                _logger.exception("draining %s failed", type(source).__name__)
+                selfmetrics.count(semconv.SELF_ERRORS.name, otel_gpu__source="cpu_profiler", otel_gpu__reason="drain")
+                continue
+            selfmetrics.set_gauge(semconv.SELF_COLLECTION_DURATION.name, time.monotonic() - started,
+                                  otel_gpu__source=getattr(source, "name", "profiler"))
+            if batch is None or not batch.processes:
+                continue
+            for exporter in exporters:
+                try:
+                    exporter.export(batch)
+                except Exception:  # exporters should return False, never raise; guard anyway
+                    _logger.exception("profile exporter %s failed", getattr(exporter, "name", exporter))
+
+    # --- helpers ---------------------------------------------------------------------------------------------------
+
+    def _destinations(self) -> str:
+        config = self.config
+        parts = []
+        if (target := config.otlp.metrics_target()) is not None:
+            parts.append(f"metrics -> OTLP {target[0]} {target[1]}")
+        if config.metrics.prometheus_port:
+            parts.append(f"Prometheus scrape on :{config.metrics.prometheus_port}/metrics")
+        if (target := config.otlp.profiles_target()) is not None:
+            parts.append(f"profiles -> OTLP {target[0]} {target[1]}")
+        if config.pyroscope.url:
+            parts.append(f"profiles -> Pyroscope {config.pyroscope.url} ({config.pyroscope.api})")
+        if config.write_files:
+            parts.append(f"files in {config.output.dir}")
+        return ", ".join(parts) or "no destination"
+
+    def _install_signal_handlers(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return
+
+        def handler(signum: int, frame: FrameType | None) -> None:
+            self._stop.set()
+
+        previous: dict[int, Callable[..., object] | int | None] = {}
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            previous[sig] = signal.signal(sig, handler)

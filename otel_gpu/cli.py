@@ -1,0 +1,78 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The ``otel-gpu`` command.
+
+    otel-gpu run [--duration S] [--output-dir DIR] [--otlp-endpoint URL] ...   start the agent
+    otel-gpu config [...]                                                     print the effective configuration
+    otel-gpu --version
+
+Exit codes: 0 success, 1 runtime failure, 2 bad configuration (every problem listed, each naming its flag).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+
+import yaml
+
+from otel_gpu import __version__, config
+
+_EPILOG = """examples:
+  otel-gpu run                                   local mode: files under ./otel-gpu-data and a terminal summary
+  otel-gpu run --otlp-endpoint http://collector:4317
+  OTEL_EXPORTER_OTLP_ENDPOINT=http://mimir:9009/otlp OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf otel-gpu run
+  otel-gpu run --prometheus-port 9400 --pyroscope-url http://pyroscope:4040
+  otel-gpu config --config agent.yaml            show what the agent would use
+"""
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="otel-gpu", description="OpenTelemetry-native GPU profiler and metrics agent",
+                                     epilog=_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"otel-gpu {__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    run = commands.add_parser("run", help="run the agent until interrupted (or for --duration seconds)",
+                              epilog=_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    config.add_arguments(run)
+    show = commands.add_parser("config", help="print the effective configuration (secrets masked) and exit")
+    config.add_arguments(show)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # argparse exits 2 on unknown flags already; keep --help / --version at 0
+        return int(exc.code or 0)
+    if args.command is None:
+        parser.print_help()
+        return config.EXIT_CONFIG_ERROR
+    try:
+        cfg = config.load(args)
+    except config.ConfigError as exc:
+        print("otel-gpu: bad configuration:", file=sys.stderr)
+        for problem in exc.problems:
+            print(f"  - {problem}", file=sys.stderr)
+        return config.EXIT_CONFIG_ERROR
+    if args.command == "config":
+        sys.stdout.write(yaml.safe_dump(config.effective(cfg), sort_keys=False))
+        return 0
+
+    from otel_gpu import _log
+    from otel_gpu.agent import Agent
+
+    _log.configure(cfg.log_level)
+    try:
+        return Agent(cfg).run()
+    except KeyboardInterrupt:
+        return 0
+    except Exception:  # the one boundary where anything unexpected becomes exit code 1 with a traceback
+        logging.getLogger("otel_gpu").exception("the agent failed")
+        return 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

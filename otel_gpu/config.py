@@ -1,0 +1,569 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The agent's configuration: one frozen object, built from flag > environment > YAML file > default.
+
+This module is the only reader of the environment. Every option is declared once in ``OPTIONS``; the command-line
+flags, the ``OTEL_GPU_*`` variables, the YAML keys and the validation messages all come from that table.
+Standard OpenTelemetry variables (``OTEL_EXPORTER_OTLP_*``, ``OTEL_RESOURCE_ATTRIBUTES``, ``OTEL_SERVICE_NAME``,
+``OTEL_METRIC_EXPORT_INTERVAL``) mean what the OpenTelemetry specification says they mean.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import urllib.parse
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+EXIT_CONFIG_ERROR = 2
+
+_PROTOCOLS = ("grpc", "http/protobuf")
+_LOG_LEVELS = ("debug", "info", "warning", "error")
+_TRISTATE = ("auto", "on", "off")
+_PYROSCOPE_APIS = ("otlp", "ingest")
+
+
+class ConfigError(Exception):
+    """Bad configuration. ``problems`` lists every problem found, each naming its flag and allowed values."""
+
+    def __init__(self, problems: Sequence[str]) -> None:
+        super().__init__("\n".join(problems))
+        self.problems = list(problems)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OTLPConfig:
+    """Where OTLP data goes. Empty endpoints mean "no OTLP backend"."""
+
+    endpoint: str = ""
+    metrics_endpoint: str = ""
+    profiles_endpoint: str = ""
+    protocol: str = "grpc"
+    metrics_protocol: str = ""
+    profiles_protocol: str = ""
+    headers: tuple[tuple[str, str], ...] = ()
+    metrics_headers: tuple[tuple[str, str], ...] = ()
+    profiles_headers: tuple[tuple[str, str], ...] = ()
+    certificate: str = ""
+    insecure: bool = False
+    compression: str = "gzip"
+    timeout_s: float = 10.0
+
+    def metrics_target(self) -> tuple[str, str] | None:
+        """(protocol, URL) of the metrics backend, or None when none is configured.
+
+        A signal-specific endpoint is used as-is; the generic endpoint gets ``/v1/metrics`` appended for HTTP.
+        """
+        protocol = self.metrics_protocol or self.protocol
+        if self.metrics_endpoint:
+            return protocol, self.metrics_endpoint
+        if self.endpoint:
+            return protocol, _signal_url(self.endpoint, protocol, "v1/metrics")
+        return None
+
+    def profiles_target(self) -> tuple[str, str] | None:
+        """(protocol, URL) of the profiles backend, or None when none is configured."""
+        protocol = self.profiles_protocol or self.protocol
+        if self.profiles_endpoint:
+            return protocol, self.profiles_endpoint
+        if self.endpoint:
+            return protocol, _signal_url(self.endpoint, protocol, "v1development/profiles")
+        return None
+
+    def headers_for(self, signal: str) -> dict[str, str]:
+        """Generic headers overlaid with the signal's own (``metrics`` or ``profiles``)."""
+        merged = dict(self.headers)
+        merged.update(dict(self.metrics_headers if signal == "metrics" else self.profiles_headers))
+        return merged
+
+
+def _signal_url(endpoint: str, protocol: str, path: str) -> str:
+    if protocol == "grpc":
+        return endpoint
+    return endpoint.rstrip("/") + "/" + path
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MetricsConfig:
+    """Metric export cadence and the Prometheus scrape endpoint."""
+
+    export_interval_s: float = 10.0
+    prometheus_port: int = 0
+    prometheus_host: str = "0.0.0.0"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GPUConfig:
+    """NVML collection."""
+
+    enabled: bool = True
+    per_process: bool = True
+    collection_timeout_s: float = 5.0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ProfilingConfig:
+    """eBPF CPU profiling and which processes it covers."""
+
+    enabled: bool = True
+    frequency_hz: int = 19
+    interval_s: float = 10.0
+    pids: tuple[int, ...] = ()
+    process_name: str = ""
+    container_id: str = ""
+    include_self: bool = False
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PyroscopeConfig:
+    """Grafana Pyroscope as a direct profiles backend."""
+
+    url: str = ""
+    api: str = "otlp"
+    tenant_id: str = ""
+    basic_auth_user: str = ""
+    basic_auth_password: str = ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OutputConfig:
+    """Local output: files under ``dir`` and the terminal summary."""
+
+    dir: str = "./otel-gpu-data"
+    files: str = "auto"
+    console: str = "auto"
+    queue_max_bytes: int = 64 * 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AgentConfig:
+    """The effective configuration of one agent process."""
+
+    config_file: str = ""
+    duration_s: float = 0.0
+    log_level: str = "info"
+    service_name: str = "otel-gpu"
+    node_name: str = ""
+    resource_attributes: tuple[tuple[str, str], ...] = ()
+    otlp: OTLPConfig = field(default_factory=OTLPConfig)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    gpu: GPUConfig = field(default_factory=GPUConfig)
+    profiling: ProfilingConfig = field(default_factory=ProfilingConfig)
+    pyroscope: PyroscopeConfig = field(default_factory=PyroscopeConfig)
+    output: OutputConfig = field(default_factory=OutputConfig)
+
+    @property
+    def has_backend(self) -> bool:
+        """True when any remote backend (OTLP, Prometheus scrape, Pyroscope) is configured."""
+        return bool(
+            self.otlp.metrics_target() or self.otlp.profiles_target() or self.pyroscope.url
+            or self.metrics.prometheus_port
+        )
+
+    @property
+    def write_files(self) -> bool:
+        """Whether metrics and profiles also go to files under ``output.dir``."""
+        return self.output.files == "on" or (self.output.files == "auto" and not self.has_backend)
+
+    @property
+    def show_console(self) -> bool:
+        """Whether the terminal summary is printed each interval."""
+        return self.output.console == "on" or (self.output.console == "auto" and not self.has_backend)
+
+
+# --- option table -------------------------------------------------------------------------------------------------
+
+Parser = Callable[[str], Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Option:
+    """One configuration option and every way to set it."""
+
+    path: str  # "group.field" or "field"
+    flag: str
+    help: str
+    parse: Parser
+    env: tuple[str, ...] = ()
+    choices: tuple[str, ...] = ()
+    check: Callable[[Any], str | None] | None = None
+    secret: bool = False
+    repeatable: bool = False
+    boolean: bool = False
+
+
+def _bool(text: str) -> bool:
+    value = str(text).strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"{text!r} is not a boolean (true/false)")
+
+
+def _pairs(text: str) -> tuple[tuple[str, str], ...]:
+    """``k1=v1,k2=v2`` (W3C baggage style, as OTEL_EXPORTER_OTLP_HEADERS), values URL-decoded."""
+    if isinstance(text, Mapping):
+        return tuple((str(k), str(v)) for k, v in text.items())
+    out: list[tuple[str, str]] = []
+    for item in str(text).split(","):
+        item = item.strip()
+        if not item:
+            continue
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"{item!r} is not key=value")
+        out.append((urllib.parse.unquote(key.strip()), urllib.parse.unquote(value.strip())))
+    return tuple(out)
+
+
+def _millis_to_s(text: str) -> float:
+    return float(text) / 1000.0
+
+
+def _positive(limit: str) -> Callable[[Any], str | None]:
+    def check(value: Any) -> str | None:
+        return None if value > 0 else f"must be greater than 0 ({limit})"
+
+    return check
+
+
+def _range(low: float, high: float) -> Callable[[Any], str | None]:
+    def check(value: Any) -> str | None:
+        return None if low <= value <= high else f"must be between {low:g} and {high:g}"
+
+    return check
+
+
+def _url(value: Any) -> str | None:
+    if not value:
+        return None
+    parsed = urllib.parse.urlparse(str(value))
+    if parsed.scheme not in ("http", "https") or not parsed.netloc:
+        return "must be an http:// or https:// URL"
+    return None
+
+
+def _regex(value: Any) -> str | None:
+    try:
+        re.compile(value)
+    except re.error as exc:
+        return f"is not a valid regular expression ({exc})"
+    return None
+
+
+def _port(value: Any) -> str | None:
+    return None if 0 <= value <= 65535 else "must be between 0 (off) and 65535"
+
+
+OPTIONS: tuple[Option, ...] = (
+    Option("duration_s", "--duration", "stop after this many seconds (0: run until interrupted)", float,
+           env=("OTEL_GPU_DURATION",), check=_range(0, 10**9)),
+    Option("log_level", "--log-level", "log level", str, env=("OTEL_GPU_LOG_LEVEL", "OTEL_LOG_LEVEL"),
+           choices=_LOG_LEVELS),
+    Option("service_name", "--service-name", "service.name of the agent's own resource", str,
+           env=("OTEL_SERVICE_NAME",)),
+    Option("node_name", "--node-name", "Kubernetes node name (k8s.node.name; set it from the downward API)", str,
+           env=("OTEL_GPU_NODE_NAME", "K8S_NODE_NAME", "NODE_NAME")),
+    Option("resource_attributes", "--resource-attributes", "extra resource attributes, k1=v1,k2=v2", _pairs,
+           env=("OTEL_RESOURCE_ATTRIBUTES",)),
+    # OTLP
+    Option("otlp.endpoint", "--otlp-endpoint", "OTLP endpoint for every signal (e.g. http://collector:4317)", str,
+           env=("OTEL_EXPORTER_OTLP_ENDPOINT",), check=_url),
+    Option("otlp.metrics_endpoint", "--otlp-metrics-endpoint", "OTLP endpoint for metrics, used as-is", str,
+           env=("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT",), check=_url),
+    Option("otlp.profiles_endpoint", "--otlp-profiles-endpoint", "OTLP endpoint for profiles, used as-is", str,
+           env=("OTEL_EXPORTER_OTLP_PROFILES_ENDPOINT",), check=_url),
+    Option("otlp.protocol", "--otlp-protocol", "OTLP transport", str, env=("OTEL_EXPORTER_OTLP_PROTOCOL",),
+           choices=_PROTOCOLS),
+    Option("otlp.metrics_protocol", "--otlp-metrics-protocol", "OTLP transport for metrics", str,
+           env=("OTEL_EXPORTER_OTLP_METRICS_PROTOCOL",), choices=("",) + _PROTOCOLS),
+    Option("otlp.profiles_protocol", "--otlp-profiles-protocol", "OTLP transport for profiles", str,
+           env=("OTEL_EXPORTER_OTLP_PROFILES_PROTOCOL",), choices=("",) + _PROTOCOLS),
+    Option("otlp.headers", "--otlp-headers", "headers for every OTLP request, k1=v1,k2=v2", _pairs,
+           env=("OTEL_EXPORTER_OTLP_HEADERS",), secret=True),
+    Option("otlp.metrics_headers", "--otlp-metrics-headers", "headers for OTLP metrics requests", _pairs,
+           env=("OTEL_EXPORTER_OTLP_METRICS_HEADERS",), secret=True),
+    Option("otlp.profiles_headers", "--otlp-profiles-headers", "headers for OTLP profiles requests", _pairs,
+           env=("OTEL_EXPORTER_OTLP_PROFILES_HEADERS",), secret=True),
+    Option("otlp.certificate", "--otlp-certificate", "PEM file of trusted CA certificates for TLS", str,
+           env=("OTEL_EXPORTER_OTLP_CERTIFICATE",)),
+    Option("otlp.insecure", "--otlp-insecure", "plaintext gRPC (no TLS) for endpoints without a scheme", _bool,
+           env=("OTEL_EXPORTER_OTLP_INSECURE",), boolean=True),
+    Option("otlp.compression", "--otlp-compression", "OTLP compression", str,
+           env=("OTEL_EXPORTER_OTLP_COMPRESSION",), choices=("gzip", "none")),
+    Option("otlp.timeout_s", "--otlp-timeout", "OTLP request timeout in seconds", float,
+           env=("OTEL_GPU_OTLP_TIMEOUT",), check=_positive("seconds")),
+    # metrics
+    Option("metrics.export_interval_s", "--metric-export-interval",
+           "seconds between metric collections and exports (env OTEL_METRIC_EXPORT_INTERVAL is in ms)", float,
+           env=("OTEL_GPU_METRICS_EXPORT_INTERVAL",), check=_range(0.1, 86400)),
+    Option("metrics.prometheus_port", "--prometheus-port", "serve /metrics for Prometheus on this port (0: off)",
+           int, env=("OTEL_GPU_METRICS_PROMETHEUS_PORT",), check=_port),
+    Option("metrics.prometheus_host", "--prometheus-host", "address the Prometheus endpoint binds", str,
+           env=("OTEL_GPU_METRICS_PROMETHEUS_HOST",)),
+    # gpu
+    Option("gpu.enabled", "--gpu-metrics", "collect NVML GPU metrics", _bool, env=("OTEL_GPU_GPU_ENABLED",),
+           boolean=True),
+    Option("gpu.per_process", "--gpu-process-metrics", "per-process GPU memory and SM utilization", _bool,
+           env=("OTEL_GPU_GPU_PER_PROCESS",), boolean=True),
+    Option("gpu.collection_timeout_s", "--gpu-collection-timeout",
+           "seconds a GPU's readings may take before the cycle goes on without them", float,
+           env=("OTEL_GPU_GPU_COLLECTION_TIMEOUT",), check=_positive("seconds")),
+    # profiling
+    Option("profiling.enabled", "--cpu-profiling", "sample CPU stacks with eBPF", _bool,
+           env=("OTEL_GPU_PROFILING_ENABLED",), boolean=True),
+    Option("profiling.frequency_hz", "--profiling-frequency-hz", "CPU samples per second per CPU", int,
+           env=("OTEL_GPU_PROFILING_FREQUENCY_HZ",), check=_range(1, 10000)),
+    Option("profiling.interval_s", "--profiling-interval", "seconds between profile reports", float,
+           env=("OTEL_GPU_PROFILING_INTERVAL",), check=_range(1, 3600)),
+    Option("profiling.pids", "--pid", "profile only this process (repeatable)", int,
+           env=("OTEL_GPU_PROFILING_PIDS",), repeatable=True),
+    Option("profiling.process_name", "--process-name", "profile only processes whose name matches this regex",
+           str, env=("OTEL_GPU_PROFILING_PROCESS_NAME",), check=_regex),
+    Option("profiling.container_id", "--container-id", "profile only processes of this container (id prefix)",
+           str, env=("OTEL_GPU_PROFILING_CONTAINER_ID",)),
+    Option("profiling.include_self", "--profile-self", "include the agent's own process in profiles", _bool,
+           env=("OTEL_GPU_PROFILING_INCLUDE_SELF",), boolean=True),
+    # pyroscope
+    Option("pyroscope.url", "--pyroscope-url", "Grafana Pyroscope base URL (e.g. http://pyroscope:4040)", str,
+           env=("OTEL_GPU_PYROSCOPE_URL",), check=_url),
+    Option("pyroscope.api", "--pyroscope-api", "OTLP profiles (Pyroscope >= 1.20) or the legacy /ingest pprof API",
+           str, env=("OTEL_GPU_PYROSCOPE_API",), choices=_PYROSCOPE_APIS),
+    Option("pyroscope.tenant_id", "--pyroscope-tenant-id", "X-Scope-OrgID for multi-tenant Pyroscope", str,
+           env=("OTEL_GPU_PYROSCOPE_TENANT_ID",)),
+    Option("pyroscope.basic_auth_user", "--pyroscope-user", "basic-auth user for Pyroscope", str,
+           env=("OTEL_GPU_PYROSCOPE_USER",)),
+    Option("pyroscope.basic_auth_password", "--pyroscope-password", "basic-auth password for Pyroscope", str,
+           env=("OTEL_GPU_PYROSCOPE_PASSWORD",), secret=True),
+    # output
+    Option("output.dir", "--output-dir", "folder for local metric and profile files", str,
+           env=("OTEL_GPU_OUTPUT_DIR",)),
+    Option("output.files", "--local-files", "write local files (auto: only when no backend is configured)", str,
+           env=("OTEL_GPU_OUTPUT_FILES",), choices=_TRISTATE),
+    Option("output.console", "--console", "print the terminal summary each interval (auto: only without backend)",
+           str, env=("OTEL_GPU_OUTPUT_CONSOLE",), choices=_TRISTATE),
+    Option("output.queue_max_bytes", "--queue-max-bytes",
+           "bytes of encoded profiles kept for retry while a backend is down", int,
+           env=("OTEL_GPU_OUTPUT_QUEUE_MAX_BYTES",), check=_range(1024, 2**40)),
+)
+
+_BY_PATH = {o.path: o for o in OPTIONS}
+_GROUPS: dict[str, type] = {
+    "otlp": OTLPConfig, "metrics": MetricsConfig, "gpu": GPUConfig, "profiling": ProfilingConfig,
+    "pyroscope": PyroscopeConfig, "output": OutputConfig,
+}
+
+
+def _dest(option: Option) -> str:
+    return option.path.replace(".", "__")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add every option's flag to ``parser``; defaults stay ``None`` so that unset flags are visible."""
+    parser.add_argument("--config", dest="config_file", metavar="FILE", default=None,
+                        help="YAML configuration file (keys as in 'otel-gpu config')")
+    groups: dict[str, argparse._ArgumentGroup] = {}
+    defaults = AgentConfig()
+    for option in OPTIONS:
+        group_name = option.path.split(".")[0] if "." in option.path else "general"
+        group = groups.get(group_name) or parser.add_argument_group(group_name)
+        groups[group_name] = group
+        default = _get(defaults, option.path)
+        help_text = f"{option.help} (default: {_render(default, option)!s}; env {', '.join(option.env)})"
+        if option.boolean:
+            group.add_argument(option.flag, dest=_dest(option), default=None, action=argparse.BooleanOptionalAction,
+                               help=help_text)
+        elif option.repeatable:
+            group.add_argument(option.flag, dest=_dest(option), default=None, action="append", metavar="VALUE",
+                               help=help_text)
+        else:
+            group.add_argument(option.flag, dest=_dest(option), default=None, metavar="VALUE", help=help_text)
+
+
+def load(args: argparse.Namespace | None = None, environ: Mapping[str, str] | None = None) -> AgentConfig:
+    """Build and validate the configuration. Raises ConfigError listing every problem."""
+    environ = os.environ if environ is None else environ
+    values: dict[str, Any] = {}
+    problems: list[str] = []
+    config_file = getattr(args, "config_file", None) or environ.get("OTEL_GPU_CONFIG_FILE", "")
+
+    # layer 1: YAML file
+    if config_file:
+        values.update(_read_yaml(config_file, problems))
+    # layer 2: environment
+    for option in OPTIONS:
+        for name in option.env:
+            if name in environ and environ[name].strip() != "":
+                values[option.path] = (environ[name], f"environment variable {name} (flag {option.flag})")
+                break
+    if "OTEL_METRIC_EXPORT_INTERVAL" in environ and "OTEL_GPU_METRICS_EXPORT_INTERVAL" not in environ:
+        values["metrics.export_interval_s"] = (
+            _Converted(_millis_to_s, environ["OTEL_METRIC_EXPORT_INTERVAL"]),
+            "environment variable OTEL_METRIC_EXPORT_INTERVAL (milliseconds; flag --metric-export-interval)",
+        )
+    # layer 3: flags
+    for option in OPTIONS:
+        raw = getattr(args, _dest(option), None) if args is not None else None
+        if raw is not None:
+            values[option.path] = (raw, f"flag {option.flag}")
+
+    parsed: dict[str, Any] = {}
+    for path, (raw, origin) in values.items():
+        option = _BY_PATH[path]
+        try:
+            value = _parse(option, raw)
+        except (ValueError, TypeError) as exc:
+            problems.append(f"{origin}: {exc}{_allowed(option)}")
+            continue
+        if option.choices and value not in option.choices:
+            problems.append(f"{origin}: {value!r} is not allowed{_allowed(option)}")
+            continue
+        message = _check(option, value)
+        if message:
+            problems.append(f"{origin}: {value!r} {message}")
+            continue
+        parsed[path] = value
+
+    if problems:
+        raise ConfigError(problems)
+    config = _build(parsed, config_file)
+    problems.extend(_cross_checks(config))
+    if problems:
+        raise ConfigError(problems)
+    return config
+
+
+class _Converted:
+    """A raw value with its own parser (for variables whose unit differs from the option's)."""
+
+    def __init__(self, parse: Parser, raw: str) -> None:
+        self.parse, self.raw = parse, raw
+
+
+def _parse(option: Option, raw: Any) -> Any:
+    if isinstance(raw, _Converted):
+        return raw.parse(raw.raw)
+    if option.repeatable:
+        items = raw if isinstance(raw, list | tuple) else [p for p in str(raw).split(",") if p.strip()]
+        return tuple(option.parse(str(item).strip()) for item in items)
+    if option.boolean and isinstance(raw, bool):
+        return raw
+    if option.parse in (int, float) and isinstance(raw, bool):
+        raise ValueError(f"{raw!r} is not a number")
+    if isinstance(raw, Mapping) and option.parse is _pairs:
+        return _pairs(raw)  # type: ignore[arg-type]
+    try:
+        return option.parse(raw if not isinstance(raw, int | float) or option.parse not in (str,) else str(raw))
+    except ValueError as exc:
+        if option.parse in (int, float):
+            raise ValueError(f"{raw!r} is not a valid {option.parse.__name__}") from exc
+        raise
+
+
+def _check(option: Option, value: Any) -> str | None:
+    if option.check is None:
+        return None
+    if option.repeatable:
+        for item in value:
+            message = option.check(item)
+            if message:
+                return message
+        return None
+    return option.check(value)
+
+
+def _allowed(option: Option) -> str:
+    if option.choices:
+        return f" (allowed: {', '.join(repr(c) for c in option.choices if c) or 'any'})"
+    return ""
+
+
+def _read_yaml(path: str, problems: list[str]) -> dict[str, tuple[Any, str]]:
+    try:
+        data = yaml.safe_load(Path(path).read_text()) or {}
+    except OSError as exc:
+        problems.append(f"flag --config: cannot read {path!r}: {exc.strerror}")
+        return {}
+    except yaml.YAMLError as exc:
+        problems.append(f"flag --config: {path!r} is not valid YAML: {exc}")
+        return {}
+    if not isinstance(data, dict):
+        problems.append(f"flag --config: {path!r} must hold a mapping of options")
+        return {}
+    out: dict[str, tuple[Any, str]] = {}
+
+    def walk(prefix: str, node: Mapping[str, Any]) -> None:
+        for key, value in node.items():
+            path_key = f"{prefix}{key}"
+            if isinstance(value, dict) and str(key) in _GROUPS and not prefix:
+                walk(f"{key}.", value)
+            elif path_key in _BY_PATH:
+                out[path_key] = (value, f"{path} key {path_key!r} (flag {_BY_PATH[path_key].flag})")
+            else:
+                known = ", ".join(sorted(_BY_PATH))
+                problems.append(f"flag --config: {path!r} has unknown key {path_key!r} (known keys: {known})")
+
+    walk("", data)
+    return out
+
+
+def _build(parsed: Mapping[str, Any], config_file: str) -> AgentConfig:
+    top: dict[str, Any] = {"config_file": config_file}
+    grouped: dict[str, dict[str, Any]] = {name: {} for name in _GROUPS}
+    for path, value in parsed.items():
+        if "." in path:
+            group, name = path.split(".", 1)
+            grouped[group][name] = value
+        else:
+            top[path] = value
+    for group, kwargs in grouped.items():
+        top[group] = _GROUPS[group](**kwargs)
+    return AgentConfig(**top)
+
+
+def _cross_checks(config: AgentConfig) -> list[str]:
+    problems: list[str] = []
+    if config.otlp.certificate and not Path(config.otlp.certificate).is_file():
+        problems.append(f"flag --otlp-certificate: {config.otlp.certificate!r} is not a readable file")
+    if config.pyroscope.basic_auth_password and not config.pyroscope.basic_auth_user:
+        problems.append("flag --pyroscope-password: needs --pyroscope-user as well")
+    return problems
+
+
+def _get(config: Any, path: str) -> Any:
+    for part in path.split("."):
+        config = getattr(config, part)
+    return config
+
+
+def _render(value: Any, option: Option) -> Any:
+    if option.secret and value:
+        if isinstance(value, tuple):
+            return ",".join(f"{k}=***" for k, _ in value)
+        return "***"
+    if isinstance(value, tuple) and value and isinstance(value[0], tuple):
+        return ",".join(f"{k}={v}" for k, v in value)
+    if isinstance(value, tuple):
+        return ",".join(str(v) for v in value)
+    return value
+
+
+def effective(config: AgentConfig) -> dict[str, Any]:
+    """The configuration as nested YAML-ready data, secrets masked."""
+    out: dict[str, Any] = {}
+    if config.config_file:
+        out["config_file"] = config.config_file
+    for option in OPTIONS:
+        value = _render(_get(config, option.path), option)
+        if "." in option.path:
+            group, name = option.path.split(".", 1)
+            out.setdefault(group, {})[name] = value
+        else:
+            out[option.path] = value
+    return out

@@ -1,0 +1,152 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Every metric name, unit and attribute key the agent emits, in one place.
+
+OpenTelemetry semantic-convention names come first (``hw.*``, ``process.*``, ``container.*``, ``k8s.*``);
+NVIDIA-only readings live under ``nvidia.gpu.*``; the agent's own health under ``otel_gpu.*``.
+Units are base UCUM units: W, J, By, Hz, Cel, s, and ratios 0..1 (unit ``1``).
+No other module spells these strings.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Final
+
+
+@dataclass(frozen=True, slots=True)
+class MetricSpec:
+    """Name, instrument kind, unit and description of one metric."""
+
+    name: str
+    instrument: str  # "gauge" | "counter" | "updowncounter"
+    unit: str
+    description: str
+
+
+# --- attribute keys -------------------------------------------------------------------------------------------------
+HW_ID: Final = "hw.id"
+HW_NAME: Final = "hw.name"
+HW_MODEL: Final = "hw.model"
+HW_VENDOR: Final = "hw.vendor"
+HW_TYPE: Final = "hw.type"
+HW_STATE: Final = "hw.state"
+HW_DRIVER_VERSION: Final = "hw.driver_version"
+HW_GPU_TASK: Final = "hw.gpu.task"
+HW_SENSOR_LOCATION: Final = "hw.sensor_location"
+HW_LIMIT_TYPE: Final = "hw.limit_type"
+ERROR_TYPE: Final = "error.type"
+NETWORK_IO_DIRECTION: Final = "network.io.direction"
+NVIDIA_GPU_INDEX: Final = "nvidia.gpu.index"
+NVIDIA_GPU_PCI_BUS_ID: Final = "nvidia.gpu.pci.bus_id"
+NVIDIA_GPU_CLOCK_TYPE: Final = "nvidia.gpu.clock.type"
+NVIDIA_GPU_THROTTLE_REASON: Final = "nvidia.gpu.throttle.reason"
+NVIDIA_GPU_XID_CODE: Final = "nvidia.gpu.xid.code"
+NVIDIA_GPU_POWER_LIMIT_TYPE: Final = "nvidia.gpu.power.limit_type"
+
+HOST_NAME: Final = "host.name"
+SERVICE_NAME: Final = "service.name"
+SERVICE_VERSION: Final = "service.version"
+K8S_NODE_NAME: Final = "k8s.node.name"
+K8S_POD_UID: Final = "k8s.pod.uid"
+K8S_POD_NAME: Final = "k8s.pod.name"
+K8S_NAMESPACE_NAME: Final = "k8s.namespace.name"
+CONTAINER_ID: Final = "container.id"
+PROCESS_PID: Final = "process.pid"
+PROCESS_EXECUTABLE_NAME: Final = "process.executable.name"
+PROCESS_EXECUTABLE_PATH: Final = "process.executable.path"
+PROCESS_EXECUTABLE_BUILD_ID_GNU: Final = "process.executable.build_id.gnu"
+THREAD_ID: Final = "thread.id"
+THREAD_NAME: Final = "thread.name"
+PROFILE_FRAME_TYPE: Final = "profile.frame.type"
+CUDA_DEVICE: Final = "cuda.device"
+CUDA_STREAM: Final = "cuda.stream"
+CUDA_GRAPH: Final = "cuda.graph"
+
+OTEL_GPU_SOURCE: Final = "otel_gpu.source"
+OTEL_GPU_EXPORTER: Final = "otel_gpu.exporter"
+OTEL_GPU_REASON: Final = "otel_gpu.reason"
+OTEL_GPU_SIGNAL: Final = "otel_gpu.signal"
+
+# --- attribute values -----------------------------------------------------------------------------------------------
+HW_TYPE_GPU: Final = "gpu"
+VENDOR_NVIDIA: Final = "NVIDIA"
+
+# --- GPU metrics (per GPU: hw.id, hw.name, hw.model, nvidia.gpu.index, nvidia.gpu.pci.bus_id) ----------------------
+GPU_UTILIZATION = MetricSpec("hw.gpu.utilization", "gauge", "1",
+                             "Fraction of time the GPU spent on a task (hw.gpu.task: general, encoder, decoder)")
+GPU_MEMORY_USAGE = MetricSpec("hw.gpu.memory.usage", "updowncounter", "By", "GPU memory used")
+GPU_MEMORY_LIMIT = MetricSpec("hw.gpu.memory.limit", "updowncounter", "By", "GPU memory size")
+GPU_MEMORY_UTILIZATION = MetricSpec("hw.gpu.memory.utilization", "gauge", "1", "Fraction of GPU memory used")
+GPU_IO = MetricSpec("hw.gpu.io", "counter", "By", "Bytes moved over PCIe (network.io.direction)")
+GPU_POWER = MetricSpec("hw.power", "gauge", "W", "Power drawn by the GPU")
+GPU_ENERGY = MetricSpec("hw.energy", "counter", "J", "Energy consumed by the GPU since the driver loaded")
+GPU_TEMPERATURE = MetricSpec("hw.temperature", "gauge", "Cel", "GPU temperature")
+GPU_TEMPERATURE_LIMIT = MetricSpec("hw.temperature.limit", "gauge", "Cel",
+                                   "GPU temperature limits (hw.limit_type: high.degraded = slowdown, "
+                                   "high.critical = shutdown)")
+GPU_ERRORS = MetricSpec("hw.errors", "counter", "{error}",
+                        "GPU errors (error.type: corrected, uncorrected, pcie_replay, xid)")
+GPU_STATUS = MetricSpec("hw.status", "updowncounter", "1", "1 for the GPU's current hw.state (ok, failed), else 0")
+GPU_POWER_LIMIT = MetricSpec("nvidia.gpu.power.limit", "gauge", "W", "Enforced power limit")
+GPU_MEMORY_BANDWIDTH_UTILIZATION = MetricSpec("nvidia.gpu.memory.bandwidth.utilization", "gauge", "1",
+                                              "Fraction of time the memory controller was busy")
+GPU_CLOCK_FREQUENCY = MetricSpec("nvidia.gpu.clock.frequency", "gauge", "Hz",
+                                 "Current clock (nvidia.gpu.clock.type: sm, memory)")
+GPU_CLOCK_FREQUENCY_LIMIT = MetricSpec("nvidia.gpu.clock.frequency.limit", "gauge", "Hz",
+                                       "Maximum clock (nvidia.gpu.clock.type: sm, memory)")
+GPU_CLOCK_THROTTLE = MetricSpec("nvidia.gpu.clock.throttle", "gauge", "{reason}",
+                                "1 while the clocks are held back for nvidia.gpu.throttle.reason, else 0")
+GPU_PERFORMANCE_STATE = MetricSpec("nvidia.gpu.performance_state", "gauge", "{state}",
+                                   "Performance state, 0 (P0, highest) to 15 (P15, lowest)")
+GPU_SM_ACTIVITY = MetricSpec("nvidia.gpu.sm.activity", "gauge", "1", "GPM: fraction of time SMs had work (Hopper+)")
+GPU_SM_OCCUPANCY = MetricSpec("nvidia.gpu.sm.occupancy", "gauge", "1",
+                              "GPM: resident warps over the maximum (Hopper+)")
+GPU_TENSOR_ACTIVITY = MetricSpec("nvidia.gpu.tensor.activity", "gauge", "1",
+                                 "GPM: fraction of time any tensor pipe was active (Hopper+)")
+GPU_DRAM_ACTIVITY = MetricSpec("nvidia.gpu.dram.activity", "gauge", "1",
+                               "GPM: fraction of peak DRAM bandwidth used (Hopper+)")
+
+# --- per-process GPU metrics (process.pid, process.executable.name, container.id, k8s.pod.uid + GPU attrs) ---------
+GPU_PROCESS_MEMORY_USAGE = MetricSpec("nvidia.gpu.process.memory.usage", "updowncounter", "By",
+                                      "GPU memory used by the process")
+GPU_PROCESS_SM_UTILIZATION = MetricSpec("nvidia.gpu.process.sm.utilization", "gauge", "1",
+                                        "Fraction of time the process had kernels on the GPU's SMs")
+
+# --- the agent's own health ----------------------------------------------------------------------------------------
+SELF_COLLECTION_DURATION = MetricSpec("otel_gpu.collection.duration", "gauge", "s",
+                                      "Wall time of the last collection cycle (otel_gpu.source)")
+SELF_EXPORT_FAILURES = MetricSpec("otel_gpu.export.failures", "counter", "{failure}",
+                                  "Exports that failed (otel_gpu.exporter, otel_gpu.signal)")
+SELF_DROPPED = MetricSpec("otel_gpu.dropped", "counter", "{item}",
+                          "Data the agent had to drop (otel_gpu.reason, otel_gpu.signal)")
+SELF_ERRORS = MetricSpec("otel_gpu.source.errors", "counter", "{error}",
+                         "Errors reading a source, by otel_gpu.source and otel_gpu.reason")
+
+GPU_METRICS: Final = (
+    GPU_UTILIZATION, GPU_MEMORY_USAGE, GPU_MEMORY_LIMIT, GPU_MEMORY_UTILIZATION, GPU_IO, GPU_POWER, GPU_ENERGY,
+    GPU_TEMPERATURE, GPU_TEMPERATURE_LIMIT, GPU_ERRORS, GPU_STATUS, GPU_POWER_LIMIT, GPU_MEMORY_BANDWIDTH_UTILIZATION,
+    GPU_CLOCK_FREQUENCY, GPU_CLOCK_FREQUENCY_LIMIT, GPU_CLOCK_THROTTLE, GPU_PERFORMANCE_STATE, GPU_SM_ACTIVITY,
+    GPU_SM_OCCUPANCY, GPU_TENSOR_ACTIVITY, GPU_DRAM_ACTIVITY, GPU_PROCESS_MEMORY_USAGE, GPU_PROCESS_SM_UTILIZATION,
+)
+SELF_METRICS: Final = (SELF_COLLECTION_DURATION, SELF_EXPORT_FAILURES, SELF_DROPPED, SELF_ERRORS)
+
+
+def prometheus_name(spec: MetricSpec) -> str:
+    """The name Prometheus-style translation gives ``spec`` (OTel-to-Prometheus compatibility rules).
+
+    Dots become underscores, the unit adds a suffix (By -> bytes, W -> watts, ...), ``{...}`` units add none,
+    gauges with unit ``1`` get ``_ratio`` and monotonic counters ``_total``.
+    """
+    base = spec.name.replace(".", "_")
+    suffix = _UNIT_SUFFIX.get(spec.unit, "")
+    if spec.unit == "1" and spec.instrument == "gauge":
+        suffix = "ratio"
+    if suffix and not base.endswith("_" + suffix):
+        base = f"{base}_{suffix}"
+    if spec.instrument == "counter":
+        base += "_total"
+    return base
+
+
+_UNIT_SUFFIX: Final = {"By": "bytes", "W": "watts", "J": "joules", "Hz": "hertz", "Cel": "celsius", "s": "seconds",
+                       "ns": "nanoseconds"}
