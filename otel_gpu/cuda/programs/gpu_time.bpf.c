@@ -1,0 +1,132 @@
+// SPDX-License-Identifier: GPL-2.0 OR BSD-2-Clause
+/*
+ * GPU-time probes: USDT handlers for otel_gpu:launch/activity/sync/window (fired by libotel_gpu_inject.so).
+ * Each handler adds pid, tid and comm (and, for launches and syncs, a kernel-side user stack as a fallback),
+ * copies the library's record with bpf_probe_read_user into the ring buffer "events", and counts what it could not
+ * deliver in the per-CPU array "drops" (index: enum otel_gpu_drop_reason).
+ */
+#include "vmlinux.h"
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_tracing.h>
+#include <bpf/usdt.bpf.h>
+
+#include "gpu_time.h"
+
+char LICENSE[] SEC("license") = "Dual BSD/GPL";
+
+struct {
+    __uint(type, BPF_MAP_TYPE_RINGBUF);
+    __uint(max_entries, 8 * 1024 * 1024); /* bytes; the loader may resize it before load */
+} events SEC(".maps");
+
+struct {
+    __uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+    __uint(max_entries, OTEL_GPU_DROP_REASONS);
+    __type(key, __u32);
+    __type(value, __u64);
+} drops SEC(".maps");
+
+#define STACK_RECORD_BYTES (sizeof(struct otel_gpu_event) + sizeof(struct otel_gpu_kstack) + OTEL_GPU_MAX_RECORD)
+
+static __always_inline void count_drop(__u32 reason)
+{
+    __u64 *value = bpf_map_lookup_elem(&drops, &reason);
+    if (value)
+        *value += 1;
+}
+
+static __always_inline void fill_event(struct otel_gpu_event *event, __u32 type, __u32 payload_len)
+{
+    __u64 pid_tgid = bpf_get_current_pid_tgid();
+
+    event->type = type;
+    event->pid = pid_tgid >> 32;
+    event->tid = (__u32)pid_tgid;
+    event->payload_len = payload_len;
+    event->ktime_ns = bpf_ktime_get_ns();
+    bpf_get_current_comm(event->comm, sizeof(event->comm));
+}
+
+/* launch and sync: event | kernel-side user stack | the library's record (rec_len bytes). */
+static __always_inline int emit_with_stack(struct pt_regs *ctx, __u32 type, const void *rec, __u64 rec_len)
+{
+    if (rec_len == 0 || rec_len > OTEL_GPU_MAX_RECORD) {
+        count_drop(OTEL_GPU_DROP_BAD_LENGTH);
+        return 0;
+    }
+    void *buf = bpf_ringbuf_reserve(&events, STACK_RECORD_BYTES, 0);
+    if (!buf) {
+        count_drop(OTEL_GPU_DROP_RINGBUF_FULL);
+        return 0;
+    }
+    struct otel_gpu_event *event = buf;
+    struct otel_gpu_kstack *stack = buf + sizeof(struct otel_gpu_event);
+    void *payload = buf + sizeof(struct otel_gpu_event) + sizeof(struct otel_gpu_kstack);
+
+    fill_event(event, type, rec_len);
+    stack->reserved = 0;
+    stack->bytes = bpf_get_stack(ctx, stack->pcs, sizeof(stack->pcs), BPF_F_USER_STACK);
+    if (bpf_probe_read_user(payload, rec_len, rec) != 0) {
+        count_drop(OTEL_GPU_DROP_READ_FAILED);
+        bpf_ringbuf_discard(buf, 0);
+        return 0;
+    }
+    bpf_ringbuf_submit(buf, 0);
+    return 0;
+}
+
+SEC("usdt")
+int BPF_USDT(otel_gpu_launch, const void *rec, __u64 rec_len)
+{
+    return emit_with_stack(ctx, OTEL_GPU_EVENT_LAUNCH, rec, rec_len);
+}
+
+SEC("usdt")
+int BPF_USDT(otel_gpu_sync, const void *rec, __u64 rec_len)
+{
+    return emit_with_stack(ctx, OTEL_GPU_EVENT_SYNC, rec, rec_len);
+}
+
+SEC("usdt")
+int BPF_USDT(otel_gpu_activity, const struct otel_gpu_activity *recs, __u64 count)
+{
+    if (count > OTEL_GPU_ACTIVITY_BATCH) {
+        count_drop(OTEL_GPU_DROP_BAD_LENGTH);
+        count = OTEL_GPU_ACTIVITY_BATCH;
+    }
+    for (__u32 i = 0; i < OTEL_GPU_ACTIVITY_BATCH; i++) {
+        if (i >= count)
+            break;
+        void *buf = bpf_ringbuf_reserve(&events, sizeof(struct otel_gpu_event) + sizeof(struct otel_gpu_activity), 0);
+        if (!buf) {
+            count_drop(OTEL_GPU_DROP_RINGBUF_FULL);
+            continue;
+        }
+        fill_event(buf, OTEL_GPU_EVENT_ACTIVITY, sizeof(struct otel_gpu_activity));
+        if (bpf_probe_read_user(buf + sizeof(struct otel_gpu_event), sizeof(struct otel_gpu_activity), &recs[i]) != 0) {
+            count_drop(OTEL_GPU_DROP_READ_FAILED);
+            bpf_ringbuf_discard(buf, 0);
+            continue;
+        }
+        bpf_ringbuf_submit(buf, 0);
+    }
+    return 0;
+}
+
+SEC("usdt")
+int BPF_USDT(otel_gpu_window, const struct otel_gpu_window *rec)
+{
+    void *buf = bpf_ringbuf_reserve(&events, sizeof(struct otel_gpu_event) + sizeof(struct otel_gpu_window), 0);
+    if (!buf) {
+        count_drop(OTEL_GPU_DROP_RINGBUF_FULL);
+        return 0;
+    }
+    fill_event(buf, OTEL_GPU_EVENT_WINDOW, sizeof(struct otel_gpu_window));
+    if (bpf_probe_read_user(buf + sizeof(struct otel_gpu_event), sizeof(struct otel_gpu_window), rec) != 0) {
+        count_drop(OTEL_GPU_DROP_READ_FAILED);
+        bpf_ringbuf_discard(buf, 0);
+        return 0;
+    }
+    bpf_ringbuf_submit(buf, 0);
+    return 0;
+}
