@@ -1,0 +1,238 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The metrics pipeline: one MeterProvider whose readers send the same instruments to every configured place.
+
+    OTLP (gRPC or HTTP/protobuf)   PeriodicExportingMetricReader, every ``metrics.export_interval_s``
+    Prometheus /metrics            PrometheusMetricReader behind prometheus_client's HTTP server (pull)
+    metrics.jsonl                  OTLP/JSON lines under ``output.dir`` (the local default)
+    terminal table                 printed each interval (the local default)
+
+Every push exporter is wrapped in :class:`CountingExporter`, which turns results into self-metrics
+(``otel_gpu.export.failures``, ``otel_gpu.dropped``) and logs one line when a destination starts failing and one
+when it recovers. Temporality is cumulative for every instrument kind, so a backend that comes back simply
+continues the series. Exporters are built from explicit arguments taken from the config object.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import sys
+import threading
+import urllib.parse
+from pathlib import Path
+from typing import Any
+
+from opentelemetry.metrics import Meter
+from opentelemetry.sdk.metrics import AlwaysOffExemplarFilter, MeterProvider
+from opentelemetry.sdk.metrics.export import (
+    Gauge,
+    MetricExporter,
+    MetricExportResult,
+    MetricReader,
+    MetricsData,
+    PeriodicExportingMetricReader,
+)
+from opentelemetry.sdk.resources import Resource
+
+from otel_gpu import selfmetrics, semconv
+from otel_gpu.config import AgentConfig, OTLPConfig
+from otel_gpu.metrics import CUMULATIVE_EVERYWHERE
+from otel_gpu.metrics.console import ConsoleTableExporter
+from otel_gpu.metrics.files import JsonLinesMetricExporter
+from otel_gpu.metrics.self_instruments import SELF_METER_NAME, register_self_instruments
+
+_logger = logging.getLogger(__name__)
+
+SIGNAL = "metrics"
+_SHUTDOWN_GRACE_S = 5.0
+
+
+class CountingExporter(MetricExporter):
+    """Wraps a push exporter: counts failures and dropped points, logs once per outage, never raises."""
+
+    def __init__(self, inner: MetricExporter, name: str, destination: str) -> None:
+        super().__init__(preferred_temporality=CUMULATIVE_EVERYWHERE)
+        self.inner = inner
+        self.name = name
+        self.destination = destination
+        self.failures_in_outage = 0
+        self._lock = threading.Lock()
+
+    def export(self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: Any) -> MetricExportResult:
+        try:
+            result = self.inner.export(metrics_data, timeout_millis=timeout_millis)
+            reason = getattr(self.inner, "last_error", "") or "the exporter reported a failure"
+        except Exception as exc:  # export boundary: a raising exporter must not stop the reader thread
+            result, reason = MetricExportResult.FAILURE, f"{type(exc).__name__}: {exc}"
+        with self._lock:
+            if result is MetricExportResult.SUCCESS:
+                if self.failures_in_outage:
+                    _logger.info("metrics export to %s (%s) recovered after %d failed exports", self.name,
+                                 self.destination, self.failures_in_outage)
+                    self.failures_in_outage = 0
+                return result
+            self.failures_in_outage += 1
+            first = self.failures_in_outage == 1
+        selfmetrics.count(semconv.SELF_EXPORT_FAILURES.name, otel_gpu__exporter=self.name, otel_gpu__signal=SIGNAL)
+        selfmetrics.count(semconv.SELF_DROPPED.name, _count_points(metrics_data), otel_gpu__reason="export_failed",
+                          otel_gpu__signal=SIGNAL)
+        if first:
+            _logger.warning("metrics export to %s (%s) is failing (%s); counting failures in %s and logging again "
+                            "when it recovers", self.name, self.destination, reason, semconv.SELF_EXPORT_FAILURES.name)
+        return result
+
+    def force_flush(self, timeout_millis: float = 10_000) -> bool:
+        return self.inner.force_flush(timeout_millis)
+
+    def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
+        try:
+            self.inner.shutdown(timeout_millis=timeout_millis)
+        except Exception:  # shutdown boundary: the others must still stop
+            _logger.exception("shutting down the %s metrics exporter failed", self.name)
+
+
+def _count_points(metrics_data: MetricsData) -> int:
+    return sum(len(getattr(metric.data, "data_points", ()))
+               for resource_metrics in metrics_data.resource_metrics
+               for scope_metrics in resource_metrics.scope_metrics
+               for metric in scope_metrics.metrics)
+
+
+def build_otlp_exporter(otlp: OTLPConfig) -> tuple[MetricExporter, str, str] | None:
+    """(exporter, exporter name, URL) for ``otlp.metrics_target()``, or None when no OTLP backend is configured."""
+    target = otlp.metrics_target()
+    if target is None:
+        return None
+    protocol, url = target
+    headers = otlp.headers_for(SIGNAL)
+    if protocol == "grpc":
+        import grpc
+        from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter as GRPCExporter
+
+        scheme = urllib.parse.urlparse(url).scheme
+        insecure = scheme == "http" or (otlp.insecure and scheme != "https")
+        credentials = None
+        if not insecure:
+            root = Path(otlp.certificate).read_bytes() if otlp.certificate else None
+            credentials = grpc.ssl_channel_credentials(root_certificates=root)
+        compression = grpc.Compression.Gzip if otlp.compression == "gzip" else grpc.Compression.NoCompression
+        exporter: MetricExporter = GRPCExporter(
+            endpoint=url, insecure=insecure, credentials=credentials, headers=headers, timeout=otlp.timeout_s,
+            compression=compression, preferred_temporality=CUMULATIVE_EVERYWHERE)
+        return exporter, "otlp_grpc", url
+    from opentelemetry.exporter.otlp.proto.http import Compression as HTTPCompression
+    from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter as HTTPExporter
+
+    exporter = HTTPExporter(
+        endpoint=url, certificate_file=otlp.certificate or None, headers=headers, timeout=otlp.timeout_s,
+        compression=HTTPCompression.Gzip if otlp.compression == "gzip" else HTTPCompression.NoCompression,
+        preferred_temporality=CUMULATIVE_EVERYWHERE)
+    return exporter, "otlp_http", url
+
+
+class MetricsPipeline:
+    """Owns the MeterProvider, its readers and the Prometheus HTTP server. ``shutdown()`` is idempotent."""
+
+    def __init__(self, config: AgentConfig, resource: Resource, *,
+                 extra_readers: tuple[MetricReader, ...] = ()) -> None:
+        self.config = config
+        self.exporters: list[CountingExporter] = []
+        self.prometheus_address: tuple[str, int] | None = None
+        self._prometheus_server: Any = None
+        self._prometheus_thread: threading.Thread | None = None
+        self._shutdown_lock = threading.Lock()
+        self._closed = False
+        interval_ms = config.metrics.export_interval_s * 1000.0
+        timeout_ms = config.otlp.timeout_s * 1000.0
+
+        readers: list[MetricReader] = list(extra_readers)
+        built = build_otlp_exporter(config.otlp)
+        if built is not None:
+            exporter, name, url = built
+            self.exporters.append(CountingExporter(exporter, name, url))
+        if config.write_files:
+            files = JsonLinesMetricExporter(config.output.dir)
+            self.exporters.append(CountingExporter(files, "file", str(files.path)))
+        if config.show_console:
+            console = ConsoleTableExporter(sys.stdout, interval_s=config.metrics.export_interval_s)
+            self.exporters.append(CountingExporter(console, "console", "stdout"))
+        for counting in self.exporters:
+            readers.append(PeriodicExportingMetricReader(counting, export_interval_millis=interval_ms,
+                                                         export_timeout_millis=timeout_ms))
+        if config.metrics.prometheus_port:
+            reader = self._start_prometheus(config.metrics.prometheus_host, config.metrics.prometheus_port)
+            if reader is not None:
+                readers.append(reader)
+
+        self._provider = MeterProvider(metric_readers=readers, resource=resource,
+                                       exemplar_filter=AlwaysOffExemplarFilter(), shutdown_on_exit=False)
+        register_self_instruments(self._provider.get_meter(SELF_METER_NAME))
+
+    def meter(self, name: str) -> Meter:
+        """A Meter of the pipeline's MeterProvider (instrumentation scope ``name``)."""
+        return self._provider.get_meter(name)
+
+    def force_flush(self, timeout_s: float = 10.0) -> bool:
+        """Collect and export now (tests, and a last export before exit)."""
+        return self._provider.force_flush(timeout_millis=timeout_s * 1000.0)
+
+    def shutdown(self) -> None:
+        """Export once more, stop the readers and the Prometheus server. Bounded by the OTLP timeout plus 5 s."""
+        with self._shutdown_lock:
+            if self._closed:
+                return
+            self._closed = True
+        timeout_s = self.config.otlp.timeout_s + _SHUTDOWN_GRACE_S
+        try:
+            self._provider.shutdown(timeout_millis=timeout_s * 1000.0)
+        except Exception:  # shutdown boundary: the HTTP server must still stop
+            _logger.exception("stopping the metric readers failed")
+        if self._prometheus_server is not None:
+            self._prometheus_server.shutdown()
+            self._prometheus_server.server_close()
+            if self._prometheus_thread is not None:
+                self._prometheus_thread.join(timeout=_SHUTDOWN_GRACE_S)
+            self._prometheus_server = None
+
+    def _start_prometheus(self, host: str, port: int) -> MetricReader | None:
+        from opentelemetry.exporter.prometheus import PrometheusMetricReader
+        from prometheus_client import CollectorRegistry, ProcessCollector, start_http_server
+
+        registry = CollectorRegistry()
+        ProcessCollector(registry=registry)  # process_resident_memory_bytes etc. of the agent itself
+        try:
+            server, thread = start_http_server(port, addr=host, registry=registry)
+        except OSError as exc:
+            _logger.error("the Prometheus endpoint is off: cannot listen on %s:%d (%s); change --prometheus-port "
+                          "or --prometheus-host", host, port, exc.strerror or exc)
+            selfmetrics.count(semconv.SELF_ERRORS.name, otel_gpu__source="prometheus", otel_gpu__reason="listen")
+            return None
+        self._prometheus_server, self._prometheus_thread = server, thread
+        self.prometheus_address = (host, server.server_address[1])
+        return _ratio_naming_reader(PrometheusMetricReader)(registry=registry)
+
+
+def _ratio_naming_reader(base: type[MetricReader]) -> type[MetricReader]:
+    """``base`` (the SDK's PrometheusMetricReader) with the OTel-Prometheus rule it lacks: gauges of unit ``1``
+    get the ``_ratio`` suffix, so the scrape names match ``semconv.prometheus_name`` and OTLP-translating backends.
+    """
+
+    class RatioNamingPrometheusReader(base):  # type: ignore[valid-type, misc]
+        def _receive_metrics(self, metrics_data: MetricsData, timeout_millis: float = 10_000,
+                             **kwargs: Any) -> None:
+            super()._receive_metrics(_with_ratio_units(metrics_data), timeout_millis, **kwargs)
+
+    return RatioNamingPrometheusReader
+
+
+def _with_ratio_units(metrics_data: MetricsData | None) -> MetricsData | None:
+    if metrics_data is None:
+        return None
+    return dataclasses.replace(metrics_data, resource_metrics=[
+        dataclasses.replace(resource_metrics, scope_metrics=[
+            dataclasses.replace(scope_metrics, metrics=[
+                dataclasses.replace(metric, unit="ratio")
+                if metric.unit == "1" and isinstance(metric.data, Gauge) else metric
+                for metric in scope_metrics.metrics])
+            for scope_metrics in resource_metrics.scope_metrics])
+        for resource_metrics in metrics_data.resource_metrics])
