@@ -66,6 +66,15 @@ OTEL_GPU_SOURCE: Final = "otel_gpu.source"
 OTEL_GPU_EXPORTER: Final = "otel_gpu.exporter"
 OTEL_GPU_REASON: Final = "otel_gpu.reason"
 OTEL_GPU_SIGNAL: Final = "otel_gpu.signal"
+OTEL_GPU_SAMPLING_FRACTION: Final = "otel_gpu.sampling_fraction"  # profile attribute: share of events measured
+
+# pprof sample label keys (pprof's own snake_case convention; Pyroscope keeps str labels as series labels)
+PPROF_LABEL_PID: Final = "pid"
+PPROF_LABEL_THREAD_ID: Final = "thread_id"
+PPROF_LABEL_THREAD_NAME: Final = "thread_name"
+PPROF_LABEL_CONTAINER_ID: Final = "container_id"
+PPROF_LABEL_TRACE_ID: Final = "trace_id"
+PPROF_LABEL_SPAN_ID: Final = "span_id"
 
 # --- attribute values -----------------------------------------------------------------------------------------------
 HW_TYPE_GPU: Final = "gpu"

@@ -1,0 +1,212 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Pure pprof encoder: :class:`ProfileBatch` -> gzipped ``perftools.profiles.Profile`` bytes.
+
+The wire format is written by hand (a few varint and length-delimited fields), so no pprof ``.proto`` has to be
+compiled. Field numbers follow github.com/google/pprof/proto/profile.proto. Mappings, locations, functions and
+strings are deduplicated; every id is non-zero and ``string_table[0]`` is "".
+
+Sample types: a ``samples/count`` batch (CPU) gets ``samples/count`` and ``<period_type>/<period_unit>``
+(= count x period, e.g. ``cpu/nanoseconds``); any other batch gets its own type (e.g. ``gpu_time/nanoseconds``).
+Labels: ``pid`` and ``thread_id`` (numbers), ``thread_name`` and ``container_id`` (strings), ``trace_id``/``span_id``
+(strings, as Pyroscope reads them) and every :attr:`Sample.attributes` pair (int -> num label, str -> str label).
+"""
+
+from __future__ import annotations
+
+import gzip
+from collections.abc import Iterable
+
+from otel_gpu import semconv
+from otel_gpu.profiles.model import Frame, Mapping, ProcessProfile, ProfileBatch, Sample
+
+# perftools.profiles.Profile field numbers
+_P_SAMPLE_TYPE, _P_SAMPLE, _P_MAPPING, _P_LOCATION, _P_FUNCTION, _P_STRING = 1, 2, 3, 4, 5, 6
+_P_TIME_NANOS, _P_DURATION_NANOS, _P_PERIOD_TYPE, _P_PERIOD, _P_DEFAULT_SAMPLE_TYPE = 9, 10, 11, 12, 14
+
+
+def encode_pprof(batch: ProfileBatch, compress_level: int = 6) -> bytes:
+    """The whole batch (every process) as one gzipped pprof profile."""
+    return gzip.compress(encode_pprof_raw(batch), compresslevel=compress_level, mtime=0)
+
+
+def encode_pprof_raw(batch: ProfileBatch) -> bytes:
+    """The batch as an uncompressed serialized pprof ``Profile`` (what :func:`encode_pprof` gzips)."""
+    return _PprofBuilder(batch).build()
+
+
+def sample_types(batch: ProfileBatch) -> list[tuple[str, str]]:
+    """The (type, unit) pairs of every value of a pprof sample for ``batch``, in order."""
+    kind = batch.type
+    if _is_count(batch):
+        return [(kind.sample_type, kind.sample_unit), (kind.period_type, kind.period_unit)]
+    return [(kind.sample_type, kind.sample_unit)]
+
+
+def _is_count(batch: ProfileBatch) -> bool:
+    kind = batch.type
+    return kind.sample_unit == "count" and bool(kind.period_type) and kind.period > 0
+
+
+class _Writer:
+    """Append-only protobuf wire writer."""
+
+    __slots__ = ("buf",)
+
+    def __init__(self) -> None:
+        self.buf = bytearray()
+
+    def varint(self, value: int) -> None:
+        if value < 0:
+            value += 1 << 64
+        while value > 0x7F:
+            self.buf.append((value & 0x7F) | 0x80)
+            value >>= 7
+        self.buf.append(value)
+
+    def uint(self, field: int, value: int) -> None:
+        """A varint field (int64/uint64/bool); zero is the default and is left out."""
+        if value:
+            self.varint(field << 3)
+            self.varint(value)
+
+    def data(self, field: int, payload: bytes | bytearray) -> None:
+        self.varint((field << 3) | 2)
+        self.varint(len(payload))
+        self.buf += payload
+
+    def packed(self, field: int, values: Iterable[int]) -> None:
+        inner = _Writer()
+        for value in values:
+            inner.varint(value)
+        if inner.buf:
+            self.data(field, inner.buf)
+
+
+class _PprofBuilder:
+    def __init__(self, batch: ProfileBatch) -> None:
+        self.batch = batch
+        self.strings: dict[str, int] = {"": 0}
+        self.mappings: dict[Mapping, int] = {}
+        self.functions: dict[tuple[str, str, str], int] = {}
+        self.locations: dict[Frame, int] = {}
+        self.out = _Writer()
+        self.locations_out = _Writer()
+        self.functions_out = _Writer()
+
+    def s(self, text: str) -> int:
+        index = self.strings.get(text)
+        if index is None:
+            index = self.strings[text] = len(self.strings)
+        return index
+
+    def build(self) -> bytes:
+        batch, out = self.batch, self.out
+        types = sample_types(batch)
+        for type_name, unit in types:
+            out.data(_P_SAMPLE_TYPE, self._value_type(type_name, unit))
+        for process in batch.processes:
+            for sample in process.samples:
+                out.data(_P_SAMPLE, self._sample(process, sample, len(types)))
+        mappings = _Writer()
+        for mapping, mapping_id in self.mappings.items():
+            mappings.data(_P_MAPPING, self._mapping(mapping, mapping_id))
+        out.buf += mappings.buf + self.locations_out.buf + self.functions_out.buf
+        out.uint(_P_TIME_NANOS, batch.start_unix_nano)
+        out.uint(_P_DURATION_NANOS, batch.duration_nano)
+        if batch.type.period_type:
+            out.data(_P_PERIOD_TYPE, self._value_type(batch.type.period_type, batch.type.period_unit))
+        out.uint(_P_PERIOD, batch.type.period)
+        out.uint(_P_DEFAULT_SAMPLE_TYPE, self.s(types[-1][0]))
+        # the string table goes last: every index is known by now
+        strings = _Writer()
+        for text in self.strings:
+            strings.data(_P_STRING, text.encode("utf-8", "replace"))
+        return bytes(out.buf + strings.buf)
+
+    def _value_type(self, type_name: str, unit: str) -> bytearray:
+        w = _Writer()
+        w.uint(1, self.s(type_name))
+        w.uint(2, self.s(unit))
+        return w.buf
+
+    def _sample(self, process: ProcessProfile, sample: Sample, n_values: int) -> bytearray:
+        w = _Writer()
+        w.packed(1, [self._location(frame) for frame in sample.frames])
+        values = [sample.value]
+        if n_values == 2:
+            values.append(sample.value * self.batch.type.period)
+        w.packed(2, values)
+        info = process.process
+        w.data(3, self._label(semconv.PPROF_LABEL_PID, num=info.pid))
+        if sample.thread_id:
+            w.data(3, self._label(semconv.PPROF_LABEL_THREAD_ID, num=sample.thread_id))
+        if sample.thread_name:
+            w.data(3, self._label(semconv.PPROF_LABEL_THREAD_NAME, text=sample.thread_name))
+        if info.container_id:
+            w.data(3, self._label(semconv.PPROF_LABEL_CONTAINER_ID, text=info.container_id))
+        if sample.trace_id:
+            w.data(3, self._label(semconv.PPROF_LABEL_TRACE_ID, text=sample.trace_id))
+        if sample.span_id:
+            w.data(3, self._label(semconv.PPROF_LABEL_SPAN_ID, text=sample.span_id))
+        for key, value in sample.attributes:
+            if isinstance(value, int) and not isinstance(value, bool):
+                w.data(3, self._label(key, num=value))
+            else:
+                w.data(3, self._label(key, text=str(value)))
+        return w.buf
+
+    def _label(self, key: str, *, text: str = "", num: int = 0) -> bytearray:
+        w = _Writer()
+        w.uint(1, self.s(key))
+        if text:
+            w.uint(2, self.s(text))
+        else:
+            w.uint(3, num)
+        return w.buf
+
+    def _mapping_id(self, mapping: Mapping | None) -> int:
+        if mapping is None:
+            return 0
+        mapping_id = self.mappings.get(mapping)
+        if mapping_id is None:
+            mapping_id = self.mappings[mapping] = len(self.mappings) + 1
+        return mapping_id
+
+    def _mapping(self, mapping: Mapping, mapping_id: int) -> bytearray:
+        w = _Writer()
+        w.uint(1, mapping_id)
+        w.uint(2, mapping.start)
+        w.uint(3, mapping.limit)
+        w.uint(4, mapping.file_offset)
+        w.uint(5, self.s(mapping.path))
+        w.uint(6, self.s(mapping.build_id))
+        w.uint(7, 1)  # has_functions: frames carry names, so readers do not try to symbolize again
+        return w.buf
+
+    def _function_id(self, frame: Frame) -> int:
+        key = (frame.function, frame.system_name or frame.function, frame.filename)
+        function_id = self.functions.get(key)
+        if function_id is None:
+            function_id = self.functions[key] = len(self.functions) + 1
+            w = _Writer()
+            w.uint(1, function_id)
+            w.uint(2, self.s(key[0]))
+            w.uint(3, self.s(key[1]))
+            w.uint(4, self.s(key[2]))
+            self.functions_out.data(_P_FUNCTION, w.buf)
+        return function_id
+
+    def _location(self, frame: Frame) -> int:
+        location_id = self.locations.get(frame)
+        if location_id is None:
+            location_id = self.locations[frame] = len(self.locations) + 1
+            w = _Writer()
+            w.uint(1, location_id)
+            w.uint(2, self._mapping_id(frame.mapping))
+            w.uint(3, frame.address)
+            line = _Writer()
+            line.uint(1, self._function_id(frame))
+            line.uint(2, frame.line)
+            w.data(4, line.buf)
+            self.locations_out.data(_P_LOCATION, w.buf)
+        return location_id

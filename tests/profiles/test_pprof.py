@@ -1,0 +1,117 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The pprof encoder: decoded with independently built pprof classes, and read by ``go tool pprof``."""
+
+from __future__ import annotations
+
+import gzip
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from otel_gpu.profiles.pprof import encode_pprof, encode_pprof_raw
+from tests.profiles import batches, pprof_proto
+
+
+def _labels(profile, sample) -> dict[str, object]:  # type: ignore[no-untyped-def]
+    strings = profile.string_table
+    return {strings[label.key]: (strings[label.str] if label.str else label.num) for label in sample.label}
+
+
+def test_cpu_batch_round_trips_with_both_sample_types() -> None:
+    batch = batches.cpu_batch(frequency_hz=100)
+    data = encode_pprof(batch)
+    assert data[:2] == b"\x1f\x8b"
+    assert gzip.decompress(data) == encode_pprof_raw(batch)
+    profile = pprof_proto.decode(data)
+    strings = profile.string_table
+    assert strings[0] == ""
+    assert [(strings[t.type], strings[t.unit]) for t in profile.sample_type] == [("samples", "count"),
+                                                                                  ("cpu", "nanoseconds")]
+    assert (strings[profile.period_type.type], strings[profile.period_type.unit]) == ("cpu", "nanoseconds")
+    assert profile.period == 10_000_000
+    assert profile.time_nanos == batches.START_NS and profile.duration_nanos == batches.DURATION_NS
+    stacks = pprof_proto.stacks(profile)
+    assert stacks == {
+        ("hot_loop", "main"): [30, 300_000_000],
+        ("cold_loop", "main"): [10, 100_000_000],
+        ("ksys_write", "__GI___libc_write", "main"): [5, 50_000_000],
+        ("main",): [7, 70_000_000],
+    }
+
+
+def test_labels_name_process_thread_container_and_trace() -> None:
+    profile = pprof_proto.decode(encode_pprof(batches.cpu_batch()))
+    labels = [_labels(profile, s) for s in profile.sample]
+    assert labels[0] == {"pid": 4242, "thread_id": 4242, "thread_name": "worker", "container_id": "c" * 64}
+    assert labels[1]["thread_id"] == 4243 and labels[1]["thread_name"] == "helper"
+    assert labels[3] == {"pid": 77, "thread_id": 77, "thread_name": "other",
+                         "trace_id": batches.TRACE_ID, "span_id": batches.SPAN_ID}
+    # pid and thread id are numbers (Pyroscope leaves num labels out of its series)
+    pid_key = list(profile.string_table).index("pid")
+    assert all(label.num and not label.str for s in profile.sample for label in s.label if label.key == pid_key)
+
+
+def test_mappings_locations_functions_are_deduplicated() -> None:
+    profile = pprof_proto.decode(encode_pprof(batches.cpu_batch()))
+    strings = profile.string_table
+    assert len(strings) == len(set(strings))
+    assert sorted(strings[m.filename] for m in profile.mapping) == ["/usr/bin/worker",
+                                                                    "/usr/lib/x86_64-linux-gnu/libc.so.6"]
+    exe = next(m for m in profile.mapping if strings[m.filename] == "/usr/bin/worker")
+    assert strings[exe.build_id] == "abcdef0123456789"
+    assert (exe.memory_start, exe.memory_limit, exe.has_functions) == (0x400000, 0x500000, True)
+    assert len(profile.location) == 5  # main, hot, cold, write, ksys: main shared by every stack
+    assert len(profile.function) == 5
+    assert all(loc.id > 0 for loc in profile.location) and all(m.id > 0 for m in profile.mapping)
+    by_name = {strings[f.name]: f for f in profile.function}
+    assert strings[by_name["main"].filename] == "worker.c"
+    main = next(loc for loc in profile.location if loc.line[0].function_id == by_name["main"].id)
+    assert (main.address, main.mapping_id, main.line[0].line) == (0x401000, exe.id, 40)
+    kernel = next(loc for loc in profile.location if loc.line[0].function_id == by_name["ksys_write"].id)
+    assert kernel.mapping_id == 0 and kernel.address == 0xFFFFFFFF81000000
+
+
+def test_gpu_batch_has_its_own_sample_type_and_cuda_labels() -> None:
+    profile = pprof_proto.decode(encode_pprof(batches.gpu_batch()))
+    strings = profile.string_table
+    assert [(strings[t.type], strings[t.unit]) for t in profile.sample_type] == [("gpu_time", "nanoseconds")]
+    assert (strings[profile.period_type.type], profile.period) == ("gpu", 1)
+    stacks = pprof_proto.stacks(profile)
+    assert stacks[("gemm_kernel(float*, int)", "hot_loop", "main")] == [3_000_000]
+    assert stacks[("add_kernel", "cold_loop", "main")] == [1_000_000]
+    labels = _labels(profile, profile.sample[0])
+    assert labels["cuda.stream"] == 7 and labels["pid"] == 4242
+    kernel = next(f for f in profile.function if strings[f.name] == "gemm_kernel(float*, int)")
+    assert strings[kernel.system_name] == "_Z11gemm_kernelPfi"
+
+
+def _go() -> str | None:
+    found = shutil.which("go")
+    if found:
+        return found
+    candidates = sorted(Path("/usr/lib").glob("go-*/bin/go"))
+    return str(candidates[-1]) if candidates else None
+
+
+@pytest.mark.backend
+@pytest.mark.skipif(_go() is None, reason="needs Debian's golang-go for `go tool pprof` (scripts/install-system.sh)")
+def test_go_tool_pprof_reads_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "cpu.pb.gz"
+    path.write_bytes(encode_pprof(batches.cpu_batch(frequency_hz=100)))
+    top = subprocess.run([str(_go()), "tool", "pprof", "-top", "-nodecount=20", str(path)], capture_output=True,
+                         text=True, timeout=120, check=True, env={"HOME": str(tmp_path), "PATH": "/usr/bin:/bin",
+                                                                  "PPROF_TMPDIR": str(tmp_path)})
+    flat = {}
+    for line in top.stdout.splitlines():
+        match = re.match(r"\s*([\d.]+)(ms|s)\s+[\d.]+%\s+[\d.]+%\s+[\d.]+(?:ms|s)\s+[\d.]+%\s+(\S+)", line)
+        if match:
+            flat[match.group(3)] = float(match.group(1)) * (1000 if match.group(2) == "s" else 1)
+    # cpu/nanoseconds (the last sample type) is the default: 30 x 10 ms, 10 x 10 ms, ...
+    assert flat == {"hot_loop": 300.0, "main": 70.0, "cold_loop": 100.0, "ksys_write": 50.0}, top.stdout
+    assert "Type: cpu" in top.stdout
+    tags = subprocess.run([str(_go()), "tool", "pprof", "-tags", str(path)], capture_output=True, text=True,
+                          timeout=120, check=True, env={"HOME": str(tmp_path), "PATH": "/usr/bin:/bin"})
+    assert "thread_name" in tags.stdout and "worker" in tags.stdout and "pid" in tags.stdout
