@@ -1,0 +1,70 @@
+# SPDX-License-Identifier: Apache-2.0
+"""ctypes mirrors of the structs in ``programs/otel_gpu_bpf.h`` (checked against the header by tests/ebpf/test_abi.py)."""
+
+from __future__ import annotations
+
+import ctypes
+import enum
+
+COMM_LEN = 16
+MAX_STACK_DEPTH = 127
+
+
+class CPUStat(enum.IntEnum):
+    """enum otel_gpu_cpu_stat: indices of the CPU sampler's per-CPU statistics array."""
+
+    SAMPLES = 0
+    FILTERED = 1
+    USER_COLLISION = 2
+    KERNEL_COLLISION = 3
+    STACK_ERROR = 4
+    COUNTS_FULL = 5
+    EVENTS_FULL = 6
+
+
+STAT_COUNT = 7
+
+
+class SampleKey(ctypes.Structure):
+    """struct otel_gpu_sample_key."""
+
+    _fields_ = [
+        ("pid", ctypes.c_uint32),
+        ("tid", ctypes.c_uint32),
+        ("user_stack_id", ctypes.c_int32),
+        ("kernel_stack_id", ctypes.c_int32),
+    ]
+
+
+class SampleValue(ctypes.Structure):
+    """struct otel_gpu_sample_value."""
+
+    _fields_ = [("count", ctypes.c_uint64), ("comm", ctypes.c_char * COMM_LEN)]
+
+
+class ProcessEvent(ctypes.Structure):
+    """struct otel_gpu_process_event."""
+
+    _fields_ = [
+        ("pid", ctypes.c_uint32),
+        ("tid", ctypes.c_uint32),
+        ("time_ns", ctypes.c_uint64),
+        ("comm", ctypes.c_char * COMM_LEN),
+    ]
+
+
+class Control(ctypes.Structure):
+    """struct otel_gpu_control."""
+
+    _fields_ = [("generation", ctypes.c_uint32), ("reserved", ctypes.c_uint32)]
+
+
+StackTrace = ctypes.c_uint64 * MAX_STACK_DEPTH
+
+# Every mirrored struct with its C name, for the layout test.
+STRUCTS: dict[str, type[ctypes.Structure]] = {
+    "otel_gpu_sample_key": SampleKey,
+    "otel_gpu_sample_value": SampleValue,
+    "otel_gpu_process_event": ProcessEvent,
+    "otel_gpu_control": Control,
+}

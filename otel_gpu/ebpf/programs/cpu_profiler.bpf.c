@@ -1,0 +1,154 @@
+// SPDX-License-Identifier: GPL-2.0 OR BSD-2-Clause
+/*
+ * The CPU sampler: attached to a software cpu-clock perf event on every online CPU. Each sample records the user
+ * and kernel stacks (frame-pointer unwinding by bpf_get_stackid) and counts it in the current generation's hash map
+ * keyed by (tgid, tid, user stack id, kernel stack id). User space flips the generation in `control` and drains
+ * the other one. The first sample of a process is announced through the process_events ring buffer.
+ */
+#include "vmlinux.h"
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_tracing.h>
+#include "otel_gpu_bpf.h"
+
+#define EEXIST 17
+#define EFAULT 14
+#define STACK_ENTRIES 8192
+#define COUNT_ENTRIES 16384
+
+char LICENSE[] SEC("license") = "Dual BSD/GPL";
+
+const volatile __u32 self_tgid = 0;   /* the agent's own tgid, left out; 0 = include every process */
+const volatile __u8 filter_pids = 0;  /* 1: sample only tgids present in pid_filter */
+
+struct stack_map {
+    __uint(type, BPF_MAP_TYPE_STACK_TRACE);
+    __uint(max_entries, STACK_ENTRIES);
+    __uint(key_size, sizeof(__u32));
+    __uint(value_size, OTEL_GPU_MAX_STACK_DEPTH * sizeof(__u64));
+};
+
+struct count_map {
+    __uint(type, BPF_MAP_TYPE_HASH);
+    __uint(max_entries, COUNT_ENTRIES);
+    __type(key, struct otel_gpu_sample_key);
+    __type(value, struct otel_gpu_sample_value);
+};
+
+struct stack_map stacks0 SEC(".maps");
+struct stack_map stacks1 SEC(".maps");
+struct count_map counts0 SEC(".maps");
+struct count_map counts1 SEC(".maps");
+
+struct {
+    __uint(type, BPF_MAP_TYPE_ARRAY);
+    __uint(max_entries, 1);
+    __type(key, __u32);
+    __type(value, struct otel_gpu_control);
+} control SEC(".maps");
+
+struct {
+    __uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+    __uint(max_entries, OTEL_GPU_STAT_COUNT);
+    __type(key, __u32);
+    __type(value, __u64);
+} stats SEC(".maps");
+
+struct {
+    __uint(type, BPF_MAP_TYPE_HASH);
+    __uint(max_entries, 1024);
+    __type(key, __u32);
+    __type(value, __u8);
+} pid_filter SEC(".maps");
+
+struct {
+    __uint(type, BPF_MAP_TYPE_LRU_HASH);
+    __uint(max_entries, 16384);
+    __type(key, __u32);
+    __type(value, __u8);
+} known_pids SEC(".maps");
+
+struct {
+    __uint(type, BPF_MAP_TYPE_RINGBUF);
+    __uint(max_entries, 256 * 1024);
+} process_events SEC(".maps");
+
+static __always_inline void bump(__u32 index) {
+    __u64 *value = bpf_map_lookup_elem(&stats, &index);
+    if (value)
+        *value += 1;
+}
+
+static __always_inline void announce(__u32 pid, __u32 tid) {
+    __u8 one = 1;
+    if (bpf_map_lookup_elem(&known_pids, &pid))
+        return;
+    bpf_map_update_elem(&known_pids, &pid, &one, BPF_ANY);
+    struct otel_gpu_process_event *event = bpf_ringbuf_reserve(&process_events, sizeof(*event), 0);
+    if (!event) {
+        bump(OTEL_GPU_STAT_EVENTS_FULL);
+        return;
+    }
+    event->pid = pid;
+    event->tid = tid;
+    event->time_ns = bpf_ktime_get_ns();
+    bpf_get_current_comm(event->comm, sizeof(event->comm));
+    bpf_ringbuf_submit(event, 0);
+}
+
+static __always_inline void check_stack_id(__s32 id, __u32 collision_stat) {
+    if (id >= 0 || id == -EFAULT)
+        return;
+    bump(id == -EEXIST ? collision_stat : OTEL_GPU_STAT_STACK_ERROR);
+}
+
+static __always_inline void count_sample(void *counts, struct otel_gpu_sample_key *key) {
+    struct otel_gpu_sample_value *value = bpf_map_lookup_elem(counts, key);
+    if (value) {
+        __sync_fetch_and_add(&value->count, 1);
+        return;
+    }
+    struct otel_gpu_sample_value fresh = {.count = 1};
+    bpf_get_current_comm(fresh.comm, sizeof(fresh.comm));
+    long err = bpf_map_update_elem(counts, key, &fresh, BPF_NOEXIST);
+    if (err == -EEXIST) { /* another CPU created it meanwhile */
+        value = bpf_map_lookup_elem(counts, key);
+        if (value)
+            __sync_fetch_and_add(&value->count, 1);
+    } else if (err) {
+        bump(OTEL_GPU_STAT_COUNTS_FULL);
+    }
+}
+
+SEC("perf_event")
+int on_cpu_sample(struct bpf_perf_event_data *ctx) {
+    __u64 pid_tgid = bpf_get_current_pid_tgid();
+    __u32 pid = pid_tgid >> 32;
+    __u32 tid = (__u32)pid_tgid;
+    if (pid == 0) /* the idle task */
+        return 0;
+    if ((self_tgid && pid == self_tgid) || (filter_pids && !bpf_map_lookup_elem(&pid_filter, &pid))) {
+        bump(OTEL_GPU_STAT_FILTERED);
+        return 0;
+    }
+    bump(OTEL_GPU_STAT_SAMPLES);
+    announce(pid, tid);
+
+    __u32 zero = 0;
+    struct otel_gpu_control *ctl = bpf_map_lookup_elem(&control, &zero);
+    __u32 generation = ctl ? ctl->generation : 0;
+    struct otel_gpu_sample_key key = {.pid = pid, .tid = tid};
+    if (generation) {
+        key.user_stack_id = bpf_get_stackid(ctx, &stacks1, BPF_F_USER_STACK);
+        key.kernel_stack_id = bpf_get_stackid(ctx, &stacks1, 0);
+    } else {
+        key.user_stack_id = bpf_get_stackid(ctx, &stacks0, BPF_F_USER_STACK);
+        key.kernel_stack_id = bpf_get_stackid(ctx, &stacks0, 0);
+    }
+    check_stack_id(key.user_stack_id, OTEL_GPU_STAT_USER_COLLISION);
+    check_stack_id(key.kernel_stack_id, OTEL_GPU_STAT_KERNEL_COLLISION);
+    if (generation)
+        count_sample(&counts1, &key);
+    else
+        count_sample(&counts0, &key);
+    return 0;
+}
