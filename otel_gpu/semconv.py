@@ -61,6 +61,10 @@ PROFILE_FRAME_TYPE: Final = "profile.frame.type"
 CUDA_DEVICE: Final = "cuda.device"
 CUDA_STREAM: Final = "cuda.stream"
 CUDA_GRAPH: Final = "cuda.graph"
+CUDA_MEMCPY_KIND: Final = "cuda.memcpy.kind"  # HtoD, DtoH, DtoD, ...
+CUDA_MEMORY_BYTES: Final = "cuda.memory.bytes"  # bytes copied or set
+CUDA_HOST_MEMORY: Final = "cuda.host_memory"  # pageable or pinned host side of a copy
+CUDA_SYNC_API: Final = "cuda.sync.api"  # the driver call that blocked, e.g. cuStreamSynchronize
 
 OTEL_GPU_SOURCE: Final = "otel_gpu.source"
 OTEL_GPU_EXPORTER: Final = "otel_gpu.exporter"
@@ -120,6 +124,15 @@ GPU_PROCESS_MEMORY_USAGE = MetricSpec("nvidia.gpu.process.memory.usage", "updown
                                       "GPU memory used by the process")
 GPU_PROCESS_SM_UTILIZATION = MetricSpec("nvidia.gpu.process.sm.utilization", "gauge", "1",
                                         "Fraction of time the process had kernels on the GPU's SMs")
+
+# --- per-process GPU-time metrics (process.pid, process.executable.name, container.id, k8s.pod.uid) ---------------
+GPU_PROCESS_KERNEL_LAUNCHES = MetricSpec("nvidia.gpu.process.kernel.launches", "counter", "{launch}",
+                                         "CUDA launches (kernels, graphs, copies, sets) estimated from sampled windows")
+GPU_PROCESS_KERNEL_TIME = MetricSpec("nvidia.gpu.process.kernel.time", "counter", "s",
+                                     "GPU execution time of the process's kernels, copies and sets (re-weighted)")
+GPU_PROCESS_SYNC_WAIT_TIME = MetricSpec("nvidia.gpu.process.sync_wait.time", "counter", "s",
+                                        "Time the process's threads spent blocked waiting on the GPU (re-weighted)")
+GPU_TIME_METRICS: Final = (GPU_PROCESS_KERNEL_LAUNCHES, GPU_PROCESS_KERNEL_TIME, GPU_PROCESS_SYNC_WAIT_TIME)
 
 # --- the agent's own health ----------------------------------------------------------------------------------------
 SELF_COLLECTION_DURATION = MetricSpec("otel_gpu.collection.duration", "gauge", "s",

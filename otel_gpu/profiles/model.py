@@ -66,6 +66,16 @@ def cpu_profile_type(frequency_hz: int) -> ProfileType:
     return ProfileType("samples", "count", "cpu", "nanoseconds", round(1e9 / frequency_hz))
 
 
+def gpu_time_profile_type() -> ProfileType:
+    """GPU execution time in nanoseconds: Pyroscope files it as gpu:gpu_time:nanoseconds:gpu:nanoseconds."""
+    return ProfileType("gpu_time", "nanoseconds", "gpu", "nanoseconds", 1)
+
+
+def sync_wait_profile_type() -> ProfileType:
+    """CPU time blocked on the GPU in nanoseconds: Pyroscope files it as gpu_wait:sync_wait:nanoseconds:..."""
+    return ProfileType("sync_wait", "nanoseconds", "gpu_wait", "nanoseconds", 1)
+
+
 @dataclass(frozen=True, slots=True)
 class Sample:
     """A distinct (stack, thread, attributes) with its aggregated value over the profile's duration.

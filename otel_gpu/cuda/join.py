@@ -1,0 +1,165 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Joins sampled launches with their GPU activity by (pid, correlation id), and turns sampling windows into weights.
+
+Pure and single-threaded (the source serialises calls). Whichever side arrives second completes the pair; a graph
+launch stays after its first match so that every kernel of the graph is attributed to the graph launch's stack.
+Maps are bounded per process: the oldest entries are evicted and unmatched ones counted as join misses.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+from otel_gpu.cuda.abi import LAUNCH_GRAPH, Activity, Launch, Window
+
+
+@dataclass(frozen=True, slots=True)
+class GPUWork:
+    """One piece of completed GPU work (kernel, copy, set) with the launch that caused it."""
+
+    launch: Launch
+    activity: Activity
+
+
+@dataclass(slots=True)
+class JoinStats:
+    """Counts since the joiner was created."""
+
+    joined: int = 0
+    launches_unmatched: int = 0   # launches evicted (or forgotten) before any activity arrived
+    activities_unmatched: int = 0  # activities evicted (or forgotten) before their launch arrived
+
+
+@dataclass(slots=True)
+class _ProcessJoin:
+    launches: OrderedDict[int, tuple[Launch, bool]] = field(default_factory=OrderedDict)  # corr -> (launch, matched)
+    activities: OrderedDict[int, list[Activity]] = field(default_factory=OrderedDict)
+    parked_activities: int = 0
+    max_id: int = 0
+
+
+class Joiner:
+    """Pairs :class:`Launch` and :class:`Activity` records of the same (pid, correlation id).
+
+    ``max_pending`` bounds, per process, both the launches kept and the activities waiting for their launch;
+    ``id_window`` drops entries whose correlation id is that far behind the newest one seen (ids grow per process).
+    """
+
+    def __init__(self, max_pending: int = 65536, id_window: int = 1 << 20) -> None:
+        self.max_pending = max_pending
+        self.id_window = id_window
+        self.stats = JoinStats()
+        self._processes: dict[int, _ProcessJoin] = {}
+
+    def add_launch(self, launch: Launch) -> list[GPUWork]:
+        """Record ``launch``; returns the work completed by activities that arrived before it."""
+        proc = self._process(launch.pid, launch.correlation_id)
+        waiting = proc.activities.pop(launch.correlation_id, [])
+        proc.parked_activities -= len(waiting)
+        done = [GPUWork(launch, activity) for activity in waiting]
+        if not done or launch.kind == LAUNCH_GRAPH:
+            proc.launches[launch.correlation_id] = (launch, bool(done))
+            proc.launches.move_to_end(launch.correlation_id)
+        self.stats.joined += len(done)
+        self._bound(proc)
+        return done
+
+    def add_activity(self, activity: Activity) -> list[GPUWork]:
+        """Record ``activity``; returns its work when the launch is known, else parks it."""
+        proc = self._process(activity.pid, activity.correlation_id)
+        entry = proc.launches.get(activity.correlation_id)
+        if entry is None:
+            proc.activities.setdefault(activity.correlation_id, []).append(activity)
+            proc.parked_activities += 1
+            self._bound(proc)
+            return []
+        launch, _ = entry
+        if launch.kind == LAUNCH_GRAPH:
+            proc.launches[activity.correlation_id] = (launch, True)
+        else:
+            del proc.launches[activity.correlation_id]
+        self.stats.joined += 1
+        return [GPUWork(launch, activity)]
+
+    def forget_process(self, pid: int) -> None:
+        """Drop a process that exited; what is still unmatched counts as misses."""
+        proc = self._processes.pop(pid, None)
+        if proc is not None:
+            self.stats.launches_unmatched += sum(1 for _, matched in proc.launches.values() if not matched)
+            self.stats.activities_unmatched += proc.parked_activities
+
+    def pids(self) -> set[int]:
+        return set(self._processes)
+
+    def pending(self, pid: int) -> tuple[int, int]:
+        """(launches kept, activities parked) for ``pid``."""
+        proc = self._processes.get(pid)
+        return (len(proc.launches), proc.parked_activities) if proc else (0, 0)
+
+    def _process(self, pid: int, correlation_id: int) -> _ProcessJoin:
+        proc = self._processes.get(pid)
+        if proc is None:
+            proc = self._processes[pid] = _ProcessJoin()
+        proc.max_id = max(proc.max_id, correlation_id)
+        return proc
+
+    def _bound(self, proc: _ProcessJoin) -> None:
+        oldest_kept = proc.max_id - self.id_window
+        while proc.launches:
+            corr, (_, matched) = next(iter(proc.launches.items()))
+            if len(proc.launches) <= self.max_pending and corr >= oldest_kept:
+                break
+            proc.launches.popitem(last=False)
+            self.stats.launches_unmatched += not matched
+        while proc.activities:
+            corr, waiting = next(iter(proc.activities.items()))
+            if proc.parked_activities <= self.max_pending and corr >= oldest_kept:
+                break
+            proc.activities.popitem(last=False)
+            proc.parked_activities -= len(waiting)
+            self.stats.activities_unmatched += len(waiting)
+
+
+class WindowWeights:
+    """Per-process weights of sampling windows: a window stands for the time since the previous window closed.
+
+    The library reports, at each window's close, the totals ``covered_ns`` (time inside windows) and ``elapsed_ns``
+    (time since it started). Window w's weight is (elapsed_w - elapsed_prev) / (covered_w - covered_prev): the
+    inverse of the sampling fraction over the stretch of time it represents, so weighted sums are unbiased even when
+    the fraction adapts. Using differences of totals also survives a lost window record.
+    """
+
+    def __init__(self, max_windows: int = 4096) -> None:
+        self.max_windows = max_windows
+        self._weights: dict[int, OrderedDict[int, float]] = {}
+        self._last: dict[int, tuple[int, int, float]] = {}  # pid -> (covered, elapsed, weight)
+
+    def add(self, window: Window) -> tuple[float, int, int]:
+        """Record ``window``; returns (weight, covered delta ns, elapsed delta ns)."""
+        covered0, elapsed0, last_weight = self._last.get(window.pid, (0, 0, 1.0))
+        covered = window.covered_ns - covered0
+        elapsed = window.elapsed_ns - elapsed0
+        if covered <= 0 or elapsed < covered:
+            weight = last_weight if covered <= 0 else 1.0
+        else:
+            weight = elapsed / covered
+        self._last[window.pid] = (max(covered0, window.covered_ns), max(elapsed0, window.elapsed_ns), weight)
+        windows = self._weights.setdefault(window.pid, OrderedDict())
+        windows[window.window_id] = weight
+        while len(windows) > self.max_windows:
+            windows.popitem(last=False)
+        return weight, max(covered, 0), max(elapsed, 0)
+
+    def weight(self, pid: int, window_id: int) -> float | None:
+        """The weight of a closed window, None while it is still open (or unknown)."""
+        windows = self._weights.get(pid)
+        return windows.get(window_id) if windows else None
+
+    def latest(self, pid: int) -> float:
+        """The weight of the process's last closed window (1.0 before any): for work whose window never closed."""
+        return self._last.get(pid, (0, 0, 1.0))[2]
+
+    def forget_process(self, pid: int) -> None:
+        self._weights.pop(pid, None)
+        self._last.pop(pid, None)
