@@ -112,6 +112,7 @@ static int g_loaded;
 static char g_file[1024];
 static struct timespec g_file_mtime;
 static off_t g_file_size = -1;
+static ino_t g_file_ino;
 static int g_init_count;
 static double g_t0_s = -1;
 static struct fake_gpu g_gpus[MAX_GPUS];
@@ -269,10 +270,11 @@ static void refresh(void) {
     struct stat st;
     if (g_file[0]) {
         if (stat(g_file, &st) == 0) {
-            if (st.st_size != g_file_size || st.st_mtim.tv_sec != g_file_mtime.tv_sec
+            if (st.st_size != g_file_size || st.st_ino != g_file_ino || st.st_mtim.tv_sec != g_file_mtime.tv_sec
                 || st.st_mtim.tv_nsec != g_file_mtime.tv_nsec) {
                 changed = 1;
                 g_file_size = st.st_size;
+                g_file_ino = st.st_ino;
                 g_file_mtime = st.st_mtim;
             }
         } else if (g_file_size != -1) {
