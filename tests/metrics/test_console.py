@@ -1,0 +1,85 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The terminal table: both GPUs with their readings and top processes; a status line before any data."""
+
+from __future__ import annotations
+
+import io
+
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader, MetricExportResult
+from opentelemetry.sdk.resources import Resource
+
+from otel_gpu.metrics.console import ConsoleTableExporter, render_console
+from tests.metrics.gpu_readings import GIB, SimReadings
+
+PROCESSES = {
+    0: [(101, "trainer", 10 * GIB, 0.4), (102, "notebook", 1 * GIB, 0.0), (103, "tiny", GIB // 2, 0.0),
+        (104, "smallest", GIB // 4, 0.0)],
+    1: [(201, "server", 20 * GIB, 0.65)],
+}
+
+
+def _data(gpus: int = 2):  # type: ignore[no-untyped-def]
+    reader = InMemoryMetricReader()
+    provider = MeterProvider(metric_readers=[reader], resource=Resource({}))
+    SimReadings(provider.get_meter("otel_gpu.gpu"), gpus=gpus, processes=PROCESSES)
+    return reader.get_metrics_data()
+
+
+def test_table_shows_each_gpu_with_its_readings() -> None:
+    text = render_console(_data(), interval_s=10, top_processes=3)
+    lines = text.splitlines()
+    assert "2 GPUs" in lines[0]
+    gpu0 = next(line for line in lines if line.startswith("0 "))
+    gpu1 = next(line for line in lines if line.startswith("1 "))
+    for expected in ("NVIDIA H200", "40%", "16.0/140.4", "300/700", "50C", "1980", "3201"):
+        assert expected in gpu0, (expected, gpu0)
+    for expected in ("70%", "32.0/140.4", "400/700", "60C", "1755", "3201"):
+        assert expected in gpu1, (expected, gpu1)
+
+
+def test_top_processes_by_memory() -> None:
+    text = render_console(_data(), interval_s=10, top_processes=3)
+    lines = text.splitlines()
+    processes0 = lines[lines.index(next(line for line in lines if line.startswith("0 "))) + 1]
+    assert processes0.strip().startswith("processes: 101 trainer 10.0 GiB SM 40%, 102 notebook 1.0 GiB")
+    assert "103 tiny" in processes0 and "smallest" not in processes0 and "(+1 more)" in processes0
+    assert "201 server 20.0 GiB SM 65%" in text
+
+
+def test_status_line_before_any_gpu_data() -> None:
+    reader = InMemoryMetricReader()
+    MeterProvider(metric_readers=[reader], resource=Resource({}))
+    text = render_console(reader.get_metrics_data(), interval_s=5)
+    assert "\n" not in text and "no GPU metrics yet" in text
+    assert "no GPU metrics yet" in render_console(None, interval_s=5)
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_terminal_redraws_in_place_and_pipes_get_plain_blocks() -> None:
+    terminal = _Terminal()
+    exporter = ConsoleTableExporter(terminal, interval_s=1)
+    assert exporter.export(_data()) is MetricExportResult.SUCCESS
+    first = terminal.getvalue()
+    assert "\x1b[" not in first
+    exporter.export(_data())
+    second = terminal.getvalue()[len(first):]
+    table_lines = first.count("\n")
+    assert second.startswith(f"\x1b[{table_lines}F\x1b[J")
+
+    pipe = io.StringIO()
+    plain = ConsoleTableExporter(pipe, interval_s=1)
+    plain.export(_data())
+    plain.export(_data())
+    assert "\x1b" not in pipe.getvalue()
+    assert pipe.getvalue().count("2 GPUs") == 2
+
+
+def test_closed_stream_is_a_failure_not_an_exception() -> None:
+    stream = io.StringIO()
+    stream.close()
+    assert ConsoleTableExporter(stream, interval_s=1).export(_data()) is MetricExportResult.FAILURE

@@ -1,0 +1,197 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The metrics pipeline against real receivers: an OTLP gRPC server, the Prometheus endpoint, a backend outage."""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+import urllib.error
+from collections.abc import Iterator
+from concurrent import futures
+
+import grpc
+import pytest
+from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2, metrics_service_pb2_grpc
+from opentelemetry.proto.metrics.v1.metrics_pb2 import AggregationTemporality
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.resources import Resource
+
+from otel_gpu import selfmetrics, semconv
+from otel_gpu.config import AgentConfig, MetricsConfig, OTLPConfig, OutputConfig
+from otel_gpu.metrics.pipeline import MetricsPipeline
+from tests.backends import free_port, http_get, wait_until
+from tests.metrics.gpu_readings import SimReadings
+
+RESOURCE = Resource({"service.name": "pipeline-test", "host.name": "test-host"})
+QUIET = OutputConfig(files="off", console="off")
+
+
+class _Receiver(metrics_service_pb2_grpc.MetricsServiceServicer):
+    """A real OTLP/gRPC metrics endpoint that keeps what it receives."""
+
+    def __init__(self) -> None:
+        self.requests: list[metrics_service_pb2.ExportMetricsServiceRequest] = []
+        self.metadata: list[dict[str, str]] = []
+        self.lock = threading.Lock()
+
+    def Export(self, request, context):  # type: ignore[no-untyped-def]  # noqa: N802 - gRPC method name
+        with self.lock:
+            self.requests.append(request)
+            self.metadata.append(dict(context.invocation_metadata()))
+        return metrics_service_pb2.ExportMetricsServiceResponse()
+
+    def names(self) -> set[str]:
+        with self.lock:
+            return {m.name for r in self.requests for rm in r.resource_metrics for sm in rm.scope_metrics
+                    for m in sm.metrics}
+
+    def points(self, name: str) -> list:  # type: ignore[type-arg]
+        with self.lock:
+            return [p for r in self.requests for rm in r.resource_metrics for sm in rm.scope_metrics
+                    for m in sm.metrics if m.name == name for p in getattr(m, m.WhichOneof("data")).data_points]
+
+
+def _serve(port: int) -> tuple[grpc.Server, _Receiver]:
+    receiver = _Receiver()
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(receiver, server)
+    server.add_insecure_port(f"127.0.0.1:{port}")
+    server.start()
+    return server, receiver
+
+
+@pytest.fixture(autouse=True)
+def _fresh_selfmetrics() -> Iterator[None]:
+    selfmetrics.reset()
+    yield
+    selfmetrics.reset()
+
+
+def _grpc_config(port: int, **otlp: object) -> AgentConfig:
+    return AgentConfig(otlp=OTLPConfig(endpoint=f"http://127.0.0.1:{port}", protocol="grpc", **otlp),  # type: ignore[arg-type]
+                       metrics=MetricsConfig(export_interval_s=0.2), output=QUIET)
+
+
+def test_otlp_grpc_export_is_cumulative_with_headers_and_resource() -> None:
+    port = free_port()
+    server, receiver = _serve(port)
+    pipeline = MetricsPipeline(_grpc_config(port, headers=(("authorization", "Bearer s3cret"),)), RESOURCE)
+    try:
+        SimReadings(pipeline.meter("otel_gpu.gpu"), gpus=2)
+        wait_until(lambda: len(receiver.points(semconv.GPU_ENERGY.name)) >= 4, 20, "two exports with energy")
+    finally:
+        pipeline.shutdown()
+        server.stop(0)
+    assert receiver.metadata[0]["authorization"] == "Bearer s3cret"
+    resource = {a.key: a.value.string_value for a in receiver.requests[0].resource_metrics[0].resource.attributes}
+    assert resource == {"service.name": "pipeline-test", "host.name": "test-host"}
+    assert {semconv.GPU_UTILIZATION.name, semconv.GPU_MEMORY_USAGE.name, semconv.GPU_ENERGY.name} <= receiver.names()
+    with receiver.lock:
+        sums = [m.sum for r in receiver.requests for rm in r.resource_metrics for sm in rm.scope_metrics
+                for m in sm.metrics if m.WhichOneof("data") == "sum"]
+    assert sums and {s.aggregation_temporality for s in sums} == {
+        AggregationTemporality.AGGREGATION_TEMPORALITY_CUMULATIVE}
+    energy = receiver.points(semconv.GPU_ENERGY.name)
+    gpu0 = [p for p in energy if p.attributes[0].value.string_value.endswith("000000000000")]
+    assert len({p.start_time_unix_nano for p in gpu0}) == 1  # one cumulative series, not deltas
+    assert gpu0[-1].as_double > gpu0[0].as_double >= 1e6
+
+
+def test_backend_down_then_back_counts_failures_logs_once_and_recovers(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="otel_gpu.metrics.pipeline")
+    port = free_port()  # nothing listens here yet: the backend is down
+    pipeline = MetricsPipeline(_grpc_config(port, timeout_s=0.5), RESOURCE)
+    server = None
+    try:
+        SimReadings(pipeline.meter("otel_gpu.gpu"), gpus=2)
+        wait_until(lambda: selfmetrics.total(semconv.SELF_EXPORT_FAILURES.name, otel_gpu__exporter="otlp_grpc") >= 3,
+                   30, "three failed exports")
+        assert selfmetrics.total(semconv.SELF_DROPPED.name, otel_gpu__reason="export_failed") > 0
+        failing = [r for r in caplog.records if "is failing" in r.getMessage()]
+        assert len(failing) == 1 and f"127.0.0.1:{port}" in failing[0].getMessage()
+        server, receiver = _serve(port)  # the backend comes back on the same port
+        wait_until(lambda: receiver.points(semconv.GPU_UTILIZATION.name), 30, "metrics after recovery")
+        wait_until(lambda: [r for r in caplog.records if "recovered after" in r.getMessage()], 10, "recovery log")
+        # the failures the agent counted are in its own self-metrics, exported once the backend is back
+        wait_until(lambda: [p for p in receiver.points(semconv.SELF_EXPORT_FAILURES.name) if p.as_int >= 3], 10,
+                   "otel_gpu.export.failures at the backend")
+    finally:
+        pipeline.shutdown()
+        if server is not None:
+            server.stop(0)
+    assert len([r for r in caplog.records if "is failing" in r.getMessage()]) == 1
+    assert len([r for r in caplog.records if "recovered after" in r.getMessage()]) == 1
+
+
+def test_prometheus_endpoint_serves_prometheus_names_and_stops_on_shutdown() -> None:
+    port = free_port()
+    config = AgentConfig(metrics=MetricsConfig(export_interval_s=60, prometheus_port=port,
+                                               prometheus_host="127.0.0.1"), output=QUIET)
+    pipeline = MetricsPipeline(config, RESOURCE)
+    readings = SimReadings(pipeline.meter("otel_gpu.gpu"), gpus=2, processes={1: [(77, "server", 3 * 1024**3, 0.25)]})
+    selfmetrics.count(semconv.SELF_DROPPED.name, 5, otel_gpu__reason="test", otel_gpu__signal="metrics")
+    try:
+        text = http_get(f"http://127.0.0.1:{port}/metrics").decode()
+    finally:
+        pipeline.shutdown()
+    samples = [line for line in text.splitlines() if line and not line.startswith("#")]
+    for spec in readings.specs + [semconv.SELF_DROPPED]:
+        assert any(s.startswith(semconv.prometheus_name(spec) + "{") for s in samples), semconv.prometheus_name(spec)
+    gpu1 = 'hw_id="GPU-00000000-fa4e-4c1d-9a6b-000000000001"'
+    assert any(s.startswith("hw_gpu_utilization_ratio{") and gpu1 in s and s.endswith(" 0.7") for s in samples)
+    assert any(s.startswith("hw_gpu_memory_usage_bytes{") and gpu1 in s and float(s.split()[-1]) == 32 * 1024**3
+               for s in samples)
+    assert any(s.startswith("nvidia_gpu_process_memory_usage_bytes{") and 'process_pid="77"' in s
+               and 'process_executable_name="server"' in s for s in samples)
+    assert any(s.startswith("otel_gpu_dropped_total{") and s.endswith(" 5.0") for s in samples)
+    assert any(s.startswith("process_resident_memory_bytes") for s in samples)
+    with pytest.raises(urllib.error.URLError):
+        http_get(f"http://127.0.0.1:{port}/metrics", timeout_s=2)
+
+
+def test_prometheus_port_in_use_is_logged_counted_and_the_rest_runs(caplog: pytest.LogCaptureFixture) -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        memory = InMemoryMetricReader()
+        config = AgentConfig(metrics=MetricsConfig(prometheus_port=port, prometheus_host="127.0.0.1"), output=QUIET)
+        pipeline = MetricsPipeline(config, RESOURCE, extra_readers=(memory,))
+        try:
+            SimReadings(pipeline.meter("otel_gpu.gpu"), gpus=1)
+            names = {m.name for rm in memory.get_metrics_data().resource_metrics for sm in rm.scope_metrics
+                     for m in sm.metrics}
+        finally:
+            pipeline.shutdown()
+    assert pipeline.prometheus_address is None
+    assert [r for r in caplog.records if "--prometheus-port" in r.getMessage()]
+    assert selfmetrics.total(semconv.SELF_ERRORS.name, otel_gpu__source="prometheus") == 1
+    assert semconv.GPU_UTILIZATION.name in names and semconv.SELF_ERRORS.name in names
+
+
+def test_self_metrics_are_reported_under_their_names() -> None:
+    memory = InMemoryMetricReader()
+    pipeline = MetricsPipeline(AgentConfig(output=QUIET), RESOURCE, extra_readers=(memory,))
+    selfmetrics.set_gauge(semconv.SELF_COLLECTION_DURATION.name, 0.025, otel_gpu__source="nvml")
+    selfmetrics.count(semconv.SELF_EXPORT_FAILURES.name, 2, otel_gpu__exporter="otlp_http", otel_gpu__signal="metrics")
+    try:
+        data = memory.get_metrics_data()
+    finally:
+        pipeline.shutdown()
+    found = {(m.name, tuple(sorted(p.attributes.items())), p.value) for rm in data.resource_metrics
+             for sm in rm.scope_metrics for m in sm.metrics for p in m.data.data_points}
+    assert (semconv.SELF_COLLECTION_DURATION.name, (("otel_gpu.source", "nvml"),), 0.025) in found
+    assert (semconv.SELF_EXPORT_FAILURES.name, (("otel_gpu.exporter", "otlp_http"), ("otel_gpu.signal", "metrics")),
+            2) in found
+
+
+def test_shutdown_is_idempotent_and_writes_a_last_file_line(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    config = AgentConfig(metrics=MetricsConfig(export_interval_s=3600),
+                         output=OutputConfig(dir=str(tmp_path), files="on", console="off"))
+    pipeline = MetricsPipeline(config, RESOURCE)
+    SimReadings(pipeline.meter("otel_gpu.gpu"), gpus=2)
+    pipeline.shutdown()
+    pipeline.shutdown()
+    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    assert len(lines) == 1 and semconv.GPU_UTILIZATION.name in lines[0]
