@@ -138,6 +138,8 @@ class OutputConfig:
     files: str = "auto"
     console: str = "auto"
     queue_max_bytes: int = 64 * 1024 * 1024
+    max_profile_files: int = 1000
+    max_profile_bytes: int = 1024 * 1024 * 1024
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -351,6 +353,12 @@ OPTIONS: tuple[Option, ...] = (
     Option("output.queue_max_bytes", "--queue-max-bytes",
            "bytes of encoded profiles kept for retry while a backend is down", int,
            env=("OTEL_GPU_OUTPUT_QUEUE_MAX_BYTES",), check=_range(1024, 2**40)),
+    Option("output.max_profile_files", "--max-profile-files",
+           "most profile files (*.pb.gz) kept in the output folder; the oldest are removed first", int,
+           env=("OTEL_GPU_OUTPUT_MAX_PROFILE_FILES",), check=_range(1, 10**7)),
+    Option("output.max_profile_bytes", "--max-profile-bytes",
+           "most bytes of profile files kept in the output folder; the oldest are removed first", int,
+           env=("OTEL_GPU_OUTPUT_MAX_PROFILE_BYTES",), check=_range(1024, 2**50)),
 )
 
 _BY_PATH = {o.path: o for o in OPTIONS}
