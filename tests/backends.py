@@ -63,6 +63,19 @@ def wait_until(check: Callable[[], Any], timeout_s: float, what: str, interval_s
         time.sleep(interval_s)
 
 
+def settle(read: Callable[[], Any], expected: Any, timeout_s: float = 30.0) -> Any:
+    """Wait until ``read()`` equals ``expected`` (or is non-empty when ``expected`` is None); assert on timeout."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = read()
+        if (value == expected) if expected is not None else bool(value):
+            return value
+        if time.monotonic() >= deadline:
+            assert value == expected, f"still {value!r} after {timeout_s:g} s"
+            raise AssertionError(f"still empty after {timeout_s:g} s")
+        time.sleep(0.25)
+
+
 class _Server:
     """A backend process on 127.0.0.1:``port`` with a PromQL API at ``/api/v1/query``."""
 
