@@ -1,0 +1,68 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Profile exporters: OTLP gRPC/HTTP, Grafana Pyroscope, local pprof files and the terminal summary.
+
+Exporters are transport only: they take a :class:`~otel_gpu.profiles.model.ProfileBatch`, encode it with the pure
+encoders in :mod:`otel_gpu.profiles` and send it. Network exporters queue the encoded bytes for a sender thread
+(bounded in bytes, exponential backoff with jitter), so ``export()`` never blocks the agent's loop.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from otel_gpu.config import AgentConfig
+from otel_gpu.exporters.base import ProfileExporter, QueuedProfileExporter
+from otel_gpu.exporters.console import ConsoleProfileExporter
+from otel_gpu.exporters.files import FilesProfileExporter
+from otel_gpu.exporters.otlp_profiles import OTLPGrpcProfileExporter, OTLPHttpProfileExporter
+from otel_gpu.exporters.pyroscope import PyroscopeIngestExporter, pyroscope_headers, pyroscope_otlp_exporter
+from otel_gpu.exporters.queue import Backoff, RetryQueue
+
+_logger = logging.getLogger(__name__)
+
+__all__ = [
+    "Backoff", "ConsoleProfileExporter", "FilesProfileExporter", "OTLPGrpcProfileExporter", "OTLPHttpProfileExporter",
+    "ProfileExporter", "PyroscopeIngestExporter", "QueuedProfileExporter", "RetryQueue", "build_profile_exporters",
+]
+
+
+def build_profile_exporters(config: AgentConfig) -> list[ProfileExporter]:
+    """Every profile destination the configuration names, in a stable order: OTLP, Pyroscope, files, console."""
+    exporters: list[ProfileExporter] = []
+    otlp = config.otlp
+    queue_max_bytes = config.output.queue_max_bytes
+    target = otlp.profiles_target()
+    if target is not None:
+        protocol, url = target
+        headers = otlp.headers_for("profiles")
+        if protocol == "grpc":
+            try:
+                exporters.append(OTLPGrpcProfileExporter(
+                    url, headers=headers, insecure=otlp.insecure, certificate=otlp.certificate,
+                    compression=otlp.compression, timeout_s=otlp.timeout_s, queue_max_bytes=queue_max_bytes))
+            except OSError as exc:  # an unreadable --otlp-certificate
+                _logger.error("OTLP profiles export is off: cannot read the TLS certificate %s (--otlp-certificate):"
+                              " %s", otlp.certificate, exc)
+        else:
+            try:
+                exporters.append(OTLPHttpProfileExporter(
+                    url, headers=headers, certificate=otlp.certificate, compression=otlp.compression,
+                    timeout_s=otlp.timeout_s, queue_max_bytes=queue_max_bytes))
+            except OSError as exc:
+                _logger.error("OTLP profiles export is off: cannot read the TLS certificate %s (--otlp-certificate):"
+                              " %s", otlp.certificate, exc)
+    pyroscope = config.pyroscope
+    if pyroscope.url:
+        headers = pyroscope_headers(pyroscope.tenant_id, pyroscope.basic_auth_user, pyroscope.basic_auth_password)
+        if pyroscope.api == "ingest":
+            exporters.append(PyroscopeIngestExporter(pyroscope.url, headers=headers, timeout_s=otlp.timeout_s,
+                                                     queue_max_bytes=queue_max_bytes))
+        else:
+            exporters.append(pyroscope_otlp_exporter(pyroscope.url, headers=headers, timeout_s=otlp.timeout_s,
+                                                     queue_max_bytes=queue_max_bytes))
+    if config.write_files:
+        exporters.append(FilesProfileExporter(config.output.dir, max_files=config.output.max_profile_files,
+                                              max_bytes=config.output.max_profile_bytes))
+    if config.show_console:
+        exporters.append(ConsoleProfileExporter())
+    return exporters

@@ -1,0 +1,95 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Local files: one gzipped pprof (``profile-<type>-<UTC time>-<seq>.pb.gz``) per batch under the output folder.
+
+The folder is kept within ``max_files`` profile files and ``max_bytes`` of them by removing the oldest first;
+other files in the folder (metrics, anything else) are never touched. Writing is local and quick, so it happens
+on the caller's thread; a file is written under a temporary name and renamed, so readers never see half a file.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import time
+from pathlib import Path
+
+from otel_gpu import selfmetrics, semconv
+from otel_gpu.exporters.queue import SIGNAL_PROFILES
+from otel_gpu.profiles.model import ProfileBatch
+from otel_gpu.profiles.pprof import encode_pprof
+
+_logger = logging.getLogger(__name__)
+
+PREFIX = "profile-"
+SUFFIX = ".pb.gz"
+REASON_WRITE_ERROR = "write_error"
+
+
+def profile_file_name(batch: ProfileBatch, sequence: int) -> str:
+    """``profile-<sample type>-<YYYYmmddTHHMMSSZ of the batch start>-<sequence>.pb.gz``."""
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(batch.start_unix_nano / 1e9))
+    kind = "".join(c if c.isalnum() or c in "_-" else "_" for c in batch.type.sample_type)
+    if batch.type.sample_type == "samples" and batch.type.period_type:
+        kind = batch.type.period_type  # "cpu" says more than "samples"
+    return f"{PREFIX}{kind}-{stamp}-{sequence:06d}{SUFFIX}"
+
+
+class FilesProfileExporter:
+    """Writes gzipped pprof files that ``go tool pprof``, speedscope and Pyroscope read."""
+
+    def __init__(self, directory: str, *, max_files: int = 1000, max_bytes: int = 1 << 30) -> None:
+        self.name = "files"
+        self.directory = Path(directory)
+        self._max_files = max_files
+        self._max_bytes = max_bytes
+        self._sequence = itertools.count(1)
+        self._closed = False
+        self._failing = False
+
+    def export(self, batch: ProfileBatch) -> bool:
+        if self._closed:
+            return False
+        path = self.directory / profile_file_name(batch, next(self._sequence))
+        temporary = path.with_name(f".{path.name}.tmp")
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            temporary.write_bytes(encode_pprof(batch))
+            os.replace(temporary, path)
+        except OSError as exc:
+            selfmetrics.count(semconv.SELF_EXPORT_FAILURES.name, otel_gpu__exporter=self.name,
+                              otel_gpu__signal=SIGNAL_PROFILES)
+            selfmetrics.count(semconv.SELF_DROPPED.name, otel_gpu__reason=REASON_WRITE_ERROR,
+                              otel_gpu__signal=SIGNAL_PROFILES, otel_gpu__exporter=self.name)
+            if not self._failing:
+                _logger.warning("cannot write profile files to %s: %s (further failures are only counted)",
+                                self.directory, exc)
+            self._failing = True
+            return False
+        if self._failing:
+            _logger.info("writing profile files to %s works again", self.directory)
+            self._failing = False
+        self._clean_up()
+        return True
+
+    def shutdown(self, timeout_s: float = 5.0) -> None:
+        self._closed = True
+
+    def _clean_up(self) -> None:
+        """Remove the oldest profile files until the folder is within both bounds."""
+        files = []
+        for entry in self.directory.glob(f"{PREFIX}*{SUFFIX}"):
+            try:
+                stat = entry.stat()
+            except OSError:
+                continue  # removed by someone else meanwhile
+            files.append((stat.st_mtime_ns, entry.name, stat.st_size, entry))
+        files.sort()
+        total = sum(size for _, _, size, _ in files)
+        while files and (len(files) > self._max_files or total > self._max_bytes):
+            _, _, size, entry = files.pop(0)
+            try:
+                entry.unlink()
+            except OSError as exc:
+                _logger.debug("could not remove %s: %s", entry, exc)
+            total -= size

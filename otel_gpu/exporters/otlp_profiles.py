@@ -1,0 +1,161 @@
+# SPDX-License-Identifier: Apache-2.0
+"""OTLP profiles over gRPC (``ProfilesService/Export``) and HTTP (``/v1development/profiles``, protobuf, gzip).
+
+Retryable outcomes follow the OTLP specification: gRPC ``CANCELLED``, ``DEADLINE_EXCEEDED``,
+``RESOURCE_EXHAUSTED``, ``ABORTED``, ``OUT_OF_RANGE``, ``UNAVAILABLE``, ``DATA_LOSS``; HTTP 429, 502, 503, 504 and
+connection errors. Anything else is a permanent refusal of that payload. A partial success (rejected profiles) is
+logged once and counted.
+"""
+
+from __future__ import annotations
+
+import gzip
+import http.client
+import logging
+import ssl
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Mapping
+
+import grpc
+from google.protobuf.message import DecodeError
+from opentelemetry.proto.collector.profiles.v1development.profiles_service_pb2 import ExportProfilesServiceResponse
+
+from otel_gpu import selfmetrics, semconv
+from otel_gpu._log import once
+from otel_gpu.exporters.base import QueuedProfileExporter
+from otel_gpu.exporters.queue import (
+    REASON_REJECTED, SIGNAL_PROFILES, Backoff, Outcome, Payload, SendResult,
+)
+from otel_gpu.profiles.model import ProfileBatch
+from otel_gpu.profiles.otlp import encode_otlp
+
+_logger = logging.getLogger(__name__)
+
+EXPORT_METHOD = "/opentelemetry.proto.collector.profiles.v1development.ProfilesService/Export"
+HTTP_PATH = "/v1development/profiles"
+RETRYABLE_GRPC_CODES = frozenset({
+    grpc.StatusCode.CANCELLED, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.RESOURCE_EXHAUSTED,
+    grpc.StatusCode.ABORTED, grpc.StatusCode.OUT_OF_RANGE, grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DATA_LOSS,
+})
+RETRYABLE_HTTP_STATUSES = frozenset({429, 502, 503, 504})
+PROTOBUF_CONTENT_TYPE = "application/x-protobuf"
+
+
+def _partial_success(name: str, response: ExportProfilesServiceResponse) -> None:
+    rejected = response.partial_success.rejected_profiles
+    if rejected > 0:
+        selfmetrics.count(semconv.SELF_DROPPED.name, rejected, otel_gpu__reason=REASON_REJECTED,
+                          otel_gpu__signal=SIGNAL_PROFILES, otel_gpu__exporter=name)
+        once(_logger, logging.WARNING, f"{name}:partial", "%s: the backend rejected %d profiles: %s (further "
+             "rejections are only counted)", name, rejected, response.partial_success.error_message)
+
+
+class OTLPGrpcProfileExporter(QueuedProfileExporter):
+    """Sends ``ExportProfilesServiceRequest`` over gRPC; TLS unless the URL is http:// or ``insecure`` is set."""
+
+    def __init__(self, endpoint: str, *, headers: Mapping[str, str] | None = None, insecure: bool = False,
+                 certificate: str = "", compression: str = "gzip", timeout_s: float = 10.0,
+                 queue_max_bytes: int = 64 << 20, backoff: Backoff | None = None, name: str = "otlp-grpc") -> None:
+        parsed = urllib.parse.urlparse(endpoint if "://" in endpoint else f"//{endpoint}")
+        target = parsed.netloc or endpoint
+        plaintext = parsed.scheme == "http" or (parsed.scheme == "" and insecure)
+        if plaintext:
+            self._channel = grpc.insecure_channel(target)
+        else:
+            root = open(certificate, "rb").read() if certificate else None
+            self._channel = grpc.secure_channel(target, grpc.ssl_channel_credentials(root_certificates=root))
+        self._call = self._channel.unary_unary(EXPORT_METHOD, request_serializer=None,
+                                               response_deserializer=ExportProfilesServiceResponse.FromString)
+        self._metadata = tuple((key.lower(), value) for key, value in (headers or {}).items())
+        self._compression = grpc.Compression.Gzip if compression == "gzip" else grpc.Compression.NoCompression
+        self._timeout_s = timeout_s
+        self.target = target
+        super().__init__(name, queue_max_bytes, backoff)
+
+    def payloads(self, batch: ProfileBatch) -> list[Payload]:
+        return [Payload(encode_otlp(batch).SerializeToString())]
+
+    def send(self, payload: Payload) -> SendResult:
+        try:
+            response = self._call(payload.body, timeout=self._timeout_s, metadata=self._metadata,
+                                  compression=self._compression)
+        except grpc.RpcError as exc:
+            code = exc.code() if hasattr(exc, "code") else grpc.StatusCode.UNKNOWN
+            details = exc.details() if hasattr(exc, "details") else str(exc)
+            outcome = Outcome.RETRY if code in RETRYABLE_GRPC_CODES else Outcome.FAIL
+            return SendResult(outcome, f"gRPC {code.name} from {self.target}: {details}")
+        _partial_success(self.name, response)
+        return SendResult(Outcome.OK)
+
+    def close(self) -> None:
+        self._channel.close()
+
+
+class HttpPoster:
+    """POSTs one body to one URL; maps the answer to a :class:`SendResult`. Shared by OTLP/HTTP and Pyroscope."""
+
+    def __init__(self, headers: Mapping[str, str] | None = None, *, certificate: str = "",
+                 timeout_s: float = 10.0) -> None:
+        self._headers = dict(headers or {})
+        self._timeout_s = timeout_s
+        self._ssl = ssl.create_default_context(cafile=certificate or None)
+
+    def post(self, url: str, body: bytes, headers: Mapping[str, str]) -> tuple[SendResult, bytes]:
+        """(result, response body). Never raises for network or HTTP errors."""
+        request = urllib.request.Request(url, data=body, method="POST", headers={**self._headers, **headers})
+        try:
+            with urllib.request.urlopen(request, timeout=self._timeout_s, context=self._ssl) as response:
+                return SendResult(Outcome.OK), response.read()
+        except urllib.error.HTTPError as exc:
+            detail = f"HTTP {exc.code} from {url}: {_short(exc.read())}"
+            if exc.code in RETRYABLE_HTTP_STATUSES:
+                return SendResult(Outcome.RETRY, detail, _retry_after_s(exc.headers.get("Retry-After"))), b""
+            return SendResult(Outcome.FAIL, detail), b""
+        except (urllib.error.URLError, http.client.HTTPException, OSError) as exc:
+            reason = getattr(exc, "reason", exc)
+            return SendResult(Outcome.RETRY, f"{url}: {reason}"), b""
+
+
+def _short(body: bytes, limit: int = 200) -> str:
+    text = body[:limit].decode("utf-8", "replace").strip()
+    return text or "(empty body)"
+
+
+def _retry_after_s(value: str | None) -> float:
+    try:
+        return max(0.0, float(value)) if value else 0.0
+    except ValueError:
+        return 0.0  # an HTTP date: fall back to our own backoff
+
+
+class OTLPHttpProfileExporter(QueuedProfileExporter):
+    """Sends protobuf ``ExportProfilesServiceRequest`` bodies (gzip unless ``compression='none'``) to ``url``."""
+
+    def __init__(self, url: str, *, headers: Mapping[str, str] | None = None, certificate: str = "",
+                 compression: str = "gzip", timeout_s: float = 10.0, queue_max_bytes: int = 64 << 20,
+                 backoff: Backoff | None = None, name: str = "otlp-http") -> None:
+        self.url = url
+        self._gzip = compression == "gzip"
+        self._poster = HttpPoster(headers, certificate=certificate, timeout_s=timeout_s)
+        super().__init__(name, queue_max_bytes, backoff)
+
+    def payloads(self, batch: ProfileBatch) -> list[Payload]:
+        body = encode_otlp(batch).SerializeToString()
+        headers = {"Content-Type": PROTOBUF_CONTENT_TYPE}
+        if self._gzip:
+            body = gzip.compress(body, compresslevel=6, mtime=0)
+            headers["Content-Encoding"] = "gzip"
+        return [Payload(body, headers)]
+
+    def send(self, payload: Payload) -> SendResult:
+        result, body = self._poster.post(self.url, payload.body, payload.context)
+        if result.outcome is Outcome.OK and body:
+            response = ExportProfilesServiceResponse()
+            try:
+                response.ParseFromString(body)
+            except DecodeError:  # a non-protobuf 2xx body (e.g. "{}") still means success
+                return result
+            _partial_success(self.name, response)
+        return result

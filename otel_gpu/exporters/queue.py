@@ -1,0 +1,235 @@
+# SPDX-License-Identifier: Apache-2.0
+"""A send queue bounded in bytes, drained by one sender thread with exponential backoff and jitter.
+
+``put()`` never blocks on the network: it appends the encoded payload and returns. When the bytes queued (waiting
+plus the one being sent) would pass ``max_bytes``, the oldest payloads are dropped first, so a long outage keeps
+the newest data. Every drop is counted in ``otel_gpu.dropped`` (``otel_gpu.reason``: ``queue_full``,
+``too_large``, ``rejected``, ``shutdown``) and every failed attempt in ``otel_gpu.export.failures``.
+An outage is logged once when it starts and once when it ends, never per attempt.
+"""
+
+from __future__ import annotations
+
+import collections
+import enum
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from otel_gpu import selfmetrics, semconv
+
+_logger = logging.getLogger(__name__)
+
+SIGNAL_PROFILES = "profiles"
+REASON_QUEUE_FULL = "queue_full"
+REASON_TOO_LARGE = "too_large"
+REASON_REJECTED = "rejected"
+REASON_SHUTDOWN = "shutdown"
+
+
+class Outcome(enum.Enum):
+    OK = "ok"
+    RETRY = "retry"  # transient: the backend is down, overloaded or timed out
+    FAIL = "fail"  # permanent: the backend refused this payload; retrying cannot help
+
+
+@dataclass(frozen=True, slots=True)
+class SendResult:
+    """What one attempt did. ``retry_after_s`` is the server's hint (Retry-After, gRPC RetryInfo), 0 when none."""
+
+    outcome: Outcome
+    detail: str = ""
+    retry_after_s: float = 0.0
+
+
+@dataclass(slots=True)
+class Payload:
+    """One encoded request: ``body`` bytes plus whatever the transport needs to send it (path, headers)."""
+
+    body: bytes
+    context: dict[str, str] = field(default_factory=dict)
+    abandoned: bool = False
+
+    @property
+    def size_bytes(self) -> int:
+        return len(self.body)
+
+
+Sender = Callable[[Payload], SendResult]
+
+
+@dataclass(frozen=True, slots=True)
+class Backoff:
+    """Exponential backoff: ``initial_s`` x ``multiplier``^attempt, capped at ``max_s``, times a jitter factor
+    drawn uniformly from [1 - jitter, 1 + jitter]."""
+
+    initial_s: float = 1.0
+    max_s: float = 30.0
+    multiplier: float = 2.0
+    jitter: float = 0.2
+
+    def delay_s(self, attempt: int, rng: random.Random) -> float:
+        base = min(self.max_s, self.initial_s * self.multiplier ** attempt)
+        return base * rng.uniform(1.0 - self.jitter, 1.0 + self.jitter)
+
+
+class RetryQueue:
+    """Payloads waiting for one destination, and the thread that sends them in order."""
+
+    def __init__(self, name: str, send: Sender, max_bytes: int, backoff: Backoff | None = None,
+                 signal: str = SIGNAL_PROFILES) -> None:
+        self.name = name
+        self._send = send
+        self._max_bytes = max_bytes
+        self._backoff = backoff or Backoff()
+        self._signal = signal
+        self._rng = random.Random()
+        self._waiting: collections.deque[Payload] = collections.deque()
+        self._inflight: Payload | None = None
+        self._bytes = 0
+        self._cond = threading.Condition()
+        self._closing = False
+        self._deadline = 0.0  # monotonic time by which shutdown gives up on what is left
+        self._outage_failures = 0
+        self._outage_dropped = 0
+        self.sent = 0  # payloads delivered (for tests and logs)
+        self._thread = threading.Thread(target=self._run, name=f"otel-gpu-export-{name}", daemon=True)
+        self._thread.start()
+
+    @property
+    def queued_bytes(self) -> int:
+        """Bytes waiting or in flight (never more than ``max_bytes``)."""
+        with self._cond:
+            return self._bytes
+
+    @property
+    def queued_count(self) -> int:
+        with self._cond:
+            return len(self._waiting) + (1 if self._inflight is not None and not self._inflight.abandoned else 0)
+
+    def put(self, payload: Payload) -> bool:
+        """Queue ``payload`` for sending; False when it was dropped at once (too large, or shutting down)."""
+        size = payload.size_bytes
+        with self._cond:
+            if self._closing:
+                self._drop(1, REASON_SHUTDOWN)
+                return False
+            if size > self._max_bytes:
+                self._drop(1, REASON_TOO_LARGE)
+                _logger.warning("%s: dropped a %d-byte payload larger than the whole queue (%d bytes; raise "
+                                "--queue-max-bytes)", self.name, size, self._max_bytes)
+                return False
+            while self._bytes + size > self._max_bytes:
+                self._evict_oldest()
+            self._waiting.append(payload)
+            self._bytes += size
+            self._cond.notify_all()
+        return True
+
+    def shutdown(self, timeout_s: float = 5.0) -> None:
+        """Try to send what is queued within ``timeout_s``, then drop (and count) the rest and stop. Idempotent."""
+        with self._cond:
+            if not self._closing:
+                self._closing = True
+                self._deadline = time.monotonic() + max(0.0, timeout_s)
+            self._cond.notify_all()
+        self._thread.join(max(0.0, self._deadline - time.monotonic()) + 1.0)
+
+    # --- inside the lock ---------------------------------------------------------------------------------------
+
+    def _evict_oldest(self) -> None:
+        if self._inflight is not None and not self._inflight.abandoned:
+            # the oldest payload is the one being retried: give it up; the sender stops retrying it
+            self._inflight.abandoned = True
+            self._bytes -= self._inflight.size_bytes
+        else:
+            self._bytes -= self._waiting.popleft().size_bytes
+        self._drop(1, REASON_QUEUE_FULL)
+
+    def _drop(self, count: int, reason: str) -> None:
+        self._outage_dropped += count
+        selfmetrics.count(semconv.SELF_DROPPED.name, count, otel_gpu__reason=reason, otel_gpu__signal=self._signal,
+                          otel_gpu__exporter=self.name)
+
+    # --- the sender thread -------------------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._waiting and not self._closing:
+                    self._cond.wait()
+                if not self._waiting:
+                    return  # closing and nothing left
+                if self._closing and time.monotonic() >= self._deadline:
+                    left = len(self._waiting)
+                    self._bytes -= sum(p.size_bytes for p in self._waiting)
+                    self._waiting.clear()
+                    self._drop(left, REASON_SHUTDOWN)
+                    _logger.warning("%s: shutdown timeout reached; dropped %d queued payloads", self.name, left)
+                    return
+                payload = self._inflight = self._waiting.popleft()
+            self._deliver(payload)
+            with self._cond:
+                if not payload.abandoned:
+                    self._bytes -= payload.size_bytes
+                self._inflight = None
+
+    def _deliver(self, payload: Payload) -> None:
+        """Send ``payload`` until it is delivered, refused, abandoned, or shutdown's deadline passes."""
+        attempt = 0
+        while True:
+            try:
+                result = self._send(payload)
+            except Exception as exc:  # loop boundary: a transport bug must not kill the sender thread
+                _logger.exception("%s: sending failed unexpectedly", self.name)
+                result = SendResult(Outcome.FAIL, f"{type(exc).__name__}: {exc}")
+            if result.outcome is Outcome.OK:
+                self.sent += 1
+                self._recovered()
+                return
+            selfmetrics.count(semconv.SELF_EXPORT_FAILURES.name, otel_gpu__exporter=self.name,
+                              otel_gpu__signal=self._signal)
+            if result.outcome is Outcome.FAIL:
+                with self._cond:
+                    self._drop(1, REASON_REJECTED)
+                _logger.warning("%s: the backend refused a payload (%s); dropped it", self.name, result.detail)
+                return
+            self._outage_failures += 1
+            if self._outage_failures == 1:
+                _logger.warning("%s: backend unavailable (%s); retrying with backoff, keeping at most %d bytes",
+                                self.name, result.detail, self._max_bytes)
+            delay_s = max(self._backoff.delay_s(attempt, self._rng), min(result.retry_after_s, self._backoff.max_s))
+            attempt += 1
+            with self._cond:
+                wake = time.monotonic() + delay_s
+                if self._closing:
+                    wake = min(wake, self._deadline)
+                while not payload.abandoned and time.monotonic() < wake:
+                    self._cond.wait(wake - time.monotonic())
+                    if self._closing:
+                        wake = min(wake, self._deadline)
+                if payload.abandoned:
+                    return
+                if self._closing and time.monotonic() >= self._deadline:
+                    self._give_up_on_shutdown(payload)
+                    return
+
+    def _give_up_on_shutdown(self, payload: Payload) -> None:
+        """Inside the lock: the backend stayed down past shutdown's deadline; count what will never be sent."""
+        left = 1 + len(self._waiting)
+        payload.abandoned = True
+        self._bytes -= payload.size_bytes
+        self._bytes -= sum(p.size_bytes for p in self._waiting)
+        self._waiting.clear()
+        self._drop(left, REASON_SHUTDOWN)
+        _logger.warning("%s: backend still unavailable at shutdown; dropped %d queued payloads", self.name, left)
+
+    def _recovered(self) -> None:
+        if self._outage_failures:
+            _logger.info("%s: backend reachable again after %d failed attempts; %d payloads dropped meanwhile",
+                         self.name, self._outage_failures, self._outage_dropped)
+        self._outage_failures = 0
+        self._outage_dropped = 0

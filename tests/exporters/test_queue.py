@@ -1,0 +1,147 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The bounded retry queue: byte bound, oldest-first drops, counted failures, recovery, shutdown, backoff."""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+
+import pytest
+
+from otel_gpu import selfmetrics, semconv
+from otel_gpu.exporters.queue import Backoff, Outcome, Payload, RetryQueue, SendResult
+
+FAST = Backoff(initial_s=0.01, max_s=0.05, jitter=0.2)
+
+
+class FakeBackend:
+    """Answers RETRY while ``down`` is set, else OK (or ``refuse`` -> FAIL); records delivered bodies."""
+
+    def __init__(self) -> None:
+        self.down = threading.Event()
+        self.refuse = False
+        self.delivered: list[bytes] = []
+        self.attempts = 0
+        self.cond = threading.Condition()
+
+    def send(self, payload: Payload) -> SendResult:
+        with self.cond:
+            self.attempts += 1
+            self.cond.notify_all()
+        if self.down.is_set():
+            return SendResult(Outcome.RETRY, "connection refused")
+        if self.refuse:
+            return SendResult(Outcome.FAIL, "HTTP 400")
+        with self.cond:
+            self.delivered.append(payload.body)
+            self.cond.notify_all()
+        return SendResult(Outcome.OK)
+
+    def wait(self, predicate, timeout_s: float = 20.0) -> bool:  # type: ignore[no-untyped-def]
+        with self.cond:
+            return self.cond.wait_for(predicate, timeout_s)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_selfmetrics() -> None:
+    selfmetrics.reset()
+
+
+def _dropped(reason: str) -> float:
+    return selfmetrics.total(semconv.SELF_DROPPED.name, otel_gpu__reason=reason)
+
+
+def test_delivers_in_order() -> None:
+    backend = FakeBackend()
+    queue = RetryQueue("t", backend.send, max_bytes=1000, backoff=FAST)
+    for i in range(5):
+        assert queue.put(Payload(bytes([i]) * 10))
+    assert backend.wait(lambda: len(backend.delivered) == 5)
+    assert backend.delivered == [bytes([i]) * 10 for i in range(5)]
+    queue.shutdown(1.0)
+    assert queue.queued_bytes == 0 and queue.sent == 5
+
+
+def test_outage_keeps_the_byte_bound_drops_oldest_and_recovers(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="otel_gpu.exporters.queue")
+    backend = FakeBackend()
+    backend.down.set()
+    queue = RetryQueue("t", backend.send, max_bytes=350, backoff=FAST)
+    for i in range(10):
+        queue.put(Payload(bytes([i]) * 100))
+        assert queue.queued_bytes <= 350
+    assert backend.wait(lambda: backend.attempts >= 5)  # several failed attempts while down
+    assert queue.queued_bytes == 300 and queue.queued_count == 3
+    assert _dropped("queue_full") == 7
+    backend.down.clear()
+    assert backend.wait(lambda: len(backend.delivered) == 3)
+    assert backend.delivered == [bytes([i]) * 100 for i in (7, 8, 9)]  # the newest survive
+    failures = selfmetrics.total(semconv.SELF_EXPORT_FAILURES.name, otel_gpu__exporter="t")
+    assert failures >= 5
+    queue.shutdown(1.0)
+    unavailable = [r for r in caplog.records if "backend unavailable" in r.getMessage()]
+    recovered = [r for r in caplog.records if "reachable again" in r.getMessage()]
+    assert len(unavailable) == 1 and len(recovered) == 1  # one line per outage, not per attempt
+    assert "7 payloads dropped" in recovered[0].getMessage()
+
+
+def test_refused_payload_is_dropped_and_counted_without_retry() -> None:
+    backend = FakeBackend()
+    backend.refuse = True
+    queue = RetryQueue("t", backend.send, max_bytes=1000, backoff=FAST)
+    queue.put(Payload(b"x" * 10))
+    queue.shutdown(2.0)
+    assert backend.attempts == 1
+    assert _dropped("rejected") == 1
+    assert selfmetrics.total(semconv.SELF_EXPORT_FAILURES.name, otel_gpu__exporter="t") == 1
+
+
+def test_too_large_payload_is_dropped_at_once() -> None:
+    backend = FakeBackend()
+    queue = RetryQueue("t", backend.send, max_bytes=100, backoff=FAST)
+    assert not queue.put(Payload(b"x" * 101))
+    assert _dropped("too_large") == 1
+    queue.shutdown(1.0)
+    assert backend.attempts == 0
+
+
+def test_shutdown_flushes_what_is_queued() -> None:
+    backend = FakeBackend()
+    release = threading.Event()
+
+    def slow_send(payload: Payload) -> SendResult:
+        release.wait(5)
+        return backend.send(payload)
+
+    queue = RetryQueue("t", slow_send, max_bytes=1000, backoff=FAST)
+    for i in range(3):
+        queue.put(Payload(bytes([i])))
+    release.set()
+    queue.shutdown(10.0)
+    assert len(backend.delivered) == 3
+    assert not queue.put(Payload(b"late"))  # closed
+    assert _dropped("shutdown") == 1
+    queue.shutdown(1.0)  # idempotent
+
+
+def test_shutdown_with_the_backend_down_gives_up_and_counts() -> None:
+    backend = FakeBackend()
+    backend.down.set()
+    queue = RetryQueue("t", backend.send, max_bytes=1000, backoff=Backoff(initial_s=0.05, max_s=0.1))
+    for i in range(4):
+        queue.put(Payload(bytes([i]) * 10))
+    assert backend.wait(lambda: backend.attempts >= 1)
+    queue.shutdown(0.3)
+    assert _dropped("shutdown") == 4
+    assert queue.queued_bytes == 0
+    assert backend.delivered == []
+
+
+def test_backoff_grows_exponentially_within_jitter_and_cap() -> None:
+    backoff = Backoff(initial_s=1.0, max_s=30.0, multiplier=2.0, jitter=0.2)
+    rng = random.Random(7)
+    for attempt, base in enumerate([1, 2, 4, 8, 16, 30, 30]):
+        delays = [backoff.delay_s(attempt, rng) for _ in range(200)]
+        assert base * 0.8 <= min(delays) and max(delays) <= base * 1.2
+        assert max(delays) - min(delays) > base * 0.2  # jitter really spreads the retries
