@@ -1,0 +1,304 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * libotel_gpu_inject.so: the CUDA driver calls InitializeInjection() at cuInit when CUDA_INJECTION64_PATH names this
+ * library. It loads CUPTI, subscribes to driver-API callbacks and lets the controller (sampler.c) open short sampling
+ * windows while an agent is attached. Whatever fails, the workload runs on untouched: one "otel-gpu:" line on stderr
+ * and the library stays inert.
+ *
+ * Environment (read once here):
+ *   OTEL_GPU_CUPTI_PATH        CUPTI to load (default: libcupti.so.13 / libcupti.so, then next to libcudart, then
+ *                              the CUDA toolkit's)
+ *   OTEL_GPU_OVERHEAD_BUDGET   allowed slowdown of the workload, a fraction (default 0.02)
+ *   OTEL_GPU_WINDOW_MS         length of one sampling window in milliseconds (default 20)
+ *   OTEL_GPU_DEBUG_ALWAYS_ON=1 tests only: act as if an agent were attached
+ *   OTEL_GPU_DEBUG_FILE        tests only: also append every fired record to this file (format in emit.c)
+ */
+#include <dlfcn.h>
+#include <link.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <threads.h>
+#include <time.h>
+
+#include "inject.h"
+
+struct cupti_api g_cupti;
+CUpti_SubscriberHandle g_subscriber;
+struct inject_settings g_settings;
+struct inject_state g_state;
+
+static _Atomic int initialized;
+
+uint64_t now_ns(void)
+{
+    uint64_t ts = 0;
+    if (g_cupti.get_timestamp == NULL || g_cupti.get_timestamp(&ts) != CUPTI_SUCCESS) {
+        struct timespec t;
+        clock_gettime(CLOCK_REALTIME, &t);
+        ts = (uint64_t)t.tv_sec * 1000000000u + (uint64_t)t.tv_nsec;
+    }
+    return ts;
+}
+
+uint64_t monotonic_ns(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (uint64_t)t.tv_sec * 1000000000u + (uint64_t)t.tv_nsec;
+}
+
+void log_once(const char *what)
+{
+    /* One line per distinct message: the messages are string literals, so their addresses identify them. */
+    static const char *seen[32];
+    static _Atomic int seen_count;
+    for (int i = 0; i < atomic_load(&seen_count) && i < 32; i++)
+        if (seen[i] == what)
+            return;
+    int at = atomic_fetch_add(&seen_count, 1);
+    if (at < 32)
+        seen[at] = what;
+    fprintf(stderr, "otel-gpu: %s\n", what);
+}
+
+/* --- loading CUPTI ------------------------------------------------------------------------------------------- */
+
+struct found_path {
+    const char *needle;
+    char dir[4096];
+};
+
+static int find_loaded(struct dl_phdr_info *info, size_t size, void *data)
+{
+    (void)size;
+    struct found_path *found = data;
+    const char *name = info->dlpi_name;
+    const char *base = name ? strrchr(name, '/') : NULL;
+    if (base == NULL || strstr(base, found->needle) == NULL)
+        return 0;
+    size_t len = (size_t)(base - name);
+    if (len >= sizeof(found->dir))
+        return 0;
+    memcpy(found->dir, name, len);
+    found->dir[len] = '\0';
+    return 1;
+}
+
+static void *open_cupti(void)
+{
+    const char *explicit_path = getenv("OTEL_GPU_CUPTI_PATH");
+    if (explicit_path != NULL && explicit_path[0] != '\0')
+        return dlopen(explicit_path, RTLD_NOW | RTLD_LOCAL);
+    void *lib = dlopen("libcupti.so.13", RTLD_NOW | RTLD_LOCAL);
+    if (lib == NULL)
+        lib = dlopen("libcupti.so", RTLD_NOW | RTLD_LOCAL);
+    if (lib != NULL)
+        return lib;
+    /* PyTorch's wheels: libcudart and libcupti side by side in .../nvidia/cu13/lib. */
+    struct found_path found = {.needle = "libcudart.so"};
+    if (dl_iterate_phdr(find_loaded, &found)) {
+        char path[4200];
+        snprintf(path, sizeof(path), "%s/libcupti.so.13", found.dir);
+        if ((lib = dlopen(path, RTLD_NOW | RTLD_LOCAL)) != NULL)
+            return lib;
+    }
+    static const char *const toolkit[] = {
+        "/usr/local/cuda/extras/CUPTI/lib64/libcupti.so.13",
+        "/usr/local/cuda/targets/x86_64-linux/lib/libcupti.so.13",
+        "/usr/local/cuda-13.0/targets/x86_64-linux/lib/libcupti.so.13",
+        "/usr/local/cuda-13.0/extras/CUPTI/lib64/libcupti.so.13",
+    };
+    for (size_t i = 0; i < sizeof(toolkit) / sizeof(toolkit[0]) && lib == NULL; i++)
+        lib = dlopen(toolkit[i], RTLD_NOW | RTLD_LOCAL);
+    return lib;
+}
+
+#define RESOLVE(field, symbol)                                                                                        \
+    do {                                                                                                              \
+        *(void **)(&g_cupti.field) = dlsym(lib, symbol);                                                              \
+        if (g_cupti.field == NULL)                                                                                    \
+            return symbol;                                                                                            \
+    } while (0)
+
+/* Returns NULL on success, else the name of the first missing function. */
+static const char *resolve_cupti(void *lib)
+{
+    RESOLVE(subscribe, "cuptiSubscribe");
+    RESOLVE(unsubscribe, "cuptiUnsubscribe");
+    RESOLVE(enable_callback, "cuptiEnableCallback");
+    RESOLVE(activity_enable, "cuptiActivityEnable");
+    RESOLVE(activity_disable, "cuptiActivityDisable");
+    RESOLVE(activity_register_callbacks, "cuptiActivityRegisterCallbacks");
+    RESOLVE(activity_flush_all, "cuptiActivityFlushAll");
+    RESOLVE(activity_get_next_record, "cuptiActivityGetNextRecord");
+    RESOLVE(get_timestamp, "cuptiGetTimestamp");
+    RESOLVE(get_result_string, "cuptiGetResultString");
+    return NULL;
+}
+
+/* --- the API callback ---------------------------------------------------------------------------------------- */
+
+static thread_local struct otel_gpu_launch launch_rec;
+static thread_local struct otel_gpu_sync sync_rec;
+static thread_local uint64_t rng_state;
+
+static uint64_t next_random(void)
+{
+    if (rng_state == 0)
+        rng_state = monotonic_ns() ^ (uint64_t)(uintptr_t)&rng_state;
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return rng_state;
+}
+
+/* cuGraphLaunch_params and cuGraphLaunch_ptsz_params of generated_cuda_meta.h (that header needs the whole toolkit's
+ * typedefs): both are { CUgraphExec; CUstream; }. */
+struct graph_launch_params {
+    CUgraphExec exec;
+    CUstream stream;
+};
+
+static uint64_t graph_exec_of(CUpti_CallbackId cbid, const void *params)
+{
+    if (params == NULL || (cbid != CUPTI_DRIVER_TRACE_CBID_cuGraphLaunch &&
+                           cbid != CUPTI_DRIVER_TRACE_CBID_cuGraphLaunch_ptsz))
+        return 0;
+    return (uint64_t)(uintptr_t)((const struct graph_launch_params *)params)->exec;
+}
+
+static void record_launch(CUpti_CallbackId cbid, const CUpti_CallbackData *cb, uint32_t kind, uint64_t window_id)
+{
+    struct otel_gpu_launch *rec = &launch_rec;
+    rec->abi_version = OTEL_GPU_ABI_VERSION;
+    rec->kind = kind;
+    rec->correlation_id = cb->correlationId;
+    rec->cbid = (int32_t)cbid;
+    rec->window_id = window_id;
+    rec->timestamp_ns = now_ns();
+    rec->graph_exec = graph_exec_of(cbid, cb->functionParams);
+    stack_capture(&rec->stack);
+    activity_remember(cb->correlationId, window_id, kind == OTEL_GPU_LAUNCH_GRAPH);
+    emit_launch(rec);
+    atomic_fetch_add(&g_state.window_launches, 1);
+}
+
+static void record_wait(CUpti_CallbackId cbid, const CUpti_CallbackData *cb, uint32_t kind)
+{
+    uint32_t every = atomic_load_explicit(&g_state.wait_sample_every, memory_order_relaxed);
+    if (every > 1 && next_random() % every != 0)
+        return;
+    uint64_t t0 = monotonic_ns();
+    struct otel_gpu_sync *rec = &sync_rec;
+    rec->abi_version = OTEL_GPU_ABI_VERSION;
+    rec->kind = kind;
+    rec->cbid = (int32_t)cbid;
+    rec->reserved = 0;
+    rec->start_ns = *cb->correlationData;
+    rec->end_ns = now_ns();
+    rec->weight = every;
+    stack_capture(&rec->stack);
+    emit_sync(rec);
+    atomic_fetch_add(&g_state.wait_overhead_ns, monotonic_ns() - t0);
+}
+
+static void CUPTIAPI on_api(void *userdata, CUpti_CallbackDomain domain, CUpti_CallbackId cbid, const void *data)
+{
+    (void)userdata;
+    if (domain != CUPTI_CB_DOMAIN_DRIVER_API || cbid >= CUPTI_DRIVER_TRACE_CBID_SIZE)
+        return;
+    const CUpti_CallbackData *cb = data;
+    uint8_t cls = g_cbid_class[cbid];
+    uint32_t wait_kind = cls >> CLASS_WAIT_SHIFT;
+    if (cb->callbackSite == CUPTI_API_ENTER) {
+        /* Only waits need the entry: their duration is the time the thread was blocked. */
+        if (wait_kind != 0 && cb->correlationData != NULL)
+            *cb->correlationData = now_ns();
+        return;
+    }
+    if (!atomic_load_explicit(&g_state.attached, memory_order_relaxed))
+        return;
+    uint64_t t0 = monotonic_ns();
+    uint32_t launch_kind = cls & CLASS_LAUNCH_MASK;
+    uint64_t window_id = atomic_load_explicit(&g_state.window_id, memory_order_acquire);
+    if (launch_kind != 0 && window_id != 0)
+        record_launch(cbid, cb, launch_kind, window_id);
+    if (wait_kind != 0 && cb->correlationData != NULL && *cb->correlationData != 0)
+        record_wait(cbid, cb, wait_kind);
+    atomic_fetch_add_explicit(&g_state.overhead_ns, monotonic_ns() - t0, memory_order_relaxed);
+}
+
+/* --- setup and teardown -------------------------------------------------------------------------------------- */
+
+static double env_double(const char *name, double fallback, double lo, double hi)
+{
+    const char *text = getenv(name);
+    if (text == NULL || text[0] == '\0')
+        return fallback;
+    char *end = NULL;
+    double value = strtod(text, &end);
+    if (end == text || *end != '\0' || !(value >= lo && value <= hi)) {
+        fprintf(stderr, "otel-gpu: ignoring %s=%s (expected a number in [%g, %g])\n", name, text, lo, hi);
+        return fallback;
+    }
+    return value;
+}
+
+static void read_settings(void)
+{
+    g_settings.overhead_budget = env_double("OTEL_GPU_OVERHEAD_BUDGET", 0.02, 0.0001, 1.0);
+    g_settings.window_ns = (uint64_t)(env_double("OTEL_GPU_WINDOW_MS", 20.0, 0.1, 10000.0) * 1e6);
+    const char *always = getenv("OTEL_GPU_DEBUG_ALWAYS_ON");
+    g_settings.debug_always_on = always != NULL && strcmp(always, "1") == 0;
+}
+
+static void at_exit(void)
+{
+    sampler_stop_and_flush();
+}
+
+__attribute__((visibility("default"))) int InitializeInjection(void)
+{
+    int expected = 0;
+    if (!atomic_compare_exchange_strong(&initialized, &expected, 1))
+        return 1;
+    read_settings();
+    atomic_store(&g_state.wait_sample_every, 1);
+    void *lib = open_cupti();
+    if (lib == NULL) {
+        fprintf(stderr, "otel-gpu: cannot load CUPTI (%s); GPU-time profiling is off for this process "
+                        "(set OTEL_GPU_CUPTI_PATH to libcupti.so.13)\n", dlerror());
+        return 0;
+    }
+    const char *missing = resolve_cupti(lib);
+    if (missing != NULL) {
+        fprintf(stderr, "otel-gpu: CUPTI lacks %s; GPU-time profiling is off for this process\n", missing);
+        return 0;
+    }
+    if (emit_init() != 0)
+        fprintf(stderr, "otel-gpu: cannot open OTEL_GPU_DEBUG_FILE; debug records are not written\n");
+    cbids_init();
+    stack_init();
+    CUptiResult rc = g_cupti.subscribe(&g_subscriber, on_api, NULL);
+    if (rc != CUPTI_SUCCESS) {
+        const char *why = "unknown error";
+        g_cupti.get_result_string(rc, &why);
+        /* CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED: another tool (a profiler) already holds CUPTI. */
+        fprintf(stderr, "otel-gpu: cuptiSubscribe failed (%s); GPU-time profiling is off for this process\n", why);
+        return 0;
+    }
+    if (sampler_start() != 0) {
+        fprintf(stderr, "otel-gpu: cannot start the sampling thread; GPU-time profiling is off for this process\n");
+        g_cupti.unsubscribe(g_subscriber);
+        return 0;
+    }
+    atexit(at_exit);
+    return 1;
+}
+
+__attribute__((destructor)) static void on_unload(void)
+{
+    if (atomic_load(&initialized))
+        sampler_stop_and_flush();
+}

@@ -1,0 +1,100 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * Internal declarations of libotel_gpu_inject.so, the library the CUDA driver loads into a workload through
+ * CUDA_INJECTION64_PATH. Only InitializeInjection is exported; everything here is hidden.
+ *
+ *   inject.c    InitializeInjection, loading CUPTI through dlopen/dlsym, the API callback, exit handling
+ *   cbids.c     which driver-API callback ids are launches and which are blocking waits
+ *   sampler.c   the controller thread: time windows sized to the overhead budget, sampled waits
+ *   activity.c  CUPTI activity buffers, the sampled-correlation filter, conversion to probe records
+ *   stack.c     eh_frame unwinding of the calling thread and its CPython frames
+ *   emit.c      the USDT probes (with semaphores) and the test-only debug file
+ */
+#ifndef OTEL_GPU_INJECT_H
+#define OTEL_GPU_INJECT_H
+
+#include <stdatomic.h>
+#include <stdint.h>
+
+#include <cupti.h>
+
+#include "otel_gpu_probes.h"
+
+/* Every CUPTI function the library uses, resolved with dlsym so that tests can hand it a fake libcupti. */
+struct cupti_api {
+    CUptiResult (*subscribe)(CUpti_SubscriberHandle *, CUpti_CallbackFunc, void *);
+    CUptiResult (*unsubscribe)(CUpti_SubscriberHandle);
+    CUptiResult (*enable_callback)(uint32_t, CUpti_SubscriberHandle, CUpti_CallbackDomain, CUpti_CallbackId);
+    CUptiResult (*activity_enable)(CUpti_ActivityKind);
+    CUptiResult (*activity_disable)(CUpti_ActivityKind);
+    CUptiResult (*activity_register_callbacks)(CUpti_BuffersCallbackRequestFunc, CUpti_BuffersCallbackCompleteFunc);
+    CUptiResult (*activity_flush_all)(uint32_t);
+    CUptiResult (*activity_get_next_record)(uint8_t *, size_t, CUpti_Activity **);
+    CUptiResult (*get_timestamp)(uint64_t *);
+    CUptiResult (*get_result_string)(CUptiResult, const char **);
+};
+
+/* g_cbid_class[cbid]: low bits = enum otel_gpu_launch_kind (0 if not a launch), high bits = enum otel_gpu_sync_kind. */
+#define CLASS_LAUNCH_MASK 0x0f
+#define CLASS_WAIT_SHIFT 4
+
+extern struct cupti_api g_cupti;
+extern CUpti_SubscriberHandle g_subscriber;
+extern uint8_t g_cbid_class[CUPTI_DRIVER_TRACE_CBID_SIZE];
+
+/* Settings read once from the environment at InitializeInjection. */
+struct inject_settings {
+    double overhead_budget;    /* OTEL_GPU_OVERHEAD_BUDGET: allowed slowdown, fraction of wall time (0.02) */
+    uint64_t window_ns;        /* OTEL_GPU_WINDOW_MS: length of one sampling window */
+    int debug_always_on;       /* OTEL_GPU_DEBUG_ALWAYS_ON=1: behave as if an agent were attached (tests only) */
+};
+extern struct inject_settings g_settings;
+
+/* Shared state between the API callback, the controller and the activity thread. */
+struct inject_state {
+    _Atomic uint64_t window_id;        /* id of the open window, 0 while none is open */
+    _Atomic uint64_t window_launches;  /* launches recorded in the open window */
+    _Atomic uint64_t window_dropped;   /* records lost in the open window (filter or buffers full, truncation) */
+    _Atomic uint64_t overhead_ns;      /* time spent in the library's callbacks since the last window closed */
+    _Atomic uint64_t wait_overhead_ns; /* time spent recording waits since the controller last looked */
+    _Atomic uint32_t wait_sample_every; /* record one blocking wait in N (N >= 1); the record's weight is N */
+    _Atomic int attached;              /* an agent is attached (or the debug mode pretends so) */
+    _Atomic int stopping;              /* the process is exiting */
+};
+extern struct inject_state g_state;
+
+/* inject.c */
+uint64_t now_ns(void);            /* CUPTI's timestamp clock */
+uint64_t monotonic_ns(void);      /* for measuring the library's own cost */
+void log_once(const char *what);  /* one "otel-gpu:" line on stderr per distinct message site */
+
+/* cbids.c */
+void cbids_init(void);
+int cbids_enable_launches(uint32_t enable);
+int cbids_enable_waits(uint32_t enable);
+
+/* sampler.c */
+int sampler_start(void);
+void sampler_stop_and_flush(void);
+
+/* activity.c */
+int activity_init(void);
+int activity_enable(int enable);
+void activity_remember(uint32_t correlation_id, uint64_t window_id, int is_graph);
+void activity_forget_before(uint64_t window_id);
+uint64_t activity_take_dropped(void);
+
+/* stack.c */
+void stack_init(void);
+void stack_capture(struct otel_gpu_stack *stack);
+
+/* emit.c */
+int emit_init(void);
+int emit_any_semaphore(void);
+void emit_launch(const struct otel_gpu_launch *rec);
+void emit_activity(const struct otel_gpu_activity *recs, uint32_t count);
+void emit_sync(const struct otel_gpu_sync *rec);
+void emit_window(const struct otel_gpu_window *rec);
+
+
+#endif /* OTEL_GPU_INJECT_H */

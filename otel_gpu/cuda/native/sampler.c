@@ -1,0 +1,230 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * The controller thread. While an agent is attached (a probe semaphore is non-zero, or the debug mode), it opens
+ * sampling windows of OTEL_GPU_WINDOW_MS at randomly jittered times: in a window the launch callbacks and the
+ * kernel/memcpy/memset activity kinds are on, outside they are off, so the workload pays CUPTI's per-launch cost only
+ * for a fraction f of wall time. f is chosen so that f x (slowdown inside a window) stays within the overhead budget;
+ * the in-window slowdown is estimated from the time the library spends in its own callbacks and buffer processing
+ * plus a conservative prior for CUPTI's own cost per recorded launch, and f is bounded to [0.1 %, 20 %].
+ * Each closed window fires otel_gpu:window with covered_ns/elapsed_ns, the fraction the agent re-weights by.
+ *
+ * Blocking waits are recorded outside windows too (their callbacks stay on while attached): one wait in N, chosen
+ * at random, with weight N; N doubles when recording waits costs more than half the budget and halves back when
+ * it costs less than a quarter of that.
+ */
+#include <errno.h>
+#include <pthread.h>
+#include <time.h>
+
+#include <cupti_activity.h>
+
+#include "inject.h"
+
+#define POLL_NS 100000000ull             /* how often a detached library looks at the semaphores: 100 ms */
+#define PRIOR_CUPTI_NS_PER_LAUNCH 4000.0 /* CUPTI's cost per recorded kernel, measured 2-6 us on an H200 */
+#define PRIOR_SLOWDOWN 0.3               /* in-window slowdown assumed before the first window is measured */
+#define FRACTION_MIN 0.001
+#define FRACTION_MAX 0.2
+#define KEEP_WINDOWS 4                   /* graph launches' ids are kept for this many windows */
+#define WAIT_EVERY_MAX (1u << 20)
+
+static pthread_t controller;
+static pthread_mutex_t ctl_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t ctl_wake = PTHREAD_COND_INITIALIZER;
+static int stopped; /* under ctl_lock: the final flush has run */
+
+/* Controller state, under ctl_lock. */
+static int activity_ready;
+static uint64_t last_window_id;
+static uint64_t open_start_ns;
+static uint64_t attach_start_ns;
+static uint64_t covered_ns;
+static uint64_t wait_period_start_ns;
+static double slowdown = PRIOR_SLOWDOWN;
+static double fraction = FRACTION_MIN;
+static uint64_t rng = 0x9e3779b97f4a7c15ull;
+
+static double uniform01(void)
+{
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    return (double)(rng >> 11) / (double)(1ull << 53);
+}
+
+static int agent_present(void)
+{
+    return g_settings.debug_always_on || emit_any_semaphore();
+}
+
+static int attach_locked(void)
+{
+    if (!activity_ready) {
+        if (activity_init() != 0) {
+            log_once("cannot register CUPTI activity buffers; GPU-time profiling is off for this process");
+            return -1;
+        }
+        activity_ready = 1;
+    }
+    if (cbids_enable_waits(1) != 0)
+        log_once("some blocking-call callbacks could not be enabled");
+    attach_start_ns = now_ns();
+    wait_period_start_ns = monotonic_ns();
+    covered_ns = 0;
+    atomic_store(&g_state.attached, 1);
+    return 0;
+}
+
+static void open_window_locked(void)
+{
+    activity_forget_before(last_window_id >= KEEP_WINDOWS ? last_window_id - KEEP_WINDOWS : 0);
+    atomic_store(&g_state.window_launches, 0);
+    atomic_store(&g_state.window_dropped, 0);
+    atomic_store(&g_state.overhead_ns, 0);
+    if (activity_enable(1) != 0)
+        log_once("some CUPTI activity kinds could not be enabled");
+    if (cbids_enable_launches(1) != 0)
+        log_once("some launch callbacks could not be enabled");
+    open_start_ns = now_ns();
+    atomic_store_explicit(&g_state.window_id, ++last_window_id, memory_order_release);
+}
+
+static void adapt_locked(uint64_t window_ns, uint64_t overhead_ns, uint64_t launches)
+{
+    if (window_ns == 0)
+        return;
+    double observed = ((double)overhead_ns + (double)launches * PRIOR_CUPTI_NS_PER_LAUNCH) / (double)window_ns;
+    slowdown = 0.7 * slowdown + 0.3 * observed;
+    double f = slowdown > 0 ? g_settings.overhead_budget / slowdown : FRACTION_MAX;
+    fraction = f < FRACTION_MIN ? FRACTION_MIN : (f > FRACTION_MAX ? FRACTION_MAX : f);
+
+    uint64_t now = monotonic_ns();
+    uint64_t period_ns = now - wait_period_start_ns;
+    if (period_ns < 100000000ull)
+        return;
+    double wait_cost = (double)atomic_exchange(&g_state.wait_overhead_ns, 0);
+    double allowed = 0.5 * g_settings.overhead_budget * (double)period_ns;
+    uint32_t every = atomic_load(&g_state.wait_sample_every);
+    if (wait_cost > allowed && every < WAIT_EVERY_MAX)
+        atomic_store(&g_state.wait_sample_every, every * 2);
+    else if (wait_cost * 4 < allowed && every > 1)
+        atomic_store(&g_state.wait_sample_every, every / 2);
+    wait_period_start_ns = now;
+}
+
+static void close_window_locked(uint32_t flush_flag)
+{
+    uint64_t id = atomic_exchange_explicit(&g_state.window_id, 0, memory_order_acq_rel);
+    if (id == 0)
+        return;
+    cbids_enable_launches(0);
+    activity_enable(0);
+    uint64_t end = now_ns();
+    g_cupti.activity_flush_all(flush_flag);
+    covered_ns += end - open_start_ns;
+    struct otel_gpu_window rec = {
+        .abi_version = OTEL_GPU_ABI_VERSION,
+        .window_id = id,
+        .start_ns = open_start_ns,
+        .end_ns = end,
+        .covered_ns = covered_ns,
+        .elapsed_ns = end - attach_start_ns,
+        .launches = atomic_load(&g_state.window_launches),
+        .dropped = atomic_load(&g_state.window_dropped) + activity_take_dropped(),
+        .overhead_ns = atomic_load(&g_state.overhead_ns),
+    };
+    emit_window(&rec);
+    adapt_locked(end - open_start_ns, rec.overhead_ns, rec.launches);
+}
+
+static void detach_locked(void)
+{
+    close_window_locked(0);
+    cbids_enable_waits(0);
+    atomic_store(&g_state.attached, 0);
+}
+
+/* Sleeps up to duration_ns (ctl_lock held, released while waiting); returns non-zero when the library is stopping. */
+static int sleep_locked(uint64_t duration_ns)
+{
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    uint64_t ns = (uint64_t)until.tv_nsec + duration_ns;
+    until.tv_sec += (time_t)(ns / 1000000000u);
+    until.tv_nsec = (long)(ns % 1000000000u);
+    while (!stopped) {
+        int rc = pthread_cond_timedwait(&ctl_wake, &ctl_lock, &until);
+        if (rc == ETIMEDOUT)
+            break;
+    }
+    return stopped;
+}
+
+/* Sleeps the gap before the next window in slices, leaving early if the agent goes away; 0 = still attached. */
+static int wait_gap_locked(uint64_t gap_ns)
+{
+    while (gap_ns > 0) {
+        uint64_t slice = gap_ns < POLL_NS ? gap_ns : POLL_NS;
+        if (sleep_locked(slice))
+            return -1;
+        gap_ns -= slice;
+        if (!agent_present())
+            return -1;
+    }
+    return 0;
+}
+
+static void *controller_main(void *arg)
+{
+    (void)arg;
+    pthread_mutex_lock(&ctl_lock);
+    while (!stopped) {
+        if (!atomic_load(&g_state.attached)) {
+            if (!agent_present() || attach_locked() != 0) {
+                sleep_locked(POLL_NS);
+                continue;
+            }
+        }
+        double mean_gap = (double)g_settings.window_ns * (1.0 - fraction) / fraction;
+        uint64_t gap_ns = (uint64_t)(mean_gap * (0.5 + uniform01()));
+        if (wait_gap_locked(gap_ns) != 0) {
+            if (!stopped)
+                detach_locked();
+            continue;
+        }
+        g_cupti.activity_flush_all(0); /* records of earlier windows that completed since */
+        open_window_locked();
+        sleep_locked(g_settings.window_ns);
+        if (!stopped)
+            close_window_locked(0);
+    }
+    pthread_mutex_unlock(&ctl_lock);
+    return NULL;
+}
+
+int sampler_start(void)
+{
+    rng ^= monotonic_ns();
+    pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    int rc = pthread_create(&controller, &attr, controller_main, NULL);
+    pthread_attr_destroy(&attr);
+    return rc;
+}
+
+/* At exit: close an open window and hand everything CUPTI still holds to the probes. Runs once. */
+void sampler_stop_and_flush(void)
+{
+    pthread_mutex_lock(&ctl_lock);
+    if (!stopped) {
+        stopped = 1;
+        atomic_store(&g_state.stopping, 1);
+        if (atomic_load(&g_state.attached)) {
+            close_window_locked(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
+            g_cupti.activity_flush_all(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
+        }
+        pthread_cond_broadcast(&ctl_wake);
+    }
+    pthread_mutex_unlock(&ctl_lock);
+}
