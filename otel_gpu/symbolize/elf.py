@@ -1,0 +1,157 @@
+# SPDX-License-Identifier: Apache-2.0
+"""A small, fast reader of 64-bit little-endian ELF files: function symbols (.symtab and .dynsym), the GNU build id
+and the PT_LOAD segments that translate a file offset into a link-time virtual address (which is how PIE and
+shared-library load bias is removed). Reads only headers, notes and symbol tables, through mmap.
+"""
+
+from __future__ import annotations
+
+import bisect
+import mmap
+import os
+import struct
+from dataclasses import dataclass
+
+_EHDR = struct.Struct("<16sHHIQQQIHHHHHH")
+_PHDR = struct.Struct("<IIQQQQQQ")
+_SHDR = struct.Struct("<IIQQQQIIQQ")
+_SYM = struct.Struct("<IBBHQQ")
+_NOTE = struct.Struct("<III")
+_PT_LOAD = 1
+_PT_NOTE = 4
+_SHT_SYMTAB = 2
+_SHT_NOTE = 7
+_SHT_DYNSYM = 11
+_STT_FUNC = 2
+_STT_GNU_IFUNC = 10
+_NT_GNU_BUILD_ID = 3
+
+
+class ElfError(ValueError):
+    """Not an ELF file this reader understands (or a truncated one)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Segment:
+    """One PT_LOAD segment: file range [offset, offset + file_size) is loaded at link-time address vaddr."""
+
+    offset: int
+    vaddr: int
+    file_size: int
+
+
+class ElfSymbols:
+    """Function symbols of one ELF file, sorted by address, with its build id and load segments."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.build_id = ""
+        self.segments: list[Segment] = []
+        self._starts: list[int] = []
+        self._ends: list[int] = []
+        self._names: list[str] = []
+        with open(path, "rb") as handle:
+            size = os.fstat(handle.fileno()).st_size
+            if size < _EHDR.size:
+                raise ElfError(f"{path}: too small for an ELF header")
+            with mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as data:
+                self._parse(data)
+
+    @property
+    def symbol_count(self) -> int:
+        return len(self._starts)
+
+    def vaddr_of(self, file_offset: int) -> int | None:
+        """The link-time virtual address of ``file_offset``, None when no loadable segment holds it."""
+        for segment in self.segments:
+            if segment.offset <= file_offset < segment.offset + segment.file_size:
+                return file_offset - segment.offset + segment.vaddr
+        return None
+
+    def lookup(self, vaddr: int) -> tuple[str, int] | None:
+        """(symbol name, offset into it) of the function containing link-time address ``vaddr``, or None."""
+        index = bisect.bisect_right(self._starts, vaddr) - 1
+        if index < 0 or vaddr >= self._ends[index]:
+            return None
+        return self._names[index], vaddr - self._starts[index]
+
+    # --- parsing ---------------------------------------------------------------------------------------------------
+
+    def _parse(self, data: mmap.mmap) -> None:
+        (ident, _type, _machine, _version, _entry, phoff, shoff, _flags, _ehsize, phentsize, phnum, shentsize,
+         shnum, _shstrndx) = _EHDR.unpack_from(data, 0)
+        if ident[:4] != b"\x7fELF":
+            raise ElfError(f"{self.path}: not an ELF file")
+        if ident[4] != 2 or ident[5] != 1:
+            raise ElfError(f"{self.path}: only 64-bit little-endian ELF is supported")
+        for i in range(phnum):
+            p_type, _pf, p_offset, p_vaddr, _pa, p_filesz, _pm, _al = _PHDR.unpack_from(data, phoff + i * phentsize)
+            if p_type == _PT_LOAD:
+                self.segments.append(Segment(p_offset, p_vaddr, p_filesz))
+            elif p_type == _PT_NOTE and not self.build_id:
+                self.build_id = _build_id(data, p_offset, p_filesz)
+        sections = [_SHDR.unpack_from(data, shoff + i * shentsize) for i in range(shnum)] if shoff else []
+        symbols: dict[int, tuple[int, str]] = {}
+        for kind in (_SHT_SYMTAB, _SHT_DYNSYM):  # .symtab first: it has the local functions too
+            for section in sections:
+                if section[1] == kind and section[6] < len(sections):
+                    strtab = sections[section[6]]
+                    self._read_symbols(data, section[4], section[5], strtab[4], strtab[5], symbols)
+        if not self.build_id:
+            for section in sections:
+                if section[1] == _SHT_NOTE:
+                    self.build_id = _build_id(data, section[4], section[5])
+                    if self.build_id:
+                        break
+        ordered = sorted(symbols.items())
+        for position, (start, (size, name)) in enumerate(ordered):
+            end = start + size if size else (ordered[position + 1][0] if position + 1 < len(ordered) else start + 1)
+            self._starts.append(start)
+            self._ends.append(end)
+            self._names.append(name)
+
+    @staticmethod
+    def _read_symbols(data: mmap.mmap, offset: int, size: int, str_offset: int, str_size: int,
+                      out: dict[int, tuple[int, str]]) -> None:
+        if offset + size > len(data) or str_offset + str_size > len(data):
+            return  # a section that is not in the file (e.g. NOBITS in a debug-only file)
+        strings = data[str_offset:str_offset + str_size]
+        for name_off, info, _other, shndx, value, sym_size in _SYM.iter_unpack(data[offset:offset + size]):
+            kind = info & 0xF
+            if (kind != _STT_FUNC and kind != _STT_GNU_IFUNC) or not value or not shndx:
+                continue
+            if value in out and out[value][0] >= sym_size:
+                continue
+            end = strings.find(b"\0", name_off)
+            name = strings[name_off:end if end >= 0 else len(strings)].decode(errors="replace")
+            out[value] = (sym_size, name)
+
+
+def _build_id(data: mmap.mmap, offset: int, size: int) -> str:
+    """The GNU build id (lowercase hex) in the notes at [offset, offset + size), or ""."""
+    end = min(offset + size, len(data))
+    while offset + _NOTE.size <= end:
+        namesz, descsz, note_type = _NOTE.unpack_from(data, offset)
+        name_start = offset + _NOTE.size
+        desc_start = name_start + (namesz + 3) // 4 * 4
+        if note_type == _NT_GNU_BUILD_ID and data[name_start:name_start + namesz].rstrip(b"\0") == b"GNU":
+            return bytes(data[desc_start:desc_start + descsz]).hex()
+        offset = desc_start + (descsz + 3) // 4 * 4
+    return ""
+
+
+def read_build_id(path: str) -> str:
+    """The GNU build id of the ELF file at ``path`` ("" when it has none); raises OSError or ElfError."""
+    with open(path, "rb") as handle, mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as data:
+        ident = data[:16]
+        if ident[:4] != b"\x7fELF" or ident[4] != 2 or ident[5] != 1:
+            raise ElfError(f"{path}: not a 64-bit little-endian ELF file")
+        fields = _EHDR.unpack_from(data, 0)
+        phoff, phentsize, phnum = fields[5], fields[9], fields[10]
+        for i in range(phnum):
+            p_type, _pf, p_offset, _pv, _pa, p_filesz, _pm, _al = _PHDR.unpack_from(data, phoff + i * phentsize)
+            if p_type == _PT_NOTE:
+                found = _build_id(data, p_offset, p_filesz)
+                if found:
+                    return found
+    return ""

@@ -1,0 +1,278 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Turns raw stack addresses into :class:`otel_gpu.profiles.model.Frame` values.
+
+User frames: /proc/PID/maps finds the mapping, the ELF file's load segments turn the address into a link-time
+address (PIE and shared-library bias removed), and .symtab/.dynsym name it. Addresses outside any file (JIT code)
+are looked up in /tmp/perf-PID.map. Kernel frames come from /proc/kallsyms. ELF files are cached by file identity
+(device, inode, mtime, size) and by GNU build id, so one library shared by many processes is read once.
+
+Short-lived processes: :meth:`Symbolizer.remember` snapshots a process's mappings and opens its executable files
+as soon as it is first seen; the snapshot outlives the process until :meth:`Symbolizer.prune`. A binary that is gone
+or unreadable yields a frame named ``file+0xOFFSET`` that keeps its address, mapping and build id, never an error.
+Non-leaf addresses are return addresses; they are looked up at ``address - 1`` so a call at the very end of a
+function is attributed to that function.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import os
+import threading
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
+
+from otel_gpu import selfmetrics, semconv
+from otel_gpu.profiles.model import Frame, FrameKind, Mapping
+from otel_gpu.symbolize.demangle import Demangler
+from otel_gpu.symbolize.elf import ElfError, ElfSymbols
+from otel_gpu.symbolize.kallsyms import KernelSymbols
+from otel_gpu.symbolize.maps import MapEntry, read_maps
+from otel_gpu.symbolize.perfmap import PerfMap
+
+_logger = logging.getLogger(__name__)
+
+SOURCE = "symbolizer"
+FileKey = tuple[int, int, int, int]  # st_dev, st_ino, st_mtime_ns, st_size
+
+
+class _Process:
+    """What is known about one process: its mappings, their ELF files, and the frames already built."""
+
+    def __init__(self, pid: int, entries: list[MapEntry]) -> None:
+        self.pid = pid
+        self.set_entries(entries)
+        self.files: dict[int, tuple[ElfSymbols | None, Mapping]] = {}  # by entry start
+        self.frames: dict[tuple[int, bool], Frame] = {}  # (address, is_leaf)
+        self.perf_map: PerfMap | None = None
+        self.perf_map_checked = False
+
+    def set_entries(self, entries: list[MapEntry]) -> None:
+        self.entries = [e for e in entries if e.executable or e.file_backed]
+        self.starts = [e.start for e in self.entries]
+
+    def find(self, address: int) -> MapEntry | None:
+        index = bisect.bisect_right(self.starts, address) - 1
+        if index >= 0 and address < self.entries[index].end:
+            return self.entries[index]
+        return None
+
+
+class Symbolizer:
+    """Symbolizes user and kernel stacks; thread-safe (the CPU sampler calls :meth:`remember` from its event thread
+    and the stack methods from the drain)."""
+
+    def __init__(self, proc_root: str = "/proc", kallsyms_path: str = "/proc/kallsyms", max_files: int = 1024,
+                 max_processes: int = 8192) -> None:
+        self._proc = proc_root
+        self._kallsyms_path = kallsyms_path
+        self._kernel: KernelSymbols | None = None
+        self._kernel_frames: dict[int, Frame] = {}
+        self._files: OrderedDict[FileKey, ElfSymbols | None] = OrderedDict()
+        self._by_build_id: dict[str, ElfSymbols] = {}
+        self._max_files = max_files
+        self._max_processes = max_processes
+        self._processes: OrderedDict[int, _Process] = OrderedDict()
+        self._demangler = Demangler()
+        self._lock = threading.RLock()
+
+    # --- processes -------------------------------------------------------------------------------------------------
+
+    def remember(self, pid: int) -> bool:
+        """Snapshot the mappings of ``pid`` and open its executable files now, while it runs. False when gone."""
+        entries = read_maps(pid, self._proc)
+        if entries is None:
+            return False
+        with self._lock:
+            process = self._processes.get(pid)
+            if process is None:
+                process = _Process(pid, entries)
+                self._processes[pid] = process
+                while len(self._processes) > self._max_processes:
+                    self._processes.popitem(last=False)
+            else:
+                process.set_entries(entries)
+            for entry in process.entries:
+                if entry.executable and entry.file_backed:
+                    self._file_for(process, entry)
+        return True
+
+    def knows(self, pid: int) -> bool:
+        with self._lock:
+            return pid in self._processes
+
+    def prune(self, keep: Iterable[int]) -> int:
+        """Forget processes that are not in ``keep`` and no longer exist; returns how many were forgotten."""
+        keep_set = set(keep)
+        with self._lock:
+            gone = [pid for pid in self._processes if pid not in keep_set and not os.path.exists(f"{self._proc}/{pid}")]
+            for pid in gone:
+                del self._processes[pid]
+        return len(gone)
+
+    # --- stacks ----------------------------------------------------------------------------------------------------
+
+    def user_stacks(self, pid: int, stacks: Sequence[Sequence[int]]) -> list[tuple[Frame, ...]]:
+        """Frames (leaf first) for each stack of user addresses (leaf first) of process ``pid``."""
+        with self._lock:
+            process = self._processes.get(pid)
+            if process is None:
+                entries = read_maps(pid, self._proc)
+                process = _Process(pid, entries or [])
+                self._processes[pid] = process
+            raw: list[list[tuple[int, bool, str, MapEntry | None, ElfSymbols | None, Mapping | None, int]]] = []
+            names: set[str] = set()
+            for stack in stacks:
+                resolved = []
+                for depth, address in enumerate(stack):
+                    leaf = depth == 0
+                    if (address, leaf) in process.frames:
+                        resolved.append((address, leaf, "", None, None, None, -1))
+                        continue
+                    item = self._resolve(process, address, leaf)
+                    resolved.append(item)
+                    if item[2]:
+                        names.add(item[2])
+                raw.append(resolved)
+            self._demangler.prepare(names)
+            out = []
+            for resolved in raw:
+                frames = []
+                for address, leaf, name, entry, _elf, mapping, file_offset in resolved:
+                    frame = process.frames.get((address, leaf))
+                    if frame is None:
+                        frame = self._frame(process, address, name, entry, mapping, file_offset)
+                        process.frames[(address, leaf)] = frame
+                    frames.append(frame)
+                out.append(tuple(frames))
+            return out
+
+    def kernel_stack(self, addresses: Sequence[int]) -> tuple[Frame, ...]:
+        """Frames (leaf first) for kernel addresses (leaf first)."""
+        with self._lock:
+            if self._kernel is None:
+                self._kernel = KernelSymbols(self._kallsyms_path)
+            frames = []
+            for depth, address in enumerate(addresses):
+                frame = self._kernel_frames.get(address if depth else -address)
+                if frame is None:
+                    found = self._kernel.lookup(address - 1 if depth else address)
+                    if found is None:
+                        frame = Frame(f"[kernel] 0x{address:x}", FrameKind.KERNEL, address)
+                    else:
+                        name, _offset, module = found
+                        frame = Frame(name, FrameKind.KERNEL, address, system_name=name, filename=module)
+                    if len(self._kernel_frames) > 500_000:
+                        self._kernel_frames.clear()
+                    self._kernel_frames[address if depth else -address] = frame
+                frames.append(frame)
+            return tuple(frames)
+
+    # --- internals -------------------------------------------------------------------------------------------------
+
+    def _resolve(self, process: _Process, address: int, leaf: bool
+                 ) -> tuple[int, bool, str, MapEntry | None, ElfSymbols | None, Mapping | None, int]:
+        entry = process.find(address)
+        if entry is None and os.path.exists(f"{self._proc}/{process.pid}"):
+            fresh = read_maps(process.pid, self._proc)  # a library loaded after the snapshot
+            if fresh is not None:
+                process.set_entries(fresh)
+                entry = process.find(address)
+        if entry is None or not entry.file_backed:
+            name = self._perf_map_name(process, address)
+            return address, leaf, name or "", entry, None, None, -1
+        elf, mapping = self._file_for(process, entry)
+        file_offset = address - entry.start + entry.offset
+        if elf is not None:
+            lookup_offset = file_offset if leaf else file_offset - 1
+            vaddr = elf.vaddr_of(lookup_offset)
+            found = elf.lookup(vaddr) if vaddr is not None else None
+            if found is not None:
+                return address, leaf, found[0], entry, elf, mapping, file_offset
+        return address, leaf, "", entry, elf, mapping, file_offset
+
+    def _frame(self, process: _Process, address: int, name: str, entry: MapEntry | None, mapping: Mapping | None,
+               file_offset: int) -> Frame:
+        if mapping is not None:
+            if name:
+                return Frame(self._demangler.demangle(name), FrameKind.NATIVE, address, mapping, system_name=name)
+            selfmetrics.count(semconv.SELF_ERRORS.name, otel_gpu__source=SOURCE, otel_gpu__reason="no_symbol")
+            return Frame(f"{os.path.basename(mapping.path)}+0x{file_offset:x}", FrameKind.NATIVE, address, mapping)
+        if name:
+            kind = FrameKind.PYTHON if name.startswith("py::") else FrameKind.NATIVE
+            return Frame(self._demangler.demangle(name), kind, address, system_name=name)
+        label = entry.path if entry is not None and entry.path else "unknown"
+        return Frame(f"[{label.strip('[]')}] 0x{address:x}", FrameKind.NATIVE, address)
+
+    def _file_for(self, process: _Process, entry: MapEntry) -> tuple[ElfSymbols | None, Mapping]:
+        known = process.files.get(entry.start)
+        if known is not None:
+            return known
+        elf = self._open_elf(process.pid, entry)
+        mapping = Mapping(entry.start, entry.end, entry.offset, entry.path, elf.build_id if elf is not None else "")
+        process.files[entry.start] = (elf, mapping)
+        return elf, mapping
+
+    def _open_elf(self, pid: int, entry: MapEntry) -> ElfSymbols | None:
+        for candidate, must_match_inode in ((f"{self._proc}/{pid}/map_files/{entry.start:x}-{entry.end:x}", False),
+                                            (f"{self._proc}/{pid}/root{entry.path}", True),
+                                            (entry.path, True)):
+            try:
+                stat = os.stat(candidate)
+            except OSError:
+                continue
+            if must_match_inode and stat.st_ino != entry.inode:
+                continue  # replaced since it was mapped: its symbols would be wrong
+            key = (stat.st_dev, stat.st_ino, stat.st_mtime_ns, stat.st_size)
+            if key in self._files:
+                self._files.move_to_end(key)
+                return self._files[key]
+            try:
+                elf = ElfSymbols(candidate)
+            except (OSError, ElfError, ValueError) as exc:
+                _logger.debug("cannot read symbols of %s: %s", entry.path, exc)
+                selfmetrics.count(semconv.SELF_ERRORS.name, otel_gpu__source=SOURCE, otel_gpu__reason="unreadable_elf")
+                elf = None
+            if elf is not None and elf.build_id:
+                elf = self._by_build_id.setdefault(elf.build_id, elf)
+            self._files[key] = elf
+            while len(self._files) > self._max_files:
+                _, dropped = self._files.popitem(last=False)
+                if dropped is not None and self._by_build_id.get(dropped.build_id) is dropped:
+                    del self._by_build_id[dropped.build_id]
+            return elf
+        selfmetrics.count(semconv.SELF_ERRORS.name, otel_gpu__source=SOURCE, otel_gpu__reason="missing_file")
+        return None
+
+    def _perf_map_name(self, process: _Process, address: int) -> str | None:
+        perf_map = self._perf_map(process)
+        return perf_map.lookup(address) if perf_map is not None else None
+
+    def _perf_map(self, process: _Process) -> PerfMap | None:
+        ns_pid = _namespace_pid(self._proc, process.pid)
+        for path in (f"{self._proc}/{process.pid}/root/tmp/perf-{ns_pid}.map", f"/tmp/perf-{process.pid}.map"):
+            try:
+                stat = os.stat(path)
+            except OSError:
+                continue
+            current = process.perf_map
+            if current is not None and current.path == path and current.identity == (stat.st_mtime_ns, stat.st_size):
+                return current
+            try:
+                process.perf_map = PerfMap(path)
+            except OSError:
+                continue
+            return process.perf_map
+        return process.perf_map
+
+
+def _namespace_pid(proc_root: str, pid: int) -> int:
+    """The pid of ``pid`` inside its own pid namespace (the number in its perf map file name)."""
+    try:
+        with open(f"{proc_root}/{pid}/status", encoding="ascii", errors="replace") as handle:
+            for line in handle:
+                if line.startswith("NSpid:"):
+                    return int(line.split()[-1])
+    except (OSError, ValueError):
+        pass
+    return pid
