@@ -1,0 +1,121 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Configuration: flag > environment > YAML > default, standard OTEL_* variables, validation, masked secrets.
+
+The last tests run the real ``otel-gpu`` command in a subprocess (exit codes, output).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from otel_gpu import cli, config
+from tests.conftest import REPO, agent_command
+
+
+def _load(argv: list[str], environ: dict[str, str] | None = None) -> config.AgentConfig:
+    args = cli._parser().parse_args(["run", *argv])
+    return config.load(args, environ=environ or {})
+
+
+def _yaml(tmp_path: Path, data: dict) -> str:  # type: ignore[type-arg]
+    path = tmp_path / "agent.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return str(path)
+
+
+def test_defaults() -> None:
+    cfg = _load([])
+    assert cfg == config.AgentConfig()
+    assert cfg.metrics.export_interval_s == 10.0 and cfg.metrics.prometheus_port == 0
+    assert cfg.output.dir == "./otel-gpu-data"
+    assert cfg.write_files and cfg.show_console and not cfg.has_backend
+
+
+def test_precedence_flag_over_env_over_yaml_over_default(tmp_path: Path) -> None:
+    file = _yaml(tmp_path, {"metrics": {"export_interval_s": 30, "prometheus_port": 9400},
+                            "log_level": "warning", "output": {"dir": "/from/yaml"}})
+    env = {"OTEL_GPU_METRICS_EXPORT_INTERVAL": "20", "OTEL_GPU_LOG_LEVEL": "error"}
+    cfg = _load(["--config", file, "--metric-export-interval", "5"], env)
+    assert cfg.metrics.export_interval_s == 5.0  # flag beats env and file
+    assert cfg.log_level == "error"  # env beats file
+    assert cfg.metrics.prometheus_port == 9400 and cfg.output.dir == "/from/yaml"  # file beats default
+    assert cfg.gpu.collection_timeout_s == config.GPUConfig().collection_timeout_s  # default
+    # without the flag the environment wins; without both, the file
+    assert _load(["--config", file], env).metrics.export_interval_s == 20.0
+    assert _load(["--config", file]).metrics.export_interval_s == 30.0
+
+
+def test_standard_otel_variables() -> None:
+    env = {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318", "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
+           "OTEL_EXPORTER_OTLP_HEADERS": "authorization=Bearer%20abc,x-tenant=t1",
+           "OTEL_EXPORTER_OTLP_METRICS_HEADERS": "x-tenant=metrics-only",
+           "OTEL_METRIC_EXPORT_INTERVAL": "15000", "OTEL_SERVICE_NAME": "gpu-agent",
+           "OTEL_RESOURCE_ATTRIBUTES": "deployment.environment=prod,k8s.cluster.name=c1"}
+    cfg = _load([], env)
+    assert cfg.otlp.metrics_target() == ("http/protobuf", "http://collector:4318/v1/metrics")
+    assert cfg.otlp.headers_for("metrics") == {"authorization": "Bearer abc", "x-tenant": "metrics-only"}
+    assert cfg.metrics.export_interval_s == 15.0  # OTEL_METRIC_EXPORT_INTERVAL is milliseconds
+    assert cfg.service_name == "gpu-agent"
+    assert dict(cfg.resource_attributes) == {"deployment.environment": "prod", "k8s.cluster.name": "c1"}
+    assert cfg.has_backend and not cfg.write_files and not cfg.show_console
+    # the signal-specific endpoint is used as-is, and gRPC endpoints get no path
+    assert _load([], {"OTEL_EXPORTER_OTLP_METRICS_ENDPOINT": "http://vm:8428/opentelemetry/v1/metrics"}
+                 ).otlp.metrics_target() == ("grpc", "http://vm:8428/opentelemetry/v1/metrics")
+    assert _load(["--otlp-endpoint", "http://c:4317"]).otlp.metrics_target() == ("grpc", "http://c:4317")
+
+
+def test_every_problem_is_listed_with_its_flag(tmp_path: Path) -> None:
+    file = _yaml(tmp_path, {"metrics": {"bogus_key": 1}})
+    with pytest.raises(config.ConfigError) as caught:
+        _load(["--config", file, "--otlp-protocol", "carrier-pigeon", "--prometheus-port", "70000",
+               "--metric-export-interval", "abc"], {"OTEL_EXPORTER_OTLP_ENDPOINT": "collector:4317"})
+    problems = caught.value.problems
+    joined = "\n".join(problems)
+    assert len(problems) == 5, joined
+    assert "--otlp-protocol" in joined and "'grpc'" in joined and "'http/protobuf'" in joined
+    assert "--prometheus-port" in joined and "65535" in joined
+    assert "--metric-export-interval" in joined
+    assert "OTEL_EXPORTER_OTLP_ENDPOINT" in joined and "--otlp-endpoint" in joined
+    assert "metrics.bogus_key" in joined
+
+
+def _run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "K8S_", "NODE_NAME"))}
+    return subprocess.run(agent_command(*args), capture_output=True, text=True, timeout=60, cwd=REPO,
+                          env={**clean, **(env or {})})
+
+
+def test_config_command_masks_secrets() -> None:
+    result = _run("config", "--otlp-headers", "authorization=Bearer topsecret", "--pyroscope-user", "me",
+                  "--pyroscope-password", "hunter2", env={"OTEL_EXPORTER_OTLP_METRICS_HEADERS": "x-key=k3y"})
+    assert result.returncode == 0, result.stderr
+    assert "topsecret" not in result.stdout and "hunter2" not in result.stdout and "k3y" not in result.stdout
+    shown = yaml.safe_load(result.stdout)
+    assert shown["otlp"]["headers"] == "authorization=***"
+    assert shown["otlp"]["metrics_headers"] == "x-key=***"
+    assert shown["pyroscope"]["basic_auth_password"] == "***"
+    assert shown["pyroscope"]["basic_auth_user"] == "me"
+
+
+def test_bad_configuration_exits_2_naming_each_flag() -> None:
+    result = _run("run", "--otlp-protocol", "udp", "--metric-export-interval", "0", "--console", "sometimes",
+                  env={"OTEL_GPU_METRICS_PROMETHEUS_PORT": "-1"})
+    assert result.returncode == 2
+    for flag in ("--otlp-protocol", "--metric-export-interval", "--console", "--prometheus-port"):
+        assert flag in result.stderr, (flag, result.stderr)
+    assert "OTEL_GPU_METRICS_PROMETHEUS_PORT" in result.stderr
+    assert result.stdout == ""
+
+
+def test_config_command_shows_the_precedence_result(tmp_path: Path) -> None:
+    file = _yaml(tmp_path, {"metrics": {"export_interval_s": 30, "prometheus_port": 9400}})
+    result = _run("config", "--config", file, "--prometheus-port", "9500",
+                  env={"OTEL_GPU_METRICS_EXPORT_INTERVAL": "20"})
+    assert result.returncode == 0, result.stderr
+    shown = yaml.safe_load(result.stdout)
+    assert shown["metrics"]["prometheus_port"] == 9500 and shown["metrics"]["export_interval_s"] == 20.0
