@@ -118,6 +118,8 @@ GPU_TENSOR_ACTIVITY = MetricSpec("nvidia.gpu.tensor.activity", "gauge", "1",
                                  "GPM: fraction of time any tensor pipe was active (Hopper+)")
 GPU_DRAM_ACTIVITY = MetricSpec("nvidia.gpu.dram.activity", "gauge", "1",
                                "GPM: fraction of peak DRAM bandwidth used (Hopper+)")
+GPU_XID_LAST_TIME = MetricSpec("nvidia.gpu.xid.last_time", "gauge", "s",
+                               "Unix time of the last XID error per nvidia.gpu.xid.code (counts are in hw.errors)")
 
 # --- per-process GPU metrics (process.pid, process.executable.name, container.id, k8s.pod.uid + GPU attrs) ---------
 GPU_PROCESS_MEMORY_USAGE = MetricSpec("nvidia.gpu.process.memory.usage", "updowncounter", "By",
@@ -149,6 +151,7 @@ GPU_METRICS: Final = (
     GPU_TEMPERATURE, GPU_TEMPERATURE_LIMIT, GPU_ERRORS, GPU_STATUS, GPU_POWER_LIMIT, GPU_MEMORY_BANDWIDTH_UTILIZATION,
     GPU_CLOCK_FREQUENCY, GPU_CLOCK_FREQUENCY_LIMIT, GPU_CLOCK_THROTTLE, GPU_PERFORMANCE_STATE, GPU_SM_ACTIVITY,
     GPU_SM_OCCUPANCY, GPU_TENSOR_ACTIVITY, GPU_DRAM_ACTIVITY, GPU_PROCESS_MEMORY_USAGE, GPU_PROCESS_SM_UTILIZATION,
+    GPU_XID_LAST_TIME,
 )
 SELF_METRICS: Final = (SELF_COLLECTION_DURATION, SELF_EXPORT_FAILURES, SELF_DROPPED, SELF_ERRORS)
 
