@@ -1,0 +1,84 @@
+# SPDX-License-Identifier: Apache-2.0
+"""``otel-gpu inject -- COMMAND ...``: run a workload with the GPU-time library injected into its CUDA driver.
+
+The CUDA driver loads the library named by ``CUDA_INJECTION64_PATH`` into every process that initialises CUDA; the
+agent then finds the process by itself. The library does nothing until an agent attaches (its USDT semaphores stay
+0). The same variable works in containers and pods, which :func:`container_instructions` explains on stderr.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TextIO
+
+from otel_gpu.cuda.discovery import LIBRARY_NAME
+
+INJECTION_VARIABLE = "CUDA_INJECTION64_PATH"
+PACKAGED_LIBRARY = Path(__file__).resolve().parent / "native" / LIBRARY_NAME
+
+
+def library_path() -> Path | None:
+    """The packaged libotel_gpu_inject.so, or None when it has not been built (``make build``)."""
+    return PACKAGED_LIBRARY if PACKAGED_LIBRARY.is_file() else None
+
+
+def container_instructions(path: Path) -> str:
+    """How to inject the same library into containers and Kubernetes pods (printed to stderr by ``inject``)."""
+    return (
+        f"otel-gpu: injecting {path} through {INJECTION_VARIABLE}.\n"
+        f"otel-gpu: to profile GPU time elsewhere, set the same variable where the workload starts:\n"
+        f"  shell:      export {INJECTION_VARIABLE}={path}\n"
+        f"  docker:     docker run -v {path}:/opt/otel-gpu/{LIBRARY_NAME}:ro "
+        f"-e {INJECTION_VARIABLE}=/opt/otel-gpu/{LIBRARY_NAME} IMAGE ...\n"
+        f"  kubernetes: mount the library (hostPath {path.parent}, or an init container that copies it) at\n"
+        f"              /opt/otel-gpu and add to the container spec:\n"
+        f"                env:\n"
+        f"                - name: {INJECTION_VARIABLE}\n"
+        f"                  value: /opt/otel-gpu/{LIBRARY_NAME}\n"
+        f"otel-gpu: the agent (otel-gpu run, as root) finds injected processes by itself.\n"
+    )
+
+
+def injected_environment(environ: Mapping[str, str], path: Path) -> dict[str, str]:
+    """``environ`` with ``CUDA_INJECTION64_PATH`` pointing at ``path``."""
+    env = dict(environ)
+    env[INJECTION_VARIABLE] = str(path)
+    return env
+
+
+def run_injected(command: Sequence[str], environ: Mapping[str, str] | None = None, stderr: TextIO | None = None) -> int:
+    """Run ``command`` with the library injected and return its exit status (the cli's ``inject`` subcommand).
+
+    Returns 2 (usage) without a command, 1 when the library is not built or the command cannot start, else the
+    command's own status (128 + N when it was killed by signal N, as shells report it).
+    """
+    err = stderr or sys.stderr
+    argv = list(command)
+    if argv and argv[0] == "--":
+        argv = argv[1:]
+    if not argv:
+        err.write("usage: otel-gpu inject -- COMMAND [ARGS ...]\n")
+        return 2
+    path = library_path()
+    if path is None:
+        err.write(f"otel-gpu: {PACKAGED_LIBRARY} is missing; build it with `make build`\n")
+        return 1
+    err.write(container_instructions(path))
+    err.flush()
+    env = injected_environment(os.environ if environ is None else environ, path)
+    try:
+        process = subprocess.Popen(argv, env=env)
+    except OSError as exc:
+        err.write(f"otel-gpu: cannot run {argv[0]}: {exc}\n")
+        return 1
+    while True:
+        try:
+            code = process.wait()
+            break
+        except KeyboardInterrupt:  # the child got the same SIGINT from the terminal; wait for it to finish
+            continue
+    return 128 - code if code < 0 else code

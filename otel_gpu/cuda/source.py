@@ -1,0 +1,365 @@
+# SPDX-License-Identifier: Apache-2.0
+"""GPUTimeSource: GPU time by launching stack, and CPU time blocked on the GPU, for every injected process.
+
+It loads programs/gpu_time.bpf.o, attaches its four USDT handlers system-wide to each distinct copy of
+libotel_gpu_inject.so it finds mapped (rescanning /proc every few seconds), polls the ring buffer on a thread,
+symbolizes each launching stack as it arrives (so a process that exits keeps its stacks), joins launches with
+their GPU activity (:mod:`otel_gpu.cuda.join`) and re-weights by the sampling windows. ``drain()`` returns the
+gpu_time and sync_wait batches of the interval; :meth:`process_counters` feeds the per-process metrics.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from otel_gpu import selfmetrics, semconv
+from otel_gpu.cuda import abi, builder
+from otel_gpu.cuda.discovery import LIBRARY_NAME, InjectedLibrary, scan
+from otel_gpu.cuda.join import GPUWork, Joiner, WindowWeights
+from otel_gpu.cuda.symbols import MapsSymbolizer, NativeSymbolizer
+from otel_gpu.errors import SourceUnavailable
+from otel_gpu.procfs import ProcessInfo, ProcessResolver
+from otel_gpu.profiles.model import Frame, ProfileBatch, gpu_time_profile_type, sync_wait_profile_type
+
+_logger = logging.getLogger(__name__)
+
+PROGRAM_PATH = Path(__file__).resolve().parent / "programs" / "gpu_time.bpf.o"
+PROBES = (("otel_gpu_launch", "launch"), ("otel_gpu_activity", "activity"), ("otel_gpu_sync", "sync"),
+          ("otel_gpu_window", "window"))
+_SOURCE = "gpu_time"
+_HOW_TO = ("run workloads with `otel-gpu inject -- python train.py`, or set CUDA_INJECTION64_PATH={path} in their "
+           "environment (containers: mount the library and set the same variable)")
+
+
+@dataclass(slots=True)
+class ProcessCounters:
+    """Cumulative per-process totals since the agent saw the process (estimates, re-weighted)."""
+
+    info: ProcessInfo
+    launches: float = 0.0
+    kernel_time_ns: float = 0.0
+    sync_wait_ns: float = 0.0
+
+
+@dataclass(slots=True)
+class _Interval:
+    covered_ns: int = 0
+    elapsed_ns: int = 0
+
+
+class GPUTimeSource:
+    """Mirrors the CPU profile source: ``open()``, ``drain() -> [gpu_time batch, sync_wait batch]``, ``close()``."""
+
+    name = _SOURCE
+
+    def __init__(self, resolver: ProcessResolver | None = None, *, proc_root: str = "/proc",
+                 program_path: str | os.PathLike[str] = PROGRAM_PATH, ringbuf_bytes: int = 16 << 20,
+                 poll_interval_s: float = 0.1, rescan_interval_s: float = 2.0, library_name: str = LIBRARY_NAME,
+                 symbolizer: NativeSymbolizer | None = None, max_pending_per_process: int = 65536) -> None:
+        self._resolver = resolver or ProcessResolver(proc_root)
+        self._proc_root = proc_root
+        self._program_path = Path(program_path)
+        self._ringbuf_bytes = ringbuf_bytes
+        self._poll_interval_s = poll_interval_s
+        self._rescan_interval_s = rescan_interval_s
+        self._library_name = library_name
+        self._symbolizer: NativeSymbolizer = symbolizer or MapsSymbolizer(proc_root)
+        self._lock = threading.RLock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._bpf = None  # otel_gpu.ebpf.loader.BPFObject once open
+        self._ring = None
+        self._attached: dict[tuple[int, int], InjectedLibrary] = {}
+        self._failed: set[tuple[int, int]] = set()
+        self._last_scan = 0.0
+        self._announced = False
+        # join and weighting state (guarded by _lock)
+        self._joiner = Joiner(max_pending=max_pending_per_process)
+        self._weights = WindowWeights()
+        self._pending: list[tuple[GPUWork, int]] = []  # joined work whose window has not closed, drains waited
+        self._gpu = builder.ProfileAccumulator(gpu_time_profile_type())
+        self._sync = builder.ProfileAccumulator(sync_wait_profile_type())
+        self._interval = _Interval()
+        self._interval_start_ns = time.time_ns()
+        self._processes: OrderedDict[int, ProcessInfo] = OrderedDict()
+        self._counters: dict[int, ProcessCounters] = {}
+        self._exited: list[int] = []
+        self._stack_frames: OrderedDict[tuple[int, abi.Stack], tuple[Frame, ...]] = OrderedDict()
+        self._drops_seen = [0] * len(abi.DROP_REASONS)
+        self._misses_seen = (0, 0)
+        self.records = 0
+        self.decode_errors = 0
+
+    # --- lifecycle -------------------------------------------------------------------------------------------------
+
+    def open(self) -> None:
+        """Load the eBPF program and start watching for injected processes.
+
+        Raises SourceUnavailable when the program cannot load (not root, no BTF, not built, no libbpf).
+        """
+        try:
+            from otel_gpu.ebpf.loader import BPFError, BPFObject
+        except (ImportError, OSError) as exc:
+            raise SourceUnavailable(f"GPU-time profiling needs libbpf.so.1 (apt install libbpf1): {exc}") from exc
+        if not self._program_path.is_file():
+            raise SourceUnavailable(f"GPU-time profiling: {self._program_path} is missing (run `make build`)")
+        if not Path("/sys/kernel/btf/vmlinux").exists():
+            raise SourceUnavailable("GPU-time profiling needs a kernel with BTF (/sys/kernel/btf/vmlinux)")
+        try:
+            self._bpf = BPFObject(self._program_path, max_entries={"events": self._ringbuf_bytes})
+            self._ring = self._bpf.ring_buffer("events", self._on_record)
+        except (BPFError, OSError) as exc:
+            if self._bpf is not None:
+                self._bpf.close()
+                self._bpf = None
+            raise SourceUnavailable(f"GPU-time profiling could not load its eBPF program (needs root, or "
+                                    f"CAP_BPF+CAP_PERFMON): {exc}") from exc
+        self.rescan()
+        if not self._attached:
+            _logger.info("GPU-time profiling is waiting: no process has %s loaded; %s", self._library_name,
+                         _HOW_TO.format(path=_library_hint()))
+        self._thread = threading.Thread(target=self._run, name="otel-gpu-gpu-time", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        """Stop polling, detach every probe and free the program (idempotent)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+            self._thread = None
+        if self._bpf is not None:
+            self._bpf.close()
+            self._bpf = None
+            self._ring = None
+        self._attached.clear()
+
+    # --- discovery -------------------------------------------------------------------------------------------------
+
+    def rescan(self) -> list[InjectedLibrary]:
+        """Attach to library files not seen before; returns the newly attached ones."""
+        self._last_scan = time.monotonic()
+        libraries, pids = scan(self._proc_root, self._library_name, frozenset({os.getpid()}))
+        for pid in pids:
+            self._remember_process(pid)
+        added = []
+        for key, library in libraries.items():
+            if key in self._attached or key in self._failed or self._bpf is None:
+                continue
+            try:
+                for program, probe in PROBES:
+                    self._bpf.attach_usdt(program, library.host_path, "otel_gpu", probe)
+            except OSError as exc:
+                self._failed.add(key)
+                _logger.warning("GPU-time profiling cannot attach to %s (pid %d): %s", library.path, library.pid, exc)
+                selfmetrics.count(semconv.SELF_ERRORS.name, otel_gpu__source=_SOURCE, otel_gpu__reason="attach")
+                continue
+            self._attached[key] = library
+            added.append(library)
+            _logger.info("GPU-time profiling attached to %s (first seen in pid %d)", library.path, library.pid)
+        return added
+
+    @property
+    def attached_libraries(self) -> list[InjectedLibrary]:
+        return list(self._attached.values())
+
+    # --- polling ---------------------------------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        timeout_ms = max(1, int(self._poll_interval_s * 1000))
+        while not self._stop.is_set():
+            try:
+                if self._ring is not None:
+                    self._ring.poll(timeout_ms)
+                if time.monotonic() - self._last_scan >= self._rescan_interval_s:
+                    self.rescan()
+            except Exception:  # loop boundary: keep polling
+                _logger.exception("GPU-time polling failed")
+                selfmetrics.count(semconv.SELF_ERRORS.name, otel_gpu__source=_SOURCE, otel_gpu__reason="poll")
+                self._stop.wait(1.0)
+
+    def poll_now(self) -> int:
+        """Consume every record available now (tests, and drain)."""
+        return self._ring.consume() if self._ring is not None else 0
+
+    def _on_record(self, data: bytes) -> None:
+        try:
+            record = abi.decode_event(data)
+        except abi.DecodeError as exc:
+            with self._lock:
+                self.decode_errors += 1
+                if self.decode_errors == 1:
+                    _logger.warning("GPU-time: undecodable record (%s); counting further ones", exc)
+            selfmetrics.count(semconv.SELF_ERRORS.name, otel_gpu__source=_SOURCE, otel_gpu__reason="decode")
+            return
+        self.handle(record)
+
+    def handle(self, record: abi.Record) -> None:
+        """Feed one decoded record (the ring-buffer callback; tests may call it directly)."""
+        with self._lock:
+            self.records += 1
+            self._remember_process(record.pid)
+            if isinstance(record, abi.Launch):
+                self._frames(record.pid, record.stack)  # symbolize while the process is alive
+                for work in self._joiner.add_launch(record):
+                    self._account(work)
+            elif isinstance(record, abi.Activity):
+                for work in self._joiner.add_activity(record):
+                    self._account(work)
+            elif isinstance(record, abi.Sync):
+                self._on_sync(record)
+            else:
+                self._on_window(record)
+
+    def _on_sync(self, sync: abi.Sync) -> None:
+        value = sync.blocked_ns * sync.weight
+        frames = (builder.sync_frame(sync),) + self._frames(sync.pid, sync.stack)
+        self._sync.add(sync.pid, frames, value, sync.tid, sync.comm,
+                       ((semconv.CUDA_SYNC_API, builder.sync_api_name(sync)),))
+        self._counter(sync.pid).sync_wait_ns += value
+
+    def _on_window(self, window: abi.Window) -> None:
+        weight, covered, elapsed = self._weights.add(window)
+        self._interval.covered_ns += covered
+        self._interval.elapsed_ns += elapsed
+        self._counter(window.pid).launches += window.launches * weight
+        if window.dropped:
+            selfmetrics.count(semconv.SELF_DROPPED.name, window.dropped, otel_gpu__reason="injected_library",
+                              otel_gpu__signal="profiles")
+        still = []
+        for work, age in self._pending:
+            if work.launch.pid == window.pid and work.launch.window_id == window.window_id:
+                self._add_work(work, weight)
+            else:
+                still.append((work, age))
+        self._pending = still
+
+    def _account(self, work: GPUWork) -> None:
+        weight = self._weights.weight(work.launch.pid, work.launch.window_id)
+        if weight is None:
+            self._pending.append((work, 0))
+        else:
+            self._add_work(work, weight)
+
+    def _add_work(self, work: GPUWork, weight: float) -> None:
+        launch, activity = work.launch, work.activity
+        value = activity.duration_ns * weight
+        frames = (builder.work_frame(activity),) + self._frames(launch.pid, launch.stack)
+        self._gpu.add(launch.pid, frames, value, launch.tid, launch.comm, builder.work_attributes(activity))
+        self._counter(launch.pid).kernel_time_ns += value
+
+    # --- drain -----------------------------------------------------------------------------------------------------
+
+    def drain(self) -> list[ProfileBatch]:
+        """The gpu_time and sync_wait batches since the last drain (each may have no processes)."""
+        self.poll_now()
+        now_ns = time.time_ns()
+        with self._lock:
+            self._settle_pending()
+            processes = {pid: info for pid, info in self._processes.items()}
+            fraction = (self._interval.covered_ns / self._interval.elapsed_ns) if self._interval.elapsed_ns else 1.0
+            start, duration = self._interval_start_ns, max(0, now_ns - self._interval_start_ns)
+            gpu = self._gpu.build(start, duration, processes, fraction)
+            sync = self._sync.build(start, duration, processes, 1.0)
+            self._interval = _Interval()
+            self._interval_start_ns = now_ns
+            self._count_losses()
+            self._forget_exited()
+        return [gpu, sync]
+
+    def _settle_pending(self) -> None:
+        """Work whose window never closed: weighted by the process's last window once the process is gone or the
+        work has waited two drains (the library closes a window at exit, so this is rare)."""
+        still = []
+        for work, age in self._pending:
+            pid = work.launch.pid
+            if age + 1 >= 2 or not self._alive(pid):
+                self._add_work(work, self._weights.latest(pid))
+            else:
+                still.append((work, age + 1))
+        self._pending = still
+
+    def _count_losses(self) -> None:
+        if self._bpf is not None:
+            for index, reason in enumerate(abi.DROP_REASONS):
+                raw = self._bpf.map("drops").lookup(index.to_bytes(4, "little"))
+                total = sum(int.from_bytes(raw[i:i + 8], "little") for i in range(0, len(raw), 8)) if raw else 0
+                if total > self._drops_seen[index]:
+                    selfmetrics.count(semconv.SELF_DROPPED.name, total - self._drops_seen[index],
+                                      otel_gpu__reason=f"bpf_{reason}", otel_gpu__signal="profiles")
+                    self._drops_seen[index] = total
+        stats = self._joiner.stats
+        misses = (stats.launches_unmatched, stats.activities_unmatched)
+        for (reason, now, before) in (("join_launch_unmatched", misses[0], self._misses_seen[0]),
+                                      ("join_activity_unmatched", misses[1], self._misses_seen[1])):
+            if now > before:
+                selfmetrics.count(semconv.SELF_DROPPED.name, now - before, otel_gpu__reason=reason,
+                                  otel_gpu__signal="profiles")
+        self._misses_seen = misses
+
+    def _forget_exited(self) -> None:
+        """Drop the state of exited processes; their counters stay one more drain so metrics see the last values."""
+        for pid in self._exited:
+            self._counters.pop(pid, None)
+        self._exited = [pid for pid in self._processes if not self._alive(pid)]
+        for pid in self._exited:
+            self._joiner.forget_process(pid)
+            self._weights.forget_process(pid)
+            self._symbolizer.forget(pid)
+            del self._processes[pid]
+            for key in [key for key in self._stack_frames if key[0] == pid]:
+                del self._stack_frames[key]
+
+    # --- per-process -----------------------------------------------------------------------------------------------
+
+    def process_counters(self) -> list[ProcessCounters]:
+        """Cumulative totals of every process seen (copies)."""
+        with self._lock:
+            return [replace(c) for c in self._counters.values()]
+
+    def join_stats(self) -> tuple[int, int, int]:
+        """(joined, launches unmatched, activities unmatched) since open."""
+        stats = self._joiner.stats
+        return stats.joined, stats.launches_unmatched, stats.activities_unmatched
+
+    def _counter(self, pid: int) -> ProcessCounters:
+        counters = self._counters.get(pid)
+        if counters is None:
+            counters = self._counters[pid] = ProcessCounters(self._remember_process(pid))
+        return counters
+
+    def _remember_process(self, pid: int) -> ProcessInfo:
+        info = self._processes.get(pid)
+        if info is None:
+            info = self._resolver.info(pid) or ProcessInfo(pid=pid, executable_name="")
+            self._processes[pid] = info
+        return info
+
+    def _alive(self, pid: int) -> bool:
+        return os.path.exists(f"{self._proc_root}/{pid}")
+
+    def _frames(self, pid: int, stack: abi.Stack) -> tuple[Frame, ...]:
+        key = (pid, stack)
+        frames = self._stack_frames.get(key)
+        if frames is not None:
+            self._stack_frames.move_to_end(key)
+            return frames
+        pcs = stack.native or stack.kernel_native
+        native = self._symbolizer.frames(pid, pcs) if pcs else ()
+        frames = builder.merge_python_frames(native, stack.python)
+        self._stack_frames[key] = frames
+        while len(self._stack_frames) > 65536:
+            self._stack_frames.popitem(last=False)
+        return frames
+
+
+def _library_hint() -> str:
+    from otel_gpu.cuda.inject import library_path
+
+    path = library_path()
+    return str(path) if path is not None else "<path to libotel_gpu_inject.so>"
