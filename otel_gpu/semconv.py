@@ -153,7 +153,18 @@ GPU_METRICS: Final = (
     GPU_SM_OCCUPANCY, GPU_TENSOR_ACTIVITY, GPU_DRAM_ACTIVITY, GPU_PROCESS_MEMORY_USAGE, GPU_PROCESS_SM_UTILIZATION,
     GPU_XID_LAST_TIME,
 )
-SELF_METRICS: Final = (SELF_COLLECTION_DURATION, SELF_EXPORT_FAILURES, SELF_DROPPED, SELF_ERRORS)
+SELF_PROFILE_SAMPLES = MetricSpec("otel_gpu.profiling.samples", "counter", "{sample}",
+                                  "CPU stack samples taken by the eBPF sampler (otel_gpu.source)")
+
+# otel_gpu.reason values of the CPU sampler (otel_gpu.dropped with otel_gpu.signal=profiles, otel_gpu.source.errors)
+REASON_STACK_COLLISION: Final = "stack_collision"  # stack-map hash collision: the sample kept no stack
+REASON_STACK_ERROR: Final = "stack_error"  # bpf_get_stackid failed otherwise
+REASON_COUNTS_FULL: Final = "counts_map_full"  # the in-kernel counts map was full: sample dropped
+REASON_EVENTS_FULL: Final = "events_ringbuf_full"  # new-process event dropped: that process may stay unsymbolized
+SIGNAL_PROFILES: Final = "profiles"
+
+SELF_METRICS: Final = (SELF_COLLECTION_DURATION, SELF_EXPORT_FAILURES, SELF_DROPPED, SELF_ERRORS,
+                       SELF_PROFILE_SAMPLES)
 
 
 def prometheus_name(spec: MetricSpec) -> str:
