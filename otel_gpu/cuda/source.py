@@ -22,7 +22,7 @@ from otel_gpu import selfmetrics, semconv
 from otel_gpu.cuda import abi, builder
 from otel_gpu.cuda.discovery import LIBRARY_NAME, InjectedLibrary, scan
 from otel_gpu.cuda.join import GPUWork, Joiner, WindowWeights
-from otel_gpu.cuda.symbols import MapsSymbolizer, NativeSymbolizer
+from otel_gpu.cuda.symbols import NativeSymbolizer, SharedSymbolizer
 from otel_gpu.errors import SourceUnavailable
 from otel_gpu.procfs import ProcessInfo, ProcessResolver
 from otel_gpu.profiles.model import Frame, ProfileBatch, gpu_time_profile_type, sync_wait_profile_type
@@ -69,7 +69,7 @@ class GPUTimeSource:
         self._poll_interval_s = poll_interval_s
         self._rescan_interval_s = rescan_interval_s
         self._library_name = library_name
-        self._symbolizer: NativeSymbolizer = symbolizer or MapsSymbolizer(proc_root)
+        self._symbolizer: NativeSymbolizer = symbolizer or SharedSymbolizer(proc_root=proc_root)
         self._lock = threading.RLock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -338,6 +338,7 @@ class GPUTimeSource:
         if info is None:
             info = self._resolver.info(pid) or ProcessInfo(pid=pid, executable_name="")
             self._processes[pid] = info
+            self._symbolizer.remember(pid)
         return info
 
     def _alive(self, pid: int) -> bool:
