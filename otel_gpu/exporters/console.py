@@ -24,7 +24,8 @@ def summarize(batch: ProfileBatch, top_n: int = 10, width: int = 120) -> str:
             rows[key] = rows.get(key, 0) + sample.value
             total += sample.value
     unit = _unit_label(batch)
-    header = (f"== {kind.sample_type}/{kind.sample_unit} over {batch.duration_nano / 1e9:.1f} s: "
+    title = kind.period_type if kind.sample_type == "samples" and kind.period_type else kind.sample_type
+    header = (f"== {title} ({kind.sample_unit}) over {batch.duration_nano / 1e9:.1f} s: "
               f"{len(batch.processes)} processes, {batch.sample_count} stacks, total {_value(total, batch)} {unit}")
     if batch.sampling_fraction < 1.0:
         header += f" (estimated from {batch.sampling_fraction:.0%} of events)"

@@ -1,0 +1,200 @@
+# SPDX-License-Identifier: Apache-2.0
+"""OTLP profiles over the wire: a real in-process gRPC ProfilesService and a real HTTP server on 127.0.0.1."""
+
+from __future__ import annotations
+
+import gzip
+import time
+
+import grpc
+import pytest
+from opentelemetry.proto.collector.profiles.v1development import profiles_service_pb2 as svc
+
+from otel_gpu import selfmetrics, semconv
+from otel_gpu.exporters import OTLPGrpcProfileExporter, OTLPHttpProfileExporter
+from otel_gpu.exporters.queue import Backoff
+from otel_gpu.profiles.otlp import encode_otlp
+from tests.exporters.receivers import GrpcProfilesReceiver, HttpReceiver, free_port
+from tests.profiles import batches
+from tests.profiles.pyroscope_rules import profile_type_ids
+
+FAST = Backoff(initial_s=0.02, max_s=0.2, jitter=0.2)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_selfmetrics() -> None:
+    selfmetrics.reset()
+
+
+def _dropped(reason: str) -> float:
+    return selfmetrics.total(semconv.SELF_DROPPED.name, otel_gpu__reason=reason)
+
+
+def _failures(exporter: str) -> float:
+    return selfmetrics.total(semconv.SELF_EXPORT_FAILURES.name, otel_gpu__exporter=exporter)
+
+
+def _eventually(predicate, timeout_s: float = 30.0) -> bool:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+def test_grpc_export_arrives_decodable_with_headers() -> None:
+    receiver = GrpcProfilesReceiver().start()
+    exporter = OTLPGrpcProfileExporter(f"http://127.0.0.1:{receiver.port}", headers={"X-Tenant": "team-a"},
+                                       backoff=FAST)
+    try:
+        assert exporter.export(batches.cpu_batch(frequency_hz=100))
+        assert receiver.wait_for(1)
+    finally:
+        exporter.shutdown(5.0)
+        receiver.stop()
+    request = receiver.requests[0]
+    assert profile_type_ids(request) == ["process_cpu:cpu:nanoseconds:cpu:nanoseconds"] * 2
+    assert receiver.metadata[0]["x-tenant"] == "team-a"
+    pids = [kv.value.int_value for rp in request.resource_profiles for kv in rp.resource.attributes
+            if kv.key == "process.pid"]
+    assert pids == [4242, 77]
+
+
+def test_grpc_insecure_flag_for_an_endpoint_without_scheme() -> None:
+    receiver = GrpcProfilesReceiver().start()
+    exporter = OTLPGrpcProfileExporter(f"127.0.0.1:{receiver.port}", insecure=True, compression="none",
+                                       backoff=FAST)
+    try:
+        exporter.export(batches.gpu_batch())
+        assert receiver.wait_for(1)
+    finally:
+        exporter.shutdown(5.0)
+        receiver.stop()
+    assert profile_type_ids(receiver.requests[0]) == ["gpu:gpu_time:nanoseconds:gpu:nanoseconds"]
+
+
+def test_grpc_backend_down_then_up_queue_bounded_and_data_arrives() -> None:
+    port = free_port()
+    payload_size = encode_otlp(batches.cpu_batch()).ByteSize()
+    bound = payload_size * 3 + payload_size // 2  # room for three payloads
+    exporter = OTLPGrpcProfileExporter(f"http://127.0.0.1:{port}", timeout_s=1.0, queue_max_bytes=bound,
+                                       backoff=FAST)
+    receiver = None
+    try:
+        for _ in range(8):
+            assert exporter.export(batches.cpu_batch()) is True
+            assert exporter.queue.queued_bytes <= bound
+        assert exporter.queue.queued_count == 3
+        assert _dropped("queue_full") == 5
+        assert _eventually(lambda: _failures("otlp-grpc") >= 2)  # the backend really was down for a while
+        receiver = GrpcProfilesReceiver(port).start()
+        assert receiver.wait_for(3, timeout_s=60.0)
+    finally:
+        exporter.shutdown(5.0)
+        if receiver is not None:
+            receiver.stop()
+    assert len(receiver.requests) == 3
+
+
+def test_grpc_unavailable_is_retried_invalid_argument_is_not() -> None:
+    receiver = GrpcProfilesReceiver().start()
+    receiver.fail_next.extend([grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.UNAVAILABLE])
+    exporter = OTLPGrpcProfileExporter(f"http://127.0.0.1:{receiver.port}", backoff=FAST)
+    try:
+        exporter.export(batches.cpu_batch())  # 2 x UNAVAILABLE, then delivered
+        assert receiver.wait_for(1)
+        receiver.fail_next.append(grpc.StatusCode.INVALID_ARGUMENT)
+        exporter.export(batches.cpu_batch())  # refused: dropped, not retried
+        exporter.export(batches.gpu_batch())  # delivered after it
+        assert receiver.wait_for(2)
+    finally:
+        exporter.shutdown(5.0)
+        receiver.stop()
+    assert receiver.attempts == 5  # 2 x UNAVAILABLE + delivered, refused once, delivered
+    assert _dropped("rejected") == 1
+    assert profile_type_ids(receiver.requests[1]) == ["gpu:gpu_time:nanoseconds:gpu:nanoseconds"]
+
+
+def test_grpc_partial_success_is_counted() -> None:
+    receiver = GrpcProfilesReceiver().start()
+    receiver.rejected_profiles = 2
+    exporter = OTLPGrpcProfileExporter(f"http://127.0.0.1:{receiver.port}", backoff=FAST)
+    try:
+        exporter.export(batches.cpu_batch())
+        assert receiver.wait_for(1)
+    finally:
+        exporter.shutdown(5.0)
+        receiver.stop()
+    assert _dropped("rejected") == 2
+
+
+def test_http_export_is_gzipped_protobuf_on_the_profiles_path() -> None:
+    receiver = HttpReceiver().start()
+    url = f"http://127.0.0.1:{receiver.port}/v1development/profiles"
+    exporter = OTLPHttpProfileExporter(url, headers={"Authorization": "Bearer t0k"}, backoff=FAST)
+    try:
+        exporter.export(batches.cpu_batch(frequency_hz=100))
+        assert receiver.wait_for(1)
+    finally:
+        exporter.shutdown(5.0)
+        receiver.stop()
+    record = receiver.requests[0]
+    assert record.path == "/v1development/profiles"
+    assert record.headers["content-type"] == "application/x-protobuf"
+    assert record.headers["content-encoding"] == "gzip" and record.body[:2] == b"\x1f\x8b"
+    assert record.headers["authorization"] == "Bearer t0k"
+    request = svc.ExportProfilesServiceRequest.FromString(gzip.decompress(record.body))
+    assert profile_type_ids(request) == ["process_cpu:cpu:nanoseconds:cpu:nanoseconds"] * 2
+
+
+def test_http_uncompressed_when_asked() -> None:
+    receiver = HttpReceiver().start()
+    exporter = OTLPHttpProfileExporter(f"http://127.0.0.1:{receiver.port}/v1development/profiles",
+                                       compression="none", backoff=FAST)
+    try:
+        exporter.export(batches.cpu_batch())
+        assert receiver.wait_for(1)
+    finally:
+        exporter.shutdown(5.0)
+        receiver.stop()
+    record = receiver.requests[0]
+    assert "content-encoding" not in record.headers
+    assert len(svc.ExportProfilesServiceRequest.FromString(record.body).resource_profiles) == 2
+
+
+def test_http_503_and_429_are_retried_400_is_dropped() -> None:
+    receiver = HttpReceiver().start()
+    receiver.fail_next.extend([(503, {}), (429, {"Retry-After": "0"}), (400, {})])
+    exporter = OTLPHttpProfileExporter(f"http://127.0.0.1:{receiver.port}/v1development/profiles", backoff=FAST)
+    try:
+        exporter.export(batches.cpu_batch())  # 503, 429, then refused with 400
+        exporter.export(batches.gpu_batch())  # delivered
+        assert receiver.wait_for(1)
+    finally:
+        exporter.shutdown(5.0)
+        receiver.stop()
+    assert receiver.attempts == 4
+    assert _dropped("rejected") == 1
+    request = svc.ExportProfilesServiceRequest.FromString(receiver.requests[0].decoded_body())
+    assert profile_type_ids(request) == ["gpu:gpu_time:nanoseconds:gpu:nanoseconds"]
+
+
+def test_http_backend_down_then_up() -> None:
+    port = free_port()
+    exporter = OTLPHttpProfileExporter(f"http://127.0.0.1:{port}/v1development/profiles", timeout_s=1.0,
+                                       queue_max_bytes=1 << 20, backoff=FAST)
+    receiver = None
+    try:
+        exporter.export(batches.cpu_batch())
+        exporter.export(batches.gpu_batch())
+        assert _eventually(lambda: _failures("otlp-http") >= 2)
+        receiver = HttpReceiver(port=port).start()
+        assert receiver.wait_for(2, timeout_s=60.0)
+    finally:
+        exporter.shutdown(5.0)
+        if receiver is not None:
+            receiver.stop()
+    assert [profile_type_ids(svc.ExportProfilesServiceRequest.FromString(r.decoded_body()))[0]
+            for r in receiver.requests] == ["process_cpu:cpu:nanoseconds:cpu:nanoseconds",
+                                            "gpu:gpu_time:nanoseconds:gpu:nanoseconds"]
