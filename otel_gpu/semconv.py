@@ -157,7 +157,8 @@ SELF_PROFILE_SAMPLES = MetricSpec("otel_gpu.profiling.samples", "counter", "{sam
                                   "CPU stack samples taken by the eBPF sampler (otel_gpu.source)")
 
 # otel_gpu.reason values of the CPU sampler (otel_gpu.dropped with otel_gpu.signal=profiles, otel_gpu.source.errors)
-REASON_STACK_COLLISION: Final = "stack_collision"  # stack-map hash collision: the sample kept no stack
+REASON_STACK_COLLISION: Final = "stack_collision"  # stack-map hash collision (the sample is sent whole instead)
+REASON_RAW_FULL: Final = "raw_ringbuf_full"  # a collided sample could not be sent whole: sample dropped
 REASON_STACK_ERROR: Final = "stack_error"  # bpf_get_stackid failed otherwise
 REASON_COUNTS_FULL: Final = "counts_map_full"  # the in-kernel counts map was full: sample dropped
 REASON_EVENTS_FULL: Final = "events_ringbuf_full"  # new-process event dropped: that process may stay unsymbolized

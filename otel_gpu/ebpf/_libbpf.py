@@ -100,6 +100,7 @@ _SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
     "bpf_map_get_next_key": (_I, [_I, _P, _P]),
     "bpf_map_lookup_and_delete_batch": (_I, [_I, _P, _P, _P, _P, ctypes.POINTER(_U32), ctypes.POINTER(MapBatchOpts)]),
     "ring_buffer__new": (_P, [_I, RING_BUFFER_SAMPLE_FN, _P, _P]),
+    "ring_buffer__add": (_I, [_P, _I, RING_BUFFER_SAMPLE_FN, _P]),
     "ring_buffer__poll": (_I, [_P, _I]),
     "ring_buffer__consume": (_I, [_P]),
     "ring_buffer__free": (None, [_P]),

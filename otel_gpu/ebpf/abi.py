@@ -20,9 +20,11 @@ class CPUStat(enum.IntEnum):
     STACK_ERROR = 4
     COUNTS_FULL = 5
     EVENTS_FULL = 6
+    RAW_SENT = 7
+    RAW_FULL = 8
 
 
-STAT_COUNT = 7
+STAT_COUNT = 9
 
 
 class SampleKey(ctypes.Structure):
@@ -53,6 +55,20 @@ class ProcessEvent(ctypes.Structure):
     ]
 
 
+class RawSample(ctypes.Structure):
+    """struct otel_gpu_raw_sample."""
+
+    _fields_ = [
+        ("pid", ctypes.c_uint32),
+        ("tid", ctypes.c_uint32),
+        ("user_bytes", ctypes.c_int32),
+        ("kernel_bytes", ctypes.c_int32),
+        ("comm", ctypes.c_char * COMM_LEN),
+        ("user", ctypes.c_uint64 * MAX_STACK_DEPTH),
+        ("kernel", ctypes.c_uint64 * MAX_STACK_DEPTH),
+    ]
+
+
 class Control(ctypes.Structure):
     """struct otel_gpu_control."""
 
@@ -66,5 +82,6 @@ STRUCTS: dict[str, type[ctypes.Structure]] = {
     "otel_gpu_sample_key": SampleKey,
     "otel_gpu_sample_value": SampleValue,
     "otel_gpu_process_event": ProcessEvent,
+    "otel_gpu_raw_sample": RawSample,
     "otel_gpu_control": Control,
 }

@@ -234,10 +234,28 @@ class RingBuffer:
                     _logger.exception("ring buffer %s callback failed (further failures are only counted)", name)
             return 0
 
-        self._fn = _libbpf.RING_BUFFER_SAMPLE_FN(on_sample)
-        self._handle: int | None = self._lib.ring_buffer__new(map_fd, self._fn, None, None)
+        self._fns = [_libbpf.RING_BUFFER_SAMPLE_FN(on_sample)]
+        self._handle: int | None = self._lib.ring_buffer__new(map_fd, self._fns[0], None, None)
         if not self._handle:
             _raise(f"ring_buffer__new({name})", _libbpf.errno())
+
+    def add(self, map_fd: int, name: str, callback: Callable[[bytes], None]) -> None:
+        """Also watch the ring buffer map ``map_fd``: one :meth:`poll` then waits on both."""
+
+        def on_sample(ctx: int | None, data: int, size: int) -> int:
+            try:
+                callback(ctypes.string_at(data, size))
+            except Exception:  # loop boundary inside a C callback
+                self._errors += 1
+                if self._errors == 1:
+                    _logger.exception("ring buffer %s callback failed (further failures are only counted)", name)
+            return 0
+
+        fn = _libbpf.RING_BUFFER_SAMPLE_FN(on_sample)
+        err = self._lib.ring_buffer__add(self._handle, map_fd, fn, None)
+        if err:
+            _raise(f"ring_buffer__add({name})", err)
+        self._fns.append(fn)
 
     @property
     def callback_errors(self) -> int:
@@ -354,10 +372,14 @@ class BPFObject:
             self._maps[name] = BPFMap(self._map_handle(name), name)
         return self._maps[name]
 
-    def ring_buffer(self, name: str, callback: Callable[[bytes], None]) -> RingBuffer:
-        """A :class:`RingBuffer` over the ring buffer map ``name``; freed by :meth:`close`."""
+    def ring_buffer(self, name: str, callback: Callable[[bytes], None],
+                    more: Mapping[str, Callable[[bytes], None]] | None = None) -> RingBuffer:
+        """A :class:`RingBuffer` over the ring buffer map ``name`` (and the maps in ``more``, each with its own
+        callback, polled together); freed by :meth:`close`."""
         ring = RingBuffer(self.map(name).fd, name, callback)
         self._rings.append(ring)
+        for other, other_callback in (more or {}).items():
+            ring.add(self.map(other).fd, other, other_callback)
         return ring
 
     # --- lifecycle -------------------------------------------------------------------------------------------------

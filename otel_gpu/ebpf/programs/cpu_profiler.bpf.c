@@ -3,7 +3,8 @@
  * The CPU sampler: attached to a software cpu-clock perf event on every online CPU. Each sample records the user
  * and kernel stacks (frame-pointer unwinding by bpf_get_stackid) and counts it in the current generation's hash map
  * keyed by (tgid, tid, user stack id, kernel stack id). User space flips the generation in `control` and drains
- * the other one. The first sample of a process is announced through the process_events ring buffer.
+ * the other one. The first sample of a process is announced through the process_events ring buffer. When a stack id
+ * collides in the stack map (-EEXIST), the whole sample goes through the raw_samples ring buffer instead.
  */
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
@@ -72,6 +73,11 @@ struct {
     __uint(max_entries, 256 * 1024);
 } process_events SEC(".maps");
 
+struct {
+    __uint(type, BPF_MAP_TYPE_RINGBUF);
+    __uint(max_entries, 1024 * 1024);
+} raw_samples SEC(".maps");
+
 static __always_inline void bump(__u32 index) {
     __u64 *value = bpf_map_lookup_elem(&stats, &index);
     if (value)
@@ -99,6 +105,23 @@ static __always_inline void check_stack_id(__s32 id, __u32 collision_stat) {
     if (id >= 0 || id == -EFAULT)
         return;
     bump(id == -EEXIST ? collision_stat : OTEL_GPU_STAT_STACK_ERROR);
+}
+
+/* A stack id collided: send the whole sample instead of counting it, so the collision costs nothing. */
+static __always_inline int send_raw(struct bpf_perf_event_data *ctx, __u32 pid, __u32 tid) {
+    struct otel_gpu_raw_sample *raw = bpf_ringbuf_reserve(&raw_samples, sizeof(*raw), 0);
+    if (!raw) {
+        bump(OTEL_GPU_STAT_RAW_FULL);
+        return 0;
+    }
+    raw->pid = pid;
+    raw->tid = tid;
+    raw->user_bytes = bpf_get_stack(ctx, raw->user, sizeof(raw->user), BPF_F_USER_STACK);
+    raw->kernel_bytes = bpf_get_stack(ctx, raw->kernel, sizeof(raw->kernel), 0);
+    bpf_get_current_comm(raw->comm, sizeof(raw->comm));
+    bpf_ringbuf_submit(raw, 0);
+    bump(OTEL_GPU_STAT_RAW_SENT);
+    return 1;
 }
 
 static __always_inline void count_sample(void *counts, struct otel_gpu_sample_key *key) {
@@ -146,6 +169,10 @@ int on_cpu_sample(struct bpf_perf_event_data *ctx) {
     }
     check_stack_id(key.user_stack_id, OTEL_GPU_STAT_USER_COLLISION);
     check_stack_id(key.kernel_stack_id, OTEL_GPU_STAT_KERNEL_COLLISION);
+    if (key.user_stack_id == -EEXIST || key.kernel_stack_id == -EEXIST) {
+        send_raw(ctx, pid, tid);
+        return 0;
+    }
     if (generation)
         count_sample(&counts1, &key);
     else

@@ -25,7 +25,9 @@ enum otel_gpu_cpu_stat {
     OTEL_GPU_STAT_STACK_ERROR = 4,      /* bpf_get_stackid failed otherwise (-ENOMEM, ...), user or kernel */
     OTEL_GPU_STAT_COUNTS_FULL = 5,      /* the counts map was full: sample dropped */
     OTEL_GPU_STAT_EVENTS_FULL = 6,      /* the process-event ring buffer was full: new-process event dropped */
-    OTEL_GPU_STAT_COUNT = 7,
+    OTEL_GPU_STAT_RAW_SENT = 7,         /* samples sent whole through raw_samples because a stack id collided */
+    OTEL_GPU_STAT_RAW_FULL = 8,         /* raw_samples was full: a collided sample lost its stacks */
+    OTEL_GPU_STAT_COUNT = 9,
 };
 
 /* Key of the aggregated counts: one entry per distinct (process, thread, user stack, kernel stack). */
@@ -48,6 +50,18 @@ struct otel_gpu_process_event {
     __u32 tid;
     __u64 time_ns; /* bpf_ktime_get_ns() */
     char comm[OTEL_GPU_COMM_LEN];
+};
+
+/* A whole sample with its stacks (bpf_get_stack), sent through the raw_samples ring buffer instead of the counts
+ * when bpf_get_stackid reports a stack-map collision (-EEXIST), so that a collision costs no sample. */
+struct otel_gpu_raw_sample {
+    __u32 pid;
+    __u32 tid;
+    __s32 user_bytes;   /* bytes written into user (bpf_get_stack), < 0: error */
+    __s32 kernel_bytes; /* bytes written into kernel, < 0: error (-EFAULT in user mode) */
+    char comm[OTEL_GPU_COMM_LEN];
+    __u64 user[OTEL_GPU_MAX_STACK_DEPTH];
+    __u64 kernel[OTEL_GPU_MAX_STACK_DEPTH];
 };
 
 /* Single entry of the control array: which generation of counts/stack maps the sampler writes to (0 or 1).

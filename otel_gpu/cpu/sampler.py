@@ -1,0 +1,249 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The kernel side of CPU profiling: loads ``cpu_profiler.bpf.o``, attaches it to a software cpu-clock event on
+every online CPU, and drains the in-kernel aggregation.
+
+No sample is lost while draining: the program writes into one of two generations of maps (counts + stack traces),
+selected by the ``control`` array. :meth:`CPUSampler.drain` flips the generation first, waits for programs that
+already read the old value to finish (they run for microseconds), then reads and clears the old generation.
+The first sample of each process is announced through a ring buffer, which a background thread polls, so that
+the process's mappings can be captured while it still runs (``on_new_process``). A sample whose stack id collides in
+the stack map comes whole through a second ring buffer (polled by the same thread) and is added to the next drain.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno as errno_codes
+import logging
+import os
+import struct
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from otel_gpu import selfmetrics, semconv
+from otel_gpu.ebpf import _libbpf, abi
+from otel_gpu.ebpf.loader import BPFError, BPFObject, program_path
+from otel_gpu.errors import SourceUnavailable
+
+_logger = logging.getLogger(__name__)
+
+PROGRAM = "cpu_profiler"
+SOURCE = "cpu_profiler"
+BTF_PATH = "/sys/kernel/btf/vmlinux"
+_SETTLE_S = 0.002
+_EVENT_POLL_MS = 50
+_STACK = struct.Struct(f"<{abi.MAX_STACK_DEPTH}Q")
+_EFAULT = -errno_codes.EFAULT
+
+
+@dataclass(frozen=True, slots=True)
+class RawSample:
+    """One aggregated (process, thread, stack) with its count; stacks are raw addresses, leaf first.
+
+    ``user_stack_lost`` is True when the user stack could not be recorded (stack-map collision or error)."""
+
+    pid: int
+    tid: int
+    comm: str
+    count: int
+    user_stack: tuple[int, ...]
+    kernel_stack: tuple[int, ...]
+    user_stack_lost: bool = False
+
+
+class CPUSampler:
+    """Loads and attaches the sampler; :meth:`drain` returns every sample since the last drain."""
+
+    def __init__(self, frequency_hz: int, pids: Iterable[int] = (), exclude_tgid: int = 0,
+                 on_new_process: Callable[[int, str], None] | None = None, btf_path: str = BTF_PATH,
+                 object_path: str | os.PathLike[str] | None = None) -> None:
+        self.frequency_hz = frequency_hz
+        self.pids = tuple(pids)
+        self.exclude_tgid = exclude_tgid
+        self._on_new_process = on_new_process
+        self._btf_path = btf_path
+        self._object_path = Path(object_path) if object_path else program_path(PROGRAM)
+        self._bpf: BPFObject | None = None
+        self._generation = 0
+        self._stats_seen = [0] * abi.STAT_COUNT
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._drain_lock = threading.Lock()
+        self._raw_lock = threading.Lock()
+        self._raw: list[RawSample] = []
+        self.cpus = 0
+
+    # --- lifecycle -------------------------------------------------------------------------------------------------
+
+    def open(self) -> None:
+        """Load and attach. Raises SourceUnavailable naming what is missing, leaving nothing attached."""
+        self._preflight()
+        try:
+            self._bpf = BPFObject(self._object_path, rodata={"self_tgid": self.exclude_tgid,
+                                                             "filter_pids": 1 if self.pids else 0})
+            pid_filter = self._bpf.map("pid_filter")
+            for pid in self.pids:
+                pid_filter.update(ctypes.c_uint32(pid), ctypes.c_uint8(1))
+            self._bpf.map("control").update(ctypes.c_uint32(0), abi.Control(generation=0))
+            ring = self._bpf.ring_buffer("process_events", self._handle_event, {"raw_samples": self._handle_raw})
+            self.cpus = self._bpf.attach_perf_event("on_cpu_sample", self.frequency_hz)
+        except BPFError as exc:
+            self.close()
+            raise SourceUnavailable(_explain(exc)) from exc
+        except BaseException:
+            self.close()
+            raise
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._poll_events, args=(ring,), name="otel-gpu-cpu-events",
+                                        daemon=True)
+        self._thread.start()
+        _logger.debug("CPU sampler attached on %d CPUs at %d Hz", self.cpus, self.frequency_hz)
+
+    def close(self) -> None:
+        """Stop the event thread, detach and free every program, link, perf fd and map. Idempotent."""
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=5)
+        self._thread = None
+        if self._bpf is not None:
+            self._bpf.close()
+            self._bpf = None
+
+    @property
+    def is_open(self) -> bool:
+        return self._bpf is not None
+
+    # --- drain -----------------------------------------------------------------------------------------------------
+
+    def drain(self) -> list[RawSample]:
+        """Every sample counted since the last drain (flips the map generation; nothing is lost meanwhile)."""
+        with self._drain_lock:
+            bpf = self._bpf
+            if bpf is None:
+                return []
+            old = self._generation
+            self._generation = 1 - old
+            bpf.map("control").update(ctypes.c_uint32(0), abi.Control(generation=self._generation))
+            time.sleep(_SETTLE_S)
+            entries = bpf.map(f"counts{old}").pop_all()
+            stacks = self._read_stacks(bpf, old, entries)
+            self._report_stats(bpf)
+            with self._raw_lock:
+                out, self._raw = self._raw, []
+        key_size = ctypes.sizeof(abi.SampleKey)
+        for raw_key, raw_value in entries:
+            key = abi.SampleKey.from_buffer_copy(raw_key[:key_size])
+            value = abi.SampleValue.from_buffer_copy(raw_value[:ctypes.sizeof(abi.SampleValue)])
+            user_id, kernel_id = key.user_stack_id, key.kernel_stack_id
+            out.append(RawSample(
+                pid=key.pid, tid=key.tid, comm=value.comm.decode(errors="replace"), count=value.count,
+                user_stack=stacks.get(user_id, ()) if user_id >= 0 else (),
+                kernel_stack=stacks.get(kernel_id, ()) if kernel_id >= 0 else (),
+                user_stack_lost=user_id < 0 and user_id != _EFAULT))
+        return out
+
+    def stats(self) -> dict[str, int]:
+        """Totals of the BPF-side statistics since open (names of :class:`otel_gpu.ebpf.abi.CPUStat`)."""
+        return {stat.name.lower(): self._stats_seen[stat] for stat in abi.CPUStat}
+
+    # --- internals -------------------------------------------------------------------------------------------------
+
+    def _preflight(self) -> None:
+        try:
+            _libbpf.lib()
+        except OSError as exc:
+            raise SourceUnavailable(str(exc)) from exc
+        if not Path(self._btf_path).exists():
+            raise SourceUnavailable(f"no BTF at {self._btf_path} (the kernel needs CONFIG_DEBUG_INFO_BTF=y)")
+        if not self._object_path.is_file():
+            raise SourceUnavailable(f"BPF object {self._object_path} not built (run make build)")
+
+    @staticmethod
+    def _read_stacks(bpf: BPFObject, generation: int, entries: list[tuple[bytes, bytes]]) -> dict[int, tuple[int, ...]]:
+        wanted: set[int] = set()
+        for raw_key, _ in entries:
+            key = abi.SampleKey.from_buffer_copy(raw_key)
+            if key.user_stack_id >= 0:
+                wanted.add(key.user_stack_id)
+            if key.kernel_stack_id >= 0:
+                wanted.add(key.kernel_stack_id)
+        stack_map = bpf.map(f"stacks{generation}")
+        stacks: dict[int, tuple[int, ...]] = {}
+        for stack_id in wanted:
+            raw = stack_map.lookup(ctypes.c_uint32(stack_id))
+            if raw is None:
+                continue
+            addresses = _STACK.unpack_from(raw)
+            depth = addresses.index(0) if 0 in addresses else len(addresses)
+            stacks[stack_id] = addresses[:depth]
+        stack_map.clear()
+        return stacks
+
+    def _report_stats(self, bpf: BPFObject) -> None:
+        stats = bpf.map("stats")
+        totals = [0] * abi.STAT_COUNT
+        for index in range(abi.STAT_COUNT):
+            raw = stats.lookup(ctypes.c_uint32(index))
+            if raw is not None:
+                totals[index] = sum(struct.unpack(f"<{len(raw) // 8}Q", raw))
+        delta = [now - seen for now, seen in zip(totals, self._stats_seen, strict=True)]
+        self._stats_seen = totals
+        if delta[abi.CPUStat.SAMPLES]:
+            selfmetrics.count(semconv.SELF_PROFILE_SAMPLES.name, delta[abi.CPUStat.SAMPLES], otel_gpu__source=SOURCE)
+        collisions = delta[abi.CPUStat.USER_COLLISION] + delta[abi.CPUStat.KERNEL_COLLISION]
+        if collisions:  # not lost: those samples came whole through raw_samples
+            selfmetrics.count(semconv.SELF_ERRORS.name, collisions, otel_gpu__source=SOURCE,
+                              otel_gpu__reason=semconv.REASON_STACK_COLLISION)
+        drops = ((semconv.REASON_RAW_FULL, delta[abi.CPUStat.RAW_FULL]),
+                 (semconv.REASON_COUNTS_FULL, delta[abi.CPUStat.COUNTS_FULL]),
+                 (semconv.REASON_EVENTS_FULL, delta[abi.CPUStat.EVENTS_FULL]))
+        for reason, amount in drops:
+            if amount:
+                selfmetrics.count(semconv.SELF_DROPPED.name, amount, otel_gpu__reason=reason,
+                                  otel_gpu__signal=semconv.SIGNAL_PROFILES)
+        if delta[abi.CPUStat.STACK_ERROR]:
+            selfmetrics.count(semconv.SELF_ERRORS.name, delta[abi.CPUStat.STACK_ERROR], otel_gpu__source=SOURCE,
+                              otel_gpu__reason=semconv.REASON_STACK_ERROR)
+        if delta[abi.CPUStat.COUNTS_FULL]:
+            _logger.warning("CPU sampler: %d samples dropped because the counts map was full (shorten "
+                            "--profiling-interval)", delta[abi.CPUStat.COUNTS_FULL])
+
+    def _handle_event(self, data: bytes) -> None:
+        event = abi.ProcessEvent.from_buffer_copy(data[:ctypes.sizeof(abi.ProcessEvent)])
+        if self._on_new_process is not None:
+            self._on_new_process(event.pid, event.comm.decode(errors="replace"))
+
+    def _handle_raw(self, data: bytes) -> None:
+        raw = abi.RawSample.from_buffer_copy(data[:ctypes.sizeof(abi.RawSample)])
+        user = tuple(raw.user[:max(0, raw.user_bytes) // 8])
+        kernel = tuple(raw.kernel[:max(0, raw.kernel_bytes) // 8])
+        sample = RawSample(pid=raw.pid, tid=raw.tid, comm=raw.comm.decode(errors="replace"), count=1,
+                           user_stack=user, kernel_stack=kernel,
+                           user_stack_lost=raw.user_bytes < 0 and raw.user_bytes != _EFAULT)
+        with self._raw_lock:
+            self._raw.append(sample)
+
+    def _poll_events(self, ring) -> None:  # type: ignore[no-untyped-def]
+        failures = 0
+        while not self._stop.is_set():
+            try:
+                ring.poll(_EVENT_POLL_MS)
+            except BPFError as exc:  # loop boundary: keep polling, count, log once
+                failures += 1
+                selfmetrics.count(semconv.SELF_ERRORS.name, otel_gpu__source=SOURCE, otel_gpu__reason="event_poll")
+                if failures == 1:
+                    _logger.warning("CPU sampler: polling process events failed: %s", exc)
+                time.sleep(_EVENT_POLL_MS / 1000)
+
+
+def _explain(exc: BPFError) -> str:
+    """One clear message naming what is missing, from a load or attach failure."""
+    text = str(exc)
+    if exc.errno in (errno_codes.EPERM, errno_codes.EACCES):
+        return f"needs root or CAP_BPF+CAP_PERFMON ({text})"
+    if "perf_event_open" in text:
+        return f"perf events unavailable ({text})"
+    return text

@@ -1,0 +1,114 @@
+# SPDX-License-Identifier: Apache-2.0
+"""CPUProfileSource: the eBPF CPU sampler turned into symbolized, per-process profile batches.
+
+The agent calls ``open()`` once, ``drain()`` every reporting interval and ``close()`` on exit (also on errors and
+SIGTERM). Processes are filtered by pid in the kernel (``--pid``, and the agent's own tgid unless ``--profile-self``)
+and by name pattern and container id here. Identity comes from the shared :class:`ProcessResolver`, captured when
+a process is first sampled, so processes that already exited still carry their executable and container; when even
+that is missing, the thread name recorded by the kernel names the process.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import time
+from collections import defaultdict
+
+from otel_gpu import selfmetrics, semconv
+from otel_gpu.config import ProfilingConfig
+from otel_gpu.cpu.sampler import SOURCE, CPUSampler, RawSample
+from otel_gpu.procfs import ProcessInfo, ProcessResolver
+from otel_gpu.profiles.model import Frame, ProcessProfile, ProfileBatch, Sample, cpu_profile_type
+from otel_gpu.symbolize.symbolizer import Symbolizer
+
+_logger = logging.getLogger(__name__)
+
+_UNKNOWN = Frame("[unknown]")
+
+
+class CPUProfileSource:
+    """Samples every CPU's stacks at ``config.frequency_hz`` and drains them as a :class:`ProfileBatch`."""
+
+    name = SOURCE
+
+    def __init__(self, config: ProfilingConfig, resolver: ProcessResolver, symbolizer: Symbolizer | None = None,
+                 sampler: CPUSampler | None = None) -> None:
+        self.config = config
+        self._resolver = resolver
+        self._symbolizer = symbolizer or Symbolizer()
+        self._name_re = re.compile(config.process_name) if config.process_name else None
+        self._comms: dict[int, str] = {}
+        self._sampler = sampler or CPUSampler(config.frequency_hz, pids=config.pids,
+                                              exclude_tgid=0 if config.include_self else os.getpid(),
+                                              on_new_process=self._on_new_process)
+        self._started_ns = 0
+
+    @property
+    def sampler(self) -> CPUSampler:
+        return self._sampler
+
+    def open(self) -> None:
+        """Load and attach the sampler; raises SourceUnavailable (nothing left attached) when it cannot run."""
+        self._sampler.open()
+        self._started_ns = time.time_ns()
+
+    def close(self) -> None:
+        """Detach and free everything. Idempotent."""
+        self._sampler.close()
+
+    def drain(self) -> ProfileBatch:
+        """Every sample since the last drain, symbolized, one :class:`ProcessProfile` per process."""
+        raw = self._sampler.drain()
+        now_ns = time.time_ns()
+        start_ns, self._started_ns = self._started_ns or now_ns, now_ns
+        by_pid: dict[int, list[RawSample]] = defaultdict(list)
+        for sample in raw:
+            by_pid[sample.pid].append(sample)
+        processes = []
+        for pid, samples in sorted(by_pid.items()):
+            info = self._identity(pid, samples)
+            if not self._wanted(info, samples):
+                continue
+            processes.append(ProcessProfile(info, self._samples(pid, samples)))
+        self._symbolizer.prune(by_pid)
+        for pid in [p for p in self._comms if p not in by_pid and not os.path.exists(f"/proc/{p}")]:
+            del self._comms[pid]
+        return ProfileBatch(type=cpu_profile_type(self.config.frequency_hz), start_unix_nano=start_ns,
+                            duration_nano=max(0, now_ns - start_ns), processes=tuple(processes))
+
+    # --- internals -------------------------------------------------------------------------------------------------
+
+    def _on_new_process(self, pid: int, comm: str) -> None:
+        """Called from the sampler's event thread when a process is sampled for the first time."""
+        self._comms[pid] = comm
+        self._resolver.info(pid)  # cache identity while the process exists
+        if not self._symbolizer.remember(pid):
+            selfmetrics.count(semconv.SELF_ERRORS.name, otel_gpu__source=SOURCE, otel_gpu__reason="process_gone")
+
+    def _identity(self, pid: int, samples: list[RawSample]) -> ProcessInfo:
+        info = self._resolver.info(pid) or self._resolver.cached(pid)
+        if info is not None:
+            return info
+        comm = self._comms.get(pid) or next((s.comm for s in samples if s.tid == pid), samples[0].comm)
+        return ProcessInfo(pid=pid, executable_name=comm, service_name=comm)
+
+    def _wanted(self, info: ProcessInfo, samples: list[RawSample]) -> bool:
+        if self.config.container_id and not info.container_id.startswith(self.config.container_id):
+            return False
+        if self._name_re is not None:
+            names = {info.executable_name, self._comms.get(info.pid, "")} | {s.comm for s in samples}
+            return any(self._name_re.search(name) for name in names if name)
+        return True
+
+    def _samples(self, pid: int, samples: list[RawSample]) -> tuple[Sample, ...]:
+        stacks = sorted({s.user_stack for s in samples if s.user_stack})
+        user_frames = dict(zip(stacks, self._symbolizer.user_stacks(pid, stacks), strict=True))
+        merged: dict[tuple[tuple[Frame, ...], int, str], int] = defaultdict(int)
+        for sample in samples:
+            frames = self._symbolizer.kernel_stack(sample.kernel_stack) if sample.kernel_stack else ()
+            frames += user_frames.get(sample.user_stack, ())
+            merged[(frames or (_UNKNOWN,), sample.tid, sample.comm)] += sample.count
+        return tuple(Sample(frames, count, thread_id=tid, thread_name=comm)
+                     for (frames, tid, comm), count in merged.items())
