@@ -138,13 +138,15 @@ class WindowWeights:
     def add(self, window: Window) -> tuple[float, int, int]:
         """Record ``window``; returns (weight, covered delta ns, elapsed delta ns)."""
         covered0, elapsed0, last_weight = self._last.get(window.pid, (0, 0, 1.0))
+        if window.elapsed_ns < elapsed0 or window.covered_ns < covered0:  # the library re-attached: totals restart
+            covered0, elapsed0 = 0, 0
         covered = window.covered_ns - covered0
         elapsed = window.elapsed_ns - elapsed0
         if covered <= 0 or elapsed < covered:
             weight = last_weight if covered <= 0 else 1.0
         else:
             weight = elapsed / covered
-        self._last[window.pid] = (max(covered0, window.covered_ns), max(elapsed0, window.elapsed_ns), weight)
+        self._last[window.pid] = (window.covered_ns, window.elapsed_ns, weight)
         windows = self._weights.setdefault(window.pid, OrderedDict())
         windows[window.window_id] = weight
         while len(windows) > self.max_windows:

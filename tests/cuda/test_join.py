@@ -1,0 +1,98 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Joiner and WindowWeights on synthetic records: order independence, graphs, bounds, misses, weights."""
+
+from __future__ import annotations
+
+import pytest
+
+from otel_gpu.cuda import abi
+from otel_gpu.cuda.join import Joiner, WindowWeights
+from tests.cuda.records import kernel, launch, window
+
+
+def test_whichever_side_arrives_second_completes_the_pair() -> None:
+    joiner = Joiner()
+    assert joiner.add_launch(launch(10, 1)) == []
+    done = joiner.add_activity(kernel(10, 1, 500))
+    assert [(w.launch.correlation_id, w.activity.duration_ns) for w in done] == [(1, 500)]
+    assert joiner.add_activity(kernel(10, 2, 300)) == []  # activity first
+    done = joiner.add_launch(launch(10, 2))
+    assert [(w.launch.correlation_id, w.activity.duration_ns) for w in done] == [(2, 300)]
+    assert joiner.pending(10) == (0, 0)
+    assert joiner.stats.joined == 2
+
+
+def test_same_correlation_id_in_two_processes_does_not_mix() -> None:
+    joiner = Joiner()
+    joiner.add_launch(launch(10, 5))
+    assert joiner.add_activity(kernel(11, 5, 100)) == []
+    done = joiner.add_activity(kernel(10, 5, 200))
+    assert [w.launch.pid for w in done] == [10]
+
+
+def test_graph_launch_is_copied_to_every_kernel_of_the_graph() -> None:
+    joiner = Joiner()
+    graph = launch(10, 9, kind=abi.LAUNCH_GRAPH)
+    early = joiner.add_activity(kernel(10, 9, 100, name="k0", graph=3))
+    assert early == []
+    assert [w.activity.name for w in joiner.add_launch(graph)] == ["k0"]
+    names = [w.activity.name for k in ("k1", "k2") for w in joiner.add_activity(kernel(10, 9, 100, name=k, graph=3))]
+    assert names == ["k1", "k2"]
+    joiner.forget_process(10)
+    assert joiner.stats.launches_unmatched == 0  # a matched graph launch is no miss
+
+
+def test_bounded_maps_evict_oldest_and_count_misses() -> None:
+    joiner = Joiner(max_pending=3)
+    for corr in range(1, 6):
+        joiner.add_launch(launch(10, corr))
+    assert joiner.pending(10) == (3, 0)
+    assert joiner.stats.launches_unmatched == 2
+    for corr in range(100, 105):
+        joiner.add_activity(kernel(10, corr, 1))
+    assert joiner.pending(10)[1] == 3
+    assert joiner.stats.activities_unmatched == 2
+    assert joiner.add_activity(kernel(10, 1, 1)) == []  # evicted launch: no join
+    assert [w.launch.correlation_id for w in joiner.add_activity(kernel(10, 5, 1))] == [5]
+
+
+def test_id_window_drops_stale_ids() -> None:
+    joiner = Joiner(id_window=100)
+    joiner.add_launch(launch(10, 1))
+    joiner.add_launch(launch(10, 500))
+    assert joiner.pending(10) == (1, 0)
+    assert joiner.stats.launches_unmatched == 1
+
+
+def test_forget_process_counts_what_is_unmatched() -> None:
+    joiner = Joiner()
+    joiner.add_launch(launch(10, 1))
+    joiner.add_activity(kernel(10, 2, 1))
+    joiner.forget_process(10)
+    assert (joiner.stats.launches_unmatched, joiner.stats.activities_unmatched) == (1, 1)
+    assert joiner.pids() == set()
+
+
+def test_window_weight_is_elapsed_over_covered_since_the_previous_window() -> None:
+    weights = WindowWeights()
+    assert weights.weight(10, 1) is None
+    assert weights.latest(10) == 1.0
+    assert weights.add(window(10, 1, covered_ns=10, elapsed_ns=100)) == (10.0, 10, 100)
+    # the fraction changes: 20 more ns covered over 40 more elapsed -> weight 2
+    assert weights.add(window(10, 2, covered_ns=30, elapsed_ns=140)) == (2.0, 20, 40)
+    assert weights.weight(10, 1) == 10.0 and weights.weight(10, 2) == 2.0
+    assert weights.latest(10) == 2.0
+    # a lost window record: the next one covers both stretches
+    assert weights.add(window(10, 4, covered_ns=50, elapsed_ns=240))[0] == pytest.approx(5.0)
+    assert weights.weight(10, 3) is None
+
+
+def test_window_totals_restart_after_reattach() -> None:
+    weights = WindowWeights()
+    weights.add(window(10, 1, covered_ns=10, elapsed_ns=100))
+    assert weights.add(window(10, 2, covered_ns=5, elapsed_ns=20))[0] == 4.0
+
+
+def test_every_launch_recorded_gives_weight_one() -> None:
+    weights = WindowWeights()
+    assert weights.add(window(10, 1, covered_ns=100, elapsed_ns=100))[0] == 1.0
