@@ -97,9 +97,9 @@ class XIDWatcher:
             count_error("xid_unknown_device")
             return
         now_s = time.time()
+        _logger.error("XID %d on GPU %d (%s, %s, %s); see NVIDIA's XID catalog for the action it calls for",
+                      event.code, info.index, info.name, info.uuid, info.pci_bus_id)
         with self._lock:
             previous = self._counts.get((info.index, event.code))
             count = previous.count + 1 if previous else 1
             self._counts[(info.index, event.code)] = XIDErrors(info, event.code, count, now_s)
-        _logger.error("XID %d on GPU %d (%s, %s, %s); see NVIDIA's XID catalog for the action it calls for",
-                      event.code, info.index, info.name, info.uuid, info.pci_bus_id)
