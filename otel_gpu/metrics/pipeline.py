@@ -50,18 +50,19 @@ _SHUTDOWN_GRACE_S = 5.0
 class CountingExporter(MetricExporter):
     """Wraps a push exporter: counts failures and dropped points, logs once per outage, never raises."""
 
-    def __init__(self, inner: MetricExporter, name: str, destination: str) -> None:
+    def __init__(self, inner: MetricExporter, name: str, destination: str, failure_hint: str = "") -> None:
         super().__init__(preferred_temporality=CUMULATIVE_EVERYWHERE)
         self.inner = inner
         self.name = name
         self.destination = destination
+        self.failure_hint = failure_hint or "the exporter reported a failure"
         self.failures_in_outage = 0
         self._lock = threading.Lock()
 
     def export(self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: Any) -> MetricExportResult:
         try:
             result = self.inner.export(metrics_data, timeout_millis=timeout_millis)
-            reason = getattr(self.inner, "last_error", "") or "the exporter reported a failure"
+            reason = getattr(self.inner, "last_error", "") or self.failure_hint
         except Exception as exc:  # export boundary: a raising exporter must not stop the reader thread
             result, reason = MetricExportResult.FAILURE, f"{type(exc).__name__}: {exc}"
         with self._lock:
@@ -117,7 +118,9 @@ def build_otlp_exporter(otlp: OTLPConfig) -> tuple[MetricExporter, str, str] | N
             credentials = grpc.ssl_channel_credentials(root_certificates=root)
         compression = grpc.Compression.Gzip if otlp.compression == "gzip" else grpc.Compression.NoCompression
         exporter: MetricExporter = GRPCExporter(
-            endpoint=url, insecure=insecure, credentials=credentials, headers=headers, timeout=otlp.timeout_s,
+            endpoint=url, insecure=insecure, credentials=credentials,
+            headers={key.lower(): value for key, value in headers.items()},  # gRPC metadata keys are lowercase
+            timeout=otlp.timeout_s,
             compression=compression, preferred_temporality=CUMULATIVE_EVERYWHERE)
         return exporter, "otlp_grpc", url
     from opentelemetry.exporter.otlp.proto.http import Compression as HTTPCompression
@@ -149,7 +152,9 @@ class MetricsPipeline:
         built = build_otlp_exporter(config.otlp)
         if built is not None:
             exporter, name, url = built
-            self.exporters.append(CountingExporter(exporter, name, url))
+            hint = (f"no successful answer within {config.otlp.timeout_s:g} s; check that {url} is up and takes "
+                    f"OTLP {'gRPC' if name == 'otlp_grpc' else 'HTTP/protobuf'}")
+            self.exporters.append(CountingExporter(exporter, name, url, hint))
         if config.write_files:
             files = JsonLinesMetricExporter(config.output.dir)
             self.exporters.append(CountingExporter(files, "file", str(files.path)))

@@ -107,7 +107,7 @@ def test_backend_goes_away_and_comes_back(tmp_path: Path, victoria_metrics: Vict
                                     "--otlp-metrics-protocol", "http/protobuf", "--prometheus-port",
                                     str(prometheus_port), "--prometheus-host", "127.0.0.1"],
                          fake_nvml={"PROCESSES": _processes_knob(sleepers)})
-    energy = 'hw_energy_joules_total{hw_id="%s"}' % GPU0
+    energy = f'hw_energy_joules_total{{hw_id="{GPU0}"}}'
     try:
         before = settle(lambda: victoria_metrics.query(energy), None, timeout_s=90)
         energy_before = float(before[0]["value"][1])
@@ -125,8 +125,8 @@ def test_backend_goes_away_and_comes_back(tmp_path: Path, victoria_metrics: Vict
         after = settle(lambda: [r for r in victoria_metrics.query(energy) if float(r["value"][0]) > restarted_s],
                        None, timeout_s=90)
         energy_after = float(after[0]["value"][1])
-        counted = settle(lambda: victoria_metrics.query('otel_gpu_export_failures_total{otel_gpu_exporter="otlp_http"}'),
-                         None, timeout_s=60)
+        failures_query = 'otel_gpu_export_failures_total{otel_gpu_exporter="otlp_http"}'
+        counted = settle(lambda: victoria_metrics.query(failures_query), None, timeout_s=60)
         assert float(counted[0]["value"][1]) >= 10
         rss_after = agent.rss_bytes()
         assert agent.running(), agent.stderr()

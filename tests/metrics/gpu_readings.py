@@ -59,8 +59,8 @@ class SimGPU:
 class SimReadings:
     """Registers the instruments; ``energy_j`` grows by ``power_w`` each collection, like a real counter."""
 
-    def __init__(self, meter: Meter, gpus: int = 2, processes: dict[int, list[tuple[int, str, int, float]]] | None = None
-                 ) -> None:
+    def __init__(self, meter: Meter, gpus: int = 2,
+                 processes: dict[int, list[tuple[int, str, int, float]]] | None = None) -> None:
         self.gpus = [SimGPU(i) for i in range(gpus)]
         self.processes = processes or {}
         self.collections = 0

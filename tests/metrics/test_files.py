@@ -6,13 +6,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from opentelemetry.exporter.otlp.proto.common._internal.metrics_encoder import encode_metrics
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 from opentelemetry.proto.metrics.v1.metrics_pb2 import AggregationTemporality
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader, MetricExportResult
 from opentelemetry.sdk.resources import Resource
-
-from opentelemetry.exporter.otlp.proto.common._internal.metrics_encoder import encode_metrics
 
 from otel_gpu import semconv
 from otel_gpu.metrics.files import JsonLinesMetricExporter, decode_otlp_json, encode_otlp_json
