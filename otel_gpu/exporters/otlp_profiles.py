@@ -17,6 +17,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Mapping
+from pathlib import Path
 
 import grpc
 from google.protobuf.message import DecodeError
@@ -26,7 +27,12 @@ from otel_gpu import selfmetrics, semconv
 from otel_gpu._log import once
 from otel_gpu.exporters.base import QueuedProfileExporter
 from otel_gpu.exporters.queue import (
-    REASON_REJECTED, SIGNAL_PROFILES, Backoff, Outcome, Payload, SendResult,
+    REASON_REJECTED,
+    SIGNAL_PROFILES,
+    Backoff,
+    Outcome,
+    Payload,
+    SendResult,
 )
 from otel_gpu.profiles.model import ProfileBatch
 from otel_gpu.profiles.otlp import encode_otlp
@@ -64,7 +70,7 @@ class OTLPGrpcProfileExporter(QueuedProfileExporter):
         if plaintext:
             self._channel = grpc.insecure_channel(target)
         else:
-            root = open(certificate, "rb").read() if certificate else None
+            root = Path(certificate).read_bytes() if certificate else None
             self._channel = grpc.secure_channel(target, grpc.ssl_channel_credentials(root_certificates=root))
         self._call = self._channel.unary_unary(EXPORT_METHOD, request_serializer=None,
                                                response_deserializer=ExportProfilesServiceResponse.FromString)

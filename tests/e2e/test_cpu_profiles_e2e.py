@@ -55,7 +55,7 @@ def agent_run(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-unty
                           "--profiling-frequency-hz", str(FREQUENCY_HZ), "--profiling-interval", "2",
                           "--otlp-profiles-endpoint", f"http://127.0.0.1:{receiver.port}",
                           "--otlp-profiles-protocol", "grpc", "--metric-export-interval", "60"),
-            capture_output=True, text=True, timeout=120)
+            capture_output=True, text=True, timeout=120, check=False)
     finally:
         workload.kill()
         workload.wait()

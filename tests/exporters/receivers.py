@@ -9,10 +9,13 @@ from __future__ import annotations
 import gzip
 import http.server
 import socket
+import ssl
+import subprocess
 import threading
 from collections import deque
 from concurrent import futures
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import grpc
 from opentelemetry.proto.collector.profiles.v1development import profiles_service_pb2 as svc
@@ -25,10 +28,20 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def self_signed_certificate(directory: Path) -> tuple[Path, Path]:
+    """(certificate, key) files of a throw-away certificate for 127.0.0.1 and localhost (openssl CLI)."""
+    cert, key = directory / "server.pem", directory / "server.key"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=localhost",
+                    "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost", "-keyout", str(key), "-out", str(cert)],
+                   check=True, capture_output=True, timeout=60)
+    return cert, key
+
+
 class GrpcProfilesReceiver(svc_grpc.ProfilesServiceServicer):
     """A real gRPC ProfilesService on 127.0.0.1; ``requests`` holds every decoded request received."""
 
-    def __init__(self, port: int = 0) -> None:
+    def __init__(self, port: int = 0, tls: tuple[bytes, bytes] | None = None) -> None:
+        """``tls``: (PEM certificate chain, PEM private key) to serve TLS instead of plaintext."""
         self.requests: list[svc.ExportProfilesServiceRequest] = []
         self.metadata: list[dict[str, str]] = []
         self.fail_next: deque[grpc.StatusCode] = deque()
@@ -37,7 +50,11 @@ class GrpcProfilesReceiver(svc_grpc.ProfilesServiceServicer):
         self._cond = threading.Condition()
         self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
         svc_grpc.add_ProfilesServiceServicer_to_server(self, self._server)
-        self.port = self._server.add_insecure_port(f"127.0.0.1:{port}")
+        if tls is None:
+            self.port = self._server.add_insecure_port(f"127.0.0.1:{port}")
+        else:
+            credentials = grpc.ssl_server_credentials([(tls[1], tls[0])])
+            self.port = self._server.add_secure_port(f"127.0.0.1:{port}", credentials)
         assert self.port, f"could not bind 127.0.0.1:{port}"
 
     def start(self) -> GrpcProfilesReceiver:
@@ -47,7 +64,7 @@ class GrpcProfilesReceiver(svc_grpc.ProfilesServiceServicer):
     def stop(self) -> None:
         self._server.stop(grace=None)
 
-    def Export(self, request, context):  # type: ignore[no-untyped-def]  # noqa: N802 - gRPC's name
+    def Export(self, request, context):  # type: ignore[no-untyped-def]
         with self._cond:
             self.attempts += 1
             failure = self.fail_next.popleft() if self.fail_next else None
@@ -87,13 +104,14 @@ class HttpReceiver:
     fail_next: deque[tuple[int, dict[str, str]]] = field(default_factory=deque)
     response_body: bytes = b""
     attempts: int = 0
+    tls: tuple[str, str] | None = None  # (certificate file, key file) to serve HTTPS
 
     def __post_init__(self) -> None:
         receiver = self
         self._cond = threading.Condition()
 
         class Handler(http.server.BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 - http.server's name
+            def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
                 with receiver._cond:
                     receiver.attempts += 1
@@ -117,10 +135,14 @@ class HttpReceiver:
                 self.end_headers()
                 self.wfile.write(receiver.response_body)
 
-            def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - quiet
+            def log_message(self, format: str, *args: object) -> None:
                 pass
 
         self._server = http.server.ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
+        if self.tls is not None:
+            context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            context.load_cert_chain(*self.tls)
+            self._server.socket = context.wrap_socket(self._server.socket, server_side=True)
         self.port = int(self._server.server_address[1])
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
 

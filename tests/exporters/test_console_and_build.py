@@ -8,8 +8,12 @@ from pathlib import Path
 
 from otel_gpu import config as config_module
 from otel_gpu.exporters import (
-    ConsoleProfileExporter, FilesProfileExporter, OTLPGrpcProfileExporter, OTLPHttpProfileExporter,
-    PyroscopeIngestExporter, build_profile_exporters,
+    ConsoleProfileExporter,
+    FilesProfileExporter,
+    OTLPGrpcProfileExporter,
+    OTLPHttpProfileExporter,
+    PyroscopeIngestExporter,
+    build_profile_exporters,
 )
 from otel_gpu.exporters.console import summarize
 from tests.profiles import batches

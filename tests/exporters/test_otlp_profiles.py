@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import time
+from pathlib import Path
 
 import grpc
 import pytest
@@ -14,7 +15,7 @@ from otel_gpu import selfmetrics, semconv
 from otel_gpu.exporters import OTLPGrpcProfileExporter, OTLPHttpProfileExporter
 from otel_gpu.exporters.queue import Backoff
 from otel_gpu.profiles.otlp import encode_otlp
-from tests.exporters.receivers import GrpcProfilesReceiver, HttpReceiver, free_port
+from tests.exporters.receivers import GrpcProfilesReceiver, HttpReceiver, free_port, self_signed_certificate
 from tests.profiles import batches
 from tests.profiles.pyroscope_rules import profile_type_ids
 
@@ -198,3 +199,45 @@ def test_http_backend_down_then_up() -> None:
     assert [profile_type_ids(svc.ExportProfilesServiceRequest.FromString(r.decoded_body()))[0]
             for r in receiver.requests] == ["process_cpu:cpu:nanoseconds:cpu:nanoseconds",
                                             "gpu:gpu_time:nanoseconds:gpu:nanoseconds"]
+
+
+def test_grpc_tls_with_the_configured_ca_certificate(tmp_path: Path) -> None:
+    cert, key = self_signed_certificate(tmp_path)
+    receiver = GrpcProfilesReceiver(tls=(cert.read_bytes(), key.read_bytes())).start()
+    exporter = OTLPGrpcProfileExporter(f"https://127.0.0.1:{receiver.port}", certificate=str(cert), backoff=FAST)
+    try:
+        exporter.export(batches.cpu_batch())
+        assert receiver.wait_for(1)
+    finally:
+        exporter.shutdown(5.0)
+        receiver.stop()
+    assert len(receiver.requests[0].resource_profiles) == 2
+
+
+def test_http_tls_with_the_configured_ca_certificate(tmp_path: Path) -> None:
+    cert, key = self_signed_certificate(tmp_path)
+    receiver = HttpReceiver(tls=(str(cert), str(key))).start()
+    exporter = OTLPHttpProfileExporter(f"https://127.0.0.1:{receiver.port}/v1development/profiles",
+                                       certificate=str(cert), backoff=FAST)
+    try:
+        exporter.export(batches.cpu_batch())
+        assert receiver.wait_for(1)
+    finally:
+        exporter.shutdown(5.0)
+        receiver.stop()
+    assert len(svc.ExportProfilesServiceRequest.FromString(receiver.requests[0].decoded_body()).resource_profiles) == 2
+
+
+def test_tls_without_the_ca_certificate_is_not_delivered(tmp_path: Path) -> None:
+    """The self-signed server is not trusted by the system roots: nothing arrives, failures are counted."""
+    cert, key = self_signed_certificate(tmp_path)
+    receiver = HttpReceiver(tls=(str(cert), str(key))).start()
+    exporter = OTLPHttpProfileExporter(f"https://127.0.0.1:{receiver.port}/v1development/profiles", backoff=FAST)
+    try:
+        exporter.export(batches.cpu_batch())
+        assert _eventually(lambda: _failures("otlp-http") >= 1)
+    finally:
+        exporter.shutdown(0.5)
+        receiver.stop()
+    assert receiver.requests == []
+    assert _dropped("shutdown") == 1

@@ -5,7 +5,14 @@ from __future__ import annotations
 
 from otel_gpu.procfs import ProcessInfo
 from otel_gpu.profiles.model import (
-    Frame, FrameKind, Mapping, ProcessProfile, ProfileBatch, ProfileType, Sample, cpu_profile_type,
+    Frame,
+    FrameKind,
+    Mapping,
+    ProcessProfile,
+    ProfileBatch,
+    ProfileType,
+    Sample,
+    cpu_profile_type,
 )
 
 START_NS = 1_764_000_000_000_000_000

@@ -13,8 +13,10 @@ from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 _F = descriptor_pb2.FieldDescriptorProto
 _MESSAGES: dict[str, list[tuple[str, int, int, int, str]]] = {
     # name: [(field, number, type, label, message type)]
-    "ValueType": [("type", 1, _F.TYPE_INT64, _F.LABEL_OPTIONAL, ""), ("unit", 2, _F.TYPE_INT64, _F.LABEL_OPTIONAL, "")],
-    "Label": [("key", 1, _F.TYPE_INT64, _F.LABEL_OPTIONAL, ""), ("str", 2, _F.TYPE_INT64, _F.LABEL_OPTIONAL, ""),
+    "ValueType": [("type", 1, _F.TYPE_INT64, _F.LABEL_OPTIONAL, ""),
+                  ("unit", 2, _F.TYPE_INT64, _F.LABEL_OPTIONAL, "")],
+    "Label": [("key", 1, _F.TYPE_INT64, _F.LABEL_OPTIONAL, ""),
+              ("str", 2, _F.TYPE_INT64, _F.LABEL_OPTIONAL, ""),
               ("num", 3, _F.TYPE_INT64, _F.LABEL_OPTIONAL, ""), ("num_unit", 4, _F.TYPE_INT64, _F.LABEL_OPTIONAL, "")],
     "Sample": [("location_id", 1, _F.TYPE_UINT64, _F.LABEL_REPEATED, ""),
                ("value", 2, _F.TYPE_INT64, _F.LABEL_REPEATED, ""),
@@ -26,8 +28,10 @@ _MESSAGES: dict[str, list[tuple[str, int, int, int, str]]] = {
                 ("filename", 5, _F.TYPE_INT64, _F.LABEL_OPTIONAL, ""),
                 ("build_id", 6, _F.TYPE_INT64, _F.LABEL_OPTIONAL, ""),
                 ("has_functions", 7, _F.TYPE_BOOL, _F.LABEL_OPTIONAL, "")],
-    "Line": [("function_id", 1, _F.TYPE_UINT64, _F.LABEL_OPTIONAL, ""), ("line", 2, _F.TYPE_INT64, _F.LABEL_OPTIONAL, "")],
-    "Location": [("id", 1, _F.TYPE_UINT64, _F.LABEL_OPTIONAL, ""), ("mapping_id", 2, _F.TYPE_UINT64, _F.LABEL_OPTIONAL, ""),
+    "Line": [("function_id", 1, _F.TYPE_UINT64, _F.LABEL_OPTIONAL, ""),
+             ("line", 2, _F.TYPE_INT64, _F.LABEL_OPTIONAL, "")],
+    "Location": [("id", 1, _F.TYPE_UINT64, _F.LABEL_OPTIONAL, ""),
+                 ("mapping_id", 2, _F.TYPE_UINT64, _F.LABEL_OPTIONAL, ""),
                  ("address", 3, _F.TYPE_UINT64, _F.LABEL_OPTIONAL, ""),
                  ("line", 4, _F.TYPE_MESSAGE, _F.LABEL_REPEATED, "Line")],
     "Function": [("id", 1, _F.TYPE_UINT64, _F.LABEL_OPTIONAL, ""), ("name", 2, _F.TYPE_INT64, _F.LABEL_OPTIONAL, ""),
