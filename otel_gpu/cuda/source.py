@@ -350,13 +350,24 @@ class GPUTimeSource:
         if frames is not None:
             self._stack_frames.move_to_end(key)
             return frames
-        pcs = stack.native or stack.kernel_native
-        native = self._symbolizer.frames(pid, pcs) if pcs else ()
+        if stack.native:
+            native = self._symbolizer.frames(pid, stack.native)
+        elif stack.kernel_native:  # the kernel's unwind starts inside the library and CUPTI: cut those frames
+            native = self._symbolizer.frames(pid, stack.kernel_native)
+            while native and native[0].mapping is not None and _is_tracing_library(native[0].mapping.path):
+                native = native[1:]
+        else:
+            native = ()
         frames = builder.merge_python_frames(native, stack.python)
         self._stack_frames[key] = frames
         while len(self._stack_frames) > 65536:
             self._stack_frames.popitem(last=False)
         return frames
+
+
+def _is_tracing_library(path: str) -> bool:
+    name = os.path.basename(path)
+    return name.startswith(("libotel_gpu_inject", "libcupti"))
 
 
 def _library_hint() -> str:

@@ -1,0 +1,134 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The real eBPF program end to end (root + BTF): a stand-in libotel_gpu_inject.so with the same four USDT probes
+(tests/cuda/emitter/) fires a known schedule; GPUTimeSource discovers the process, attaches, joins and re-weights.
+
+Expected values (see emitter/schedule.c): window 1 has weight 1000/100 = 10, window 2 weight (1400-1000)/(300-100)
+= 2; the sync wait of 10 us stands for 3 waits.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from otel_gpu.cuda.source import GPUTimeSource
+from otel_gpu.profiles.model import FrameKind, ProfileBatch
+
+pytestmark = pytest.mark.root
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+NATIVE_INCLUDE = REPO / "otel_gpu" / "cuda" / "native"
+PROGRAM = REPO / "otel_gpu" / "cuda" / "programs" / "gpu_time.bpf.o"
+OUR_PROGRAMS = {"otel_gpu_launch", "otel_gpu_activi", "otel_gpu_activity", "otel_gpu_sync", "otel_gpu_window"}
+
+
+@pytest.fixture(scope="module")
+def schedule(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    if not PROGRAM.is_file():
+        pytest.fail(f"{PROGRAM} is not built: run make -C otel_gpu/cuda/programs")
+    out = tmp_path_factory.mktemp("emitter")
+    (out / "lib").mkdir()
+    cc = shutil.which("gcc") or "cc"
+    subprocess.run([cc, "-O2", "-g", "-fPIC", "-shared", "-fno-omit-frame-pointer", "-fvisibility=hidden",
+                    f"-I{NATIVE_INCLUDE}", str(HERE / "emitter" / "emitter.c"),
+                    "-o", str(out / "lib" / "libotel_gpu_inject.so")], check=True)
+    subprocess.run([cc, "-O1", "-g", "-fno-omit-frame-pointer", "-fno-optimize-sibling-calls", f"-I{NATIVE_INCLUDE}",
+                    str(HERE / "emitter" / "schedule.c"), "-o", str(out / "schedule"), f"-L{out / 'lib'}",
+                    "-lotel_gpu_inject", "-Wl,-rpath,$ORIGIN/lib"], check=True)
+    return out / "schedule"
+
+
+def _totals(batch: ProfileBatch, pid: int) -> dict[tuple[str, ...], int]:
+    out: dict[tuple[str, ...], int] = {}
+    for profile in batch.processes:
+        if profile.process.pid != pid:
+            continue
+        for sample in profile.samples:
+            key = tuple(f.function for f in sample.frames if not f.function.startswith("libc"))
+            out[key] = out.get(key, 0) + sample.value
+    return out
+
+
+def _run(schedule: Path, many: int, source_first: bool) -> tuple[GPUTimeSource, int, list[ProfileBatch]]:
+    source = GPUTimeSource(rescan_interval_s=0.1)
+    if source_first:
+        source.open()
+    workload = subprocess.Popen([str(schedule), str(many)], stdout=subprocess.PIPE, text=True)
+    try:
+        ready = workload.stdout.readline().split() if workload.stdout else []
+        assert ready[:1] == ["ready"], ready
+        if not source_first:
+            source.open()
+        out, _ = workload.communicate(timeout=30)
+        assert workload.returncode == 0 and "done" in out, out
+    except BaseException:
+        workload.kill()
+        source.close()
+        raise
+    time.sleep(0.2)  # the workload has exited: what it emitted must still come out
+    return source, workload.pid, source.drain()
+
+
+@pytest.mark.parametrize(("many", "source_first"), [(40, False), (200, True)])
+def test_schedule_comes_out_exact(schedule: Path, many: int, source_first: bool) -> None:
+    source, pid, (gpu, waits) = _run(schedule, many, source_first)
+    try:
+        assert source.decode_errors == 0
+        assert _totals(gpu, pid) == {
+            ("kernelA()", "launch_site_a", "main"): 1000 * 10 + many * 10 * 2,
+            ("kernelB()", "launch_site_b", "main", "train_step", "<module>"): 3000 * 10,
+            ("graph_k1", "launch_site_graph", "main"): (100 + 100) * 10,
+            ("graph_k2", "launch_site_graph", "main"): 200 * 10,
+            ("[memcpy DtoH 4.0 MiB pageable]", "launch_site_copy", "main"): 700 * 10,
+            ("fallback_kernel", "launch_site_fallback", "main"): 50 * 2,
+        }
+        assert _totals(waits, pid) == {("[cuStreamSynchronize]", "wait_site_c", "main"): 10000 * 3}
+        assert gpu.sampling_fraction == pytest.approx(300 / 1400)
+        profile = next(p for p in gpu.processes if p.process.pid == pid)
+        assert profile.process.executable_name == "schedule"
+        by_leaf = {s.frames[0].function: s for s in profile.samples}
+        kernel_a = by_leaf["kernelA()"]
+        assert kernel_a.frames[0].kind == FrameKind.CUDA and kernel_a.frames[0].system_name == "_Z7kernelAv"
+        python = by_leaf["kernelB()"].frames[3]
+        assert (python.kind, python.filename, python.line) == (FrameKind.PYTHON, "/app/train.py", 12)
+        assert kernel_a.thread_id == pid and kernel_a.thread_name == "schedule"
+        counters = {c.info.pid: c for c in source.process_counters()}[pid]
+        assert counters.launches == 4 * 10 + (many + 1) * 2
+        assert counters.kernel_time_ns == sum(_totals(gpu, pid).values())
+        assert counters.sync_wait_ns == 30000
+        assert source.join_stats()[1:] == (0, 0)
+    finally:
+        source.close()
+
+
+def test_close_leaves_no_program_loaded(schedule: Path) -> None:
+    source, _, _ = _run(schedule, 1, True)
+    assert len(source.attached_libraries) >= 1
+    source.close()
+    bpftool = shutil.which("bpftool")
+    if bpftool is None:
+        pytest.fail("bpftool is missing (apt install bpftool)")
+    listed = json.loads(subprocess.run([bpftool, "-j", "prog", "list"], check=True, capture_output=True,
+                                       text=True).stdout)
+    assert not {p.get("name") for p in listed} & OUR_PROGRAMS
+
+
+def test_no_injected_process_says_how_to_turn_it_on(caplog: pytest.LogCaptureFixture) -> None:
+    source = GPUTimeSource(library_name="libotel_gpu_inject_nobody_has_this.so")
+    with caplog.at_level(logging.INFO, logger="otel_gpu.cuda.source"):
+        source.open()
+    try:
+        messages = [r.getMessage() for r in caplog.records]
+        assert len(messages) == 1 and "otel-gpu inject -- python train.py" in messages[0]
+        assert "CUDA_INJECTION64_PATH" in messages[0]
+        gpu, waits = source.drain()
+        assert gpu.processes == () and waits.processes == ()
+    finally:
+        source.close()
