@@ -41,7 +41,7 @@ static uint64_t attach_start_ns;
 static uint64_t covered_ns;
 static uint64_t wait_period_start_ns;
 static double slowdown = PRIOR_SLOWDOWN;
-static double fraction = FRACTION_MIN;
+static double fraction = FRACTION_MIN; /* set from the budget and the prior at start */
 static uint64_t rng = 0x9e3779b97f4a7c15ull;
 
 static double uniform01(void)
@@ -89,14 +89,18 @@ static void open_window_locked(void)
     atomic_store_explicit(&g_state.window_id, ++last_window_id, memory_order_release);
 }
 
+static double clamp_fraction(double f)
+{
+    return f < FRACTION_MIN ? FRACTION_MIN : (f > FRACTION_MAX ? FRACTION_MAX : f);
+}
+
 static void adapt_locked(uint64_t window_ns, uint64_t overhead_ns, uint64_t launches)
 {
     if (window_ns == 0)
         return;
     double observed = ((double)overhead_ns + (double)launches * PRIOR_CUPTI_NS_PER_LAUNCH) / (double)window_ns;
     slowdown = 0.7 * slowdown + 0.3 * observed;
-    double f = slowdown > 0 ? g_settings.overhead_budget / slowdown : FRACTION_MAX;
-    fraction = f < FRACTION_MIN ? FRACTION_MIN : (f > FRACTION_MAX ? FRACTION_MAX : f);
+    fraction = clamp_fraction(slowdown > 0 ? g_settings.overhead_budget / slowdown : FRACTION_MAX);
 
     uint64_t now = monotonic_ns();
     uint64_t period_ns = now - wait_period_start_ns;
@@ -205,6 +209,7 @@ static void *controller_main(void *arg)
 int sampler_start(void)
 {
     rng ^= monotonic_ns();
+    fraction = clamp_fraction(g_settings.overhead_budget / PRIOR_SLOWDOWN);
     pthread_attr_t attr;
     pthread_attr_init(&attr);
     pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);

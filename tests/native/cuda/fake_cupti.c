@@ -1,0 +1,374 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * A fake CUPTI (libcupti.so) driven by the fake CUDA driver: it calls the subscriber's callback at entry and exit of
+ * the driver calls whose callbacks are enabled, with real CUpti_CallbackData (correlation id, correlationData shared
+ * between entry and exit), and it turns the driver's synthetic GPU work into activity records of the real CUDA 13
+ * layouts (CUpti_ActivityKernel10, CUpti_ActivityMemcpy6, CUpti_ActivityMemset4) while those kinds are enabled,
+ * delivered through the registered buffer callbacks on cuptiActivityFlushAll: records of finished work, or all of
+ * them with CUPTI_ACTIVITY_FLAG_FLUSH_FORCED.
+ *
+ * FAKE_CUPTI_STATS=<path> writes counters at exit ("name value" lines): api_callbacks, records_produced,
+ * records_delivered, records_dropped, enable_calls.
+ */
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <cupti.h>
+
+#include "fake_tracer.h"
+
+#define API __attribute__((visibility("default")))
+
+union any_record {
+    CUpti_Activity header;
+    CUpti_ActivityKernel10 kernel;
+    CUpti_ActivityMemcpy6 memcpy;
+    CUpti_ActivityMemset4 memset;
+};
+
+static CUpti_CallbackFunc callback;
+static void *callback_userdata;
+static int subscribed;
+static _Atomic uint8_t enabled[CUPTI_DRIVER_TRACE_CBID_SIZE];
+static _Atomic int kernel_on, memcpy_on, memset_on;
+static CUpti_BuffersCallbackRequestFunc buffer_requested;
+static CUpti_BuffersCallbackCompleteFunc buffer_completed;
+
+static pthread_mutex_t pending_lock = PTHREAD_MUTEX_INITIALIZER;
+static union any_record *pending;
+static size_t pending_count, pending_capacity;
+
+static _Atomic uint64_t api_callbacks, records_produced, records_delivered, records_dropped, enable_calls;
+
+static uint64_t realtime_ns(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_REALTIME, &t);
+    return (uint64_t)t.tv_sec * 1000000000u + (uint64_t)t.tv_nsec;
+}
+
+static size_t record_size(CUpti_ActivityKind kind)
+{
+    switch (kind) {
+    case CUPTI_ACTIVITY_KIND_KERNEL:
+    case CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL:
+        return sizeof(CUpti_ActivityKernel10);
+    case CUPTI_ACTIVITY_KIND_MEMCPY:
+        return sizeof(CUpti_ActivityMemcpy6);
+    case CUPTI_ACTIVITY_KIND_MEMSET:
+        return sizeof(CUpti_ActivityMemset4);
+    default:
+        return sizeof(CUpti_Activity);
+    }
+}
+
+static uint64_t record_end(const union any_record *r)
+{
+    switch (r->header.kind) {
+    case CUPTI_ACTIVITY_KIND_MEMCPY:
+        return r->memcpy.end;
+    case CUPTI_ACTIVITY_KIND_MEMSET:
+        return r->memset.end;
+    default:
+        return r->kernel.end;
+    }
+}
+
+/* --- the tracer the fake driver calls ------------------------------------------------------------------------ */
+
+static void invoke(struct fake_call *call, CUpti_ApiCallbackSite site)
+{
+    if (callback == NULL || call->cbid >= CUPTI_DRIVER_TRACE_CBID_SIZE || !atomic_load(&enabled[call->cbid]))
+        return;
+    CUpti_CallbackData data = {
+        .callbackSite = site,
+        .functionName = call->function_name,
+        .functionParams = call->params,
+        .functionReturnValue = &call->result,
+        .symbolName = call->symbol_name,
+        .context = NULL,
+        .contextUid = 1,
+        .correlationData = &call->correlation_data,
+        .correlationId = call->correlation_id,
+    };
+    atomic_fetch_add(&api_callbacks, 1);
+    callback(callback_userdata, CUPTI_CB_DOMAIN_DRIVER_API, call->cbid, &data);
+}
+
+static void on_enter(struct fake_call *call)
+{
+    invoke(call, CUPTI_API_ENTER);
+}
+
+static void on_exit_(struct fake_call *call)
+{
+    invoke(call, CUPTI_API_EXIT);
+}
+
+static void on_work(const struct fake_work *w)
+{
+    union any_record r;
+    memset(&r, 0, sizeof(r));
+    switch (w->kind) {
+    case FAKE_WORK_KERNEL:
+        if (!atomic_load(&kernel_on))
+            return;
+        r.kernel.kind = CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL;
+        r.kernel.start = w->start_ns;
+        r.kernel.end = w->end_ns;
+        r.kernel.completed = w->end_ns;
+        r.kernel.deviceId = w->device_id;
+        r.kernel.contextId = 1;
+        r.kernel.streamId = w->stream_id;
+        r.kernel.gridX = r.kernel.gridY = r.kernel.gridZ = 1;
+        r.kernel.blockX = 128;
+        r.kernel.blockY = r.kernel.blockZ = 1;
+        r.kernel.correlationId = w->correlation_id;
+        r.kernel.name = w->name;
+        r.kernel.graphId = w->graph_id;
+        r.kernel.graphNodeId = w->graph_node_id;
+        break;
+    case FAKE_WORK_MEMCPY:
+        if (!atomic_load(&memcpy_on))
+            return;
+        r.memcpy.kind = CUPTI_ACTIVITY_KIND_MEMCPY;
+        r.memcpy.copyKind = w->copy_kind;
+        r.memcpy.srcKind = w->src_kind;
+        r.memcpy.dstKind = w->dst_kind;
+        r.memcpy.bytes = w->bytes;
+        r.memcpy.start = w->start_ns;
+        r.memcpy.end = w->end_ns;
+        r.memcpy.deviceId = w->device_id;
+        r.memcpy.contextId = 1;
+        r.memcpy.streamId = w->stream_id;
+        r.memcpy.correlationId = w->correlation_id;
+        r.memcpy.graphId = w->graph_id;
+        break;
+    case FAKE_WORK_MEMSET:
+        if (!atomic_load(&memset_on))
+            return;
+        r.memset.kind = CUPTI_ACTIVITY_KIND_MEMSET;
+        r.memset.bytes = w->bytes;
+        r.memset.start = w->start_ns;
+        r.memset.end = w->end_ns;
+        r.memset.deviceId = w->device_id;
+        r.memset.contextId = 1;
+        r.memset.streamId = w->stream_id;
+        r.memset.correlationId = w->correlation_id;
+        r.memset.memoryKind = w->dst_kind;
+        r.memset.graphId = w->graph_id;
+        break;
+    }
+    pthread_mutex_lock(&pending_lock);
+    if (pending_count == pending_capacity) {
+        size_t capacity = pending_capacity ? pending_capacity * 2 : 1024;
+        union any_record *grown = realloc(pending, capacity * sizeof(*grown));
+        if (grown == NULL) {
+            pthread_mutex_unlock(&pending_lock);
+            atomic_fetch_add(&records_dropped, 1);
+            return;
+        }
+        pending = grown;
+        pending_capacity = capacity;
+    }
+    pending[pending_count++] = r;
+    pthread_mutex_unlock(&pending_lock);
+    atomic_fetch_add(&records_produced, 1);
+}
+
+static const struct fake_tracer the_tracer = {on_enter, on_exit_, on_work};
+
+/* --- callback API -------------------------------------------------------------------------------------------- */
+
+API CUptiResult CUPTIAPI cuptiSubscribe(CUpti_SubscriberHandle *subscriber, CUpti_CallbackFunc fn, void *userdata)
+{
+    if (subscribed)
+        return CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED;
+    void *driver = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+    fake_cuda_set_tracer_fn set = (fake_cuda_set_tracer_fn)dlsym(driver ? driver : RTLD_DEFAULT, FAKE_CUDA_SET_TRACER);
+    if (set == NULL)
+        return CUPTI_ERROR_NOT_INITIALIZED;
+    callback = fn;
+    callback_userdata = userdata;
+    subscribed = 1;
+    *subscriber = (CUpti_SubscriberHandle)(uintptr_t)1;
+    set(&the_tracer);
+    return CUPTI_SUCCESS;
+}
+
+API CUptiResult CUPTIAPI cuptiUnsubscribe(CUpti_SubscriberHandle subscriber)
+{
+    (void)subscriber;
+    callback = NULL;
+    subscribed = 0;
+    return CUPTI_SUCCESS;
+}
+
+API CUptiResult CUPTIAPI cuptiEnableCallback(uint32_t enable, CUpti_SubscriberHandle subscriber,
+                                             CUpti_CallbackDomain domain, CUpti_CallbackId cbid)
+{
+    (void)subscriber;
+    if (domain != CUPTI_CB_DOMAIN_DRIVER_API || cbid >= CUPTI_DRIVER_TRACE_CBID_SIZE)
+        return CUPTI_ERROR_INVALID_PARAMETER;
+    atomic_store(&enabled[cbid], enable ? 1 : 0);
+    atomic_fetch_add(&enable_calls, 1);
+    return CUPTI_SUCCESS;
+}
+
+API CUptiResult CUPTIAPI cuptiEnableDomain(uint32_t enable, CUpti_SubscriberHandle subscriber,
+                                           CUpti_CallbackDomain domain)
+{
+    (void)subscriber;
+    if (domain != CUPTI_CB_DOMAIN_DRIVER_API)
+        return CUPTI_SUCCESS;
+    for (uint32_t i = 0; i < CUPTI_DRIVER_TRACE_CBID_SIZE; i++)
+        atomic_store(&enabled[i], enable ? 1 : 0);
+    atomic_fetch_add(&enable_calls, 1);
+    return CUPTI_SUCCESS;
+}
+
+API CUptiResult CUPTIAPI cuptiGetTimestamp(uint64_t *timestamp)
+{
+    *timestamp = realtime_ns();
+    return CUPTI_SUCCESS;
+}
+
+API CUptiResult CUPTIAPI cuptiGetResultString(CUptiResult result, const char **str)
+{
+    *str = result == CUPTI_SUCCESS ? "CUPTI_SUCCESS" : "CUPTI_ERROR (fake)";
+    return CUPTI_SUCCESS;
+}
+
+/* --- activity API -------------------------------------------------------------------------------------------- */
+
+static _Atomic int *kind_flag(CUpti_ActivityKind kind)
+{
+    switch (kind) {
+    case CUPTI_ACTIVITY_KIND_KERNEL:
+    case CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL:
+        return &kernel_on;
+    case CUPTI_ACTIVITY_KIND_MEMCPY:
+        return &memcpy_on;
+    case CUPTI_ACTIVITY_KIND_MEMSET:
+        return &memset_on;
+    default:
+        return NULL;
+    }
+}
+
+API CUptiResult CUPTIAPI cuptiActivityEnable(CUpti_ActivityKind kind)
+{
+    _Atomic int *flag = kind_flag(kind);
+    if (flag == NULL)
+        return CUPTI_ERROR_NOT_COMPATIBLE;
+    atomic_store(flag, 1);
+    atomic_fetch_add(&enable_calls, 1);
+    return CUPTI_SUCCESS;
+}
+
+API CUptiResult CUPTIAPI cuptiActivityDisable(CUpti_ActivityKind kind)
+{
+    _Atomic int *flag = kind_flag(kind);
+    if (flag == NULL)
+        return CUPTI_ERROR_NOT_COMPATIBLE;
+    atomic_store(flag, 0);
+    atomic_fetch_add(&enable_calls, 1);
+    return CUPTI_SUCCESS;
+}
+
+API CUptiResult CUPTIAPI cuptiActivityRegisterCallbacks(CUpti_BuffersCallbackRequestFunc requested,
+                                                        CUpti_BuffersCallbackCompleteFunc completed)
+{
+    if (requested == NULL || completed == NULL)
+        return CUPTI_ERROR_INVALID_PARAMETER;
+    buffer_requested = requested;
+    buffer_completed = completed;
+    return CUPTI_SUCCESS;
+}
+
+API CUptiResult CUPTIAPI cuptiActivityGetNextRecord(uint8_t *buffer, size_t valid_bytes, CUpti_Activity **record)
+{
+    uint8_t *at = *record == NULL ? buffer : (uint8_t *)*record + record_size((*record)->kind);
+    if (at + sizeof(CUpti_Activity) > buffer + valid_bytes)
+        return CUPTI_ERROR_MAX_LIMIT_REACHED;
+    *record = (CUpti_Activity *)at;
+    return CUPTI_SUCCESS;
+}
+
+/* Hands the chosen records to the client in as many buffers as it takes. */
+static void deliver(union any_record *records, size_t count)
+{
+    size_t next = 0;
+    while (next < count) {
+        uint8_t *buffer = NULL;
+        size_t size = 0, max_records = 0;
+        buffer_requested(&buffer, &size, &max_records);
+        if (buffer == NULL || size < sizeof(union any_record)) {
+            atomic_fetch_add(&records_dropped, count - next);
+            return;
+        }
+        size_t used = 0;
+        while (next < count) {
+            size_t rs = record_size(records[next].header.kind);
+            if (used + rs > size)
+                break;
+            memcpy(buffer + used, &records[next], rs);
+            used += rs;
+            next++;
+            atomic_fetch_add(&records_delivered, 1);
+        }
+        buffer_completed(NULL, 0, buffer, size, used);
+    }
+}
+
+API CUptiResult CUPTIAPI cuptiActivityFlushAll(uint32_t flag)
+{
+    if (buffer_requested == NULL)
+        return CUPTI_SUCCESS;
+    uint64_t now = realtime_ns();
+    int forced = (flag & CUPTI_ACTIVITY_FLAG_FLUSH_FORCED) != 0;
+    pthread_mutex_lock(&pending_lock);
+    union any_record *ready = malloc((pending_count ? pending_count : 1) * sizeof(*ready));
+    size_t ready_count = 0, kept = 0;
+    for (size_t i = 0; ready && i < pending_count; i++) {
+        if (forced || record_end(&pending[i]) <= now)
+            ready[ready_count++] = pending[i];
+        else
+            pending[kept++] = pending[i];
+    }
+    if (ready)
+        pending_count = kept;
+    pthread_mutex_unlock(&pending_lock);
+    if (ready == NULL)
+        return CUPTI_ERROR_OUT_OF_MEMORY;
+    deliver(ready, ready_count);
+    free(ready);
+    return CUPTI_SUCCESS;
+}
+
+API CUptiResult CUPTIAPI cuptiActivityGetNumDroppedRecords(CUcontext context, uint32_t stream, size_t *dropped)
+{
+    (void)context;
+    (void)stream;
+    *dropped = (size_t)atomic_load(&records_dropped);
+    return CUPTI_SUCCESS;
+}
+
+__attribute__((destructor)) static void write_stats(void)
+{
+    const char *path = getenv("FAKE_CUPTI_STATS");
+    FILE *f = path && path[0] ? fopen(path, "w") : NULL;
+    if (f == NULL)
+        return;
+    fprintf(f, "api_callbacks %llu\nrecords_produced %llu\nrecords_delivered %llu\nrecords_dropped %llu\n"
+               "enable_calls %llu\n",
+            (unsigned long long)api_callbacks, (unsigned long long)records_produced,
+            (unsigned long long)records_delivered, (unsigned long long)records_dropped,
+            (unsigned long long)enable_calls);
+    fclose(f);
+}

@@ -1,0 +1,201 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * A CUDA workload with a known structure, built with full frame pointers and no inlining so that every function
+ * below appears in the launching stacks:
+ *
+ *   main -> train_step -> forward -> launch_matmul (cuLaunchKernel   "matmul_kernel", 2 ms)
+ *                                 -> launch_relu   (cuLaunchKernelEx "relu_kernel", 0.5 ms)
+ *                      -> launch_graph  (cuGraphLaunch: "graph_a_kernel" 0.3 ms, "graph_b_kernel" 0.2 ms,
+ *                                        "graph_c_kernel" 0.1 ms), every --graph-every steps
+ *                      -> fill_buffer   (cuMemsetD32Async) and copy_out (cuMemcpyDtoH, blocking), every 10 steps
+ *                      -> sync_point    (cuStreamSynchronize: waits for the step's kernels)
+ *                      -> event_wait    (cuEventRecord + cuEventSynchronize), every 25 steps
+ *   main -> drain (cuCtxSynchronize) at the end
+ *
+ * usage: workload [--steps N] [--graph-every K] [--exit-at STEP] [--no-init]
+ *   --exit-at STEP exits in the middle of step STEP (after its launches, before any wait): a crash-free exit
+ *   mid-stream. --no-init never calls cuInit (the library is never loaded).
+ * At the end it prints the schedule it ran: "site <function> <kernel> <count> <total_ns>" per call site and kernel,
+ * and "symbol_base libcuda <address>" (where the fake driver is loaded) for the tests.
+ */
+#include <dlfcn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cuda.h>
+
+#define NOINLINE __attribute__((noinline))
+
+static const char MODULE_TEXT[] = "matmul_kernel=2000000\nrelu_kernel=500000\n"
+                                  "graph_a_kernel=300000\ngraph_b_kernel=200000\ngraph_c_kernel=100000\n";
+
+struct site_count {
+    const char *site;
+    const char *kernel;
+    unsigned long long duration_ns;
+    unsigned long long count;
+};
+
+static struct site_count sites[] = {
+    {"launch_matmul", "matmul_kernel", 2000000, 0},
+    {"launch_relu", "relu_kernel", 500000, 0},
+    {"launch_graph", "graph_a_kernel", 300000, 0},
+    {"launch_graph", "graph_b_kernel", 200000, 0},
+    {"launch_graph", "graph_c_kernel", 100000, 0},
+};
+
+static CUstream stream;
+static CUfunction matmul, relu;
+static CUgraphExec graph_exec;
+static CUdeviceptr device_buffer;
+static CUevent event;
+static char host_buffer[1 << 20];
+
+#define CHECK(call)                                                                                                   \
+    do {                                                                                                              \
+        CUresult rc_ = (call);                                                                                        \
+        if (rc_ != CUDA_SUCCESS) {                                                                                    \
+            fprintf(stderr, "workload: %s failed: %d\n", #call, (int)rc_);                                            \
+            exit(1);                                                                                                  \
+        }                                                                                                             \
+    } while (0)
+
+NOINLINE void launch_matmul(void)
+{
+    CHECK(cuLaunchKernel(matmul, 64, 64, 1, 128, 1, 1, 0, stream, NULL, NULL));
+    sites[0].count++;
+}
+
+NOINLINE void launch_relu(void)
+{
+    CUlaunchConfig config;
+    memset(&config, 0, sizeof(config));
+    config.gridDimX = 64;
+    config.gridDimY = config.gridDimZ = 1;
+    config.blockDimX = 128;
+    config.blockDimY = config.blockDimZ = 1;
+    config.hStream = stream;
+    CHECK(cuLaunchKernelEx(&config, relu, NULL, NULL));
+    sites[1].count++;
+}
+
+NOINLINE void forward(void)
+{
+    launch_matmul();
+    launch_relu();
+}
+
+NOINLINE void launch_graph(void)
+{
+    CHECK(cuGraphLaunch(graph_exec, stream));
+    sites[2].count++;
+    sites[3].count++;
+    sites[4].count++;
+}
+
+NOINLINE void fill_buffer(void)
+{
+    CHECK(cuMemsetD32Async(device_buffer, 7, sizeof(host_buffer) / 4, stream));
+}
+
+NOINLINE void copy_out(void)
+{
+    CHECK(cuMemcpyDtoH(host_buffer, device_buffer, sizeof(host_buffer)));
+}
+
+NOINLINE void sync_point(void)
+{
+    CHECK(cuStreamSynchronize(stream));
+}
+
+NOINLINE void event_wait(void)
+{
+    CHECK(cuEventRecord(event, stream));
+    CHECK(cuEventSynchronize(event));
+}
+
+NOINLINE void drain(void)
+{
+    CHECK(cuCtxSynchronize());
+}
+
+NOINLINE void train_step(int step, int graph_every, int exit_at)
+{
+    forward();
+    if (graph_every > 0 && step % graph_every == 0)
+        launch_graph();
+    if (step == exit_at) {
+        printf("exiting mid-stream at step %d\n", step);
+        fflush(stdout);
+        exit(0);
+    }
+    if (step % 10 == 0) {
+        fill_buffer();
+        copy_out();
+    }
+    sync_point();
+    if (step % 25 == 0)
+        event_wait();
+}
+
+static void setup(void)
+{
+    CUdevice device;
+    CUcontext context;
+    CUmodule module;
+    CHECK(cuDeviceGet(&device, 0));
+    CHECK(cuDevicePrimaryCtxRetain(&context, device));
+    CHECK(cuCtxSetCurrent(context));
+    CHECK(cuModuleLoadData(&module, MODULE_TEXT));
+    CHECK(cuModuleGetFunction(&matmul, module, "matmul_kernel"));
+    CHECK(cuModuleGetFunction(&relu, module, "relu_kernel"));
+    CHECK(cuStreamCreate(&stream, 0));
+    CHECK(cuEventCreate(&event, 0));
+    CHECK(cuMemAlloc(&device_buffer, sizeof(host_buffer)));
+
+    CUgraph graph;
+    CHECK(cuGraphCreate(&graph, 0));
+    static const char *const nodes[] = {"graph_a_kernel", "graph_b_kernel", "graph_c_kernel"};
+    for (int i = 0; i < 3; i++) {
+        CUDA_KERNEL_NODE_PARAMS params;
+        memset(&params, 0, sizeof(params));
+        CHECK(cuModuleGetFunction(&params.func, module, nodes[i]));
+        CUgraphNode node;
+        CHECK(cuGraphAddKernelNode(&node, graph, NULL, 0, &params));
+    }
+    CHECK(cuGraphInstantiate(&graph_exec, graph, 0));
+}
+
+int main(int argc, char **argv)
+{
+    int steps = 200, graph_every = 4, exit_at = -1, init = 1;
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--steps") == 0 && i + 1 < argc)
+            steps = atoi(argv[++i]);
+        else if (strcmp(argv[i], "--graph-every") == 0 && i + 1 < argc)
+            graph_every = atoi(argv[++i]);
+        else if (strcmp(argv[i], "--exit-at") == 0 && i + 1 < argc)
+            exit_at = atoi(argv[++i]);
+        else if (strcmp(argv[i], "--no-init") == 0)
+            init = 0;
+        else {
+            fprintf(stderr, "usage: %s [--steps N] [--graph-every K] [--exit-at STEP] [--no-init]\n", argv[0]);
+            return 2;
+        }
+    }
+    if (init)
+        CHECK(cuInit(0));
+    setup();
+    for (int step = 0; step < steps; step++)
+        train_step(step, graph_every, exit_at);
+    drain();
+
+    Dl_info info;
+    if (dladdr((void *)cuLaunchKernel, &info))
+        printf("symbol_base libcuda %p\n", info.dli_fbase);
+    for (size_t i = 0; i < sizeof(sites) / sizeof(sites[0]); i++)
+        printf("site %s %s %llu %llu\n", sites[i].site, sites[i].kernel, sites[i].count,
+               sites[i].count * sites[i].duration_ns);
+    return 0;
+}

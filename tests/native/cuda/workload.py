@@ -1,0 +1,91 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The Python variant of workload.c: the same driver calls through ctypes, from Python functions with known names.
+
+    main -> train_step -> forward -> launch_matmul (cuLaunchKernel "matmul_kernel", 2 ms)
+                                  -> launch_relu   (cuLaunchKernel "relu_kernel", 0.5 ms)
+                       -> sync_point (cuStreamSynchronize)
+
+By default the driver is loaded with ctypes.PyDLL, which keeps the GIL during the calls, like PyTorch's launches;
+--release-gil loads it with ctypes.CDLL, which releases the GIL around every call (no Python frames can be read then).
+usage: workload.py LIBCUDA [--steps N] [--release-gil]
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+
+MODULE_TEXT = b"matmul_kernel=2000000\nrelu_kernel=500000\n"
+
+
+class Driver:
+    """The few driver entry points the workload uses, with their exported (versioned) names."""
+
+    def __init__(self, path: str, release_gil: bool) -> None:
+        self.lib = (ctypes.CDLL if release_gil else ctypes.PyDLL)(path)
+        self.stream = ctypes.c_void_p()
+        self.matmul = ctypes.c_void_p()
+        self.relu = ctypes.c_void_p()
+
+    def call(self, name: str, *args: object) -> None:
+        rc = getattr(self.lib, name)(*args)
+        if rc != 0:
+            raise RuntimeError(f"{name} failed: {rc}")
+
+    def setup(self) -> None:
+        device = ctypes.c_int()
+        context = ctypes.c_void_p()
+        module = ctypes.c_void_p()
+        self.call("cuInit", 0)
+        self.call("cuDeviceGet", ctypes.byref(device), 0)
+        self.call("cuDevicePrimaryCtxRetain", ctypes.byref(context), device)
+        self.call("cuCtxSetCurrent", context)
+        self.call("cuModuleLoadData", ctypes.byref(module), ctypes.c_char_p(MODULE_TEXT))
+        self.call("cuModuleGetFunction", ctypes.byref(self.matmul), module, b"matmul_kernel")
+        self.call("cuModuleGetFunction", ctypes.byref(self.relu), module, b"relu_kernel")
+        self.call("cuStreamCreate", ctypes.byref(self.stream), 0)
+
+    def launch(self, function: ctypes.c_void_p) -> None:
+        one = ctypes.c_uint(1)
+        self.call("cuLaunchKernel", function, ctypes.c_uint(64), one, one, ctypes.c_uint(128), one, one,
+                  ctypes.c_uint(0), self.stream, None, None)
+
+
+def launch_matmul(driver: Driver) -> None:
+    driver.launch(driver.matmul)
+
+
+def launch_relu(driver: Driver) -> None:
+    driver.launch(driver.relu)
+
+
+def forward(driver: Driver) -> None:
+    launch_matmul(driver)
+    launch_relu(driver)
+
+
+def sync_point(driver: Driver) -> None:
+    driver.call("cuStreamSynchronize", driver.stream)
+
+
+def train_step(driver: Driver) -> None:
+    forward(driver)
+    sync_point(driver)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("libcuda")
+    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--release-gil", action="store_true")
+    args = parser.parse_args()
+    driver = Driver(args.libcuda, args.release_gil)
+    driver.setup()
+    for _ in range(args.steps):
+        train_step(driver)
+    print(f"site launch_matmul matmul_kernel {args.steps} {args.steps * 2000000}")
+    print(f"site launch_relu relu_kernel {args.steps} {args.steps * 500000}")
+
+
+if __name__ == "__main__":
+    main()
