@@ -112,6 +112,7 @@ class _DictionaryBuilder:
         self.functions: dict[tuple[str, str, str], int] = {}
         self.function_table: list[pb.Function] = [pb.Function()]
         self.locations: dict[Frame, int] = {}
+        self.locations_by_id: dict[int, int] = {}  # id(frame) -> index: the batch keeps its frames alive
         self.location_table: list[pb.Location] = [pb.Location()]
         self.stacks: dict[tuple[int, ...], int] = {}
         self.stack_table: list[pb.Stack] = [pb.Stack()]
@@ -158,6 +159,9 @@ class _DictionaryBuilder:
         return index
 
     def location(self, frame: Frame) -> int:
+        index = self.locations_by_id.get(id(frame))
+        if index is not None:
+            return index
         index = self.locations.get(frame)
         if index is None:
             index = self.locations[frame] = len(self.location_table)
@@ -165,10 +169,12 @@ class _DictionaryBuilder:
                 mapping_index=self.mapping(frame.mapping), address=frame.address,
                 lines=[pb.Line(function_index=self.function(frame), line=frame.line)],
                 attribute_indices=[self.attribute(semconv.PROFILE_FRAME_TYPE, frame.kind.value)]))
+        self.locations_by_id[id(frame)] = index
         return index
 
     def stack(self, frames: tuple[Frame, ...]) -> int:
-        key = tuple(self.location(frame) for frame in frames)
+        by_id = self.locations_by_id
+        key = tuple([by_id.get(id(frame)) or self.location(frame) for frame in frames])
         index = self.stacks.get(key)
         if index is None:
             index = self.stacks[key] = len(self.stack_table)

@@ -47,6 +47,18 @@ def _is_count(batch: ProfileBatch) -> bool:
     return kind.sample_unit == "count" and bool(kind.period_type) and kind.period > 0
 
 
+def varint_bytes(value: int) -> bytes:
+    """``value`` as a protobuf varint (negative numbers as 64-bit two's complement, as int64 fields want)."""
+    if value < 0:
+        value += 1 << 64
+    out = bytearray()
+    while value > 0x7F:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
 class _Writer:
     """Append-only protobuf wire writer."""
 
@@ -56,12 +68,10 @@ class _Writer:
         self.buf = bytearray()
 
     def varint(self, value: int) -> None:
-        if value < 0:
-            value += 1 << 64
-        while value > 0x7F:
-            self.buf.append((value & 0x7F) | 0x80)
-            value >>= 7
-        self.buf.append(value)
+        if 0 <= value < 0x80:
+            self.buf.append(value)
+        else:
+            self.buf += varint_bytes(value)
 
     def uint(self, field: int, value: int) -> None:
         """A varint field (int64/uint64/bool); zero is the default and is left out."""
@@ -89,6 +99,8 @@ class _PprofBuilder:
         self.mappings: dict[Mapping, int] = {}
         self.functions: dict[tuple[str, str, str], int] = {}
         self.locations: dict[Frame, int] = {}
+        self.location_varints: dict[int, bytes] = {}  # id(frame) -> varint of its location id (frames outlive us)
+        self.labels: dict[tuple[str, str, int], bytes] = {}  # (key, text, num) -> encoded label field
         self.out = _Writer()
         self.locations_out = _Writer()
         self.functions_out = _Writer()
@@ -131,38 +143,47 @@ class _PprofBuilder:
 
     def _sample(self, process: ProcessProfile, sample: Sample, n_values: int) -> bytearray:
         w = _Writer()
-        w.packed(1, [self._location(frame) for frame in sample.frames])
+        cache = self.location_varints
+        ids = b"".join([cache.get(id(frame)) or self._location(frame) for frame in sample.frames])
+        if ids:
+            w.data(1, ids)
         values = [sample.value]
         if n_values == 2:
             values.append(sample.value * self.batch.type.period)
         w.packed(2, values)
         info = process.process
-        w.data(3, self._label(semconv.PPROF_LABEL_PID, num=info.pid))
+        w.buf += self._label(semconv.PPROF_LABEL_PID, num=info.pid)
         if sample.thread_id:
-            w.data(3, self._label(semconv.PPROF_LABEL_THREAD_ID, num=sample.thread_id))
+            w.buf += self._label(semconv.PPROF_LABEL_THREAD_ID, num=sample.thread_id)
         if sample.thread_name:
-            w.data(3, self._label(semconv.PPROF_LABEL_THREAD_NAME, text=sample.thread_name))
+            w.buf += self._label(semconv.PPROF_LABEL_THREAD_NAME, text=sample.thread_name)
         if info.container_id:
-            w.data(3, self._label(semconv.PPROF_LABEL_CONTAINER_ID, text=info.container_id))
+            w.buf += self._label(semconv.PPROF_LABEL_CONTAINER_ID, text=info.container_id)
         if sample.trace_id:
-            w.data(3, self._label(semconv.PPROF_LABEL_TRACE_ID, text=sample.trace_id))
+            w.buf += self._label(semconv.PPROF_LABEL_TRACE_ID, text=sample.trace_id)
         if sample.span_id:
-            w.data(3, self._label(semconv.PPROF_LABEL_SPAN_ID, text=sample.span_id))
+            w.buf += self._label(semconv.PPROF_LABEL_SPAN_ID, text=sample.span_id)
         for key, value in sample.attributes:
             if isinstance(value, int) and not isinstance(value, bool):
-                w.data(3, self._label(key, num=value))
+                w.buf += self._label(key, num=value)
             else:
-                w.data(3, self._label(key, text=str(value)))
+                w.buf += self._label(key, text=str(value))
         return w.buf
 
-    def _label(self, key: str, *, text: str = "", num: int = 0) -> bytearray:
-        w = _Writer()
-        w.uint(1, self.s(key))
-        if text:
-            w.uint(2, self.s(text))
-        else:
-            w.uint(3, num)
-        return w.buf
+    def _label(self, key: str, *, text: str = "", num: int = 0) -> bytes:
+        """The whole ``label`` field (tag, length, message), cached: most labels repeat across samples."""
+        encoded = self.labels.get((key, text, num))
+        if encoded is None:
+            label = _Writer()
+            label.uint(1, self.s(key))
+            if text:
+                label.uint(2, self.s(text))
+            else:
+                label.uint(3, num)
+            field = _Writer()
+            field.data(3, label.buf)
+            encoded = self.labels[(key, text, num)] = bytes(field.buf)
+        return encoded
 
     def _mapping_id(self, mapping: Mapping | None) -> int:
         if mapping is None:
@@ -196,7 +217,8 @@ class _PprofBuilder:
             self.functions_out.data(_P_FUNCTION, w.buf)
         return function_id
 
-    def _location(self, frame: Frame) -> int:
+    def _location(self, frame: Frame) -> bytes:
+        """The varint of ``frame``'s location id, adding the location (deduplicated by value) when new."""
         location_id = self.locations.get(frame)
         if location_id is None:
             location_id = self.locations[frame] = len(self.locations) + 1
@@ -209,4 +231,5 @@ class _PprofBuilder:
             line.uint(2, frame.line)
             w.data(4, line.buf)
             self.locations_out.data(_P_LOCATION, w.buf)
-        return location_id
+        encoded = self.location_varints[id(frame)] = varint_bytes(location_id)
+        return encoded
