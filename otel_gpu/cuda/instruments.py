@@ -1,0 +1,54 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Per-process GPU-time counters as OTel observable instruments: kernel launches, GPU kernel time and sync-wait
+time of every injected process, read from :meth:`GPUTimeSource.process_counters` at each collection.
+
+Attributes: process.pid, and process.executable.name, container.id, k8s.pod.uid, service.name when known.
+Values are cumulative estimates (sampled windows re-weighted), so a dashboard can rate() them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Protocol
+
+from opentelemetry.metrics import CallbackOptions, Meter, Observation
+
+from otel_gpu import semconv
+from otel_gpu.cuda.source import ProcessCounters
+
+METER_NAME = "otel_gpu.cuda"
+
+
+class CounterSource(Protocol):
+    def process_counters(self) -> list[ProcessCounters]: ...
+
+
+def process_attributes(counters: ProcessCounters) -> dict[str, str | int]:
+    info = counters.info
+    attributes: dict[str, str | int] = {semconv.PROCESS_PID: info.pid}
+    for key, value in ((semconv.PROCESS_EXECUTABLE_NAME, info.executable_name),
+                       (semconv.CONTAINER_ID, info.container_id), (semconv.K8S_POD_UID, info.pod_uid),
+                       (semconv.SERVICE_NAME, info.service_name)):
+        if value:
+            attributes[key] = value
+    return attributes
+
+
+def register_gpu_time_instruments(meter: Meter, source: CounterSource) -> None:
+    """Create the three ``nvidia.gpu.process.*`` GPU-time counters on ``meter``, observing ``source``."""
+    readers: dict[str, Callable[[ProcessCounters], float]] = {
+        semconv.GPU_PROCESS_KERNEL_LAUNCHES.name: lambda c: round(c.launches),
+        semconv.GPU_PROCESS_KERNEL_TIME.name: lambda c: c.kernel_time_ns / 1e9,
+        semconv.GPU_PROCESS_SYNC_WAIT_TIME.name: lambda c: c.sync_wait_ns / 1e9,
+    }
+    for spec in semconv.GPU_TIME_METRICS:
+        meter.create_observable_counter(spec.name, callbacks=[_observe(source, readers[spec.name])], unit=spec.unit,
+                                        description=spec.description)
+
+
+def _observe(source: CounterSource, read: Callable[[ProcessCounters], float]
+             ) -> Callable[[CallbackOptions], Iterable[Observation]]:
+    def callback(options: CallbackOptions) -> Iterable[Observation]:
+        return [Observation(read(c), process_attributes(c)) for c in source.process_counters()]
+
+    return callback

@@ -1,0 +1,92 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Finding injected processes in a fake /proc tree, and ``otel-gpu inject`` running a real command."""
+
+from __future__ import annotations
+
+import io
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from otel_gpu.cuda import inject
+from otel_gpu.cuda.discovery import scan
+
+LINE = "7f0000000000-7f0000010000 r-xp 00001000 fd:01 {inode} {path}\n"
+
+
+def _process(proc: Path, pid: int, maps: str, files: dict[str, bytes] | None = None) -> None:
+    (proc / str(pid)).mkdir(parents=True)
+    (proc / str(pid) / "maps").write_text(maps)
+    for path, content in (files or {}).items():
+        target = proc / str(pid) / "root" / path.lstrip("/")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(content)
+
+
+def test_scan_finds_each_library_file_once_across_mount_namespaces(tmp_path: Path) -> None:
+    proc = tmp_path / "proc"
+    lib = "/opt/otel-gpu/libotel_gpu_inject.so"
+    _process(proc, 100, LINE.format(inode=1, path="/usr/lib/libc.so.6") + LINE.format(inode=2, path=lib),
+             {lib: b"ELF-A"})
+    # pid 101 sees the same file (a hard link = same inode) under another path in its own mount namespace
+    other = proc / "101" / "root" / "usr" / "local" / "lib"
+    other.mkdir(parents=True)
+    os.link(proc / "100" / "root" / lib.lstrip("/"), other / "libotel_gpu_inject.so")
+    (proc / "101" / "maps").write_text(LINE.format(inode=2, path="/usr/local/lib/libotel_gpu_inject.so"))
+    # pid 102: a different copy, deleted on disk after being mapped but still reachable through its root
+    _process(proc, 102, LINE.format(inode=3, path=lib + " (deleted)"), {lib: b"ELF-B"})
+    _process(proc, 103, LINE.format(inode=1, path="/usr/lib/libc.so.6"))
+    _process(proc, 104, LINE.format(inode=2, path=lib), {lib: b"ELF-C"})  # the agent itself: excluded
+    (proc / "self").mkdir()
+    (proc / "105").mkdir()  # exited between listdir and open: no maps
+
+    libraries, pids = scan(str(proc), exclude_pids=frozenset({104}))
+    assert pids == {100, 101, 102}
+    assert len(libraries) == 2
+    by_pid = {library.pid: library for library in libraries.values()}
+    first = by_pid.get(100) or by_pid[101]
+    assert first.path in (lib, "/usr/local/lib/libotel_gpu_inject.so")
+    assert Path(first.host_path).read_bytes() == b"ELF-A"
+    assert by_pid[102].path == lib and Path(by_pid[102].host_path).read_bytes() == b"ELF-B"
+
+
+def test_scan_of_a_missing_proc_is_empty(tmp_path: Path) -> None:
+    assert scan(str(tmp_path / "nothing")) == ({}, set())
+
+
+@pytest.fixture()
+def packaged(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    library = tmp_path / "libotel_gpu_inject.so"
+    library.write_bytes(b"\x7fELF")
+    monkeypatch.setattr(inject, "PACKAGED_LIBRARY", library)
+    return library
+
+
+def test_inject_runs_the_command_with_the_variable(packaged: Path, tmp_path: Path) -> None:
+    out = tmp_path / "seen"
+    err = io.StringIO()
+    code = inject.run_injected(["--", sys.executable, "-c",
+                                f"import os, sys; open({str(out)!r}, 'w').write(os.environ['CUDA_INJECTION64_PATH']);"
+                                " sys.exit(7)"], environ={"PATH": os.environ.get("PATH", "")}, stderr=err)
+    assert code == 7
+    assert out.read_text() == str(packaged)
+    text = err.getvalue()
+    assert f"export CUDA_INJECTION64_PATH={packaged}" in text
+    assert "docker run" in text and "name: CUDA_INJECTION64_PATH" in text
+
+
+def test_inject_reports_a_signal_like_a_shell(packaged: Path) -> None:
+    code = inject.run_injected([sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGTERM)"],
+                               stderr=io.StringIO())
+    assert code == 128 + 15
+
+
+def test_inject_errors(packaged: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    err = io.StringIO()
+    assert inject.run_injected(["--"], stderr=err) == 2 and "usage" in err.getvalue()
+    assert inject.run_injected(["/nonexistent/command"], stderr=io.StringIO()) == 1
+    monkeypatch.setattr(inject, "PACKAGED_LIBRARY", tmp_path / "missing.so")
+    err = io.StringIO()
+    assert inject.run_injected(["true"], stderr=err) == 1 and "make build" in err.getvalue()
