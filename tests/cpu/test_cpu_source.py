@@ -1,0 +1,212 @@
+# SPDX-License-Identifier: Apache-2.0
+"""CPUProfileSource on the real kernel: full call chains and the 3:1 share of cpu_3to1, kernel frames for a
+syscall-heavy workload, a 200 ms process symbolized, filters, nothing loaded after close, clear unavailability."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from collections import Counter
+
+import pytest
+
+from otel_gpu import selfmetrics, semconv
+from otel_gpu.config import ProfilingConfig
+from otel_gpu.cpu.sampler import CPUSampler
+from otel_gpu.cpu.source import CPUProfileSource
+from otel_gpu.errors import SourceUnavailable
+from otel_gpu.procfs import ProcessResolver
+from otel_gpu.profiles.model import FrameKind, ProcessProfile, ProfileBatch
+from tests.ebpf.helpers import ours_loaded, start
+
+
+def _process(batches: list[ProfileBatch], pid: int) -> list[ProcessProfile]:
+    return [p for b in batches for p in b.processes if p.process.pid == pid]
+
+
+def _stacks(profiles: list[ProcessProfile]) -> Counter[tuple[str, ...]]:
+    """Function names, caller first (as a developer reads a call chain), summed over samples."""
+    out: Counter[tuple[str, ...]] = Counter()
+    for profile in profiles:
+        for sample in profile.samples:
+            out[tuple(f.function for f in reversed(sample.frames))] += sample.value
+    return out
+
+
+@pytest.mark.root
+def test_cpu_3to1_full_call_chain_and_share() -> None:
+    source = CPUProfileSource(ProfilingConfig(frequency_hz=99), ProcessResolver())
+    source.open()
+    try:
+        process, pid = start("cpu_3to1", "4")
+        batches = []
+        while process.poll() is None:
+            time.sleep(1.0)
+            batches.append(source.drain())  # drains while sampling: nothing may be lost in between
+        batches.append(source.drain())
+    finally:
+        source.close()
+    profiles = _process(batches, pid)
+    assert profiles and profiles[0].process.executable_name == "cpu_3to1"
+    stacks = _stacks(profiles)
+    heavy = sum(v for s, v in stacks.items() if s[-4:] == ("main", "run", "busy_loop", "leaf_heavy"))
+    light = sum(v for s, v in stacks.items() if s[-4:] == ("main", "run", "busy_loop", "leaf_light"))
+    total = sum(stacks.values())
+    # ~99 Hz x 4 s of one busy thread; the two leaves are nearly all of it
+    assert total > 200
+    assert (heavy + light) / total > 0.9, stacks.most_common(5)
+    share = heavy / (heavy + light)
+    assert abs(share - 0.75) <= 0.075, (heavy, light)  # 3:1 within +-10 %
+    # every leaf frame carries its mapping and build id
+    leaf = next(s.frames[0] for p in profiles for s in p.samples if s.frames[0].function == "leaf_heavy")
+    assert leaf.mapping is not None and leaf.mapping.path.endswith("cpu_3to1") and len(leaf.mapping.build_id) == 40
+    assert all(s.thread_id == pid and s.thread_name == "cpu_3to1" for p in profiles for s in p.samples)
+
+
+@pytest.mark.root
+def test_syscall_heavy_workload_has_kernel_frames_under_its_user_frames() -> None:
+    source = CPUProfileSource(ProfilingConfig(frequency_hz=99), ProcessResolver())
+    source.open()
+    try:
+        process, pid = start("syscall_heavy", "2")
+        process.wait(timeout=20)
+        batch = source.drain()
+    finally:
+        source.close()
+    samples = [s for p in _process([batch], pid) for s in p.samples]
+    kernel = [s for s in samples if s.frames[0].kind is FrameKind.KERNEL]
+    assert sum(s.value for s in kernel) > 0.3 * sum(s.value for s in samples)
+    chains = [[f.function for f in s.frames] for s in kernel]
+    # libc's syscall wrappers have no frame pointer, so the unwinder skips their caller (do_syscalls) and goes on
+    # at run_syscalls: the chain is kernel frames -> libc wrapper -> run_syscalls -> main
+    assert any("run_syscalls" in chain and "main" in chain for chain in chains), chains[:5]
+    kernel_names = {f.function for s in kernel for f in s.frames if f.kind is FrameKind.KERNEL}
+    assert any(name.startswith(("__x64_sys_", "do_syscall_64", "entry_SYSCALL")) for name in kernel_names)
+    # kernel frames come first (leaf side), then user frames
+    for sample in kernel:
+        kinds = [f.kind for f in sample.frames]
+        assert kinds == sorted(kinds, key=lambda k: k is not FrameKind.KERNEL)
+
+
+@pytest.mark.root
+def test_process_living_200ms_is_symbolized_after_it_exited() -> None:
+    source = CPUProfileSource(ProfilingConfig(frequency_hz=99), ProcessResolver())
+    source.open()
+    try:
+        process, pid = start("short_lived", "200")
+        process.wait(timeout=10)
+        time.sleep(0.3)  # the process is gone before the drain
+        assert not os.path.exists(f"/proc/{pid}")
+        batch = source.drain()
+    finally:
+        source.close()
+    profiles = _process([batch], pid)
+    assert profiles, "the short-lived process was not sampled"
+    assert profiles[0].process.executable_name == "short_lived"
+    stacks = _stacks(profiles)
+    assert any(s[-3:] == ("main", "short_work", "short_spin") for s in stacks), stacks
+
+
+@pytest.mark.root
+def test_pid_filter_and_self_exclusion() -> None:
+    first, first_pid = start("cpu_3to1", "2")
+    second, second_pid = start("cpu_3to1", "2")
+    source = CPUProfileSource(ProfilingConfig(frequency_hz=49, pids=(first_pid, os.getpid())), ProcessResolver())
+    source.open()
+    try:
+        deadline = time.monotonic() + 1.0
+        while time.monotonic() < deadline:
+            pass  # we are in the pid list but not include_self: still left out
+        first.wait(timeout=10)
+        second.wait(timeout=10)
+        batch = source.drain()
+    finally:
+        source.close()
+    pids = {p.process.pid for p in batch.processes}
+    assert pids == {first_pid}
+
+
+@pytest.mark.root
+def test_process_name_filter_and_include_self() -> None:
+    config = ProfilingConfig(frequency_hz=49, process_name="^(cpu_3to1|python.*)$", include_self=True)
+    source = CPUProfileSource(config, ProcessResolver())
+    source.open()
+    try:
+        process, pid = start("syscall_heavy", "1")
+        other, other_pid = start("cpu_3to1", "1")
+        deadline = time.monotonic() + 1.0
+        while time.monotonic() < deadline:
+            pass
+        process.wait(timeout=10)
+        other.wait(timeout=10)
+        batch = source.drain()
+    finally:
+        source.close()
+    pids = {p.process.pid for p in batch.processes}
+    assert other_pid in pids and os.getpid() in pids and pid not in pids
+
+
+@pytest.mark.root
+def test_close_detaches_everything_and_counts_samples() -> None:
+    selfmetrics.reset()
+    source = CPUProfileSource(ProfilingConfig(frequency_hz=99), ProcessResolver())
+    source.open()
+    assert "on_cpu_sample" in ours_loaded()
+    process, _ = start("cpu_3to1", "0.5")
+    process.wait(timeout=10)
+    source.drain()
+    source.close()
+    source.close()
+    assert ours_loaded() == []
+    assert selfmetrics.total(semconv.SELF_PROFILE_SAMPLES.name, otel_gpu__source="cpu_profiler") > 0
+    assert source.drain().processes == ()
+
+
+@pytest.mark.root
+def test_agent_on_sigterm_leaves_no_program_loaded(tmp_path: os.PathLike[str]) -> None:
+    from tests.conftest import agent_command
+
+    agent = subprocess.Popen(agent_command("run", "--no-gpu-metrics", "--output-dir", str(tmp_path),
+                                           "--console", "off"),
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 30
+        while "on_cpu_sample" not in ours_loaded():
+            assert agent.poll() is None, agent.stderr.read() if agent.stderr else ""
+            assert time.monotonic() < deadline, "the agent did not attach its sampler"
+            time.sleep(0.2)
+    finally:
+        agent.terminate()
+        agent.wait(timeout=30)
+    assert ours_loaded() == []
+
+
+def test_missing_btf_names_it(tmp_path: os.PathLike[str]) -> None:
+    sampler = CPUSampler(19, btf_path=os.path.join(str(tmp_path), "vmlinux"))
+    with pytest.raises(SourceUnavailable, match="no BTF at"):
+        CPUProfileSource(ProfilingConfig(), ProcessResolver(), sampler=sampler).open()
+    assert not sampler.is_open
+
+
+def test_unbuilt_object_says_run_make_build(tmp_path: os.PathLike[str]) -> None:
+    sampler = CPUSampler(19, object_path=os.path.join(str(tmp_path), "cpu_profiler.bpf.o"))
+    with pytest.raises(SourceUnavailable, match="run make build"):
+        sampler.open()
+    assert not sampler.is_open
+
+
+@pytest.mark.root
+def test_without_privileges_the_message_names_them() -> None:
+    """Drop to an unprivileged user in a child process and try to open the source there."""
+    code = ("import os\n"
+            "from otel_gpu.config import ProfilingConfig\nfrom otel_gpu.procfs import ProcessResolver\n"
+            "from otel_gpu.cpu.source import CPUProfileSource\nfrom otel_gpu.errors import SourceUnavailable\n"
+            "from otel_gpu.ebpf import _libbpf\n_libbpf.lib()\n"
+            "os.setgid(65534); os.setuid(65534)\n"
+            "try:\n    CPUProfileSource(ProfilingConfig(), ProcessResolver()).open()\n"
+            "except SourceUnavailable as exc:\n    print('UNAVAILABLE', exc)\n")
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert "UNAVAILABLE needs root or CAP_BPF+CAP_PERFMON" in done.stdout, done.stdout + done.stderr
