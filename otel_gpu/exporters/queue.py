@@ -137,6 +137,20 @@ class RetryQueue:
                 self._deadline = time.monotonic() + max(0.0, timeout_s)
             self._cond.notify_all()
         self._thread.join(max(0.0, self._deadline - time.monotonic()) + 1.0)
+        with self._cond:
+            if not self._thread.is_alive():
+                return
+            # the sender is stuck in a send that outlives the deadline: what is left will never go out
+            left = len(self._waiting)
+            if self._inflight is not None and not self._inflight.abandoned:
+                self._inflight.abandoned = True
+                left += 1
+            self._waiting.clear()
+            self._bytes = 0
+            if left:
+                self._drop(left, REASON_SHUTDOWN)
+                _logger.warning("%s: a send was still hanging at shutdown; dropped %d queued payloads",
+                                self.name, left)
 
     # --- inside the lock ---------------------------------------------------------------------------------------
 
@@ -192,6 +206,8 @@ class RetryQueue:
                 return
             selfmetrics.count(semconv.SELF_EXPORT_FAILURES.name, otel_gpu__exporter=self.name,
                               otel_gpu__signal=self._signal)
+            if payload.abandoned:
+                return  # already dropped and counted (queue full, or shutdown gave up on it)
             if result.outcome is Outcome.FAIL:
                 with self._cond:
                     self._drop(1, REASON_REJECTED)
@@ -228,8 +244,9 @@ class RetryQueue:
         _logger.warning("%s: backend still unavailable at shutdown; dropped %d queued payloads", self.name, left)
 
     def _recovered(self) -> None:
+        with self._cond:
+            dropped, self._outage_dropped = self._outage_dropped, 0
         if self._outage_failures:
             _logger.info("%s: backend reachable again after %d failed attempts; %d payloads dropped meanwhile",
-                         self.name, self._outage_failures, self._outage_dropped)
+                         self.name, self._outage_failures, dropped)
         self._outage_failures = 0
-        self._outage_dropped = 0

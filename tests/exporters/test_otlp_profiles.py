@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import gzip
+import socket
 import time
 from pathlib import Path
 
@@ -241,3 +242,20 @@ def test_tls_without_the_ca_certificate_is_not_delivered(tmp_path: Path) -> None
         receiver.stop()
     assert receiver.requests == []
     assert _dropped("shutdown") == 1
+
+
+def test_export_returns_while_the_backend_hangs() -> None:
+    """A backend that accepts connections but never answers: export() still returns at once (it only queues),
+    and shutdown gives up within its timeout, counting what it could not send."""
+    with socket.socket() as blackhole:
+        blackhole.bind(("127.0.0.1", 0))
+        blackhole.listen(16)
+        port = blackhole.getsockname()[1]
+        exporter = OTLPHttpProfileExporter(f"http://127.0.0.1:{port}/v1development/profiles", timeout_s=30.0,
+                                           backoff=FAST)
+        results = [exporter.export(batches.cpu_batch()) for _ in range(3)]
+        assert results == [True, True, True]
+        assert exporter.queue.queued_count == 3
+        exporter.shutdown(0.2)
+    assert _dropped("shutdown") == 3
+    assert exporter.queue.sent == 0 and exporter.queue.queued_bytes == 0
