@@ -1,0 +1,214 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The symbolizer on live processes and on fake /proc trees: PIE bias, shared libraries, deleted and missing
+binaries, perf maps, kernel symbols, maps parsing, demangling."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from otel_gpu.profiles.model import FrameKind
+from otel_gpu.symbolize.demangle import Demangler
+from otel_gpu.symbolize.elf import ElfSymbols
+from otel_gpu.symbolize.kallsyms import KernelSymbols
+from otel_gpu.symbolize.maps import parse_maps, read_maps
+from otel_gpu.symbolize.perfmap import PerfMap
+from otel_gpu.symbolize.symbolizer import Symbolizer
+from tests.conftest import NATIVE
+
+WORKLOADS = NATIVE / "workloads"
+
+
+def _start(binary: Path, *args: str) -> tuple[subprocess.Popen[str], int]:
+    process = subprocess.Popen([str(binary), *args], stdout=subprocess.PIPE, text=True)
+    assert process.stdout is not None
+    return process, int(process.stdout.readline().split()[1])
+
+
+def _runtime_address(pid: int, path: Path, function: str, offset_into: int = 4) -> int:
+    """Where ``function`` (+offset_into) of ``path`` sits in process ``pid``."""
+    elf = ElfSymbols(str(path))
+    vaddr = next(elf._starts[i] for i, name in enumerate(elf._names) if name == function) + offset_into
+    segment = next(s for s in elf.segments if s.vaddr <= vaddr < s.vaddr + s.file_size)
+    file_offset = vaddr - segment.vaddr + segment.offset
+    entries = read_maps(pid) or []
+    real = os.path.realpath(path)
+    entry = next(e for e in entries if e.path == real and e.offset <= file_offset < e.offset + (e.end - e.start))
+    return entry.start + file_offset - entry.offset
+
+
+@pytest.mark.parametrize("binary", ["cpu_3to1", "cpu_3to1_nopie"])
+def test_live_process_frames_remove_the_load_bias(binary: str) -> None:
+    path = WORKLOADS / binary
+    process, pid = _start(path, "1")
+    try:
+        symbolizer = Symbolizer()
+        assert symbolizer.remember(pid)
+        leaf = _runtime_address(pid, path, "leaf_heavy")
+        caller = _runtime_address(pid, path, "busy_loop", 12)
+        (frames,) = symbolizer.user_stacks(pid, [[leaf, caller]])
+    finally:
+        process.kill()
+        process.wait()
+    assert [f.function for f in frames] == ["leaf_heavy", "busy_loop"]
+    assert frames[0].address == leaf and frames[0].kind is FrameKind.NATIVE
+    assert frames[0].mapping is not None and frames[0].mapping.path == os.path.realpath(path)
+    assert frames[0].mapping.build_id == ElfSymbols(str(path)).build_id
+
+
+def test_frames_in_a_shared_library() -> None:
+    process, pid = _start(WORKLOADS / "uprobe_caller", "1", "3000")
+    try:
+        symbolizer = Symbolizer()
+        address = _runtime_address(pid, WORKLOADS / "libuprobe_target.so", "otel_test_target", 1)
+        (frames,) = symbolizer.user_stacks(pid, [[address]])
+    finally:
+        process.kill()
+        process.wait()
+    assert frames[0].function == "otel_test_target"
+    assert frames[0].mapping is not None and frames[0].mapping.path.endswith("libuprobe_target.so")
+
+
+def test_stripped_binary_gives_mapping_named_frames_with_build_id() -> None:
+    path = WORKLOADS / "cpu_3to1_stripped"
+    full = WORKLOADS / "cpu_3to1"
+    process, pid = _start(path, "1")
+    try:
+        # same code as cpu_3to1, so its symbol offsets apply
+        elf = ElfSymbols(str(full))
+        vaddr = next(elf._starts[i] for i, n in enumerate(elf._names) if n == "leaf_heavy") + 4
+        segment = next(s for s in elf.segments if s.vaddr <= vaddr < s.vaddr + s.file_size)
+        file_offset = vaddr - segment.vaddr + segment.offset
+        entry = next(e for e in read_maps(pid) or [] if e.path.endswith("cpu_3to1_stripped") and
+                     e.offset <= file_offset < e.offset + e.end - e.start)
+        address = entry.start + file_offset - entry.offset
+        (frames,) = Symbolizer().user_stacks(pid, [[address]])
+    finally:
+        process.kill()
+        process.wait()
+    assert frames[0].function == f"cpu_3to1_stripped+0x{file_offset:x}"
+    assert frames[0].address == address and frames[0].system_name == ""
+    assert frames[0].mapping is not None and frames[0].mapping.build_id == elf.build_id
+
+
+def test_deleted_binary_is_still_symbolized_once_remembered(tmp_path: Path) -> None:
+    copy = tmp_path / "doomed_3to1"
+    shutil.copy2(WORKLOADS / "cpu_3to1", copy)
+    process, pid = _start(copy, "2")
+    try:
+        leaf = _runtime_address(pid, copy, "leaf_light")
+        symbolizer = Symbolizer()
+        assert symbolizer.remember(pid)  # first sight: the file still exists
+        copy.unlink()
+        (frames,) = symbolizer.user_stacks(pid, [[leaf]])
+        late = Symbolizer()  # first sight after deletion: read through /proc/PID/map_files (root) or not at all
+        (late_frames,) = late.user_stacks(pid, [[leaf]])
+    finally:
+        process.kill()
+        process.wait()
+    assert frames[0].function == "leaf_light"
+    assert late_frames[0].address == leaf and late_frames[0].mapping is not None
+    expected = "leaf_light" if os.geteuid() == 0 else late_frames[0].mapping.path.rsplit("/", 1)[-1] + "+0x"
+    assert late_frames[0].function.startswith(expected)
+
+
+def test_missing_binary_and_unknown_memory_never_raise(tmp_path: Path) -> None:
+    proc = tmp_path / "proc"
+    (proc / "4242").mkdir(parents=True)
+    (proc / "4242" / "maps").write_text(
+        "555555554000-555555556000 r-xp 00001000 fd:01 999999 /nonexistent/app (deleted)\n"
+        "7f0000000000-7f0000001000 r-xp 00000000 00:00 0 \n")
+    symbolizer = Symbolizer(proc_root=str(proc))
+    (gone, anon, outside) = symbolizer.user_stacks(4242, [[0x555555554010], [0x7F0000000010], [0x10]])
+    assert gone[0].function == "app+0x1010" and gone[0].mapping is not None
+    assert gone[0].mapping.path == "/nonexistent/app" and gone[0].mapping.file_offset == 0x1000
+    assert anon[0].function == "[unknown] 0x7f0000000010" and anon[0].mapping is None
+    assert outside[0].address == 0x10
+    # a process never seen and already gone
+    (never,) = symbolizer.user_stacks(777, [[0x1234]])
+    assert never[0].address == 0x1234
+
+
+def test_perf_map_names_jit_frames(tmp_path: Path) -> None:
+    proc = tmp_path / "proc"
+    pid = 900001  # not a real pid: the symbolizer falls back to /tmp/perf-PID.map
+    (proc / str(pid)).mkdir(parents=True)
+    (proc / str(pid) / "maps").write_text("7f0000000000-7f0000100000 rwxp 00000000 00:00 0 \n")
+    perf_map = Path(f"/tmp/perf-{pid}.map")
+    perf_map.write_text("7f0000001000 100 py::compute:/app/model.py\n7f0000002000 80 LazyCompile:*render app.js:3\n")
+    try:
+        symbolizer = Symbolizer(proc_root=str(proc))
+        (frames,) = symbolizer.user_stacks(pid, [[0x7F0000001010, 0x7F0000002050, 0x7F0000003000]])
+    finally:
+        perf_map.unlink()
+    assert frames[0].function == "py::compute:/app/model.py" and frames[0].kind is FrameKind.PYTHON
+    assert frames[1].function == "LazyCompile:*render app.js:3" and frames[1].kind is FrameKind.NATIVE
+    assert frames[2].address == 0x7F0000003000 and "0x7f0000003000" in frames[2].function
+
+
+def test_perf_map_parser(tmp_path: Path) -> None:
+    path = tmp_path / "perf-1.map"
+    path.write_text("1000 10 a\nnot a line\n2000 0 b with spaces\n")
+    perf_map = PerfMap(str(path))
+    assert len(perf_map) == 2
+    assert perf_map.lookup(0x1005) == "a" and perf_map.lookup(0x1010) is None
+    assert perf_map.lookup(0x2000) == "b with spaces"
+
+
+def test_kernel_symbols_from_a_kallsyms_file(tmp_path: Path) -> None:
+    path = tmp_path / "kallsyms"
+    path.write_text("ffffffff81000000 T _stext\nffffffff81000100 t helper\nffffffff81000200 D some_data\n"
+                    "ffffffffc0000000 t mod_fn\t[mymod]\n")
+    symbols = KernelSymbols(str(path))
+    assert symbols.lookup(0xFFFFFFFF81000105) == ("helper", 5, "")
+    assert symbols.lookup(0xFFFFFFFFC0000010) == ("mod_fn", 0x10, "mymod")
+    symbolizer = Symbolizer(kallsyms_path=str(path))
+    frames = symbolizer.kernel_stack([0xFFFFFFFF81000100, 0xFFFFFFFF81000101])
+    # the leaf is looked up as is, callers at return address - 1
+    assert [f.function for f in frames] == ["helper", "helper"]
+    assert all(f.kind is FrameKind.KERNEL for f in frames)
+    hidden = tmp_path / "hidden"
+    hidden.write_text("0000000000000000 T _stext\n")
+    assert not KernelSymbols(str(hidden)).available
+    assert Symbolizer(kallsyms_path=str(hidden)).kernel_stack([0xFFFFFFFF81000000])[0].function.startswith("[kernel]")
+
+
+@pytest.mark.root
+def test_real_kallsyms_has_the_syscall_entry() -> None:
+    symbols = KernelSymbols()
+    assert symbols.available
+    entry = next(line.split()[0] for line in open("/proc/kallsyms") if line.split()[2] == "do_syscall_64")
+    assert symbols.lookup(int(entry, 16) + 3) == ("do_syscall_64", 3, "")
+
+
+def test_maps_parser_handles_deleted_anonymous_and_spaces() -> None:
+    entries = parse_maps(
+        "00400000-00452000 r-xp 00000000 08:02 173521 /usr/bin/dbus daemon\n"
+        "7f1c-7f1d r-xp 00001000 08:02 17 /tmp/x (deleted)\n"
+        "7ffd-7ffe rw-p 00000000 00:00 0 [stack]\n")
+    assert entries[0].path == "/usr/bin/dbus daemon" and entries[0].executable and entries[0].file_backed
+    assert entries[1].deleted and entries[1].path == "/tmp/x" and entries[1].offset == 0x1000
+    assert not entries[2].file_backed and not entries[2].executable
+
+
+def test_demangler_keeps_raw_names_apart() -> None:
+    demangler = Demangler()
+    if demangler._tool is None:
+        pytest.skip("c++filt (binutils) not installed")
+    demangler.prepare(["_ZN3foo3barEv", "main", "_ZNSt6vectorIiSaIiEE9push_backERKi"])
+    assert demangler.demangle("_ZN3foo3barEv") == "foo::bar()"
+    assert demangler.demangle("main") == "main"
+    assert demangler.demangle("_ZNSt6vectorIiSaIiEE9push_backERKi").startswith("std::vector<int")
+
+
+def test_prune_forgets_exited_processes() -> None:
+    process, pid = _start(WORKLOADS / "short_lived", "50")
+    symbolizer = Symbolizer()
+    assert symbolizer.remember(pid)
+    process.wait()
+    assert symbolizer.prune(keep=[pid]) == 0 and symbolizer.knows(pid)
+    assert symbolizer.prune(keep=[]) == 1 and not symbolizer.knows(pid)
