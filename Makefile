@@ -20,6 +20,8 @@ $(STAMP): pyproject.toml scripts/install-system.sh
 # Native parts: BPF objects (clang), the CUDA-side library and the test fakes (gcc).
 build: $(STAMP)
 	$(MAKE) -s -C otel_gpu/ebpf
+	$(MAKE) -s -C otel_gpu/cuda/programs
+	$(MAKE) -s -C otel_gpu/cuda/native
 	$(MAKE) -s -C tests/native
 
 # Real backends for the tests, extracted from Debian packages into .cache (never installed system-wide).
@@ -37,5 +39,7 @@ bench: install
 
 clean:
 	$(MAKE) -s -C otel_gpu/ebpf clean
+	$(MAKE) -s -C otel_gpu/cuda/programs clean
+	$(MAKE) -s -C otel_gpu/cuda/native clean
 	$(MAKE) -s -C tests/native clean
 	rm -rf $(VENV) .cache
