@@ -114,7 +114,14 @@ def build_otlp_exporter(otlp: OTLPConfig) -> tuple[MetricExporter, str, str] | N
         insecure = scheme == "http" or (otlp.insecure and scheme != "https")
         credentials = None
         if not insecure:
-            root = Path(otlp.certificate).read_bytes() if otlp.certificate else None
+            try:
+                root = Path(otlp.certificate).read_bytes() if otlp.certificate else None
+            except OSError as exc:
+                _logger.error("OTLP metrics export is off: cannot read the --otlp-certificate file %s (%s)",
+                              otlp.certificate, exc.strerror or exc)
+                selfmetrics.count(semconv.SELF_ERRORS.name, otel_gpu__source="otlp_metrics",
+                                  otel_gpu__reason="certificate")
+                return None
             credentials = grpc.ssl_channel_credentials(root_certificates=root)
         compression = grpc.Compression.Gzip if otlp.compression == "gzip" else grpc.Compression.NoCompression
         exporter: MetricExporter = GRPCExporter(
@@ -148,26 +155,28 @@ class MetricsPipeline:
         interval_ms = config.metrics.export_interval_s * 1000.0
         timeout_ms = config.otlp.timeout_s * 1000.0
 
+        # Shutdown runs the readers in this order: local outputs and the scrape endpoint first, so a slow last
+        # export to a backend that is down cannot hold them up.
         readers: list[MetricReader] = list(extra_readers)
-        built = build_otlp_exporter(config.otlp)
-        if built is not None:
-            exporter, name, url = built
-            hint = (f"no successful answer within {config.otlp.timeout_s:g} s; check that {url} is up and takes "
-                    f"OTLP {'gRPC' if name == 'otlp_grpc' else 'HTTP/protobuf'}")
-            self.exporters.append(CountingExporter(exporter, name, url, hint))
+        if config.metrics.prometheus_port:
+            reader = self._start_prometheus(config.metrics.prometheus_host, config.metrics.prometheus_port)
+            if reader is not None:
+                readers.append(reader)
         if config.write_files:
             files = JsonLinesMetricExporter(config.output.dir)
             self.exporters.append(CountingExporter(files, "file", str(files.path)))
         if config.show_console:
             console = ConsoleTableExporter(sys.stdout, interval_s=config.metrics.export_interval_s)
             self.exporters.append(CountingExporter(console, "console", "stdout"))
+        built = build_otlp_exporter(config.otlp)
+        if built is not None:
+            exporter, name, url = built
+            hint = (f"no successful answer within {config.otlp.timeout_s:g} s; check that {url} is up and takes "
+                    f"OTLP {'gRPC' if name == 'otlp_grpc' else 'HTTP/protobuf'}")
+            self.exporters.append(CountingExporter(exporter, name, url, hint))
         for counting in self.exporters:
             readers.append(PeriodicExportingMetricReader(counting, export_interval_millis=interval_ms,
                                                          export_timeout_millis=timeout_ms))
-        if config.metrics.prometheus_port:
-            reader = self._start_prometheus(config.metrics.prometheus_host, config.metrics.prometheus_port)
-            if reader is not None:
-                readers.append(reader)
 
         self._provider = MeterProvider(metric_readers=readers, resource=resource,
                                        exemplar_filter=AlwaysOffExemplarFilter(), shutdown_on_exit=False)
@@ -190,8 +199,8 @@ class MetricsPipeline:
         timeout_s = self.config.otlp.timeout_s + _SHUTDOWN_GRACE_S
         try:
             self._provider.shutdown(timeout_millis=timeout_s * 1000.0)
-        except Exception:  # shutdown boundary: the HTTP server must still stop
-            _logger.exception("stopping the metric readers failed")
+        except Exception as exc:  # shutdown boundary: the HTTP server must still stop
+            _logger.warning("stopping the metric readers: %s", exc)
         if self._prometheus_server is not None:
             self._prometheus_server.shutdown()
             self._prometheus_server.server_close()

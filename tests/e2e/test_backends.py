@@ -73,6 +73,10 @@ def _check_agent_series(backend: VictoriaMetrics | Prometheus, sleepers: list[su
            {(str(first.pid), "sleep", GPU0, 8.0 * GIB), (str(second.pid), "sleep", GPU1, 2.0 * GIB)})
     settle(lambda: values_by(backend.query(name(semconv.GPU_PROCESS_SM_UTILIZATION)), "process_pid"),
            {str(first.pid): 0.5, str(second.pid): 0.25})
+    # the agent's own health: how long the NVML collection cycle took
+    durations = settle(lambda: values_by(backend.query(name(semconv.SELF_COLLECTION_DURATION)), "otel_gpu_source"),
+                       None)
+    assert durations and all(0 < seconds < 10 for seconds in durations.values()), durations
 
 
 @pytest.mark.backend

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import logging
 import socket
+import subprocess
 import threading
 import urllib.error
 from collections.abc import Iterator
 from concurrent import futures
+from pathlib import Path
 
 import grpc
 import pytest
@@ -52,11 +54,14 @@ class _Receiver(metrics_service_pb2_grpc.MetricsServiceServicer):
                     for m in sm.metrics if m.name == name for p in getattr(m, m.WhichOneof("data")).data_points]
 
 
-def _serve(port: int) -> tuple[grpc.Server, _Receiver]:
+def _serve(port: int, credentials: grpc.ServerCredentials | None = None) -> tuple[grpc.Server, _Receiver]:
     receiver = _Receiver()
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
     metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(receiver, server)
-    server.add_insecure_port(f"127.0.0.1:{port}")
+    if credentials is None:
+        server.add_insecure_port(f"127.0.0.1:{port}")
+    else:
+        server.add_secure_port(f"127.0.0.1:{port}", credentials)
     server.start()
     return server, receiver
 
@@ -96,6 +101,37 @@ def test_otlp_grpc_export_is_cumulative_with_headers_and_resource() -> None:
     gpu0 = [p for p in energy if p.attributes[0].value.string_value.endswith("000000000000")]
     assert len({p.start_time_unix_nano for p in gpu0}) == 1  # one cumulative series, not deltas
     assert gpu0[-1].as_double > gpu0[0].as_double >= 1e6
+
+
+def test_otlp_grpc_over_tls_trusts_the_configured_certificate(tmp_path: Path) -> None:
+    key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=localhost",
+                    "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
+                   check=True, capture_output=True, timeout=60)
+    port = free_port()
+    server, receiver = _serve(port, grpc.ssl_server_credentials([(key.read_bytes(), cert.read_bytes())]))
+    config = AgentConfig(otlp=OTLPConfig(endpoint=f"https://localhost:{port}", protocol="grpc",
+                                         certificate=str(cert), timeout_s=2),
+                         metrics=MetricsConfig(export_interval_s=0.2), output=QUIET)
+    pipeline = MetricsPipeline(config, RESOURCE)
+    try:
+        SimReadings(pipeline.meter("otel_gpu.gpu"), gpus=1)
+        wait_until(lambda: receiver.points(semconv.GPU_UTILIZATION.name), 20, "an export over TLS")
+    finally:
+        pipeline.shutdown()
+        server.stop(0)
+    assert selfmetrics.total(semconv.SELF_EXPORT_FAILURES.name) == 0
+
+
+def test_unreadable_certificate_turns_otlp_off_with_one_line(tmp_path: Path,
+                                                            caplog: pytest.LogCaptureFixture) -> None:
+    config = AgentConfig(otlp=OTLPConfig(endpoint="https://localhost:4317", protocol="grpc",
+                                         certificate=str(tmp_path / "missing.pem")), output=QUIET)
+    pipeline = MetricsPipeline(config, RESOURCE)
+    pipeline.shutdown()
+    assert pipeline.exporters == []
+    assert [r for r in caplog.records if "--otlp-certificate" in r.getMessage()]
+    assert selfmetrics.total(semconv.SELF_ERRORS.name, otel_gpu__reason="certificate") == 1
 
 
 def test_backend_down_then_back_counts_failures_logs_once_and_recovers(caplog: pytest.LogCaptureFixture) -> None:
@@ -186,7 +222,7 @@ def test_self_metrics_are_reported_under_their_names() -> None:
             2) in found
 
 
-def test_shutdown_is_idempotent_and_writes_a_last_file_line(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_shutdown_is_idempotent_and_writes_a_last_file_line(tmp_path: Path) -> None:
     config = AgentConfig(metrics=MetricsConfig(export_interval_s=3600),
                          output=OutputConfig(dir=str(tmp_path), files="on", console="off"))
     pipeline = MetricsPipeline(config, RESOURCE)
