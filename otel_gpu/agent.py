@@ -45,9 +45,12 @@ class Agent:
             pipeline = self._start_metrics(cleanup)
             gpu = self._start_gpu(cleanup, pipeline)
             profilers = self._start_profilers(cleanup)
+            profilers += self._start_gpu_time(cleanup, pipeline)
             exporters = self._start_profile_exporters(cleanup) if profilers else []
-            _logger.info("otel-gpu running: gpu metrics %s, cpu profiling %s; %s",
-                         "on" if gpu else "off", "on" if profilers else "off", self._destinations())
+            names = [getattr(p, "name", "?") for p in profilers]
+            _logger.info("otel-gpu running: gpu metrics %s, cpu profiling %s, gpu-time profiling %s; %s",
+                         "on" if gpu else "off", "on" if "cpu_profiler" in names else "off",
+                         "on" if "gpu_time" in names else "off", self._destinations())
             self._loop(profilers, exporters)
             _logger.info("otel-gpu stopping")
         return 0
@@ -95,6 +98,22 @@ class Agent:
         cleanup.callback(source.close)
         return [source]
 
+    def _start_gpu_time(self, cleanup: contextlib.ExitStack, pipeline) -> list:  # type: ignore[no-untyped-def]
+        if not self.config.profiling.gpu_time:
+            return []
+        from otel_gpu.cuda.instruments import register_gpu_time_instruments
+        from otel_gpu.cuda.source import GPUTimeSource
+
+        source = GPUTimeSource(self._resolver)
+        try:
+            source.open()
+        except SourceUnavailable as exc:
+            _logger.warning("GPU-time profiling is off: %s", exc)
+            return []
+        cleanup.callback(source.close)
+        register_gpu_time_instruments(pipeline.meter("otel_gpu.cuda"), source)
+        return [source]
+
     def _start_profile_exporters(self, cleanup: contextlib.ExitStack) -> list:  # type: ignore[type-arg]
         from otel_gpu.exporters import build_profile_exporters
 
@@ -125,21 +144,24 @@ class Agent:
     def _report(self, profilers: list, exporters: list) -> None:  # type: ignore[type-arg]
         for source in profilers:
             started = time.monotonic()
+            name = getattr(source, "name", "profiler")
             try:
-                batch = source.drain()
+                drained = source.drain()
             except Exception:  # loop boundary: one bad drain must not stop the agent
-                _logger.exception("draining %s failed", type(source).__name__)
-                selfmetrics.count(semconv.SELF_ERRORS.name, otel_gpu__source="cpu_profiler", otel_gpu__reason="drain")
+                _logger.exception("draining %s failed", name)
+                selfmetrics.count(semconv.SELF_ERRORS.name, otel_gpu__source=name, otel_gpu__reason="drain")
                 continue
             selfmetrics.set_gauge(semconv.SELF_COLLECTION_DURATION.name, time.monotonic() - started,
-                                  otel_gpu__source=getattr(source, "name", "profiler"))
-            if batch is None or not batch.processes:
-                continue
-            for exporter in exporters:
-                try:
-                    exporter.export(batch)
-                except Exception:  # exporters should return False, never raise; guard anyway
-                    _logger.exception("profile exporter %s failed", getattr(exporter, "name", exporter))
+                                  otel_gpu__source=name)
+            batches = drained if isinstance(drained, list) else [drained]
+            for batch in batches:
+                if batch is None or not batch.processes:
+                    continue
+                for exporter in exporters:
+                    try:
+                        exporter.export(batch)
+                    except Exception:  # exporters should return False, never raise; guard anyway
+                        _logger.exception("profile exporter %s failed", getattr(exporter, "name", exporter))
 
     # --- helpers ---------------------------------------------------------------------------------------------------
 

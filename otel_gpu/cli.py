@@ -3,6 +3,7 @@
 
     otel-gpu run [--duration S] [--output-dir DIR] [--otlp-endpoint URL] ...   start the agent
     otel-gpu config [...]                                                     print the effective configuration
+    otel-gpu inject -- COMMAND [ARGS ...]                                     run a CUDA workload with GPU-time profiling
     otel-gpu --version
 
 Exit codes: 0 success, 1 runtime failure, 2 bad configuration (every problem listed, each naming its flag).
@@ -38,6 +39,9 @@ def _parser() -> argparse.ArgumentParser:
     config.add_arguments(run)
     show = commands.add_parser("config", help="print the effective configuration (secrets masked) and exit")
     config.add_arguments(show)
+    inject = commands.add_parser("inject", help="run a CUDA workload with the GPU-time library injected",
+                                 usage="otel-gpu inject -- COMMAND [ARGS ...]")
+    inject.add_argument("workload", nargs=argparse.REMAINDER, help="the command to run")
     return parser
 
 
@@ -50,6 +54,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return config.EXIT_CONFIG_ERROR
+    if args.command == "inject":
+        from otel_gpu.cuda.inject import run_injected
+
+        return run_injected(args.workload)
     try:
         cfg = config.load(args)
     except config.ConfigError as exc:

@@ -117,6 +117,7 @@ class ProfilingConfig:
     process_name: str = ""
     container_id: str = ""
     include_self: bool = False
+    gpu_time: bool = True
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -332,6 +333,9 @@ OPTIONS: tuple[Option, ...] = (
            str, env=("OTEL_GPU_PROFILING_CONTAINER_ID",)),
     Option("profiling.include_self", "--profile-self", "include the agent's own process in profiles", _bool,
            env=("OTEL_GPU_PROFILING_INCLUDE_SELF",), boolean=True),
+    Option("profiling.gpu_time", "--gpu-time-profiling",
+           "GPU time by launching stack and CPU time blocked on the GPU, for processes run under `otel-gpu inject`",
+           _bool, env=("OTEL_GPU_PROFILING_GPU_TIME",), boolean=True),
     # pyroscope
     Option("pyroscope.url", "--pyroscope-url", "Grafana Pyroscope base URL (e.g. http://pyroscope:4040)", str,
            env=("OTEL_GPU_PYROSCOPE_URL",), check=_url),
