@@ -131,8 +131,20 @@ def pci_bus_id(handle: Handle) -> str:
 
 # --- readings ------------------------------------------------------------------------------------------------------
 
+_memory_v2 = [True]  # cleared once the driver turns nvmlDeviceGetMemoryInfo_v2 down
+
+
 def memory_bytes(handle: Handle) -> tuple[int, int]:
-    """(used, total) device memory in bytes."""
+    """(used, total) device memory in bytes; used excludes the driver's reserved memory where the driver can
+    tell (nvmlDeviceGetMemoryInfo_v2, as nvidia-smi shows it), else it is v1's used (reserved included)."""
+    if _memory_v2[0]:
+        try:
+            info = _call(pynvml.nvmlDeviceGetMemoryInfo, handle, pynvml.nvmlMemory_v2)
+            return int(info.used), int(info.total)
+        except NVMLCallError as exc:
+            if not (exc.unsupported or exc.code == pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH):
+                raise
+            _memory_v2[0] = False
     info = _call(pynvml.nvmlDeviceGetMemoryInfo, handle)
     return int(info.used), int(info.total)
 

@@ -148,6 +148,21 @@ def test_unsupported_reading_is_turned_off_for_that_gpu_and_logged_once(make_sou
     provider.shutdown()
 
 
+def test_memory_falls_back_to_v1_when_the_driver_lacks_memory_info_v2(make_source, scenario) -> None:
+    from otel_gpu.gpu import _nvml
+
+    scenario.write(unsupported="*:nvmlDeviceGetMemoryInfo_v2")
+    _nvml._memory_v2[0] = True
+    try:
+        source = make_source()
+        assert [(s.memory_used_bytes, s.memory_total_bytes) for s in source.collect()] == [
+            (16 * GIB, 143771 * 1024 * 1024), (32 * GIB, 143771 * 1024 * 1024)]
+        assert _nvml._memory_v2[0] is False
+        assert source.disabled_readings() == {0: frozenset(), 1: frozenset()}
+    finally:
+        _nvml._memory_v2[0] = True
+
+
 def test_xid_events_are_counted_per_code_with_one_log_line_each(make_source, scenario, caplog) -> None:
     scenario.write(xid="1:79,1:79,0:48")
     source = make_source()

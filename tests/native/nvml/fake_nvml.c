@@ -460,6 +460,7 @@ nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t dev, nvmlMemory_t *memory) {
 
 nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t dev, nvmlMemory_v2_t *memory) {
     ENTER(dev, memory);
+    if (memory->version != ((unsigned int)sizeof(nvmlMemory_v2_t) | (2u << 24))) return 25;  /* version mismatch */
     memory->total = MEMORY_TOTAL_BYTES;
     memory->reserved = 512ULL * 1024 * 1024;
     memory->used = memory_used_bytes(gpu);
