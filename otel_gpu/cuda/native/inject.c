@@ -142,6 +142,10 @@ static const char *resolve_cupti(void *lib)
 static thread_local struct otel_gpu_launch launch_rec;
 static thread_local struct otel_gpu_sync sync_rec;
 static thread_local uint64_t rng_state;
+static thread_local struct {
+    uint32_t correlation_id;
+    uint64_t window_id;
+} launch_enter; /* the window open at the entry of this thread's current launch call */
 
 static uint64_t next_random(void)
 {
@@ -211,19 +215,30 @@ static void CUPTIAPI on_api(void *userdata, CUpti_CallbackDomain domain, CUpti_C
     const CUpti_CallbackData *cb = data;
     uint8_t cls = g_cbid_class[cbid];
     uint32_t wait_kind = cls >> CLASS_WAIT_SHIFT;
+    uint32_t launch_kind = cls & CLASS_LAUNCH_MASK;
     if (cb->callbackSite == CUPTI_API_ENTER) {
-        /* Only waits need the entry: their duration is the time the thread was blocked. */
+        /* A wait's duration is the time the thread was blocked: from entry to exit. */
         if (wait_kind != 0 && cb->correlationData != NULL)
             *cb->correlationData = now_ns();
+        /* A launch is sampled only if its window was already open at entry: activity recording was on before the
+         * window opened, so its GPU work is certain to be recorded. */
+        if (launch_kind != 0) {
+            launch_enter.correlation_id = cb->correlationId;
+            launch_enter.window_id = atomic_load(&g_state.window_id);
+        }
         return;
     }
     if (!atomic_load_explicit(&g_state.attached, memory_order_relaxed))
         return;
     uint64_t t0 = monotonic_ns();
-    uint32_t launch_kind = cls & CLASS_LAUNCH_MASK;
-    uint64_t window_id = atomic_load_explicit(&g_state.window_id, memory_order_acquire);
-    if (launch_kind != 0 && window_id != 0)
-        record_launch(cbid, cb, launch_kind, window_id);
+    if (launch_kind != 0) {
+        /* in_launch lets the controller wait until no launch can still be counted in the window it closes. */
+        atomic_fetch_add(&g_state.in_launch, 1);
+        uint64_t window_id = atomic_load(&g_state.window_id);
+        if (window_id != 0 && launch_enter.window_id == window_id && launch_enter.correlation_id == cb->correlationId)
+            record_launch(cbid, cb, launch_kind, window_id);
+        atomic_fetch_sub(&g_state.in_launch, 1);
+    }
     if (wait_kind != 0 && cb->correlationData != NULL && *cb->correlationData != 0)
         record_wait(cbid, cb, wait_kind);
     atomic_fetch_add_explicit(&g_state.overhead_ns, monotonic_ns() - t0, memory_order_relaxed);

@@ -14,6 +14,7 @@
  */
 #include <errno.h>
 #include <pthread.h>
+#include <sched.h>
 #include <time.h>
 
 #include <cupti_activity.h>
@@ -118,9 +119,13 @@ static void adapt_locked(uint64_t window_ns, uint64_t overhead_ns, uint64_t laun
 
 static void close_window_locked(uint32_t flush_flag)
 {
-    uint64_t id = atomic_exchange_explicit(&g_state.window_id, 0, memory_order_acq_rel);
+    uint64_t id = atomic_exchange(&g_state.window_id, 0);
     if (id == 0)
         return;
+    /* Launches that saw the window open finish their record first (bounded: a stuck thread must not stall exit). */
+    uint64_t give_up = monotonic_ns() + 50000000ull;
+    while (atomic_load(&g_state.in_launch) != 0 && monotonic_ns() < give_up)
+        sched_yield();
     cbids_enable_launches(0);
     activity_enable(0);
     uint64_t end = now_ns();

@@ -1,0 +1,479 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The injected CUDA library (otel_gpu/cuda/native) on the fake CUDA driver and fake CUPTI (tests/native/cuda).
+
+The library runs in its test-only debug mode (OTEL_GPU_DEBUG_ALWAYS_ON=1 pretends an agent is attached,
+OTEL_GPU_DEBUG_FILE receives every record it fires); the fake driver writes the ground truth of its synthetic GPU
+schedule (FAKE_CUDA_SCHEDULE) and the fake CUPTI its counters (FAKE_CUPTI_STATS).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import struct
+import subprocess
+import sys
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+NATIVE_LIB = REPO / "otel_gpu" / "cuda" / "native" / "libotel_gpu_inject.so"
+FAKES = REPO / "tests" / "native" / "cuda"
+WORKLOAD = FAKES / "workload"
+PY_WORKLOAD = FAKES / "workload.py"
+
+MAX_NATIVE = 96
+MAX_PYTHON = 64
+MAX_STRINGS = 6144
+MAX_NAME = 512
+ABI_VERSION = 1
+
+# enum values of otel_gpu_probes.h
+LAUNCH_KERNEL, LAUNCH_GRAPH, LAUNCH_MEMCPY, LAUNCH_MEMSET = 1, 2, 3, 4
+ACTIVITY_KERNEL, ACTIVITY_MEMCPY, ACTIVITY_MEMSET = 1, 2, 3
+SYNC_STREAM, SYNC_CONTEXT, SYNC_EVENT, SYNC_MEMCPY = 1, 2, 3, 4
+DEBUG_LAUNCH, DEBUG_ACTIVITY, DEBUG_SYNC, DEBUG_WINDOW = 1, 2, 3, 4
+
+
+class PythonFrame(ctypes.Structure):
+    _fields_ = [("line", ctypes.c_uint32), ("name_offset", ctypes.c_uint32),
+                ("filename_offset", ctypes.c_uint32), ("first_line", ctypes.c_uint32)]
+
+
+class Stack(ctypes.Structure):
+    _fields_ = [("native_count", ctypes.c_uint32), ("python_count", ctypes.c_uint32),
+                ("strings_len", ctypes.c_uint32), ("flags", ctypes.c_uint32),
+                ("native", ctypes.c_uint64 * MAX_NATIVE), ("python", PythonFrame * MAX_PYTHON),
+                ("strings", ctypes.c_char * MAX_STRINGS)]
+
+
+class Launch(ctypes.Structure):
+    _fields_ = [("abi_version", ctypes.c_uint32), ("kind", ctypes.c_uint32), ("correlation_id", ctypes.c_uint32),
+                ("cbid", ctypes.c_int32), ("window_id", ctypes.c_uint64), ("timestamp_ns", ctypes.c_uint64),
+                ("graph_exec", ctypes.c_uint64), ("stack", Stack)]
+
+
+class Activity(ctypes.Structure):
+    _fields_ = [("kind", ctypes.c_uint32), ("correlation_id", ctypes.c_uint32), ("start_ns", ctypes.c_uint64),
+                ("end_ns", ctypes.c_uint64), ("device_id", ctypes.c_uint32), ("stream_id", ctypes.c_uint32),
+                ("graph_id", ctypes.c_uint32), ("name_len", ctypes.c_uint32), ("bytes", ctypes.c_uint64),
+                ("copy_kind", ctypes.c_uint8), ("src_kind", ctypes.c_uint8), ("dst_kind", ctypes.c_uint8),
+                ("reserved", ctypes.c_uint8 * 5), ("name", ctypes.c_char * MAX_NAME)]
+
+
+class Sync(ctypes.Structure):
+    _fields_ = [("abi_version", ctypes.c_uint32), ("kind", ctypes.c_uint32), ("cbid", ctypes.c_int32),
+                ("reserved", ctypes.c_uint32), ("start_ns", ctypes.c_uint64), ("end_ns", ctypes.c_uint64),
+                ("weight", ctypes.c_uint64), ("stack", Stack)]
+
+
+class Window(ctypes.Structure):
+    _fields_ = [("abi_version", ctypes.c_uint32), ("reserved", ctypes.c_uint32), ("window_id", ctypes.c_uint64),
+                ("start_ns", ctypes.c_uint64), ("end_ns", ctypes.c_uint64), ("covered_ns", ctypes.c_uint64),
+                ("elapsed_ns", ctypes.c_uint64), ("launches", ctypes.c_uint64), ("dropped", ctypes.c_uint64),
+                ("overhead_ns", ctypes.c_uint64)]
+
+
+def _struct_from(cls: type[ctypes.Structure], payload: bytes) -> ctypes.Structure:
+    """A record from its used prefix (records with stacks are sent up to the end of their strings)."""
+    padded = payload + bytes(ctypes.sizeof(cls) - len(payload))
+    return cls.from_buffer_copy(padded)
+
+
+@dataclass
+class Records:
+    launches: list[Launch] = field(default_factory=list)
+    activities: list[Activity] = field(default_factory=list)
+    syncs: list[Sync] = field(default_factory=list)
+    windows: list[Window] = field(default_factory=list)
+
+
+def read_debug_file(path: Path) -> Records:
+    """Parses the library's debug file: u32 type, u32 length, payload."""
+    data = path.read_bytes() if path.exists() else b""
+    out = Records()
+    at = 0
+    while at < len(data):
+        kind, length = struct.unpack_from("<II", data, at)
+        payload = data[at + 8:at + 8 + length]
+        at += 8 + length
+        if kind == DEBUG_LAUNCH:
+            out.launches.append(_struct_from(Launch, payload))
+        elif kind == DEBUG_ACTIVITY:
+            size = ctypes.sizeof(Activity)
+            assert length % size == 0
+            out.activities.extend(Activity.from_buffer_copy(payload[i:i + size]) for i in range(0, length, size))
+        elif kind == DEBUG_SYNC:
+            out.syncs.append(_struct_from(Sync, payload))
+        elif kind == DEBUG_WINDOW:
+            out.windows.append(Window.from_buffer_copy(payload))
+        else:
+            raise AssertionError(f"unknown debug record type {kind}")
+    return out
+
+
+# --- running workloads ------------------------------------------------------------------------------------------
+
+@dataclass
+class Run:
+    records: Records
+    schedule_work: list[tuple[int, int, str, int, int, int, int, int]]  # kind, corr, name, start, end, stream, graph, bytes
+    schedule_waits: list[tuple[int, int, int, int, int]]  # cbid, corr, enter, until, exit
+    stats: dict[str, int]
+    stdout: str
+    stderr: str
+
+
+@pytest.fixture(scope="module", autouse=True)
+def built() -> None:
+    """Builds the library and the fakes (a no-op when `make build` already has)."""
+    for folder in (NATIVE_LIB.parent, FAKES):
+        subprocess.run(["make", "-s", "-C", str(folder)], check=True, capture_output=True, timeout=600)
+
+
+def run_workload(tmp_path: Path, argv: list[str], *, agent: bool = True, extra_env: dict[str, str] | None = None,
+                 inject: bool = True) -> Run:
+    debug = tmp_path / "records.bin"
+    schedule = tmp_path / "schedule.txt"
+    stats = tmp_path / "cupti-stats.txt"
+    for p in (debug, schedule, stats):
+        p.unlink(missing_ok=True)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_GPU_", "CUDA_INJECTION"))}
+    env.update({
+        "OTEL_GPU_CUPTI_PATH": str(FAKES / "libcupti.so"),
+        "OTEL_GPU_DEBUG_FILE": str(debug),
+        "OTEL_GPU_WINDOW_MS": "5",
+        "OTEL_GPU_OVERHEAD_BUDGET": "0.5",  # the fake's launches are cheap: windows cover the maximum fraction
+        "FAKE_CUDA_SCHEDULE": str(schedule),
+        "FAKE_CUPTI_STATS": str(stats),
+    })
+    if inject:
+        env["CUDA_INJECTION64_PATH"] = str(NATIVE_LIB)
+    if agent:
+        env["OTEL_GPU_DEBUG_ALWAYS_ON"] = "1"
+    env.update(extra_env or {})
+    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    work, waits = [], []
+    for line in schedule.read_text().splitlines() if schedule.exists() else []:
+        parts = line.split()
+        if parts[0] == "work":
+            k, corr, name, start, end, stream, graph, nbytes = parts[1:]
+            work.append((int(k), int(corr), "" if name == "-" else name, int(start), int(end), int(stream),
+                         int(graph), int(nbytes)))
+        elif parts[0] == "wait":
+            waits.append(tuple(int(x) for x in parts[1:]))  # type: ignore[arg-type]
+    counters = {}
+    if stats.exists():
+        counters = {name: int(value) for name, value in (ln.split() for ln in stats.read_text().splitlines())}
+    return Run(read_debug_file(debug), work, waits, counters, proc.stdout, proc.stderr)
+
+
+@dataclass(frozen=True)
+class Symbol:
+    name: str
+    start: int
+    size: int
+
+
+def symbols(binary: Path, base: int = 0) -> list[Symbol]:
+    """Function symbols of an ELF file with sizes (nm -S), moved by base."""
+    out = subprocess.run(["nm", "-S", "--defined-only", str(binary)], check=True, capture_output=True,
+                         text=True).stdout
+    result = []
+    for line in out.splitlines():
+        parts = line.split()
+        if len(parts) == 4 and parts[2] in "tT":
+            result.append(Symbol(parts[3], base + int(parts[0], 16), int(parts[1], 16)))
+    return result
+
+
+def function_at(table: list[Symbol], pc: int) -> str | None:
+    # Return addresses point just after the call: look up pc - 1.
+    for sym in table:
+        if sym.start <= pc - 1 < sym.start + sym.size:
+            return sym.name
+    return None
+
+
+def native_names(stack: Stack, table: list[Symbol]) -> list[str | None]:
+    return [function_at(table, stack.native[i]) for i in range(stack.native_count)]
+
+
+def python_frames(stack: Stack) -> list[tuple[str, str, int]]:
+    raw = ctypes.string_at(ctypes.addressof(stack) + Stack.strings.offset, stack.strings_len)
+
+    def text(offset: int) -> str:
+        return raw[offset:raw.index(b"\0", offset)].decode()
+
+    return [(text(f.name_offset), Path(text(f.filename_offset)).name, f.line)
+            for f in stack.python[:stack.python_count]]
+
+
+def symbol_table(run: Run) -> list[Symbol]:
+    """The workload's own functions plus the fake driver's, at the address it was loaded."""
+    base_line = next(ln for ln in run.stdout.splitlines() if ln.startswith("symbol_base libcuda"))
+    base = int(base_line.split()[2], 16)
+    return symbols(WORKLOAD) + [Symbol("libcuda:" + s.name, s.start, s.size)
+                                for s in symbols(FAKES / "libcuda.so.1", base)]
+
+
+def site_totals(stdout: str) -> dict[str, tuple[int, int]]:
+    """Kernel name -> (launch count, total GPU ns) that the workload says it ran."""
+    totals: dict[str, tuple[int, int]] = {}
+    for line in stdout.splitlines():
+        if line.startswith("site "):
+            _, _, kernel, count, total = line.split()
+            totals[kernel] = (int(count), int(total))
+    return totals
+
+
+@pytest.fixture(scope="module")
+def c_run(tmp_path_factory: pytest.TempPathFactory) -> Run:
+    tmp = tmp_path_factory.mktemp("c_run")
+    return run_workload(tmp, [str(WORKLOAD), "--steps", "400", "--graph-every", "2"])
+
+
+# --- the library's shape ----------------------------------------------------------------------------------------
+
+def test_library_exports_only_initialize_injection() -> None:
+    out = subprocess.run(["nm", "-D", "--defined-only", str(NATIVE_LIB)], check=True, capture_output=True,
+                         text=True).stdout
+    assert [line.split()[-1] for line in out.splitlines()] == ["InitializeInjection"]
+
+
+def test_usdt_probes_have_the_semaphores_the_agent_expects() -> None:
+    notes = subprocess.run(["readelf", "-n", str(NATIVE_LIB)], check=True, capture_output=True, text=True).stdout
+    probes: dict[str, tuple[int, str]] = {}
+    name = ""
+    for line in notes.splitlines():
+        line = line.strip()
+        if line.startswith("Provider:"):
+            assert line.split()[1] == "otel_gpu"
+        elif line.startswith("Name:"):
+            name = line.split()[1]
+        elif line.startswith("Location:"):
+            semaphore = int(line.rsplit("Semaphore:", 1)[1].strip(), 16)
+            probes[name] = (semaphore, "")
+        elif line.startswith("Arguments:"):
+            probes[name] = (probes[name][0], line.split(":", 1)[1].strip())
+    assert set(probes) == {"launch", "activity", "sync", "window"}
+    table = {s.start: s.name for s in symbols_all(NATIVE_LIB)}
+    for probe, (semaphore, args) in probes.items():
+        assert table.get(semaphore) == f"otel_gpu_{probe}_semaphore"
+        assert args.startswith("8@")  # a pointer to the record first
+    assert len(probes["window"][1].split()) == 1
+    assert all(len(probes[p][1].split()) == 2 for p in ("launch", "activity", "sync"))
+
+
+def symbols_all(binary: Path) -> list[Symbol]:
+    out = subprocess.run(["nm", "--defined-only", str(binary)], check=True, capture_output=True, text=True).stdout
+    return [Symbol(p[2], int(p[0], 16), 0) for p in (ln.split() for ln in out.splitlines()) if len(p) == 3]
+
+
+# --- sampling windows -------------------------------------------------------------------------------------------
+
+def test_windows_open_and_close_and_state_the_fraction_they_cover(c_run: Run) -> None:
+    windows = c_run.records.windows
+    assert len(windows) >= 5
+    assert [w.window_id for w in windows] == list(range(1, len(windows) + 1))
+    covered = 0
+    for before, w in zip([None, *windows], windows):
+        assert w.abi_version == ABI_VERSION
+        assert w.end_ns > w.start_ns
+        covered += w.end_ns - w.start_ns
+        assert w.covered_ns == covered  # covered time is exactly the sum of the windows
+        assert w.covered_ns <= w.elapsed_ns
+        if before is not None:
+            assert w.start_ns >= before.end_ns  # windows never overlap
+            assert w.elapsed_ns > before.elapsed_ns
+    fraction = windows[-1].covered_ns / windows[-1].elapsed_ns
+    assert 0.001 <= fraction <= 0.3  # bounded by the controller (0.1 % .. 20 %, plus jitter)
+    assert sum(w.launches for w in windows) == len(c_run.records.launches)
+
+
+def test_launches_are_recorded_only_inside_windows(c_run: Run) -> None:
+    by_id = {w.window_id: w for w in c_run.records.windows}
+    launches = c_run.records.launches
+    assert launches
+    total_launch_calls = len({corr for _, corr, *_ in c_run.schedule_work})
+    assert len(launches) < total_launch_calls  # sampled, not traced
+    for launch in launches:
+        window = by_id[launch.window_id]
+        assert window.start_ns <= launch.timestamp_ns
+        assert launch.abi_version == ABI_VERSION
+
+
+def test_sampled_kernels_have_the_names_and_times_of_the_schedule(c_run: Run) -> None:
+    truth = defaultdict(list)
+    for kind, corr, name, start, end, stream, graph, nbytes in c_run.schedule_work:
+        truth[corr].append((kind, name, start, end, stream, graph, nbytes))
+    sampled = {launch.correlation_id for launch in c_run.records.launches}
+    got = defaultdict(list)
+    for a in c_run.records.activities:
+        assert a.correlation_id in sampled  # only sampled launches are emitted
+        got[a.correlation_id].append((a.kind, a.name.decode(), a.start_ns, a.end_ns, a.stream_id, a.graph_id,
+                                      a.bytes))
+    # Every sampled launch's GPU work arrives, exactly as the synthetic GPU ran it (graphs: every kernel).
+    assert set(got) == sampled
+    for corr in sampled:
+        assert sorted(got[corr]) == sorted(truth[corr])
+    names = Counter(name for items in got.values() for _, name, *_ in items)
+    assert {"matmul_kernel", "relu_kernel", "graph_a_kernel", "graph_b_kernel", "graph_c_kernel"} <= set(names)
+
+
+def test_every_kernel_of_a_sampled_graph_launch_is_emitted(c_run: Run) -> None:
+    graphs = [launch for launch in c_run.records.launches if launch.kind == LAUNCH_GRAPH]
+    assert graphs
+    for launch in graphs:
+        assert launch.graph_exec != 0
+        kernels = sorted(a.name.decode() for a in c_run.records.activities if a.correlation_id == launch.correlation_id)
+        assert kernels == ["graph_a_kernel", "graph_b_kernel", "graph_c_kernel"]
+        assert all(a.graph_id != 0 for a in c_run.records.activities if a.correlation_id == launch.correlation_id)
+
+
+def test_launch_kinds_follow_the_driver_call(c_run: Run) -> None:
+    expected = {307: LAUNCH_KERNEL, 652: LAUNCH_KERNEL, 514: LAUNCH_GRAPH, 278: LAUNCH_MEMCPY, 216 + 4: LAUNCH_MEMSET}
+    seen = {launch.cbid: launch.kind for launch in c_run.records.launches}
+    assert {307, 652, 514} <= set(seen)
+    for cbid, kind in seen.items():
+        assert expected[cbid] == kind
+
+
+def test_copies_carry_bytes_and_memory_kinds(c_run: Run) -> None:
+    copies = [a for a in c_run.records.activities if a.kind == ACTIVITY_MEMCPY]
+    for a in copies:
+        assert a.bytes == 1 << 20
+        assert (a.copy_kind, a.src_kind, a.dst_kind) == (2, 3, 1)  # DtoH, device -> pageable
+        assert a.name_len == 0
+
+
+def test_reweighted_kernel_time_estimates_the_true_total(c_run: Run) -> None:
+    """Sampled GPU time divided by the covered fraction estimates the total (within the sampling error)."""
+    last = c_run.records.windows[-1]
+    fraction = last.covered_ns / last.elapsed_ns
+    sampled_ns = Counter()
+    for a in c_run.records.activities:
+        sampled_ns[a.name.decode()] += a.end_ns - a.start_ns
+    truth = site_totals(c_run.stdout)
+    estimate = sampled_ns["matmul_kernel"] / fraction
+    assert 0.5 * truth["matmul_kernel"][1] <= estimate <= 1.5 * truth["matmul_kernel"][1]
+
+
+# --- blocking waits ---------------------------------------------------------------------------------------------
+
+def test_every_wait_is_recorded_with_its_blocked_time(c_run: Run) -> None:
+    syncs = sorted(c_run.records.syncs, key=lambda s: s.start_ns)
+    first = c_run.records.windows[0]
+    attached_ns = first.end_ns - first.elapsed_ns  # the controller saw the agent (waits before are not watched)
+    waits = sorted((w for w in c_run.schedule_waits if w[2] >= attached_ns), key=lambda w: w[2])
+    assert all(s.weight == 1 for s in syncs)  # the fake's waits are cheap to record: no subsampling
+    kinds = {126: SYNC_STREAM, 17: SYNC_CONTEXT, 121: SYNC_EVENT, 278: SYNC_MEMCPY}
+    unmatched = list(syncs)
+    for cbid, _corr, enter, until, exit_ns in waits:
+        # The library's entry/exit enclose the driver's own wait, which lasted until the awaited work ended.
+        match = [s for s in unmatched if s.start_ns <= enter and s.end_ns >= exit_ns]
+        assert len(match) == 1, (cbid, enter)
+        assert match[0].cbid == cbid and match[0].kind == kinds[cbid]
+        assert match[0].end_ns - match[0].start_ns >= until - enter
+        unmatched.remove(match[0])
+    assert len(unmatched) <= 1  # at most a wait that straddled the moment the agent attached
+    assert {s.kind for s in syncs} == {SYNC_STREAM, SYNC_CONTEXT, SYNC_EVENT, SYNC_MEMCPY}
+
+
+# --- stacks -----------------------------------------------------------------------------------------------------
+
+def test_launch_stacks_start_at_the_driver_and_contain_the_workload(c_run: Run) -> None:
+    table = symbol_table(c_run)
+    expected = {307: ["launch_matmul", "forward", "train_step", "main"],
+                652: ["launch_relu", "forward", "train_step", "main"],
+                514: ["launch_graph", "train_step", "main"]}
+    checked = Counter()
+    for launch in c_run.records.launches:
+        names = native_names(launch.stack, table)
+        assert launch.stack.python_count == 0  # not a Python process
+        want = expected.get(launch.cbid)
+        if want is None:
+            continue
+        first_app = names.index(want[0])
+        # Leaf first: only the fake driver's frames come before the application's (no CUPTI, no library frames).
+        assert first_app >= 1 and all(n is not None and n.startswith("libcuda:") for n in names[:first_app])
+        assert [n for n in names if n in want] == want
+        checked[launch.cbid] += 1
+    assert set(checked) == set(expected)
+
+
+def test_wait_stacks_name_the_waiting_function(c_run: Run) -> None:
+    table = symbol_table(c_run)
+    expected = {126: "sync_point", 121: "event_wait", 278: "copy_out", 17: "drain"}
+    for s in c_run.records.syncs:
+        names = native_names(s.stack, table)
+        assert expected[s.cbid] in names
+        assert "main" in names
+
+
+# --- exits and failures -----------------------------------------------------------------------------------------
+
+def test_exit_mid_stream_loses_nothing_already_recorded(tmp_path: Path) -> None:
+    run = run_workload(tmp_path, [str(WORKLOAD), "--steps", "400", "--graph-every", "1", "--exit-at", "150"])
+    assert "exiting mid-stream at step 150" in run.stdout
+    launches = run.records.launches
+    assert launches and run.records.windows
+    truth = Counter(corr for _, corr, *_ in run.schedule_work)
+    got = Counter(a.correlation_id for a in run.records.activities)
+    for launch in launches:
+        assert got[launch.correlation_id] == truth[launch.correlation_id]
+    # The GPU work of the last launches ended after the process did: delivered by the exit flush.
+    assert max(a.end_ns for a in run.records.activities) >= run.records.windows[-1].start_ns
+
+
+def test_no_agent_means_no_work_per_launch(tmp_path: Path) -> None:
+    run = run_workload(tmp_path, [str(WORKLOAD), "--steps", "100"], agent=False)
+    assert run.stats["api_callbacks"] == 0
+    assert run.stats["records_produced"] == 0
+    assert run.stats["enable_calls"] == 0
+    assert run.records == Records()
+    assert run.stderr == ""
+
+
+def test_missing_cupti_leaves_the_workload_running(tmp_path: Path) -> None:
+    run = run_workload(tmp_path, [str(WORKLOAD), "--steps", "20"],
+                       extra_env={"OTEL_GPU_CUPTI_PATH": str(tmp_path / "no-such-libcupti.so")})
+    assert [ln for ln in run.stderr.splitlines() if ln.startswith("otel-gpu:")] == [
+        ln for ln in run.stderr.splitlines() if ln.strip()]
+    assert "cannot load CUPTI" in run.stderr and len(run.stderr.splitlines()) == 1
+    assert site_totals(run.stdout)["matmul_kernel"][0] == 20
+    assert run.records == Records()
+
+
+# --- Python ------------------------------------------------------------------------------------------------------
+
+def test_python_frames_of_the_launching_line(tmp_path: Path) -> None:
+    run = run_workload(tmp_path, [sys.executable, str(PY_WORKLOAD), str(FAKES / "libcuda.so.1"), "--steps", "300"])
+    assert run.records.launches and run.records.syncs
+    for launch in run.records.launches:
+        assert launch.stack.flags & 1
+        frames = [(name, filename) for name, filename, _ in python_frames(launch.stack)]
+        names = [name for name, _ in frames]
+        assert names[0] == "Driver.call"  # innermost first
+        assert names[2] in ("launch_matmul", "launch_relu")
+        assert names[3:6] == ["forward", "train_step", "main"]
+        assert all(filename == "workload.py" for _, filename in frames)
+    for s in run.records.syncs:
+        names = [name for name, _, _ in python_frames(s.stack)]
+        assert names[:4] == ["Driver.call", "sync_point", "train_step", "main"]
+    lines = {line for launch in run.records.launches for name, _, line in python_frames(launch.stack)
+             if name == "forward"}
+    assert len(lines) == 2  # the two call lines in forward(): launch_matmul and launch_relu
+
+
+def test_no_python_frames_without_the_gil(tmp_path: Path) -> None:
+    run = run_workload(tmp_path, [sys.executable, str(PY_WORKLOAD), str(FAKES / "libcuda.so.1"), "--steps", "200",
+                                  "--release-gil"])
+    assert run.records.launches
+    for launch in run.records.launches:
+        assert launch.stack.python_count == 0 and not launch.stack.flags & 1
+        assert launch.stack.native_count > 3
