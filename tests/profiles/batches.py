@@ -10,9 +10,10 @@ from otel_gpu.profiles.model import (
     Mapping,
     ProcessProfile,
     ProfileBatch,
-    ProfileType,
     Sample,
     cpu_profile_type,
+    gpu_time_profile_type,
+    sync_wait_profile_type,
 )
 
 START_NS = 1_764_000_000_000_000_000
@@ -52,7 +53,7 @@ def gpu_batch() -> ProfileBatch:
     """GPU time (ns) of two kernels launched from hot_loop/cold_loop, sampled at 25 %."""
     kernel_a = Frame("gemm_kernel(float*, int)", FrameKind.CUDA, system_name="_Z11gemm_kernelPfi")
     kernel_b = Frame("add_kernel", FrameKind.CUDA, system_name="_Z10add_kernelv")
-    kind = ProfileType("gpu_time", "nanoseconds", "gpu", "nanoseconds", 1)
+    kind = gpu_time_profile_type()
     worker = ProcessProfile(WORKER, (
         Sample((kernel_a, HOT, MAIN), 3_000_000, thread_id=4242, thread_name="worker",
                attributes=(("cuda.device", 0), ("cuda.stream", 7), ("cuda.graph", 0))),
@@ -61,3 +62,10 @@ def gpu_batch() -> ProfileBatch:
     ))
     return ProfileBatch(kind, START_NS, DURATION_NS, (worker,), sampling_fraction=0.25,
                         attributes=(("otel_gpu.profile.kind", "gpu_time"),))
+
+
+def sync_wait_batch() -> ProfileBatch:
+    """Blocked time (ns) of one thread in cudaStreamSynchronize under cold_loop."""
+    wait = Frame("[cudaStreamSynchronize]", FrameKind.CUDA)
+    worker = ProcessProfile(WORKER, (Sample((wait, COLD, MAIN), 2_500_000, thread_id=4242, thread_name="worker"),))
+    return ProfileBatch(sync_wait_profile_type(), START_NS, DURATION_NS, (worker,))

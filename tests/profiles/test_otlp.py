@@ -145,3 +145,9 @@ def test_checker_catches_what_pyroscope_rejects() -> None:
     assert "sample values length mismatch" in problems
     assert "mapping_table[0] is not the zero value" in problems
     assert "no service.name" in problems
+
+
+def test_sync_wait_batch_is_filed_under_its_period_type() -> None:
+    request = _decoded(batches.sync_wait_batch())
+    assert profile_type_ids(request) == ["gpu_wait:sync_wait:nanoseconds:gpu_wait:nanoseconds"]
+    assert _stacks(request, 0) == {("[cudaStreamSynchronize]", "cold_loop", "main"): 2_500_000}

@@ -88,6 +88,13 @@ def test_gpu_batch_has_its_own_sample_type_and_cuda_labels() -> None:
     assert strings[kernel.system_name] == "_Z11gemm_kernelPfi"
 
 
+def test_sync_wait_batch_has_one_nanosecond_sample_type() -> None:
+    profile = pprof_proto.decode(encode_pprof(batches.sync_wait_batch()))
+    strings = profile.string_table
+    assert [(strings[t.type], strings[t.unit]) for t in profile.sample_type] == [("sync_wait", "nanoseconds")]
+    assert pprof_proto.stacks(profile) == {("[cudaStreamSynchronize]", "cold_loop", "main"): [2_500_000]}
+
+
 def _go() -> str | None:
     found = shutil.which("go")
     if found:
