@@ -23,7 +23,7 @@ import grpc
 from google.protobuf.message import DecodeError
 from opentelemetry.proto.collector.profiles.v1development.profiles_service_pb2 import ExportProfilesServiceResponse
 
-from otel_gpu import selfmetrics, semconv
+from otel_gpu import __version__, selfmetrics, semconv
 from otel_gpu._log import once
 from otel_gpu.exporters.base import QueuedProfileExporter
 from otel_gpu.exporters.queue import (
@@ -46,6 +46,7 @@ RETRYABLE_GRPC_CODES = frozenset({
     grpc.StatusCode.ABORTED, grpc.StatusCode.OUT_OF_RANGE, grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DATA_LOSS,
 })
 RETRYABLE_HTTP_STATUSES = frozenset({429, 502, 503, 504})
+USER_AGENT = f"otel-gpu/{__version__}"
 PROTOBUF_CONTENT_TYPE = "application/x-protobuf"
 
 
@@ -67,11 +68,13 @@ class OTLPGrpcProfileExporter(QueuedProfileExporter):
         parsed = urllib.parse.urlparse(endpoint if "://" in endpoint else f"//{endpoint}")
         target = parsed.netloc or endpoint
         plaintext = parsed.scheme == "http" or (parsed.scheme == "" and insecure)
+        options = [("grpc.primary_user_agent", USER_AGENT)]
         if plaintext:
-            self._channel = grpc.insecure_channel(target)
+            self._channel = grpc.insecure_channel(target, options=options)
         else:
             root = Path(certificate).read_bytes() if certificate else None
-            self._channel = grpc.secure_channel(target, grpc.ssl_channel_credentials(root_certificates=root))
+            self._channel = grpc.secure_channel(target, grpc.ssl_channel_credentials(root_certificates=root),
+                                                options=options)
         self._call = self._channel.unary_unary(EXPORT_METHOD, request_serializer=None,
                                                response_deserializer=ExportProfilesServiceResponse.FromString)
         self._metadata = tuple((key.lower(), value) for key, value in (headers or {}).items())
@@ -104,7 +107,7 @@ class HttpPoster:
 
     def __init__(self, headers: Mapping[str, str] | None = None, *, certificate: str = "",
                  timeout_s: float = 10.0) -> None:
-        self._headers = dict(headers or {})
+        self._headers = {"User-Agent": USER_AGENT, **(headers or {})}
         self._timeout_s = timeout_s
         self._ssl = ssl.create_default_context(cafile=certificate or None)
 

@@ -58,6 +58,7 @@ def test_grpc_export_arrives_decodable_with_headers() -> None:
     request = receiver.requests[0]
     assert profile_type_ids(request) == ["process_cpu:cpu:nanoseconds:cpu:nanoseconds"] * 2
     assert receiver.metadata[0]["x-tenant"] == "team-a"
+    assert receiver.metadata[0]["user-agent"].startswith("otel-gpu/")
     pids = [kv.value.int_value for rp in request.resource_profiles for kv in rp.resource.attributes
             if kv.key == "process.pid"]
     assert pids == [4242, 77]
@@ -146,6 +147,7 @@ def test_http_export_is_gzipped_protobuf_on_the_profiles_path() -> None:
     assert record.headers["content-type"] == "application/x-protobuf"
     assert record.headers["content-encoding"] == "gzip" and record.body[:2] == b"\x1f\x8b"
     assert record.headers["authorization"] == "Bearer t0k"
+    assert record.headers["user-agent"].startswith("otel-gpu/")
     request = svc.ExportProfilesServiceRequest.FromString(gzip.decompress(record.body))
     assert profile_type_ids(request) == ["process_cpu:cpu:nanoseconds:cpu:nanoseconds"] * 2
 
