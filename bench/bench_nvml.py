@@ -55,13 +55,13 @@ def cpu_per_gpu(gpus: int, cycles: int, pids: list[int]) -> dict[str, float]:
     source = open_source()
     try:
         source.collect()  # warm: static limits, GPM allocation, /proc identities cached
-        readers = [slot.reader for slot in source._slots]  # noqa: SLF001 - the benchmark times one reader directly
         per_read_ms = []
-        for _ in range(cycles):
-            for reader in readers:
-                started = time.thread_time()
-                reader.read()
-                per_read_ms.append((time.thread_time() - started) * 1000)
+        for position in range(gpus):
+            with source.exclusive_reader(position) as reader:
+                for _ in range(cycles):
+                    started = time.thread_time()
+                    reader.read()
+                    per_read_ms.append((time.thread_time() - started) * 1000)
         started = time.process_time()
         for _ in range(cycles):
             source.collect()
@@ -79,18 +79,19 @@ def parallel_wall(delay_us: int, slow_delay_us: int, rounds: int) -> dict[str, f
     source = open_source()
     try:
         source.collect()
-        readers = [slot.reader for slot in source._slots]  # noqa: SLF001
         parallel, slowest, serial = [], [], []
         for _ in range(rounds):
             started = time.perf_counter()
             source.collect()
             parallel.append((time.perf_counter() - started) * 1000)
-            started = time.perf_counter()
-            readers[7].read()
-            slowest.append((time.perf_counter() - started) * 1000)
-            started = time.perf_counter()
-            for reader in readers:
+            with source.exclusive_reader(7) as reader:
+                started = time.perf_counter()
                 reader.read()
+                slowest.append((time.perf_counter() - started) * 1000)
+            started = time.perf_counter()
+            for position in range(8):
+                with source.exclusive_reader(position) as reader:
+                    reader.read()
             serial.append((time.perf_counter() - started) * 1000)
     finally:
         source.close()

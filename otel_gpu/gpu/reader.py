@@ -63,6 +63,11 @@ class GPUReader:
     def lost(self) -> bool:
         return self._lost
 
+    @property
+    def pcie_counter_source(self) -> str:
+        """Where PCIe bytes come from: ``fields`` (byte counters) or ``throughput`` (KiB/s integrated)."""
+        return self._pcie_mode
+
     def disabled(self) -> frozenset[str]:
         """Names of the readings turned off for this GPU because it does not support them."""
         return frozenset(self._off)

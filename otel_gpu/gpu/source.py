@@ -13,9 +13,11 @@ slow call (the PCIe throughput call blocks ~20 ms) or a lost GPU delays neither 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from otel_gpu import selfmetrics, semconv
@@ -183,6 +185,14 @@ class NVMLSource:
     def xid_errors(self) -> tuple[XIDErrors, ...]:
         """XID error counts per GPU and code since start()."""
         return self._xid.errors() if self._xid is not None else ()
+
+    @contextlib.contextmanager
+    def exclusive_reader(self, position: int) -> Iterator[GPUReader]:
+        """The reader of the ``position``-th GPU, held so no collection thread reads it meanwhile (benchmarks,
+        verification)."""
+        slot = self._slots[position]
+        with slot.read_lock:
+            yield slot.reader
 
     def disabled_readings(self) -> dict[int, frozenset[str]]:
         """Per GPU index, the readings turned off because the GPU does not support them."""

@@ -232,7 +232,7 @@ def main() -> int:
         snapshots_over_time = []
         for sample in range(args.samples):
             smi_rows: list[list[str]] = []
-            smi_thread = threading.Thread(target=lambda: smi_rows.extend(nvidia_smi()))
+            smi_thread = threading.Thread(target=lambda rows=smi_rows: rows.extend(nvidia_smi()))
             smi_thread.start()
             snapshots = source.collect()
             smi_thread.join(30)
@@ -251,16 +251,15 @@ def main() -> int:
                                  f"{'yes' if good else 'NO'} |")
             time.sleep(args.gap_seconds)
         lines += ["", "## Agent vs nvidia-smi (taken at the same moments)",
-                  "Tolerances: utilization ±15 points (different averaging windows), memory used ±3 %, power ±15 %, "
-                  "temperature ±3 C, SM clock ±5 %, memory clock ±2 %, P-state exact.", ""] + table
+                  ("Tolerances: utilization ±15 points (different averaging windows), memory used ±3 %, power ±15 %, "
+                   "temperature ±3 C, SM clock ±5 %, memory clock ±2 %, P-state exact."), ""] + table
 
         last = snapshots_over_time[-1][1]
         lines += ["", "## Other readings (last sample)", "",
-                  "| GPU | state | enc/dec util | mem BW util | PCIe TX/RX B/s | power limit W | energy rate W | "
-                  "temp limits C | max SM/mem MHz | throttle mask | ECC corr/uncorr | PCIe replays |",
+                  ("| GPU | state | enc/dec util | mem BW util | PCIe TX/RX B/s | power limit W | energy rate W | "
+                   "temp limits C | max SM/mem MHz | throttle mask | ECC corr/uncorr | PCIe replays |"),
                   "|---|---|---|---|---|---|---|---|---|---|---|---|"]
-        (t0, first) = snapshots_over_time[0]
-        (t1, _) = snapshots_over_time[-1]
+        first = snapshots_over_time[0][1]
         for snap in last:
             before = next(s for s in first if s.info.index == snap.info.index)
             dt = max(1e-9, snap.time_s - before.time_s)
@@ -302,18 +301,19 @@ def main() -> int:
 
         lines += ["", "## Turned off (not supported) per GPU", ""]
         for index, readings in source.disabled_readings().items():
-            pcie_mode = source._slots[index].reader._pcie_mode  # noqa: SLF001 - report which PCIe path ran
+            position = [g.index for g in source.gpus()].index(index)
+            with source.exclusive_reader(position) as reader:
+                pcie_mode = reader.pcie_counter_source
             lines.append(f"- GPU {index}: {', '.join(sorted(readings)) or 'nothing'}; PCIe bytes from {pcie_mode}")
         lines.append(f"- XID errors seen: {[(e.info.index, e.code, e.count) for e in source.xid_errors()] or 'none'}")
 
         lines += ["", "## Cost", ""]
-        slot = source._slots[0]  # noqa: SLF001
-        with slot.read_lock:
-            rows = time_calls(nvml, slot.reader.handle)
+        with source.exclusive_reader(0) as reader:
+            rows = time_calls(nvml, reader.handle)
             cpu_ms, wall_ms = [], []
             for _ in range(10):
                 wall0, cpu0 = time.perf_counter(), time.thread_time()
-                slot.reader.read()
+                reader.read()
                 cpu_ms.append((time.thread_time() - cpu0) * 1000)
                 wall_ms.append((time.perf_counter() - wall0) * 1000)
         lines += ["| NVML call (GPU 0) | median µs |", "|---|---|"] + [f"| {a} | {b} |" for a, b in rows]
@@ -322,8 +322,8 @@ def main() -> int:
             wall0 = time.perf_counter()
             source.collect()
             collect_ms.append((time.perf_counter() - wall0) * 1000)
-        lines += ["", f"- one GPU cycle (reader.read()): CPU median {statistics.median(cpu_ms):.2f} ms, "
-                      f"wall median {statistics.median(wall_ms):.1f} ms (10 cycles)",
+        lines += ["", (f"- one GPU cycle (reader.read()): CPU median {statistics.median(cpu_ms):.2f} ms, "
+                       f"wall median {statistics.median(wall_ms):.1f} ms (10 cycles)"),
                   f"- source.collect() over all GPUs in parallel: wall median {statistics.median(collect_ms):.1f} ms"]
 
         lines += ["", "## OpenTelemetry instruments", ""] + instruments_section(source)
