@@ -101,15 +101,22 @@ def parallel_wall(delay_us: int, slow_delay_us: int, rounds: int) -> dict[str, f
             "parallel_over_slowest": p / s, "serial_over_parallel": q / p}
 
 
-def agent_rss(pids: list[int], duration_s: float) -> dict[str, float]:
+def other_sources_off() -> list[str]:
+    """Flags that turn every source but NVML off (those this agent version knows)."""
+    help_text = subprocess.run([sys.executable, "-m", "otel_gpu", "run", "--help"], cwd=REPO, capture_output=True,
+                               text=True, check=False).stdout
+    return [flag for flag in ("--no-cpu-profiling", "--no-gpu-time-profiling") if flag in help_text]
+
+
+def agent_rss(pids: list[int], duration_s: float, extra: tuple[str, ...] = ()) -> dict[str, float]:
     """Peak VmRSS of `otel-gpu run` with GPU metrics only (8 fake GPUs, processes listed, 1 s interval)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "FAKE_NVML_"))}
     env.update({"LD_LIBRARY_PATH": str(FAKE_LIB.parent), "FAKE_NVML_GPUS": "8",
                 "FAKE_NVML_PROCESSES": processes_knob(pids, 8)})
     with tempfile.TemporaryDirectory() as out:
         agent = subprocess.Popen(
-            [sys.executable, "-m", "otel_gpu", "run", "--duration", str(duration_s), "--no-cpu-profiling",
-             "--metric-export-interval", "1", "--output-dir", out, "--console", "off"],
+            [sys.executable, "-m", "otel_gpu", "run", "--duration", str(duration_s), *other_sources_off(),
+             "--metric-export-interval", "1", "--output-dir", out, "--console", "off", *extra],
             cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         peak_kib = 0
         cpu_start = None
@@ -153,6 +160,7 @@ def main() -> int:
             "cpu": [cpu_per_gpu(2, args.cycles, pids[:4]), cpu_per_gpu(8, args.cycles, pids)],
             "parallel": parallel_wall(1000, 3000, args.rounds),
             "agent": agent_rss(pids, args.agent_seconds),
+            "agent_without_gpu_metrics": agent_rss(pids, args.agent_seconds, ("--no-gpu-metrics",)),
         }
     finally:
         for proc in sleepers:
@@ -175,6 +183,9 @@ def main() -> int:
     print(f"\nagent, GPU metrics only, {agent['gpus']} GPUs, {agent['processes']} processes, 1 s interval: "
           f"peak RSS {agent['peak_rss_mb']:.1f} MB (target <= 80), CPU {agent['steady_cpu_percent_of_one_core']:.1f}%"
           " of one core")
+    base = results["agent_without_gpu_metrics"]
+    print(f"same agent with --no-gpu-metrics (nothing collected): peak RSS {base['peak_rss_mb']:.1f} MB; GPU metrics "
+          f"add {agent['peak_rss_mb'] - base['peak_rss_mb']:.1f} MB")
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
     return 0
