@@ -212,9 +212,8 @@ class GPUReader:
                              self.info.index, self.info.name, exc)
             else:
                 if self._pcie_raw is not None:
-                    modulus = 1 << bits
-                    self._pcie_total[0] += (tx - self._pcie_raw[0]) % modulus
-                    self._pcie_total[1] += (rx - self._pcie_raw[1]) % modulus
+                    self._pcie_total[0] += counter_delta(self._pcie_raw[0], tx, bits)
+                    self._pcie_total[1] += counter_delta(self._pcie_raw[1], rx, bits)
                 self._pcie_raw = (tx, rx)
                 return self._pcie_total[0], self._pcie_total[1]
         tx_kib_s = self._throughput(transmit=True)
@@ -314,6 +313,19 @@ class GPUReader:
                 latest[pid] = (stamp_us, sm_percent)
             self._process_last_seen_us = max(self._process_last_seen_us, stamp_us)
         return {pid: sm_percent / 100 for pid, (_, sm_percent) in latest.items()}
+
+
+def counter_delta(previous: int, current: int, bits: int) -> int:
+    """Increase of a hardware counter of ``bits`` bits that may wrap. A value below 2**32 that goes back is a
+    32-bit wrap (even in a 64-bit field); a wider counter that goes back was reset (driver reload) and counts
+    from zero, so no near-2**64 jump is ever added."""
+    if current >= previous:
+        return current - previous
+    if previous < 1 << 32:
+        return current + (1 << 32) - previous
+    if bits < 64 and previous < 1 << bits:
+        return current + (1 << bits) - previous
+    return current
 
 
 def _ratio(percent: float | None) -> float | None:
