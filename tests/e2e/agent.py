@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The real agent in a subprocess, loading the fake ``libnvidia-ml.so.1`` through the library path."""
+"""The real agent in a subprocess (GPU metrics only) with the fake ``libnvidia-ml.so.1`` on the library path."""
 
 from __future__ import annotations
 
@@ -40,8 +40,9 @@ class AgentProcess:
                "PYTHONUNBUFFERED": "1"}
         env.update({f"FAKE_NVML_{k}": v for k, v in (fake_nvml or {}).items()})
         with open(self.stdout_path, "wb") as out, open(self.stderr_path, "wb") as err:
-            self.process = subprocess.Popen(agent_command("run", "--no-cpu-profiling", *args), cwd=folder, env=env,
-                                            stdout=out, stderr=err, stdin=subprocess.DEVNULL)
+            command = agent_command("run", "--no-cpu-profiling", "--no-gpu-time-profiling", *args)
+            self.process = subprocess.Popen(command, cwd=folder, env=env, stdout=out, stderr=err,
+                                            stdin=subprocess.DEVNULL)
 
     @property
     def pid(self) -> int:
