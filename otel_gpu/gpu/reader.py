@@ -50,6 +50,7 @@ class GPUReader:
         self._logged_errors: set[tuple[str, int]] = set()
         self._lost = False
         self._limits: dict[str, float | None] | None = None
+        self._limits_pending = True  # a limit failed for another reason than "not supported": read it again
         self._pcie_mode = "fields"  # -> "throughput" when the byte counters are unsupported
         self._pcie_raw: tuple[int, int] | None = None
         self._pcie_total = [0, 0]
@@ -179,8 +180,8 @@ class GPUReader:
                             self.info.index, self.info.uuid, reading, exc, semconv.SELF_ERRORS.name)
 
     def _static_limits(self) -> dict[str, float | None]:
-        """Limits that do not change while the driver runs, read on the first good cycle."""
-        if self._limits is None:
+        """Limits that do not change while the driver runs, read until every one was read or turned off."""
+        if self._limits is None or self._limits_pending:
             h = self.handle
             slowdown = self._get("temperature_slowdown", nvml.slowdown_temperature_c, h)
             shutdown = self._get("temperature_shutdown", nvml.shutdown_temperature_c, h)
@@ -192,6 +193,10 @@ class GPUReader:
                 "sm_max_hz": sm_max * _MHZ if sm_max is not None else None,
                 "memory_max_hz": memory_max * _MHZ if memory_max is not None else None,
             }
+            self._limits_pending = any(
+                value is None and reading not in self._off for value, reading in (
+                    (slowdown, "temperature_slowdown"), (shutdown, "temperature_shutdown"),
+                    (sm_max, "sm_clock_max"), (memory_max, "memory_clock_max")))
         return self._limits
 
     # --- PCIe bytes: wrapping field counters, else throughput (KiB/s) integrated over time ---------------------

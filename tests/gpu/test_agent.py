@@ -25,7 +25,8 @@ def test_agent_keeps_running_through_a_lost_gpu_and_an_xid(tmp_path: Path, sleep
     })
     output = tmp_path / "out"
     result = subprocess.run(
-        agent_command("run", "--duration", "4", "--no-cpu-profiling", "--metric-export-interval", "0.5",
+        agent_command("run", "--duration", "4", "--no-cpu-profiling", "--no-gpu-time-profiling",
+                      "--metric-export-interval", "0.5",
                       "--output-dir", str(output), "--local-files", "on", "--console", "off"),
         check=False, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
@@ -34,7 +35,7 @@ def test_agent_keeps_running_through_a_lost_gpu_and_an_xid(tmp_path: Path, sleep
     assert log.count("is lost") == 1 and "GPU 1" in log
     assert log.count("XID 79 on GPU 1") == 1
     assert "Traceback" not in log
-    exported = "\n".join(p.read_text() for p in output.rglob("*") if p.is_file())
+    exported = "\n".join(p.read_text() for p in output.rglob("*.jsonl"))  # OTLP JSON lines
     for name in (semconv.GPU_UTILIZATION.name, semconv.GPU_STATUS.name, semconv.GPU_PROCESS_MEMORY_USAGE.name):
         assert name in exported
     assert UUIDS[0] in exported and UUIDS[1] in exported
