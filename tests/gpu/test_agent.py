@@ -4,9 +4,11 @@ path, while GPU 1 is lost mid-run and an XID arrives: it keeps running and exits
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 from pathlib import Path
+from typing import Any
 
 from otel_gpu import semconv
 from tests.conftest import REPO, agent_command
@@ -39,3 +41,22 @@ def test_agent_keeps_running_through_a_lost_gpu_and_an_xid(tmp_path: Path, sleep
     for name in (semconv.GPU_UTILIZATION.name, semconv.GPU_STATUS.name, semconv.GPU_PROCESS_MEMORY_USAGE.name):
         assert name in exported
     assert UUIDS[0] in exported and UUIDS[1] in exported
+    last_export = json.loads((output / "metrics.jsonl").read_text().strip().splitlines()[-1])
+    status = {(attrs[semconv.HW_ID], attrs[semconv.HW_STATE]): int(point["asInt"])
+              for point, attrs in data_points(last_export, semconv.GPU_STATUS.name)}
+    assert status == {(UUIDS[0], "ok"): 1, (UUIDS[0], "failed"): 0, (UUIDS[1], "ok"): 0, (UUIDS[1], "failed"): 1}
+
+
+def data_points(export: dict[str, Any], name: str) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """(data point, attributes as a plain dict) of metric ``name`` in one OTLP JSON export."""
+    out = []
+    for resource_metrics in export["resourceMetrics"]:
+        for scope_metrics in resource_metrics["scopeMetrics"]:
+            for metric in scope_metrics["metrics"]:
+                if metric["name"] != name:
+                    continue
+                body = metric.get("sum") or metric.get("gauge") or {}
+                for point in body.get("dataPoints", []):
+                    attrs = {a["key"]: next(iter(a["value"].values())) for a in point.get("attributes", [])}
+                    out.append((point, attrs))
+    return out
