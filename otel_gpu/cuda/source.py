@@ -30,8 +30,10 @@ from otel_gpu.profiles.model import Frame, ProfileBatch, gpu_time_profile_type, 
 _logger = logging.getLogger(__name__)
 
 PROGRAM_PATH = Path(__file__).resolve().parent / "programs" / "gpu_time.bpf.o"
-PROBES = (("otel_gpu_launch", "launch"), ("otel_gpu_activity", "activity"), ("otel_gpu_sync", "sync"),
-          ("otel_gpu_window", "window"))
+# Attach order matters: the library starts recording as soon as any semaphore is set. Windows first (so every
+# weight is known), launches last (so every launch seen has its activity and window probes in place).
+PROBES = (("otel_gpu_window", "window"), ("otel_gpu_activity", "activity"), ("otel_gpu_sync", "sync"),
+          ("otel_gpu_launch", "launch"))
 _SOURCE = "gpu_time"
 _HOW_TO = ("run workloads with `otel-gpu inject -- python train.py`, or set CUDA_INJECTION64_PATH={path} in their "
            "environment (containers: mount the library and set the same variable)")
@@ -45,6 +47,8 @@ class ProcessCounters:
     launches: float = 0.0
     kernel_time_ns: float = 0.0
     sync_wait_ns: float = 0.0
+    since_ns: int = 0  # start of the time the library's windows account for (CUPTI clock, unix ns)
+    until_ns: int = 0  # end of the last closed window
 
 
 @dataclass(slots=True)
@@ -227,7 +231,11 @@ class GPUTimeSource:
         weight, covered, elapsed = self._weights.add(window)
         self._interval.covered_ns += covered
         self._interval.elapsed_ns += elapsed
-        self._counter(window.pid).launches += window.launches * weight
+        counters = self._counter(window.pid)
+        counters.launches += window.launches * weight
+        if not counters.since_ns or elapsed == window.elapsed_ns:  # first window, or the library re-attached
+            counters.since_ns = window.end_ns - window.elapsed_ns
+        counters.until_ns = max(counters.until_ns, window.end_ns)
         if window.dropped:
             selfmetrics.count(semconv.SELF_DROPPED.name, window.dropped, otel_gpu__reason="injected_library",
                               otel_gpu__signal="profiles")
@@ -321,6 +329,11 @@ class GPUTimeSource:
         """Cumulative totals of every process seen (copies)."""
         with self._lock:
             return [replace(c) for c in self._counters.values()]
+
+    def dropped(self) -> dict[str, int]:
+        """Records the eBPF program could not deliver since open, by reason (as of the last drain)."""
+        with self._lock:
+            return dict(zip(abi.DROP_REASONS, self._drops_seen))
 
     def join_stats(self) -> tuple[int, int, int]:
         """(joined, launches unmatched, activities unmatched) since open."""
