@@ -44,6 +44,7 @@ class _GPURow:
     temperature_cel: float | None = None
     sm_clock_hz: float | None = None
     memory_clock_hz: float | None = None
+    state: str = ""  # hw.state whose hw.status series is 1 (ok, failed)
     processes: dict[int, _ProcessRow] = field(default_factory=dict)
 
 
@@ -62,7 +63,8 @@ def render_console(metrics_data: MetricsData | None, *, interval_s: float, top_p
             f"{_text(row.index):<4}{(row.name or row.hw_id)[:21]:<22}{_percent(row.utilization_ratio):>6}"
             f"{_pair(row.memory_used_bytes, row.memory_limit_bytes, _GIB, 1):>18}"
             f"{_pair(row.power_w, row.power_limit_w, 1, 0):>14}{_number(row.temperature_cel, 1, 0, 'C'):>7}"
-            f"{_number(row.sm_clock_hz, _MHZ, 0):>9}{_number(row.memory_clock_hz, _MHZ, 0):>9}")
+            f"{_number(row.sm_clock_hz, _MHZ, 0):>9}{_number(row.memory_clock_hz, _MHZ, 0):>9}"
+            + (f"  {row.state.upper()}" if row.state and row.state != "ok" else ""))
         top = sorted(row.processes.values(), key=lambda p: -p.memory_bytes)[:top_processes]
         if top:
             shown = ", ".join(
@@ -113,6 +115,9 @@ def _apply(row: _GPURow, name: str, attributes: Mapping[str, Any], value: float)
     elif name == semconv.GPU_TEMPERATURE.name:
         if attributes.get(semconv.HW_SENSOR_LOCATION, "gpu") == "gpu":
             row.temperature_cel = value
+    elif name == semconv.GPU_STATUS.name:
+        if value == 1:
+            row.state = str(attributes.get(semconv.HW_STATE, ""))
     elif name == semconv.GPU_CLOCK_FREQUENCY.name:
         clock = attributes.get(semconv.NVIDIA_GPU_CLOCK_TYPE)
         if clock == "sm":

@@ -70,3 +70,21 @@ def test_no_nvml_keeps_the_agent_running_with_one_clear_line(tmp_path: Path) -> 
     assert len(off) == 1, agent.stderr()
     assert "no GPU metrics yet" in agent.stdout()
     assert (tmp_path / "out" / "metrics.jsonl").exists()
+
+
+def test_a_gpu_lost_mid_run_reports_failed_and_the_other_carries_on(tmp_path: Path) -> None:
+    build_fake_nvml()
+    agent = AgentProcess(tmp_path, ["--duration", "7", "--metric-export-interval", "1", "--output-dir", "out"],
+                         fake_nvml={"LOST": "1@3"})  # GPU 1 answers GPU_IS_LOST from 3 s after nvmlInit
+    assert agent.wait(timeout_s=60) == 0, agent.stderr()
+    last = decode_otlp_json((tmp_path / "out" / "metrics.jsonl").read_text().splitlines()[-1])
+    status = {(_attribute(p, semconv.HW_ID), _attribute(p, semconv.HW_STATE)): p.as_int
+              for p in _points(last, semconv.GPU_STATUS.name)}
+    assert status[(GPU_UUIDS[0], "ok")] == 1 and status[(GPU_UUIDS[1], "failed")] == 1
+    assert status[(GPU_UUIDS[1], "ok")] == 0
+    # GPU 0 still reports its readings, and the table still shows it
+    used = {_attribute(p, semconv.HW_ID): p.as_int for p in _points(last, semconv.GPU_MEMORY_USAGE.name)}
+    assert used.get(GPU_UUIDS[0]) == 16 * GIB
+    table = agent.stdout().strip().split("\n\n")[-1]
+    assert any(line.startswith("0 ") and "40%" in line for line in table.splitlines())
+    assert any(line.startswith("1 ") and line.endswith("FAILED") for line in table.splitlines()), table

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import io
 
+from opentelemetry.metrics import CallbackOptions, Observation
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader, MetricExportResult
 from opentelemetry.sdk.resources import Resource
 
+from otel_gpu import semconv
 from otel_gpu.metrics.console import ConsoleTableExporter, render_console
-from tests.metrics.gpu_readings import GIB, SimReadings
+from tests.metrics.gpu_readings import GIB, SimGPU, SimReadings
 
 PROCESSES = {
     0: [(101, "trainer", 10 * GIB, 0.4), (102, "notebook", 1 * GIB, 0.0), (103, "tiny", GIB // 2, 0.0),
@@ -45,6 +47,27 @@ def test_top_processes_by_memory() -> None:
     assert processes0.strip().startswith("processes: 101 trainer 10.0 GiB SM 40%, 102 notebook 1.0 GiB")
     assert "103 tiny" in processes0 and "smallest" not in processes0 and "(+1 more)" in processes0
     assert "201 server 20.0 GiB SM 65%" in text
+
+
+def test_a_failed_gpu_is_marked() -> None:
+    reader = InMemoryMetricReader()
+    provider = MeterProvider(metric_readers=[reader], resource=Resource({}))
+    meter = provider.get_meter("otel_gpu.gpu")
+    readings = SimReadings(meter, gpus=1)
+    lost = SimGPU(1)
+
+    def status(options: CallbackOptions) -> list[Observation]:
+        return [Observation(1, {**readings.gpus[0].attributes, semconv.HW_STATE: "ok"}),
+                Observation(0, {**readings.gpus[0].attributes, semconv.HW_STATE: "failed"}),
+                Observation(0, {**lost.attributes, semconv.HW_STATE: "ok"}),
+                Observation(1, {**lost.attributes, semconv.HW_STATE: "failed"})]
+
+    meter.create_observable_up_down_counter(semconv.GPU_STATUS.name, callbacks=[status], unit=semconv.GPU_STATUS.unit)
+    lines = render_console(reader.get_metrics_data(), interval_s=1).splitlines()
+    assert "2 GPUs" in lines[0]
+    row0 = next(line for line in lines if line.startswith("0 "))
+    row1 = next(line for line in lines if line.startswith("1 "))
+    assert row1.endswith("FAILED") and "FAILED" not in row0 and "40%" in row0
 
 
 def test_status_line_before_any_gpu_data() -> None:
