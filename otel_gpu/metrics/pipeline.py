@@ -209,7 +209,6 @@ class MetricsPipeline:
             self._prometheus_server = None
 
     def _start_prometheus(self, host: str, port: int) -> MetricReader | None:
-        from opentelemetry.exporter.prometheus import PrometheusMetricReader
         from prometheus_client import CollectorRegistry, ProcessCollector, start_http_server
 
         registry = CollectorRegistry()
@@ -223,20 +222,21 @@ class MetricsPipeline:
             return None
         self._prometheus_server, self._prometheus_thread = server, thread
         self.prometheus_address = (host, server.server_address[1])
-        return _ratio_naming_reader(PrometheusMetricReader)(registry=registry)
+        return _ratio_naming_reader(registry)
 
 
-def _ratio_naming_reader(base: type[MetricReader]) -> type[MetricReader]:
-    """``base`` (the SDK's PrometheusMetricReader) with the OTel-Prometheus rule it lacks: gauges of unit ``1``
-    get the ``_ratio`` suffix, so the scrape names match ``semconv.prometheus_name`` and OTLP-translating backends.
+def _ratio_naming_reader(registry: Any) -> MetricReader:
+    """The SDK's PrometheusMetricReader with the OTel-Prometheus rule it lacks: gauges of unit ``1`` get the
+    ``_ratio`` suffix, so the scrape names match ``semconv.prometheus_name`` and OTLP-translating backends.
     """
+    from opentelemetry.exporter.prometheus import PrometheusMetricReader
 
-    class RatioNamingPrometheusReader(base):  # type: ignore[valid-type, misc]
+    class RatioNamingPrometheusReader(PrometheusMetricReader):
         def _receive_metrics(self, metrics_data: MetricsData, timeout_millis: float = 10_000,
                              **kwargs: Any) -> None:
-            super()._receive_metrics(_with_ratio_units(metrics_data), timeout_millis, **kwargs)
+            super()._receive_metrics(_with_ratio_units(metrics_data), timeout_millis, **kwargs)  # type: ignore[arg-type]
 
-    return RatioNamingPrometheusReader
+    return RatioNamingPrometheusReader(registry=registry)
 
 
 def _with_ratio_units(metrics_data: MetricsData | None) -> MetricsData | None:
