@@ -43,6 +43,8 @@ for name in victoria-metrics prometheus; do
   deb=$(ls -t "$cache/debs/${name}"_*.deb | head -1)
   rm -rf "${cache:?}/$name"
   dpkg -x "$deb" "$cache/$name"
+  # Debian's victoria-metrics build prints an empty -version, so report the package version instead
+  echo "fetch-backends: $(dpkg-deb -f "$deb" Package) $(dpkg-deb -f "$deb" Version) in $cache/$name"
 done
-"$cache/victoria-metrics/usr/bin/victoria-metrics" -version
+test -x "$cache/victoria-metrics/usr/bin/victoria-metrics"
 "$cache/prometheus/usr/bin/prometheus" --version 2>&1 | head -1
