@@ -230,9 +230,18 @@ def main() -> int:
         time.sleep(2.0)
         table = ["| sample | GPU | reading | agent | nvidia-smi | ok |", "|---|---|---|---|---|---|"]
         snapshots_over_time = []
+        smi_errors: list[str] = []
+        compared = 0
         for sample in range(args.samples):
             smi_rows: list[list[str]] = []
-            smi_thread = threading.Thread(target=lambda rows=smi_rows: rows.extend(nvidia_smi()))
+
+            def query(rows: list[list[str]] = smi_rows) -> None:
+                try:
+                    rows.extend(nvidia_smi())
+                except (OSError, subprocess.SubprocessError) as exc:
+                    smi_errors.append(str(exc))
+
+            smi_thread = threading.Thread(target=query)
             smi_thread.start()
             snapshots = source.collect()
             smi_thread.join(30)
@@ -246,10 +255,14 @@ def main() -> int:
                     smi = smi_number(row[column])
                     good = agent is not None and smi is not None and within(agent, smi, tolerance, kind)
                     ok = ok and good
+                    compared += 1
                     table.append(f"| {sample} | {snap.info.index} | {label} | "
                                  f"{'n/a' if agent is None else f'{agent:.1f}'} | {row[column]} | "
                                  f"{'yes' if good else 'NO'} |")
             time.sleep(args.gap_seconds)
+        if not compared:
+            ok = False
+            table.append(f"| - | - | nothing compared: nvidia-smi gave no rows ({'; '.join(smi_errors[:2])}) | | | NO |")
         lines += ["", "## Agent vs nvidia-smi (taken at the same moments)",
                   ("Tolerances: utilization ±15 points (different averaging windows), memory used ±3 %, power ±15 %, "
                    "temperature ±3 C, SM clock ±5 %, memory clock ±2 %, P-state exact."), ""] + table
