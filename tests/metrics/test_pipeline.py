@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import gzip
+import http.server
 import logging
 import socket
 import subprocess
@@ -101,6 +103,56 @@ def test_otlp_grpc_export_is_cumulative_with_headers_and_resource() -> None:
     gpu0 = [p for p in energy if p.attributes[0].value.string_value.endswith("000000000000")]
     assert len({p.start_time_unix_nano for p in gpu0}) == 1  # one cumulative series, not deltas
     assert gpu0[-1].as_double > gpu0[0].as_double >= 1e6
+
+
+class _HTTPReceiver(http.server.ThreadingHTTPServer):
+    """A real OTLP/HTTP endpoint (stdlib HTTP server) that keeps each request's headers and decoded body."""
+
+    def __init__(self) -> None:
+        self.received: list[tuple[dict[str, str], metrics_service_pb2.ExportMetricsServiceRequest]] = []
+        receiver = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 - stdlib handler name
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                if self.headers.get("Content-Encoding") == "gzip":
+                    body = gzip.decompress(body)
+                request = metrics_service_pb2.ExportMetricsServiceRequest.FromString(body)
+                receiver.received.append(({k.lower(): v for k, v in self.headers.items()}, request))
+                self.send_response(200)
+                self.send_header("Content-Type", "application/x-protobuf")
+                self.end_headers()
+                self.wfile.write(metrics_service_pb2.ExportMetricsServiceResponse().SerializeToString())
+
+            def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - stdlib signature
+                return None
+
+        super().__init__(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.serve_forever, daemon=True).start()
+
+
+@pytest.mark.parametrize("compression", ["gzip", "none"])
+def test_otlp_http_sends_headers_and_compression(compression: str) -> None:
+    receiver = _HTTPReceiver()
+    url = f"http://127.0.0.1:{receiver.server_address[1]}/v1/metrics"
+    config = AgentConfig(otlp=OTLPConfig(metrics_endpoint=url, protocol="http/protobuf", compression=compression,
+                                         headers=(("X-Scope-OrgID", "tenant-1"),),
+                                         metrics_headers=(("Authorization", "Basic abc"),)),
+                         metrics=MetricsConfig(export_interval_s=0.2), output=QUIET)
+    pipeline = MetricsPipeline(config, RESOURCE)
+    try:
+        SimReadings(pipeline.meter("otel_gpu.gpu"), gpus=2)
+        wait_until(lambda: receiver.received, 20, "an OTLP/HTTP request")
+    finally:
+        pipeline.shutdown()
+        receiver.shutdown()
+        receiver.server_close()
+    headers, request = receiver.received[0]
+    assert headers["x-scope-orgid"] == "tenant-1" and headers["authorization"] == "Basic abc"
+    assert headers["content-type"] == "application/x-protobuf"
+    assert headers.get("content-encoding") == ("gzip" if compression == "gzip" else None)
+    names = {m.name for rm in request.resource_metrics for sm in rm.scope_metrics for m in sm.metrics}
+    assert semconv.GPU_MEMORY_USAGE.name in names
 
 
 def test_otlp_grpc_over_tls_trusts_the_configured_certificate(tmp_path: Path) -> None:
