@@ -52,6 +52,7 @@ class CPUProfileSource:
     def open(self) -> None:
         """Load and attach the sampler; raises SourceUnavailable (nothing left attached) when it cannot run."""
         self._sampler.open()
+        self._symbolizer.load_kernel_symbols()
         self._started_ns = time.time_ns()
 
     def close(self) -> None:

@@ -10,6 +10,7 @@ import bisect
 import mmap
 import os
 import struct
+from array import array
 from dataclasses import dataclass
 
 _EHDR = struct.Struct("<16sHHIQQQIHHHHHH")
@@ -41,15 +42,19 @@ class Segment:
 
 
 class ElfSymbols:
-    """Function symbols of one ELF file, sorted by address, with its build id and load segments."""
+    """Function symbols of one ELF file, sorted by address, with its build id and load segments.
+
+    Stored compactly (two address arrays and one byte string of names, about 20 bytes plus the name per symbol);
+    names are decoded when looked up."""
 
     def __init__(self, path: str) -> None:
         self.path = path
         self.build_id = ""
         self.segments: list[Segment] = []
-        self._starts: list[int] = []
-        self._ends: list[int] = []
-        self._names: list[str] = []
+        self._starts = array("Q")
+        self._ends = array("Q")
+        self._name_ends = array("I")
+        self._names = b""
         with open(path, "rb") as handle:
             size = os.fstat(handle.fileno()).st_size
             if size < _EHDR.size:
@@ -60,6 +65,19 @@ class ElfSymbols:
     @property
     def symbol_count(self) -> int:
         return len(self._starts)
+
+    @property
+    def size_bytes(self) -> int:
+        """Approximate memory held by the symbol table."""
+        return len(self._names) + 20 * len(self._starts)
+
+    def symbols(self) -> list[tuple[int, str]]:
+        """Every (link-time address, name), sorted by address."""
+        return [(self._starts[i], self._name(i)) for i in range(len(self._starts))]
+
+    def _name(self, index: int) -> str:
+        begin = self._name_ends[index - 1] if index else 0
+        return self._names[begin:self._name_ends[index]].decode(errors="replace")
 
     def vaddr_of(self, file_offset: int) -> int | None:
         """The link-time virtual address of ``file_offset``, None when no loadable segment holds it."""
@@ -73,7 +91,7 @@ class ElfSymbols:
         index = bisect.bisect_right(self._starts, vaddr) - 1
         if index < 0 or vaddr >= self._ends[index]:
             return None
-        return self._names[index], vaddr - self._starts[index]
+        return self._name(index), vaddr - self._starts[index]
 
     # --- parsing ---------------------------------------------------------------------------------------------------
 
@@ -91,7 +109,7 @@ class ElfSymbols:
             elif p_type == _PT_NOTE and not self.build_id:
                 self.build_id = _build_id(data, p_offset, p_filesz)
         sections = [_SHDR.unpack_from(data, shoff + i * shentsize) for i in range(shnum)] if shoff else []
-        symbols: dict[int, tuple[int, str]] = {}
+        symbols: dict[int, tuple[int, bytes]] = {}
         for kind in (_SHT_SYMTAB, _SHT_DYNSYM):  # .symtab first: it has the local functions too
             for section in sections:
                 if section[1] == kind and section[6] < len(sections):
@@ -104,15 +122,18 @@ class ElfSymbols:
                     if self.build_id:
                         break
         ordered = sorted(symbols.items())
+        names = bytearray()
         for position, (start, (size, name)) in enumerate(ordered):
             end = start + size if size else (ordered[position + 1][0] if position + 1 < len(ordered) else start + 1)
             self._starts.append(start)
             self._ends.append(end)
-            self._names.append(name)
+            names += name
+            self._name_ends.append(len(names))
+        self._names = bytes(names)
 
     @staticmethod
     def _read_symbols(data: mmap.mmap, offset: int, size: int, str_offset: int, str_size: int,
-                      out: dict[int, tuple[int, str]]) -> None:
+                      out: dict[int, tuple[int, bytes]]) -> None:
         if offset + size > len(data) or str_offset + str_size > len(data):
             return  # a section that is not in the file (e.g. NOBITS in a debug-only file)
         strings = data[str_offset:str_offset + str_size]
@@ -123,8 +144,7 @@ class ElfSymbols:
             if value in out and out[value][0] >= sym_size:
                 continue
             end = strings.find(b"\0", name_off)
-            name = strings[name_off:end if end >= 0 else len(strings)].decode(errors="replace")
-            out[value] = (sym_size, name)
+            out[value] = (sym_size, strings[name_off:end if end >= 0 else len(strings)])
 
 
 def _build_id(data: mmap.mmap, offset: int, size: int) -> str:

@@ -46,6 +46,7 @@ class _Process:
         self.frames: dict[tuple[int, bool], Frame] = {}  # (address, is_leaf)
         self.perf_map: PerfMap | None = None
         self.perf_map_checked = False
+        self.refreshed = False
 
     def set_entries(self, entries: list[MapEntry]) -> None:
         self.entries = [e for e in entries if e.executable or e.file_backed]
@@ -62,8 +63,8 @@ class Symbolizer:
     """Symbolizes user and kernel stacks; thread-safe (the CPU sampler calls :meth:`remember` from its event thread
     and the stack methods from the drain)."""
 
-    def __init__(self, proc_root: str = "/proc", kallsyms_path: str = "/proc/kallsyms", max_files: int = 1024,
-                 max_processes: int = 8192) -> None:
+    def __init__(self, proc_root: str = "/proc", kallsyms_path: str = "/proc/kallsyms", max_files: int = 512,
+                 max_symbol_bytes: int = 48 * 1024 * 1024, max_processes: int = 8192) -> None:
         self._proc = proc_root
         self._kallsyms_path = kallsyms_path
         self._kernel: KernelSymbols | None = None
@@ -71,6 +72,8 @@ class Symbolizer:
         self._files: OrderedDict[FileKey, ElfSymbols | None] = OrderedDict()
         self._by_build_id: dict[str, ElfSymbols] = {}
         self._max_files = max_files
+        self._max_symbol_bytes = max_symbol_bytes
+        self._symbol_bytes = 0
         self._max_processes = max_processes
         self._processes: OrderedDict[int, _Process] = OrderedDict()
         self._demangler = Demangler()
@@ -79,7 +82,8 @@ class Symbolizer:
     # --- processes -------------------------------------------------------------------------------------------------
 
     def remember(self, pid: int) -> bool:
-        """Snapshot the mappings of ``pid`` and open its executable files now, while it runs. False when gone."""
+        """Snapshot the mappings of ``pid`` while it runs, and read now the symbols of executable files that could
+        not be read once it exits (deleted files, files seen only through its mount namespace). False when gone."""
         entries = read_maps(pid, self._proc)
         if entries is None:
             return False
@@ -93,9 +97,20 @@ class Symbolizer:
             else:
                 process.set_entries(entries)
             for entry in process.entries:
-                if entry.executable and entry.file_backed:
+                if entry.executable and entry.file_backed and not self._reopenable(entry):
                     self._file_for(process, entry)
         return True
+
+    @staticmethod
+    def _reopenable(entry: MapEntry) -> bool:
+        """True when ``entry``'s file can be read later through its path (same inode), even after the process
+        exited."""
+        if entry.deleted:
+            return False
+        try:
+            return os.stat(entry.path).st_ino == entry.inode
+        except OSError:
+            return False
 
     def knows(self, pid: int) -> bool:
         with self._lock:
@@ -120,6 +135,8 @@ class Symbolizer:
                 entries = read_maps(pid, self._proc)
                 process = _Process(pid, entries or [])
                 self._processes[pid] = process
+            process.refreshed = False  # re-read the maps at most once per call (a library loaded meanwhile)
+            process.perf_map_checked = False
             raw: list[list[tuple[int, bool, str, MapEntry | None, ElfSymbols | None, Mapping | None, int]]] = []
             names: set[str] = set()
             for stack in stacks:
@@ -147,6 +164,13 @@ class Symbolizer:
                 out.append(tuple(frames))
             return out
 
+    def load_kernel_symbols(self) -> bool:
+        """Read /proc/kallsyms now (about 0.2 s) instead of at the first kernel frame; False when unavailable."""
+        with self._lock:
+            if self._kernel is None:
+                self._kernel = KernelSymbols(self._kallsyms_path)
+            return self._kernel.available
+
     def kernel_stack(self, addresses: Sequence[int]) -> tuple[Frame, ...]:
         """Frames (leaf first) for kernel addresses (leaf first)."""
         with self._lock:
@@ -173,7 +197,8 @@ class Symbolizer:
     def _resolve(self, process: _Process, address: int, leaf: bool
                  ) -> tuple[int, bool, str, MapEntry | None, ElfSymbols | None, Mapping | None, int]:
         entry = process.find(address)
-        if entry is None and os.path.exists(f"{self._proc}/{process.pid}"):
+        if entry is None and not process.refreshed:
+            process.refreshed = True
             fresh = read_maps(process.pid, self._proc)  # a library loaded after the snapshot
             if fresh is not None:
                 process.set_entries(fresh)
@@ -234,11 +259,20 @@ class Symbolizer:
                 selfmetrics.count(semconv.SELF_ERRORS.name, otel_gpu__source=SOURCE, otel_gpu__reason="unreadable_elf")
                 elf = None
             if elf is not None and elf.build_id:
-                elf = self._by_build_id.setdefault(elf.build_id, elf)
+                shared = self._by_build_id.setdefault(elf.build_id, elf)
+                if shared is elf:
+                    self._symbol_bytes += elf.size_bytes
+                elf = shared
+            elif elf is not None:
+                self._symbol_bytes += elf.size_bytes
             self._files[key] = elf
-            while len(self._files) > self._max_files:
+            while len(self._files) > 1 and (len(self._files) > self._max_files
+                                            or self._symbol_bytes > self._max_symbol_bytes):
                 _, dropped = self._files.popitem(last=False)
-                if dropped is not None and self._by_build_id.get(dropped.build_id) is dropped:
+                if dropped is None or dropped in self._files.values():
+                    continue
+                self._symbol_bytes -= dropped.size_bytes
+                if self._by_build_id.get(dropped.build_id) is dropped:
                     del self._by_build_id[dropped.build_id]
             return elf
         selfmetrics.count(semconv.SELF_ERRORS.name, otel_gpu__source=SOURCE, otel_gpu__reason="missing_file")
@@ -249,6 +283,9 @@ class Symbolizer:
         return perf_map.lookup(address) if perf_map is not None else None
 
     def _perf_map(self, process: _Process) -> PerfMap | None:
+        if process.perf_map_checked:
+            return process.perf_map
+        process.perf_map_checked = True  # once per call: JIT maps grow while the process runs
         ns_pid = _namespace_pid(self._proc, process.pid)
         for path in (f"{self._proc}/{process.pid}/root/tmp/perf-{ns_pid}.map", f"/tmp/perf-{process.pid}.map"):
             try:

@@ -32,7 +32,7 @@ def _start(binary: Path, *args: str) -> tuple[subprocess.Popen[str], int]:
 def _runtime_address(pid: int, path: Path, function: str, offset_into: int = 4) -> int:
     """Where ``function`` (+offset_into) of ``path`` sits in process ``pid``."""
     elf = ElfSymbols(str(path))
-    vaddr = next(elf._starts[i] for i, name in enumerate(elf._names) if name == function) + offset_into
+    vaddr = next(start for start, name in elf.symbols() if name == function) + offset_into
     segment = next(s for s in elf.segments if s.vaddr <= vaddr < s.vaddr + s.file_size)
     file_offset = vaddr - segment.vaddr + segment.offset
     entries = read_maps(pid) or []
@@ -80,7 +80,7 @@ def test_stripped_binary_gives_mapping_named_frames_with_build_id() -> None:
     try:
         # same code as cpu_3to1, so its symbol offsets apply
         elf = ElfSymbols(str(full))
-        vaddr = next(elf._starts[i] for i, n in enumerate(elf._names) if n == "leaf_heavy") + 4
+        vaddr = next(start for start, name in elf.symbols() if name == "leaf_heavy") + 4
         segment = next(s for s in elf.segments if s.vaddr <= vaddr < s.vaddr + s.file_size)
         file_offset = vaddr - segment.vaddr + segment.offset
         entry = next(e for e in read_maps(pid) or [] if e.path.endswith("cpu_3to1_stripped") and

@@ -1,0 +1,242 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Cost of eBPF CPU profiling, measured on this machine (root, BTF, perf events).
+
+Reports, side by side in one run:
+  1. overhead while every core is busy (one cpu_3to1 per online CPU): the real agent's own CPU time over wall time,
+     at 19 Hz and at 99 Hz (target <= 1 % of one core at 19 Hz), plus the in-kernel cost of the BPF program
+     (run time per sample, from kernel.bpf_stats_enabled) which is charged to the interrupted processes;
+  2. drain + symbolize + encode throughput in samples per second (target >= 50,000):
+     a. real: the sampler at a high frequency on busy workloads, then one drain, pprof and OTLP encoding;
+     b. worst case: every sample a distinct, never-seen stack (random addresses in live processes' code and the
+        kernel), fed through the same symbolizer and encoders;
+  3. the agent's RSS with CPU profiling on (current and peak; target <= 100 MB).
+
+Run (as root, after make build): .venv/bin/python bench/bench_cpu_profiler.py [--seconds 30] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+WORKLOADS = REPO / "tests" / "native" / "workloads"
+sys.path.insert(0, str(REPO))
+
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of ``pid`` (all its threads), in seconds."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    fields = stat[stat.rfind(")") + 2:].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+def rss_mb(pid: int) -> tuple[float, float]:
+    """(VmRSS, VmHWM) of ``pid`` in MB."""
+    values = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(("VmRSS:", "VmHWM:")):
+            key, value = line.split(":", 1)
+            values[key] = int(value.split()[0]) / 1024
+    return values.get("VmRSS", 0.0), values.get("VmHWM", 0.0)
+
+
+def sampler_prog_stats() -> tuple[int, int]:
+    """(run_time_ns, run_cnt) summed over loaded on_cpu_sample programs (needs kernel.bpf_stats_enabled=1)."""
+    bpftool = shutil.which("bpftool") or "/usr/sbin/bpftool"
+    out = subprocess.run([bpftool, "prog", "show", "-j"], capture_output=True, text=True, check=False).stdout
+    run_ns = count = 0
+    for prog in json.loads(out or "[]"):
+        if prog.get("name") == "on_cpu_sample":
+            run_ns += prog.get("run_time_ns", 0)
+            count += prog.get("run_cnt", 0)
+    return run_ns, count
+
+
+def program_loaded() -> bool:
+    return sampler_prog_stats() != (0, 0) or "on_cpu_sample" in subprocess.run(
+        [shutil.which("bpftool") or "/usr/sbin/bpftool", "prog", "show"], capture_output=True, text=True).stdout
+
+
+def start_burners(seconds: float) -> list[subprocess.Popen[bytes]]:
+    from otel_gpu.ebpf.loader import online_cpus
+
+    return [subprocess.Popen([str(WORKLOADS / "cpu_3to1"), str(seconds)], stdout=subprocess.DEVNULL)
+            for _ in online_cpus()]
+
+
+def agent_overhead(frequency_hz: int, seconds: float) -> dict[str, float]:
+    """Run the real agent with every core busy; its CPU over wall time after it attached."""
+    out_dir = tempfile.mkdtemp(prefix="otel-gpu-bench-")
+    burners = start_burners(seconds + 30)
+    agent = subprocess.Popen([sys.executable, "-m", "otel_gpu", "run", "--no-gpu-metrics", "--output-dir", out_dir,
+                              "--console", "off", "--profiling-frequency-hz", str(frequency_hz),
+                              "--profiling-interval", "10", "--log-level", "warning"],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not program_loaded():
+            if agent.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"agent did not attach: {agent.stderr.read() if agent.stderr else ''}")
+            time.sleep(0.2)
+        time.sleep(1.0)  # past start-up
+        cpu0, wall0, (bpf_ns0, bpf_n0) = cpu_seconds(agent.pid), time.monotonic(), sampler_prog_stats()
+        time.sleep(seconds)
+        cpu1, wall1, (bpf_ns1, bpf_n1) = cpu_seconds(agent.pid), time.monotonic(), sampler_prog_stats()
+        rss, hwm = rss_mb(agent.pid)
+    finally:
+        agent.send_signal(signal.SIGTERM)
+        agent.wait(timeout=60)
+        for burner in burners:
+            burner.kill()
+            burner.wait()
+        shutil.rmtree(out_dir, ignore_errors=True)
+    wall = wall1 - wall0
+    samples = bpf_n1 - bpf_n0
+    return {"frequency_hz": frequency_hz, "wall_s": round(wall, 2),
+            "agent_cpu_percent_of_one_core": round(100 * (cpu1 - cpu0) / wall, 3),
+            "bpf_runs": samples, "bpf_ns_per_run": round((bpf_ns1 - bpf_ns0) / samples) if samples else 0,
+            "bpf_cpu_percent_of_one_core": round(100 * (bpf_ns1 - bpf_ns0) / 1e9 / wall, 3),
+            "agent_rss_mb": round(rss, 1), "agent_peak_rss_mb": round(hwm, 1)}
+
+
+def encode_all(batch) -> tuple[int, int]:  # type: ignore[no-untyped-def]
+    from otel_gpu.profiles.otlp import encode_otlp
+    from otel_gpu.profiles.pprof import encode_pprof
+
+    return len(encode_pprof(batch)), len(encode_otlp(batch).SerializeToString())
+
+
+def real_throughput(frequency_hz: int, seconds: float) -> dict[str, float]:
+    """Sample busy workloads at ``frequency_hz`` for ``seconds``, then time one drain + encode."""
+    from otel_gpu.config import ProfilingConfig
+    from otel_gpu.cpu.source import CPUProfileSource
+    from otel_gpu.procfs import ProcessResolver
+
+    source = CPUProfileSource(ProfilingConfig(frequency_hz=frequency_hz), ProcessResolver())
+    source.open()
+    try:
+        source.drain()  # warm caches (kallsyms, libc) so the timed drain is a steady-state one
+        workloads = [subprocess.Popen([str(WORKLOADS / name), str(seconds)], stdout=subprocess.DEVNULL)
+                     for name in ("cpu_3to1", "syscall_heavy")]
+        for workload in workloads:
+            workload.wait()
+        started = time.perf_counter()
+        batch = source.drain()
+        drained = time.perf_counter()
+        pprof_bytes, otlp_bytes = encode_all(batch)
+        encoded = time.perf_counter()
+    finally:
+        source.close()
+    samples = sum(s.value for p in batch.processes for s in p.samples)
+    entries = batch.sample_count
+    total = encoded - started
+    return {"frequency_hz": frequency_hz, "samples": samples, "distinct_samples": entries,
+            "drain_symbolize_ms": round(1000 * (drained - started), 1), "encode_ms": round(1000 * (encoded - drained), 1),
+            "samples_per_s": round(samples / total), "distinct_samples_per_s": round(entries / total),
+            "pprof_bytes": pprof_bytes, "otlp_bytes": otlp_bytes}
+
+
+def worst_case_throughput(count: int, depth: int) -> dict[str, float]:
+    """``count`` samples, each a distinct stack of ``depth`` random never-seen code addresses (user + kernel)."""
+    from otel_gpu.config import ProfilingConfig
+    from otel_gpu.cpu.sampler import RawSample
+    from otel_gpu.cpu.source import CPUProfileSource
+    from otel_gpu.procfs import ProcessResolver
+    from otel_gpu.symbolize.kallsyms import KernelSymbols
+    from otel_gpu.symbolize.maps import read_maps
+
+    workloads = [subprocess.Popen([str(WORKLOADS / "cpu_3to1"), "60"], stdout=subprocess.DEVNULL),
+                 subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])]
+    time.sleep(0.5)
+    rng = random.Random(7)
+    kernel = KernelSymbols()
+    kernel_range = (kernel._starts[0], kernel._starts[-1]) if kernel.available else (0, 0)  # noqa: SLF001
+    raw: list[RawSample] = []
+    for workload in workloads:
+        code = [e for e in read_maps(workload.pid) or [] if e.executable and e.file_backed]
+        for i in range(count // len(workloads)):
+            user = tuple(rng.randrange(e.start, e.end) for e in rng.choices(code, k=depth))
+            kstack = tuple(rng.randrange(*kernel_range) for _ in range(4)) if kernel.available and i % 3 == 0 else ()
+            raw.append(RawSample(workload.pid, workload.pid, "bench", 1, user, kstack))
+
+    class FeedSampler:
+        frequency_hz = 19
+
+        def open(self) -> None: ...
+
+        def close(self) -> None: ...
+
+        def drain(self) -> list[RawSample]:
+            return raw
+
+    try:
+        source = CPUProfileSource(ProfilingConfig(), ProcessResolver(), sampler=FeedSampler())  # type: ignore[arg-type]
+        started = time.perf_counter()
+        batch = source.drain()
+        drained = time.perf_counter()
+        pprof_bytes, otlp_bytes = encode_all(batch)
+        encoded = time.perf_counter()
+    finally:
+        for workload in workloads:
+            workload.kill()
+            workload.wait()
+    total = encoded - started
+    return {"samples": len(raw), "stack_depth": depth, "drain_symbolize_ms": round(1000 * (drained - started), 1),
+            "encode_ms": round(1000 * (encoded - drained), 1), "samples_per_s": round(len(raw) / total),
+            "symbolize_only_samples_per_s": round(len(raw) / (drained - started)),
+            "pprof_bytes": pprof_bytes, "otlp_bytes": otlp_bytes}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seconds", type=float, default=30.0, help="measured seconds per overhead run")
+    parser.add_argument("--json", help="also write the results to this file")
+    args = parser.parse_args()
+    if os.geteuid() != 0:
+        print("bench_cpu_profiler: needs root (loads eBPF programs)", file=sys.stderr)
+        return 1
+    stats_path = Path("/proc/sys/kernel/bpf_stats_enabled")
+    previous = stats_path.read_text().strip()
+    stats_path.write_text("1")
+    results: dict[str, object] = {}
+    try:
+        results["overhead"] = [agent_overhead(hz, args.seconds) for hz in (19, 99)]
+        results["throughput_real"] = real_throughput(999, 5.0)
+        results["throughput_worst_case"] = worst_case_throughput(50_000, 16)
+    finally:
+        stats_path.write_text(previous)
+    print("1. overhead, every core busy (agent CPU over wall time; BPF cost is charged to the sampled processes)")
+    for row in results["overhead"]:  # type: ignore[union-attr]
+        print(f"   {row['frequency_hz']:>3} Hz: agent {row['agent_cpu_percent_of_one_core']:.3f} % of one core, "
+              f"BPF {row['bpf_cpu_percent_of_one_core']:.3f} % ({row['bpf_ns_per_run']} ns x {row['bpf_runs']} runs), "
+              f"RSS {row['agent_rss_mb']} MB (peak {row['agent_peak_rss_mb']} MB) over {row['wall_s']} s")
+    real = results["throughput_real"]
+    worst = results["throughput_worst_case"]
+    print("2. drain + symbolize + encode (pprof + OTLP)")
+    print(f"   real, {real['frequency_hz']} Hz x 5 s on 2 workloads: {real['samples']} samples in "  # type: ignore[index]
+          f"{real['distinct_samples']} distinct: drain+symbolize {real['drain_symbolize_ms']} ms, "  # type: ignore[index]
+          f"encode {real['encode_ms']} ms -> {real['samples_per_s']} samples/s "  # type: ignore[index]
+          f"({real['distinct_samples_per_s']} distinct/s)")  # type: ignore[index]
+    print(f"   worst case, {worst['samples']} distinct never-seen stacks of depth {worst['stack_depth']}: "  # type: ignore[index]
+          f"drain+symbolize {worst['drain_symbolize_ms']} ms, encode {worst['encode_ms']} ms -> "  # type: ignore[index]
+          f"{worst['samples_per_s']} samples/s (symbolize only {worst['symbolize_only_samples_per_s']}/s)")  # type: ignore[index]
+    print("3. agent RSS with CPU profiling on: see 1 (target <= 100 MB)")
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
