@@ -23,7 +23,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     is_root = os.geteuid() == 0
     has_btf = Path("/sys/kernel/btf/vmlinux").exists()
     for item in items:
-        if "root" in item.keywords and not (is_root and has_btf):
+        if item.get_closest_marker("root") is not None and not (is_root and has_btf):
             item.add_marker(pytest.mark.skip(reason="needs root and a kernel with BTF (/sys/kernel/btf/vmlinux)"))
-        if "gpu" in item.keywords and not Path("/dev/nvidia0").exists():
+        if item.get_closest_marker("gpu") is not None and not Path("/dev/nvidia0").exists():
             item.add_marker(pytest.mark.skip(reason="needs a real NVIDIA GPU (/dev/nvidia0)"))

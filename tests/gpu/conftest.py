@@ -146,20 +146,3 @@ def python_env_without_fake() -> dict[str, str]:
     env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
     return env
 
-
-_GPU_SKIP_REASON = "needs a real NVIDIA GPU (/dev/nvidia0)"
-
-
-@pytest.hookimpl(trylast=True)
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Undo tests/conftest.py's GPU skip for tests here that are not marked ``gpu``.
-
-    tests/conftest.py tests ``"gpu" in item.keywords``, which is also true for every test in this folder (the
-    folder name is a keyword), so these fake-NVML tests would all be skipped. The fix there is
-    ``item.get_closest_marker("gpu")``; until it lands, this hook removes that one skip from unmarked tests.
-    """
-    for item in items:
-        if Path(str(item.fspath)).parent != Path(__file__).parent or item.get_closest_marker("gpu") is not None:
-            continue
-        item.own_markers[:] = [m for m in item.own_markers
-                               if not (m.name == "skip" and m.kwargs.get("reason") == _GPU_SKIP_REASON)]
