@@ -31,7 +31,8 @@ from tests.e2e.agent import GIB, GPU_UUIDS, MEMORY_TOTAL_BYTES, AgentProcess, bu
 __all__ = ["prometheus_factory", "sleepers", "victoria_metrics"]  # fixtures used below
 
 GPU0, GPU1 = GPU_UUIDS
-INTERVAL_ARGS = ["--metric-export-interval", "1", "--otlp-timeout", "2", "--log-level", "info"]
+# a generous OTLP timeout: on a busy machine a slow answer must not read as an outage
+INTERVAL_ARGS = ["--metric-export-interval", "1", "--otlp-timeout", "5", "--log-level", "info"]
 
 
 def _processes_knob(sleepers: list[subprocess.Popen[bytes]]) -> str:
@@ -119,8 +120,8 @@ def test_backend_goes_away_and_comes_back(tmp_path: Path, victoria_metrics: Vict
 
         victoria_metrics.stop()  # the backend goes away; the agent keeps collecting and failing to export
         scrape = f"http://127.0.0.1:{prometheus_port}/metrics"
-        failures = wait_until(lambda: _failures(http_get(scrape).decode()) >= 10, 120,
-                              "ten failed exports counted in the agent's own self-metrics")
+        failures = wait_until(lambda: _failures(http_get(scrape).decode()) >= 4, 120,
+                              "four failed exports counted in the agent's own self-metrics")
         assert failures and agent.running(), agent.stderr()
         rss_during = agent.rss_bytes()
 
@@ -131,7 +132,7 @@ def test_backend_goes_away_and_comes_back(tmp_path: Path, victoria_metrics: Vict
         energy_after = float(after[0]["value"][1])
         failures_query = 'otel_gpu_export_failures_total{otel_gpu_exporter="otlp_http"}'
         counted = settle(lambda: victoria_metrics.query(failures_query), None, timeout_s=60)
-        assert float(counted[0]["value"][1]) >= 10
+        assert float(counted[0]["value"][1]) >= 4
         rss_after = agent.rss_bytes()
         assert agent.running(), agent.stderr()
     finally:
