@@ -39,42 +39,84 @@ DEBUG_LAUNCH, DEBUG_ACTIVITY, DEBUG_SYNC, DEBUG_WINDOW = 1, 2, 3, 4
 
 
 class PythonFrame(ctypes.Structure):
-    _fields_ = [("line", ctypes.c_uint32), ("name_offset", ctypes.c_uint32),
-                ("filename_offset", ctypes.c_uint32), ("first_line", ctypes.c_uint32)]
+    _fields_ = [
+        ("line", ctypes.c_uint32),
+        ("name_offset", ctypes.c_uint32),
+        ("filename_offset", ctypes.c_uint32),
+        ("first_line", ctypes.c_uint32),
+    ]
 
 
 class Stack(ctypes.Structure):
-    _fields_ = [("native_count", ctypes.c_uint32), ("python_count", ctypes.c_uint32),
-                ("strings_len", ctypes.c_uint32), ("flags", ctypes.c_uint32),
-                ("native", ctypes.c_uint64 * MAX_NATIVE), ("python", PythonFrame * MAX_PYTHON),
-                ("strings", ctypes.c_char * MAX_STRINGS)]
+    _fields_ = [
+        ("native_count", ctypes.c_uint32),
+        ("python_count", ctypes.c_uint32),
+        ("strings_len", ctypes.c_uint32),
+        ("flags", ctypes.c_uint32),
+        ("native", ctypes.c_uint64 * MAX_NATIVE),
+        ("python", PythonFrame * MAX_PYTHON),
+        ("strings", ctypes.c_char * MAX_STRINGS),
+    ]
 
 
 class Launch(ctypes.Structure):
-    _fields_ = [("abi_version", ctypes.c_uint32), ("kind", ctypes.c_uint32), ("correlation_id", ctypes.c_uint32),
-                ("cbid", ctypes.c_int32), ("window_id", ctypes.c_uint64), ("timestamp_ns", ctypes.c_uint64),
-                ("graph_exec", ctypes.c_uint64), ("stack", Stack)]
+    _fields_ = [
+        ("abi_version", ctypes.c_uint32),
+        ("kind", ctypes.c_uint32),
+        ("correlation_id", ctypes.c_uint32),
+        ("cbid", ctypes.c_int32),
+        ("window_id", ctypes.c_uint64),
+        ("timestamp_ns", ctypes.c_uint64),
+        ("graph_exec", ctypes.c_uint64),
+        ("stack", Stack),
+    ]
 
 
 class Activity(ctypes.Structure):
-    _fields_ = [("kind", ctypes.c_uint32), ("correlation_id", ctypes.c_uint32), ("start_ns", ctypes.c_uint64),
-                ("end_ns", ctypes.c_uint64), ("device_id", ctypes.c_uint32), ("stream_id", ctypes.c_uint32),
-                ("graph_id", ctypes.c_uint32), ("name_len", ctypes.c_uint32), ("bytes", ctypes.c_uint64),
-                ("copy_kind", ctypes.c_uint8), ("src_kind", ctypes.c_uint8), ("dst_kind", ctypes.c_uint8),
-                ("reserved", ctypes.c_uint8 * 5), ("name", ctypes.c_char * MAX_NAME)]
+    _fields_ = [
+        ("kind", ctypes.c_uint32),
+        ("correlation_id", ctypes.c_uint32),
+        ("start_ns", ctypes.c_uint64),
+        ("end_ns", ctypes.c_uint64),
+        ("device_id", ctypes.c_uint32),
+        ("stream_id", ctypes.c_uint32),
+        ("graph_id", ctypes.c_uint32),
+        ("name_len", ctypes.c_uint32),
+        ("bytes", ctypes.c_uint64),
+        ("copy_kind", ctypes.c_uint8),
+        ("src_kind", ctypes.c_uint8),
+        ("dst_kind", ctypes.c_uint8),
+        ("reserved", ctypes.c_uint8 * 5),
+        ("name", ctypes.c_char * MAX_NAME),
+    ]
 
 
 class Sync(ctypes.Structure):
-    _fields_ = [("abi_version", ctypes.c_uint32), ("kind", ctypes.c_uint32), ("cbid", ctypes.c_int32),
-                ("reserved", ctypes.c_uint32), ("start_ns", ctypes.c_uint64), ("end_ns", ctypes.c_uint64),
-                ("weight", ctypes.c_uint64), ("stack", Stack)]
+    _fields_ = [
+        ("abi_version", ctypes.c_uint32),
+        ("kind", ctypes.c_uint32),
+        ("cbid", ctypes.c_int32),
+        ("reserved", ctypes.c_uint32),
+        ("start_ns", ctypes.c_uint64),
+        ("end_ns", ctypes.c_uint64),
+        ("weight", ctypes.c_uint64),
+        ("stack", Stack),
+    ]
 
 
 class Window(ctypes.Structure):
-    _fields_ = [("abi_version", ctypes.c_uint32), ("reserved", ctypes.c_uint32), ("window_id", ctypes.c_uint64),
-                ("start_ns", ctypes.c_uint64), ("end_ns", ctypes.c_uint64), ("covered_ns", ctypes.c_uint64),
-                ("elapsed_ns", ctypes.c_uint64), ("launches", ctypes.c_uint64), ("dropped", ctypes.c_uint64),
-                ("overhead_ns", ctypes.c_uint64)]
+    _fields_ = [
+        ("abi_version", ctypes.c_uint32),
+        ("reserved", ctypes.c_uint32),
+        ("window_id", ctypes.c_uint64),
+        ("start_ns", ctypes.c_uint64),
+        ("end_ns", ctypes.c_uint64),
+        ("covered_ns", ctypes.c_uint64),
+        ("elapsed_ns", ctypes.c_uint64),
+        ("launches", ctypes.c_uint64),
+        ("dropped", ctypes.c_uint64),
+        ("overhead_ns", ctypes.c_uint64),
+    ]
 
 
 def _struct_from(cls: type[ctypes.Structure], payload: bytes) -> ctypes.Structure:
@@ -98,14 +140,14 @@ def read_debug_file(path: Path) -> Records:
     at = 0
     while at < len(data):
         kind, length = struct.unpack_from("<II", data, at)
-        payload = data[at + 8:at + 8 + length]
+        payload = data[at + 8 : at + 8 + length]
         at += 8 + length
         if kind == DEBUG_LAUNCH:
             out.launches.append(_struct_from(Launch, payload))
         elif kind == DEBUG_ACTIVITY:
             size = ctypes.sizeof(Activity)
             assert length % size == 0
-            out.activities.extend(Activity.from_buffer_copy(payload[i:i + size]) for i in range(0, length, size))
+            out.activities.extend(Activity.from_buffer_copy(payload[i : i + size]) for i in range(0, length, size))
         elif kind == DEBUG_SYNC:
             out.syncs.append(_struct_from(Sync, payload))
         elif kind == DEBUG_WINDOW:
@@ -117,10 +159,13 @@ def read_debug_file(path: Path) -> Records:
 
 # --- running workloads ------------------------------------------------------------------------------------------
 
+
 @dataclass
 class Run:
     records: Records
-    schedule_work: list[tuple[int, int, str, int, int, int, int, int]]  # kind, corr, name, start, end, stream, graph, bytes
+    schedule_work: list[
+        tuple[int, int, str, int, int, int, int, int]
+    ]  # kind, corr, name, start, end, stream, graph, bytes
     schedule_waits: list[tuple[int, int, int, int, int]]  # cbid, corr, enter, until, exit
     stats: dict[str, int]
     stdout: str
@@ -128,42 +173,61 @@ class Run:
 
 
 @pytest.fixture(scope="module", autouse=True)
-def built() -> None:
-    """Builds the library and the fakes (a no-op when `make build` already has)."""
+def injected_lib(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Builds the library and the fakes (a no-op when `make build` already has) and injects a private copy.
+
+    Uprobes (and their semaphores) belong to a file: an agent attached to the built library elsewhere on the machine
+    must not count as attached to these workloads.
+    """
     for folder in (NATIVE_LIB.parent, FAKES):
         subprocess.run(["make", "-s", "-C", str(folder)], check=True, capture_output=True, timeout=600)
+    copy = tmp_path_factory.mktemp("lib") / NATIVE_LIB.name
+    copy.write_bytes(NATIVE_LIB.read_bytes())
+    return copy
 
 
-def run_workload(tmp_path: Path, argv: list[str], *, agent: bool = True, extra_env: dict[str, str] | None = None,
-                 inject: bool = True) -> Run:
+def run_workload(
+    lib: Path, tmp_path: Path, argv: list[str], *, agent: bool = True, extra_env: dict[str, str] | None = None
+) -> Run:
     debug = tmp_path / "records.bin"
     schedule = tmp_path / "schedule.txt"
     stats = tmp_path / "cupti-stats.txt"
     for p in (debug, schedule, stats):
         p.unlink(missing_ok=True)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_GPU_", "CUDA_INJECTION"))}
-    env.update({
-        "OTEL_GPU_CUPTI_PATH": str(FAKES / "libcupti.so"),
-        "OTEL_GPU_DEBUG_FILE": str(debug),
-        "OTEL_GPU_WINDOW_MS": "5",
-        "OTEL_GPU_OVERHEAD_BUDGET": "0.5",  # the fake's launches are cheap: windows cover the maximum fraction
-        "FAKE_CUDA_SCHEDULE": str(schedule),
-        "FAKE_CUPTI_STATS": str(stats),
-    })
-    if inject:
-        env["CUDA_INJECTION64_PATH"] = str(NATIVE_LIB)
+    env.update(
+        {
+            "OTEL_GPU_CUPTI_PATH": str(FAKES / "libcupti.so"),
+            "OTEL_GPU_DEBUG_FILE": str(debug),
+            "OTEL_GPU_WINDOW_MS": "5",
+            "OTEL_GPU_OVERHEAD_BUDGET": "0.5",  # the fake's launches are cheap: windows cover the maximum fraction
+            "FAKE_CUDA_SCHEDULE": str(schedule),
+            "FAKE_CUPTI_STATS": str(stats),
+        }
+    )
+    env["CUDA_INJECTION64_PATH"] = str(lib)
     if agent:
         env["OTEL_GPU_DEBUG_ALWAYS_ON"] = "1"
     env.update(extra_env or {})
-    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(argv, check=False, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     work, waits = [], []
     for line in schedule.read_text().splitlines() if schedule.exists() else []:
         parts = line.split()
         if parts[0] == "work":
             k, corr, name, start, end, stream, graph, nbytes = parts[1:]
-            work.append((int(k), int(corr), "" if name == "-" else name, int(start), int(end), int(stream),
-                         int(graph), int(nbytes)))
+            work.append(
+                (
+                    int(k),
+                    int(corr),
+                    "" if name == "-" else name,
+                    int(start),
+                    int(end),
+                    int(stream),
+                    int(graph),
+                    int(nbytes),
+                )
+            )
         elif parts[0] == "wait":
             waits.append(tuple(int(x) for x in parts[1:]))  # type: ignore[arg-type]
     counters = {}
@@ -181,8 +245,7 @@ class Symbol:
 
 def symbols(binary: Path, base: int = 0) -> list[Symbol]:
     """Function symbols of an ELF file with sizes (nm -S), moved by base."""
-    out = subprocess.run(["nm", "-S", "--defined-only", str(binary)], check=True, capture_output=True,
-                         text=True).stdout
+    out = subprocess.run(["nm", "-S", "--defined-only", str(binary)], check=True, capture_output=True, text=True).stdout
     result = []
     for line in out.splitlines():
         parts = line.split()
@@ -207,18 +270,20 @@ def python_frames(stack: Stack) -> list[tuple[str, str, int]]:
     raw = ctypes.string_at(ctypes.addressof(stack) + Stack.strings.offset, stack.strings_len)
 
     def text(offset: int) -> str:
-        return raw[offset:raw.index(b"\0", offset)].decode()
+        return raw[offset : raw.index(b"\0", offset)].decode()
 
-    return [(text(f.name_offset), Path(text(f.filename_offset)).name, f.line)
-            for f in stack.python[:stack.python_count]]
+    return [
+        (text(f.name_offset), Path(text(f.filename_offset)).name, f.line) for f in stack.python[: stack.python_count]
+    ]
 
 
 def symbol_table(run: Run) -> list[Symbol]:
     """The workload's own functions plus the fake driver's, at the address it was loaded."""
     base_line = next(ln for ln in run.stdout.splitlines() if ln.startswith("symbol_base libcuda"))
     base = int(base_line.split()[2], 16)
-    return symbols(WORKLOAD) + [Symbol("libcuda:" + s.name, s.start, s.size)
-                                for s in symbols(FAKES / "libcuda.so.1", base)]
+    return symbols(WORKLOAD) + [
+        Symbol("libcuda:" + s.name, s.start, s.size) for s in symbols(FAKES / "libcuda.so.1", base)
+    ]
 
 
 def site_totals(stdout: str) -> dict[str, tuple[int, int]]:
@@ -232,16 +297,18 @@ def site_totals(stdout: str) -> dict[str, tuple[int, int]]:
 
 
 @pytest.fixture(scope="module")
-def c_run(tmp_path_factory: pytest.TempPathFactory) -> Run:
+def c_run(injected_lib: Path, tmp_path_factory: pytest.TempPathFactory) -> Run:
     tmp = tmp_path_factory.mktemp("c_run")
-    return run_workload(tmp, [str(WORKLOAD), "--steps", "400", "--graph-every", "2"])
+    return run_workload(injected_lib, tmp, [str(WORKLOAD), "--steps", "400", "--graph-every", "2"])
 
 
 # --- the library's shape ----------------------------------------------------------------------------------------
 
+
 def test_library_exports_only_initialize_injection() -> None:
-    out = subprocess.run(["nm", "-D", "--defined-only", str(NATIVE_LIB)], check=True, capture_output=True,
-                         text=True).stdout
+    out = subprocess.run(
+        ["nm", "-D", "--defined-only", str(NATIVE_LIB)], check=True, capture_output=True, text=True
+    ).stdout
     assert [line.split()[-1] for line in out.splitlines()] == ["InitializeInjection"]
 
 
@@ -275,6 +342,7 @@ def symbols_all(binary: Path) -> list[Symbol]:
 
 
 # --- sampling windows -------------------------------------------------------------------------------------------
+
 
 def test_windows_open_and_close_and_state_the_fraction_they_cover(c_run: Run) -> None:
     windows = c_run.records.windows
@@ -315,8 +383,7 @@ def test_sampled_kernels_have_the_names_and_times_of_the_schedule(c_run: Run) ->
     got = defaultdict(list)
     for a in c_run.records.activities:
         assert a.correlation_id in sampled  # only sampled launches are emitted
-        got[a.correlation_id].append((a.kind, a.name.decode(), a.start_ns, a.end_ns, a.stream_id, a.graph_id,
-                                      a.bytes))
+        got[a.correlation_id].append((a.kind, a.name.decode(), a.start_ns, a.end_ns, a.stream_id, a.graph_id, a.bytes))
     # Every sampled launch's GPU work arrives, exactly as the synthetic GPU ran it (graphs: every kernel).
     assert set(got) == sampled
     for corr in sampled:
@@ -363,7 +430,31 @@ def test_reweighted_kernel_time_estimates_the_true_total(c_run: Run) -> None:
     assert 0.5 * truth["matmul_kernel"][1] <= estimate <= 1.5 * truth["matmul_kernel"][1]
 
 
+def test_sampling_fraction_adapts_to_the_overhead_budget(injected_lib: Path, tmp_path: Path) -> None:
+    """A launch-bound loop makes recording expensive inside windows: windows then cover less time."""
+    run = run_workload(
+        injected_lib,
+        tmp_path,
+        [str(WORKLOAD), "--tiny", "4000000"],
+        extra_env={"OTEL_GPU_OVERHEAD_BUDGET": "0.02", "OTEL_GPU_WINDOW_MS": "2", "FAKE_CUDA_SCHEDULE": ""},
+    )  # no ground truth: 4 million lines
+    windows = run.records.windows
+    assert len(windows) >= 3
+    prior_fraction = 0.02 / 0.3  # budget / the library's prior in-window slowdown
+    # The library's own time per window is what it measured; the in-window slowdown it implies is far above the
+    # prior here, so the controller must have lowered the fraction below the prior's.
+    in_window_ns = sum(w.end_ns - w.start_ns for w in windows)
+    assert sum(w.overhead_ns + w.launches * 4000 for w in windows) / in_window_ns > 0.3
+    later = windows[len(windows) // 2 :]
+    later_fraction = (later[-1].covered_ns - windows[len(windows) // 2 - 1].covered_ns) / (
+        later[-1].elapsed_ns - windows[len(windows) // 2 - 1].elapsed_ns
+    )
+    assert later_fraction < prior_fraction
+    assert sum(w.launches for w in windows) == len(run.records.launches) > 0
+
+
 # --- blocking waits ---------------------------------------------------------------------------------------------
+
 
 def test_every_wait_is_recorded_with_its_blocked_time(c_run: Run) -> None:
     syncs = sorted(c_run.records.syncs, key=lambda s: s.start_ns)
@@ -386,11 +477,14 @@ def test_every_wait_is_recorded_with_its_blocked_time(c_run: Run) -> None:
 
 # --- stacks -----------------------------------------------------------------------------------------------------
 
+
 def test_launch_stacks_start_at_the_driver_and_contain_the_workload(c_run: Run) -> None:
     table = symbol_table(c_run)
-    expected = {307: ["launch_matmul", "forward", "train_step", "main"],
-                652: ["launch_relu", "forward", "train_step", "main"],
-                514: ["launch_graph", "train_step", "main"]}
+    expected = {
+        307: ["launch_matmul", "forward", "train_step", "main"],
+        652: ["launch_relu", "forward", "train_step", "main"],
+        514: ["launch_graph", "train_step", "main"],
+    }
     checked = Counter()
     for launch in c_run.records.launches:
         names = native_names(launch.stack, table)
@@ -417,8 +511,11 @@ def test_wait_stacks_name_the_waiting_function(c_run: Run) -> None:
 
 # --- exits and failures -----------------------------------------------------------------------------------------
 
-def test_exit_mid_stream_loses_nothing_already_recorded(tmp_path: Path) -> None:
-    run = run_workload(tmp_path, [str(WORKLOAD), "--steps", "400", "--graph-every", "1", "--exit-at", "150"])
+
+def test_exit_mid_stream_loses_nothing_already_recorded(injected_lib: Path, tmp_path: Path) -> None:
+    run = run_workload(
+        injected_lib, tmp_path, [str(WORKLOAD), "--steps", "400", "--graph-every", "1", "--exit-at", "150"]
+    )
     assert "exiting mid-stream at step 150" in run.stdout
     launches = run.records.launches
     assert launches and run.records.windows
@@ -430,8 +527,8 @@ def test_exit_mid_stream_loses_nothing_already_recorded(tmp_path: Path) -> None:
     assert max(a.end_ns for a in run.records.activities) >= run.records.windows[-1].start_ns
 
 
-def test_no_agent_means_no_work_per_launch(tmp_path: Path) -> None:
-    run = run_workload(tmp_path, [str(WORKLOAD), "--steps", "100"], agent=False)
+def test_no_agent_means_no_work_per_launch(injected_lib: Path, tmp_path: Path) -> None:
+    run = run_workload(injected_lib, tmp_path, [str(WORKLOAD), "--steps", "100"], agent=False)
     assert run.stats["api_callbacks"] == 0
     assert run.stats["records_produced"] == 0
     assert run.stats["enable_calls"] == 0
@@ -439,11 +536,16 @@ def test_no_agent_means_no_work_per_launch(tmp_path: Path) -> None:
     assert run.stderr == ""
 
 
-def test_missing_cupti_leaves_the_workload_running(tmp_path: Path) -> None:
-    run = run_workload(tmp_path, [str(WORKLOAD), "--steps", "20"],
-                       extra_env={"OTEL_GPU_CUPTI_PATH": str(tmp_path / "no-such-libcupti.so")})
+def test_missing_cupti_leaves_the_workload_running(injected_lib: Path, tmp_path: Path) -> None:
+    run = run_workload(
+        injected_lib,
+        tmp_path,
+        [str(WORKLOAD), "--steps", "20"],
+        extra_env={"OTEL_GPU_CUPTI_PATH": str(tmp_path / "no-such-libcupti.so")},
+    )
     assert [ln for ln in run.stderr.splitlines() if ln.startswith("otel-gpu:")] == [
-        ln for ln in run.stderr.splitlines() if ln.strip()]
+        ln for ln in run.stderr.splitlines() if ln.strip()
+    ]
     assert "cannot load CUPTI" in run.stderr and len(run.stderr.splitlines()) == 1
     assert site_totals(run.stdout)["matmul_kernel"][0] == 20
     assert run.records == Records()
@@ -451,8 +553,11 @@ def test_missing_cupti_leaves_the_workload_running(tmp_path: Path) -> None:
 
 # --- Python ------------------------------------------------------------------------------------------------------
 
-def test_python_frames_of_the_launching_line(tmp_path: Path) -> None:
-    run = run_workload(tmp_path, [sys.executable, str(PY_WORKLOAD), str(FAKES / "libcuda.so.1"), "--steps", "300"])
+
+def test_python_frames_of_the_launching_line(injected_lib: Path, tmp_path: Path) -> None:
+    run = run_workload(
+        injected_lib, tmp_path, [sys.executable, str(PY_WORKLOAD), str(FAKES / "libcuda.so.1"), "--steps", "300"]
+    )
     assert run.records.launches and run.records.syncs
     for launch in run.records.launches:
         assert launch.stack.flags & 1
@@ -465,14 +570,18 @@ def test_python_frames_of_the_launching_line(tmp_path: Path) -> None:
     for s in run.records.syncs:
         names = [name for name, _, _ in python_frames(s.stack)]
         assert names[:4] == ["Driver.call", "sync_point", "train_step", "main"]
-    lines = {line for launch in run.records.launches for name, _, line in python_frames(launch.stack)
-             if name == "forward"}
+    lines = {
+        line for launch in run.records.launches for name, _, line in python_frames(launch.stack) if name == "forward"
+    }
     assert len(lines) == 2  # the two call lines in forward(): launch_matmul and launch_relu
 
 
-def test_no_python_frames_without_the_gil(tmp_path: Path) -> None:
-    run = run_workload(tmp_path, [sys.executable, str(PY_WORKLOAD), str(FAKES / "libcuda.so.1"), "--steps", "200",
-                                  "--release-gil"])
+def test_no_python_frames_without_the_gil(injected_lib: Path, tmp_path: Path) -> None:
+    run = run_workload(
+        injected_lib,
+        tmp_path,
+        [sys.executable, str(PY_WORKLOAD), str(FAKES / "libcuda.so.1"), "--steps", "200", "--release-gil"],
+    )
     assert run.records.launches
     for launch in run.records.launches:
         assert launch.stack.python_count == 0 and not launch.stack.flags & 1

@@ -15,6 +15,7 @@
  */
 #include <dlfcn.h>
 #include <link.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -268,9 +269,20 @@ static void read_settings(void)
     g_settings.debug_always_on = always != NULL && strcmp(always, "1") == 0;
 }
 
+/* A forked child has no controller thread and may have copied ctl_lock while held: the library goes inert there. */
+static _Atomic int forked_child;
+
+static void on_fork_child(void)
+{
+    atomic_store(&forked_child, 1);
+    atomic_store(&g_state.attached, 0);
+    atomic_store(&g_state.window_id, 0);
+}
+
 static void at_exit(void)
 {
-    sampler_stop_and_flush();
+    if (!atomic_load(&forked_child))
+        sampler_stop_and_flush();
 }
 
 __attribute__((visibility("default"))) int InitializeInjection(void)
@@ -308,12 +320,13 @@ __attribute__((visibility("default"))) int InitializeInjection(void)
         g_cupti.unsubscribe(g_subscriber);
         return 0;
     }
+    pthread_atfork(NULL, NULL, on_fork_child);
     atexit(at_exit);
     return 1;
 }
 
 __attribute__((destructor)) static void on_unload(void)
 {
-    if (atomic_load(&initialized))
+    if (atomic_load(&initialized) && !atomic_load(&forked_child))
         sampler_stop_and_flush();
 }

@@ -12,7 +12,8 @@
  *                      -> event_wait    (cuEventRecord + cuEventSynchronize), every 25 steps
  *   main -> drain (cuCtxSynchronize) at the end
  *
- * usage: workload [--steps N] [--graph-every K] [--exit-at STEP] [--no-init]
+ * usage: workload [--steps N] [--graph-every K] [--exit-at STEP] [--no-init] [--tiny N]
+ *   --tiny N replaces the training loop by a launch-bound one: N launches of "tiny_kernel" (100 ns), waiting every 1000.
  *   --exit-at STEP exits in the middle of step STEP (after its launches, before any wait): a crash-free exit
  *   mid-stream. --no-init never calls cuInit (the library is never loaded).
  * At the end it prints the schedule it ran: "site <function> <kernel> <count> <total_ns>" per call site and kernel,
@@ -28,7 +29,8 @@
 #define NOINLINE __attribute__((noinline))
 
 static const char MODULE_TEXT[] = "matmul_kernel=2000000\nrelu_kernel=500000\n"
-                                  "graph_a_kernel=300000\ngraph_b_kernel=200000\ngraph_c_kernel=100000\n";
+                                  "graph_a_kernel=300000\ngraph_b_kernel=200000\ngraph_c_kernel=100000\n"
+                                  "tiny_kernel=100\n";
 
 struct site_count {
     const char *site;
@@ -46,7 +48,7 @@ static struct site_count sites[] = {
 };
 
 static CUstream stream;
-static CUfunction matmul, relu;
+static CUfunction matmul, relu, tiny;
 static CUgraphExec graph_exec;
 static CUdeviceptr device_buffer;
 static CUevent event;
@@ -120,6 +122,17 @@ NOINLINE void drain(void)
     CHECK(cuCtxSynchronize());
 }
 
+NOINLINE void launch_bound_loop(long launches)
+{
+    for (long i = 0; i < launches; i++) {
+        CHECK(cuLaunchKernel(tiny, 1, 1, 1, 32, 1, 1, 0, stream, NULL, NULL));
+        if (i % 1000 == 999)
+            sync_point();
+    }
+    sync_point();
+    printf("tiny_launches %ld\n", launches);
+}
+
 NOINLINE void train_step(int step, int graph_every, int exit_at)
 {
     forward();
@@ -150,6 +163,7 @@ static void setup(void)
     CHECK(cuModuleLoadData(&module, MODULE_TEXT));
     CHECK(cuModuleGetFunction(&matmul, module, "matmul_kernel"));
     CHECK(cuModuleGetFunction(&relu, module, "relu_kernel"));
+    CHECK(cuModuleGetFunction(&tiny, module, "tiny_kernel"));
     CHECK(cuStreamCreate(&stream, 0));
     CHECK(cuEventCreate(&event, 0));
     CHECK(cuMemAlloc(&device_buffer, sizeof(host_buffer)));
@@ -170,6 +184,7 @@ static void setup(void)
 int main(int argc, char **argv)
 {
     int steps = 200, graph_every = 4, exit_at = -1, init = 1;
+    long tiny_launches = 0;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--steps") == 0 && i + 1 < argc)
             steps = atoi(argv[++i]);
@@ -177,16 +192,22 @@ int main(int argc, char **argv)
             graph_every = atoi(argv[++i]);
         else if (strcmp(argv[i], "--exit-at") == 0 && i + 1 < argc)
             exit_at = atoi(argv[++i]);
+        else if (strcmp(argv[i], "--tiny") == 0 && i + 1 < argc)
+            tiny_launches = atol(argv[++i]);
         else if (strcmp(argv[i], "--no-init") == 0)
             init = 0;
         else {
-            fprintf(stderr, "usage: %s [--steps N] [--graph-every K] [--exit-at STEP] [--no-init]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--steps N] [--graph-every K] [--exit-at STEP] [--no-init] [--tiny N]\n", argv[0]);
             return 2;
         }
     }
     if (init)
         CHECK(cuInit(0));
     setup();
+    if (tiny_launches > 0) {
+        launch_bound_loop(tiny_launches);
+        return 0;
+    }
     for (int step = 0; step < steps; step++)
         train_step(step, graph_every, exit_at);
     drain();

@@ -47,8 +47,20 @@ class Driver:
 
     def launch(self, function: ctypes.c_void_p) -> None:
         one = ctypes.c_uint(1)
-        self.call("cuLaunchKernel", function, ctypes.c_uint(64), one, one, ctypes.c_uint(128), one, one,
-                  ctypes.c_uint(0), self.stream, None, None)
+        self.call(
+            "cuLaunchKernel",
+            function,
+            ctypes.c_uint(64),
+            one,
+            one,
+            ctypes.c_uint(128),
+            one,
+            one,
+            ctypes.c_uint(0),
+            self.stream,
+            None,
+            None,
+        )
 
 
 def launch_matmul(driver: Driver) -> None:
