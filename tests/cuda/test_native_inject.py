@@ -16,8 +16,11 @@ import sys
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
+
+_S = TypeVar("_S", bound=ctypes.Structure)
 
 REPO = Path(__file__).resolve().parents[2]
 NATIVE_LIB = REPO / "otel_gpu" / "cuda" / "native" / "libotel_gpu_inject.so"
@@ -119,7 +122,7 @@ class Window(ctypes.Structure):
     ]
 
 
-def _struct_from(cls: type[ctypes.Structure], payload: bytes) -> ctypes.Structure:
+def _struct_from(cls: type[_S], payload: bytes) -> _S:
     """A record from its used prefix (records with stacks are sent up to the end of their strings)."""
     padded = payload + bytes(ctypes.sizeof(cls) - len(payload))
     return cls.from_buffer_copy(padded)
@@ -211,7 +214,8 @@ def run_workload(
     env.update(extra_env or {})
     proc = subprocess.run(argv, check=False, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
-    work, waits = [], []
+    work: list[tuple[int, int, str, int, int, int, int, int]] = []
+    waits: list[tuple[int, int, int, int, int]] = []
     for line in schedule.read_text().splitlines() if schedule.exists() else []:
         parts = line.split()
         if parts[0] == "work":
@@ -229,7 +233,8 @@ def run_workload(
                 )
             )
         elif parts[0] == "wait":
-            waits.append(tuple(int(x) for x in parts[1:]))  # type: ignore[arg-type]
+            cbid, wait_corr, enter, until, exit_ns = (int(x) for x in parts[1:])
+            waits.append((cbid, wait_corr, enter, until, exit_ns))
     counters = {}
     if stats.exists():
         counters = {name: int(value) for name, value in (ln.split() for ln in stats.read_text().splitlines())}
@@ -422,7 +427,7 @@ def test_reweighted_kernel_time_estimates_the_true_total(c_run: Run) -> None:
     """Sampled GPU time divided by the covered fraction estimates the total (within the sampling error)."""
     last = c_run.records.windows[-1]
     fraction = last.covered_ns / last.elapsed_ns
-    sampled_ns = Counter()
+    sampled_ns: Counter[str] = Counter()
     for a in c_run.records.activities:
         sampled_ns[a.name.decode()] += a.end_ns - a.start_ns
     truth = site_totals(c_run.stdout)
@@ -485,7 +490,7 @@ def test_launch_stacks_start_at_the_driver_and_contain_the_workload(c_run: Run) 
         652: ["launch_relu", "forward", "train_step", "main"],
         514: ["launch_graph", "train_step", "main"],
     }
-    checked = Counter()
+    checked: Counter[int] = Counter()
     for launch in c_run.records.launches:
         names = native_names(launch.stack, table)
         assert launch.stack.python_count == 0  # not a Python process
