@@ -556,38 +556,52 @@ def test_missing_cupti_leaves_the_workload_running(injected_lib: Path, tmp_path:
     assert run.records == Records()
 
 
-# --- Python ------------------------------------------------------------------------------------------------------
+# --- Python ---------------------------------------------------------------------------------------------------
+
+PYENV = Path("/root/.pyenv/versions")
 
 
-def test_python_frames_of_the_launching_line(injected_lib: Path, tmp_path: Path) -> None:
-    run = run_workload(
-        injected_lib, tmp_path, [sys.executable, str(PY_WORKLOAD), str(FAKES / "libcuda.so.1"), "--steps", "300"]
-    )
+def _interpreters() -> list[object]:
+    """This interpreter, plus other CPython minor versions when pyenv has them (the frame layouts differ)."""
+    found: list[object] = [pytest.param(sys.executable, id=f"python{sys.version_info.major}.{sys.version_info.minor}")]
+    for minor in ("3.11", "3.12", "3.13"):
+        if minor == f"{sys.version_info.major}.{sys.version_info.minor}":
+            continue
+        candidates = sorted(PYENV.glob(f"{minor}.*/bin/python{minor}")) if PYENV.is_dir() else []
+        marks = [] if candidates else [pytest.mark.skip(reason=f"no CPython {minor} under {PYENV}")]
+        found.append(pytest.param(str(candidates[-1]) if candidates else "", id=f"python{minor}", marks=marks))
+    return found
+
+
+def _source_line(text: str, function: str) -> int:
+    """The line of `text` inside `function` of workload.py."""
+    lines = PY_WORKLOAD.read_text().splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(f"def {function}("))
+    return next(i + 1 for i in range(start, len(lines)) if text in lines[i])
+
+
+@pytest.mark.parametrize("python", _interpreters())
+@pytest.mark.parametrize("gil", ["held", "released"])
+def test_python_frames_of_the_launching_line(injected_lib: Path, tmp_path: Path, python: str, gil: str) -> None:
+    """PyDLL keeps the GIL during the driver call; CDLL releases it, as PyTorch does around its operators."""
+    argv = [python, str(PY_WORKLOAD), str(FAKES / "libcuda.so.1"), "--steps", "300"]
+    run = run_workload(injected_lib, tmp_path, argv + (["--release-gil"] if gil == "released" else []))
     assert run.records.launches and run.records.syncs
+    forward_lines = {_source_line("launch_matmul(driver)", "forward"), _source_line("launch_relu(driver)", "forward")}
+    seen_forward_lines = set()
     for launch in run.records.launches:
         assert launch.stack.flags & 1
-        frames = [(name, filename) for name, filename, _ in python_frames(launch.stack)]
-        names = [name for name, _ in frames]
+        frames = python_frames(launch.stack)
+        names = [name for name, _, _ in frames]
         assert names[0] == "Driver.call"  # innermost first
         assert names[2] in ("launch_matmul", "launch_relu")
-        assert names[3:6] == ["forward", "train_step", "main"]
-        assert all(filename == "workload.py" for _, filename in frames)
-    for s in run.records.syncs:
-        names = [name for name, _, _ in python_frames(s.stack)]
-        assert names[:4] == ["Driver.call", "sync_point", "train_step", "main"]
-    lines = {
-        line for launch in run.records.launches for name, _, line in python_frames(launch.stack) if name == "forward"
-    }
-    assert len(lines) == 2  # the two call lines in forward(): launch_matmul and launch_relu
-
-
-def test_no_python_frames_without_the_gil(injected_lib: Path, tmp_path: Path) -> None:
-    run = run_workload(
-        injected_lib,
-        tmp_path,
-        [sys.executable, str(PY_WORKLOAD), str(FAKES / "libcuda.so.1"), "--steps", "200", "--release-gil"],
-    )
-    assert run.records.launches
-    for launch in run.records.launches:
-        assert launch.stack.python_count == 0 and not launch.stack.flags & 1
+        assert names[3:] == ["forward", "train_step", "main", "<module>"]
+        assert all(filename == "workload.py" for _, filename, _ in frames)
+        seen_forward_lines.add(frames[3][2])
+        assert frames[4][2] == _source_line("forward(driver)", "train_step")
         assert launch.stack.native_count > 3
+    assert seen_forward_lines == forward_lines  # the two call lines in forward()
+    for s in run.records.syncs:
+        frames = python_frames(s.stack)
+        assert [name for name, _, _ in frames][:4] == ["Driver.call", "sync_point", "train_step", "main"]
+        assert frames[2][2] == _source_line("sync_point(driver)", "train_step")

@@ -7,7 +7,8 @@
  *   cbids.c     which driver-API callback ids are launches and which are blocking waits
  *   sampler.c   the controller thread: time windows sized to the overhead budget, sampled waits
  *   activity.c  CUPTI activity buffers, the sampled-correlation filter, conversion to probe records
- *   stack.c     eh_frame unwinding of the calling thread and its CPython frames
+ *   stack.c     eh_frame unwinding of the calling thread and its CPython frames through the C API (GIL held)
+ *   pyframes.c  CPython 3.11-3.13 frames read directly from the interpreter's structures (no GIL needed)
  *   emit.c      the USDT probes (with semaphores) and the test-only debug file
  */
 #ifndef OTEL_GPU_INJECT_H
@@ -88,6 +89,10 @@ uint64_t activity_take_dropped(void);
 /* stack.c */
 void stack_init(void);
 void stack_capture(struct otel_gpu_stack *stack);
+
+/* pyframes.c */
+int pyframes_init(void);
+int pyframes_capture(struct otel_gpu_stack *stack);
 
 /* emit.c */
 int emit_init(void);

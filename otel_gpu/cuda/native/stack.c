@@ -2,8 +2,8 @@
 /*
  * The calling thread's stack at a sampled CUDA call: native PCs by eh_frame unwinding (_Unwind_Backtrace from
  * libgcc_s: libcuda, libcupti and libtorch have no frame pointers), with the library's own and CUPTI's frames cut
- * off so that the stack starts at the CUDA API entry point; then the CPython frames when the thread runs Python and
- * holds the GIL. Per-thread output buffers are the caller's; nothing is allocated here.
+ * off so that the stack starts at the CUDA API entry point; then the CPython frames: read directly for CPython 3.11-3.13
+ * (pyframes.c, no GIL needed), else through the C API when the thread holds the GIL. Per-thread output buffers are the caller's; nothing is allocated here.
  */
 #include <dlfcn.h>
 #include <link.h>
@@ -104,6 +104,7 @@ void stack_init(void)
     skip_object_of((const void *)g_cupti.enable_callback);    /* libcupti */
     skip_object_of((const void *)_Unwind_Backtrace);          /* libgcc_s (the unwinder's own frame) */
     python_resolve();
+    pyframes_init();
 }
 
 struct unwind_state {
@@ -202,5 +203,7 @@ void stack_capture(struct otel_gpu_stack *stack)
     stack->flags = 0;
     struct unwind_state st = {stack, 0};
     _Unwind_Backtrace(on_frame, &st);
-    python_capture(stack);
+    /* The direct reader works with or without the GIL; the C API only with it, for versions the reader lacks. */
+    if (!pyframes_capture(stack))
+        python_capture(stack);
 }

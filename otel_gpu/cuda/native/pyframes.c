@@ -1,0 +1,206 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * The calling thread's CPython frames read straight from the interpreter's structures, WITHOUT the GIL: PyTorch
+ * releases the GIL around its operators, so at a kernel launch the launching thread usually does not hold it and the
+ * C API may not be called. The thread's own frame chain cannot change while the thread is inside our callback, and
+ * everything read here is immutable (code objects, their name/filename strings and line tables), so reading without
+ * the GIL is safe; nothing is written, no reference counts are touched, nothing is allocated.
+ *
+ * Layouts of CPython 3.11, 3.12 and 3.13 (default build; offsets printed by offsetof() against each version's
+ * internal headers: Include/internal/pycore_frame.h, Include/cpython/code.h, Include/cpython/unicodeobject.h).
+ * Any other version, or a free-threaded build, makes this reader switch itself off (the C-API reader in stack.c
+ * still works when the GIL is held). Every object read is type-checked (PyCode_Type, PyUnicode_Type, PyBytes_Type).
+ */
+#include <dlfcn.h>
+#include <stddef.h>
+#include <string.h>
+#include <sys/types.h>
+
+#include "inject.h"
+
+struct py_layout {
+    unsigned long minor_hex;       /* 0x030B0000 etc.: major.minor of Py_Version */
+    int has_cframe;                /* 3.11, 3.12: tstate->cframe->current_frame; 3.13: tstate->current_frame */
+    size_t tstate_frame;           /* offset of cframe (3.11/3.12) or current_frame (3.13) in PyThreadState */
+    size_t cframe_current;         /* offset of current_frame in _PyCFrame */
+    size_t frame_code;             /* f_code (3.11/3.12), f_executable (3.13) */
+    size_t frame_previous;
+    size_t frame_instr;            /* prev_instr (3.11/3.12), instr_ptr (3.13) */
+    size_t frame_owner;
+    int owner_cstack;              /* FRAME_OWNED_BY_CSTACK (3.12+), -1 when the version has none */
+    size_t code_filename;
+    size_t code_qualname;
+    size_t code_firstlineno;
+    size_t code_linetable;
+    size_t code_firsttraceable;
+    size_t code_adaptive;          /* co_code_adaptive: the instructions */
+    size_t ascii_size;             /* sizeof(PyASCIIObject): where compact ASCII data starts */
+    size_t compact_utf8_length;
+    size_t compact_utf8;
+};
+
+static const struct py_layout layouts[] = {
+    {0x030B0000, 1, 56, 8, 32, 48, 56, 69, -1, 112, 128, 72, 136, 168, 184, 48, 48, 56},
+    {0x030C0000, 1, 56, 0, 0, 8, 56, 70, 3, 112, 128, 68, 136, 176, 192, 40, 40, 48},
+    {0x030D0000, 0, 72, 0, 0, 8, 56, 70, 3, 112, 128, 68, 136, 184, 200, 40, 40, 48},
+};
+
+#define OB_TYPE 8         /* offsetof(PyObject, ob_type) */
+#define VAR_SIZE 16       /* offsetof(PyVarObject, ob_size) */
+#define BYTES_DATA 32     /* offsetof(PyBytesObject, ob_sval) */
+#define STR_LENGTH 16     /* offsetof(PyASCIIObject, length) */
+#define STR_STATE 32      /* offsetof(PyASCIIObject, state): interned:2 kind:3 compact:1 ascii:1 */
+#define OWNER_GENERATOR 1 /* FRAME_OWNED_BY_GENERATOR */
+#define MAX_CHAIN 1024    /* frames walked at most (a corrupt chain must not loop) */
+
+static const struct py_layout *layout;
+static const void *code_type, *unicode_type, *bytes_type;
+static void *(*this_thread_state)(void);
+
+#define AT(ptr, offset, type) (*(type const *)((const char *)(ptr) + (offset)))
+
+static int is_type(const void *obj, const void *type)
+{
+    return obj != NULL && AT(obj, OB_TYPE, const void *) == type;
+}
+
+int pyframes_init(void)
+{
+    const unsigned long *version = dlsym(RTLD_DEFAULT, "Py_Version");
+    const void *type_type = dlsym(RTLD_DEFAULT, "PyType_Type");
+    code_type = dlsym(RTLD_DEFAULT, "PyCode_Type");
+    unicode_type = dlsym(RTLD_DEFAULT, "PyUnicode_Type");
+    bytes_type = dlsym(RTLD_DEFAULT, "PyBytes_Type");
+    *(void **)&this_thread_state = dlsym(RTLD_DEFAULT, "PyGILState_GetThisThreadState");
+    if (version == NULL || type_type == NULL || code_type == NULL || unicode_type == NULL || bytes_type == NULL ||
+        this_thread_state == NULL)
+        return 0; /* not a CPython process (or one older than 3.11) */
+    /* The object header must be the default build's (a free-threaded build's is larger). */
+    if (!is_type(code_type, type_type) || !is_type(unicode_type, type_type))
+        return 0;
+    for (size_t i = 0; i < sizeof(layouts) / sizeof(layouts[0]); i++)
+        if ((*version & 0xFFFF0000ul) == layouts[i].minor_hex)
+            layout = &layouts[i];
+    return layout != NULL;
+}
+
+static uint32_t put_bytes(struct otel_gpu_stack *stack, const char *s, size_t len)
+{
+    if (stack->strings_len + len + 1 > OTEL_GPU_MAX_STRINGS) {
+        stack->flags |= 4;
+        return 0; /* offset 0 holds "" */
+    }
+    uint32_t at = stack->strings_len;
+    memcpy(stack->strings + at, s, len);
+    stack->strings[at + len] = '\0';
+    stack->strings_len += (uint32_t)(len + 1);
+    return at;
+}
+
+/* A str's UTF-8 text when it is available without converting: compact ASCII, or an already cached UTF-8 copy. */
+static uint32_t put_str(struct otel_gpu_stack *stack, const void *str)
+{
+    if (!is_type(str, unicode_type))
+        return put_bytes(stack, "?", 1);
+    uint32_t state = AT(str, STR_STATE, uint32_t);
+    int compact = (state >> 5) & 1, ascii = (state >> 6) & 1;
+    if (compact && ascii)
+        return put_bytes(stack, (const char *)str + layout->ascii_size, (size_t)AT(str, STR_LENGTH, ssize_t));
+    const char *utf8 = compact ? AT(str, layout->compact_utf8, const char *) : NULL;
+    if (utf8 == NULL)
+        return put_bytes(stack, "?", 1);
+    return put_bytes(stack, utf8, (size_t)AT(str, layout->compact_utf8_length, ssize_t));
+}
+
+static int read_varint(const uint8_t **p, const uint8_t *end)
+{
+    if (*p >= end)
+        return 0;
+    unsigned read = *(*p)++;
+    unsigned value = read & 63, shift = 0;
+    while ((read & 64) && *p < end && shift < 24) {
+        read = *(*p)++;
+        shift += 6;
+        value |= (read & 63) << shift;
+    }
+    return (int)value;
+}
+
+static int read_svarint(const uint8_t **p, const uint8_t *end)
+{
+    unsigned value = (unsigned)read_varint(p, end);
+    return (value & 1) ? -(int)(value >> 1) : (int)(value >> 1);
+}
+
+/* PyCode_Addr2Line over the 3.11+ location table (Objects/locations.md); byte_offset is into the instructions. */
+static int line_of(const void *code, long byte_offset)
+{
+    int line = AT(code, layout->code_firstlineno, int);
+    const void *table = AT(code, layout->code_linetable, const void *);
+    if (byte_offset < 0 || !is_type(table, bytes_type))
+        return line;
+    const uint8_t *p = (const uint8_t *)table + BYTES_DATA;
+    const uint8_t *end = p + AT(table, VAR_SIZE, ssize_t);
+    long start = 0;
+    while (p < end) {
+        uint8_t first = *p++;
+        int kind = (first >> 3) & 15;
+        long length = ((first & 7) + 1) * 2; /* code units of 2 bytes */
+        int delta = 0, has_line = 1;
+        if (kind == 15)
+            has_line = 0; /* no location */
+        else if (kind == 14 || kind == 13)
+            delta = read_svarint(&p, end);
+        else if (kind >= 10)
+            delta = kind - 10;
+        while (p < end && (*p & 128) == 0)
+            p++; /* the rest of this entry (columns) */
+        line += delta;
+        if (byte_offset < start + length)
+            return has_line ? line : -1;
+        start += length;
+    }
+    return -1;
+}
+
+/* Appends the thread's Python frames, innermost first; returns 0 when this reader is off or finds no thread state. */
+int pyframes_capture(struct otel_gpu_stack *stack)
+{
+    if (layout == NULL)
+        return 0;
+    const void *tstate = this_thread_state();
+    if (tstate == NULL)
+        return 0;
+    const void *frame = AT(tstate, layout->tstate_frame, const void *);
+    if (layout->has_cframe && frame != NULL)
+        frame = AT(frame, layout->cframe_current, const void *);
+    if (stack->strings_len == 0) {
+        stack->strings[0] = '\0';
+        stack->strings_len = 1;
+    }
+    for (int walked = 0; frame != NULL && walked < MAX_CHAIN; walked++, frame = AT(frame, layout->frame_previous, const void *)) {
+        int owner = AT(frame, layout->frame_owner, char);
+        if (owner == layout->owner_cstack)
+            continue; /* the C stack's shim frame between two evaluation loops */
+        const void *code = AT(frame, layout->frame_code, const void *);
+        if (!is_type(code, code_type))
+            continue;
+        const char *instructions = (const char *)code + layout->code_adaptive;
+        const char *instr = AT(frame, layout->frame_instr, const char *);
+        if (owner != OWNER_GENERATOR && instr < instructions + 2 * (long)AT(code, layout->code_firsttraceable, int))
+            continue; /* not started yet: no line, not shown by CPython either */
+        if (stack->python_count >= OTEL_GPU_MAX_PYTHON_FRAMES) {
+            stack->flags |= 4;
+            break;
+        }
+        struct otel_gpu_python_frame *out = &stack->python[stack->python_count++];
+        int line = line_of(code, instr - instructions);
+        out->line = line > 0 ? (uint32_t)line : 0;
+        out->first_line = (uint32_t)AT(code, layout->code_firstlineno, int);
+        out->name_offset = put_str(stack, AT(code, layout->code_qualname, const void *));
+        out->filename_offset = put_str(stack, AT(code, layout->code_filename, const void *));
+    }
+    if (stack->python_count > 0)
+        stack->flags |= 1;
+    return 1;
+}
