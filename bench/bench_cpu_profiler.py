@@ -9,7 +9,8 @@ Reports, side by side in one run:
      a. real: the sampler at a high frequency on busy workloads, then one drain, pprof and OTLP encoding;
      b. worst case: every sample a distinct, never-seen stack (random addresses in live processes' code and the
         kernel), fed through the same symbolizer and encoders;
-  3. the agent's RSS with CPU profiling on (current and peak; target <= 100 MB).
+  3. the agent's RSS with CPU profiling on (current and peak; target <= 100 MB);
+  4. the design choice: in-kernel aggregation (the default) against a ring buffer of raw samples, at 99 Hz.
 
 Run (as root, after make build): .venv/bin/python bench/bench_cpu_profiler.py [--seconds 30] [--json out.json]
 """
@@ -80,7 +81,7 @@ def agent_overhead(frequency_hz: int, seconds: float) -> dict[str, float]:
     """Run the real agent with every core busy; its CPU over wall time after it attached."""
     out_dir = tempfile.mkdtemp(prefix="otel-gpu-bench-")
     burners = start_burners(seconds + 30)
-    agent = subprocess.Popen([sys.executable, "-m", "otel_gpu", "run", "--no-gpu-metrics", "--output-dir", out_dir,
+    agent = subprocess.Popen([sys.executable, "-m", "otel_gpu", "run", "--no-gpu-metrics", "--no-gpu-time-profiling", "--output-dir", out_dir,
                               "--console", "off", "--profiling-frequency-hz", str(frequency_hz),
                               "--profiling-interval", "10", "--log-level", "warning"],
                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -119,24 +120,28 @@ def encode_all(batch) -> tuple[int, int]:  # type: ignore[no-untyped-def]
 
 
 def real_throughput(frequency_hz: int, seconds: float) -> dict[str, float]:
-    """Sample busy workloads at ``frequency_hz`` for ``seconds``, then time one drain + encode."""
+    """Sample two busy workloads at ``frequency_hz`` for ``seconds``, then time one drain + encode (steady state:
+    a first round of the same workloads warmed the ELF and kernel symbol caches; other processes are filtered out
+    by name before symbolization)."""
     from otel_gpu.config import ProfilingConfig
     from otel_gpu.cpu.source import CPUProfileSource
     from otel_gpu.procfs import ProcessResolver
 
-    source = CPUProfileSource(ProfilingConfig(frequency_hz=frequency_hz), ProcessResolver())
+    config = ProfilingConfig(frequency_hz=frequency_hz, process_name="^(cpu_3to1|syscall_heavy)$")
+    source = CPUProfileSource(config, ProcessResolver())
     source.open()
     try:
-        source.drain()  # warm caches (kallsyms, libc) so the timed drain is a steady-state one
-        workloads = [subprocess.Popen([str(WORKLOADS / name), str(seconds)], stdout=subprocess.DEVNULL)
-                     for name in ("cpu_3to1", "syscall_heavy")]
-        for workload in workloads:
-            workload.wait()
-        started = time.perf_counter()
-        batch = source.drain()
-        drained = time.perf_counter()
-        pprof_bytes, otlp_bytes = encode_all(batch)
-        encoded = time.perf_counter()
+        for round_s in (1.0, seconds):
+            source.drain()
+            workloads = [subprocess.Popen([str(WORKLOADS / name), str(round_s)], stdout=subprocess.DEVNULL)
+                         for name in ("cpu_3to1", "syscall_heavy")]
+            for workload in workloads:
+                workload.wait()
+            started = time.perf_counter()
+            batch = source.drain()
+            drained = time.perf_counter()
+            pprof_bytes, otlp_bytes = encode_all(batch)
+            encoded = time.perf_counter()
     finally:
         source.close()
     samples = sum(s.value for p in batch.processes for s in p.samples)
@@ -144,8 +149,8 @@ def real_throughput(frequency_hz: int, seconds: float) -> dict[str, float]:
     total = encoded - started
     return {"frequency_hz": frequency_hz, "samples": samples, "distinct_samples": entries,
             "drain_symbolize_ms": round(1000 * (drained - started), 1), "encode_ms": round(1000 * (encoded - drained), 1),
-            "samples_per_s": round(samples / total), "distinct_samples_per_s": round(entries / total),
-            "pprof_bytes": pprof_bytes, "otlp_bytes": otlp_bytes}
+            "samples_per_s": round(samples / total), "drain_symbolize_samples_per_s": round(samples / (drained - started)),
+            "distinct_samples_per_s": round(entries / total), "pprof_bytes": pprof_bytes, "otlp_bytes": otlp_bytes}
 
 
 def worst_case_throughput(count: int, depth: int) -> dict[str, float]:
@@ -156,6 +161,7 @@ def worst_case_throughput(count: int, depth: int) -> dict[str, float]:
     from otel_gpu.procfs import ProcessResolver
     from otel_gpu.symbolize.kallsyms import KernelSymbols
     from otel_gpu.symbolize.maps import read_maps
+    from otel_gpu.symbolize.symbolizer import Symbolizer
 
     workloads = [subprocess.Popen([str(WORKLOADS / "cpu_3to1"), "60"], stdout=subprocess.DEVNULL),
                  subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])]
@@ -182,7 +188,10 @@ def worst_case_throughput(count: int, depth: int) -> dict[str, float]:
             return raw
 
     try:
-        source = CPUProfileSource(ProfilingConfig(), ProcessResolver(), sampler=FeedSampler())  # type: ignore[arg-type]
+        symbolizer = Symbolizer()
+        symbolizer.load_kernel_symbols()  # as open() does
+        source = CPUProfileSource(ProfilingConfig(), ProcessResolver(), symbolizer=symbolizer,
+                                  sampler=FeedSampler())  # type: ignore[arg-type]
         started = time.perf_counter()
         batch = source.drain()
         drained = time.perf_counter()
@@ -197,6 +206,42 @@ def worst_case_throughput(count: int, depth: int) -> dict[str, float]:
             "encode_ms": round(1000 * (encoded - drained), 1), "samples_per_s": round(len(raw) / total),
             "symbolize_only_samples_per_s": round(len(raw) / (drained - started)),
             "pprof_bytes": pprof_bytes, "otlp_bytes": otlp_bytes}
+
+
+def design_comparison(frequency_hz: int, seconds: float) -> list[dict[str, float]]:
+    """In-kernel aggregation (two map generations) against a ring buffer of raw samples, every core busy:
+    the sampler's CPU in this process (event thread + drains every 2 s) and the BPF program's run time."""
+    from otel_gpu.config import ProfilingConfig
+    from otel_gpu.cpu.sampler import CPUSampler
+    from otel_gpu.cpu.source import CPUProfileSource
+    from otel_gpu.procfs import ProcessResolver
+
+    rows = []
+    for raw_only in (False, True):
+        sampler = CPUSampler(frequency_hz, exclude_tgid=os.getpid(), raw_only=raw_only)
+        source = CPUProfileSource(ProfilingConfig(frequency_hz=frequency_hz), ProcessResolver(), sampler=sampler)
+        sampler._on_new_process = source._on_new_process  # noqa: SLF001 - same wiring as the default sampler
+        burners = start_burners(seconds + 30)
+        source.open()
+        try:
+            time.sleep(1.0)
+            source.drain()
+            cpu0, wall0, (ns0, n0) = time.process_time(), time.monotonic(), sampler_prog_stats()
+            samples = 0
+            while time.monotonic() - wall0 < seconds:
+                time.sleep(2.0)
+                samples += sum(s.value for p in source.drain().processes for s in p.samples)
+            cpu1, wall1, (ns1, n1) = time.process_time(), time.monotonic(), sampler_prog_stats()
+        finally:
+            source.close()
+            for burner in burners:
+                burner.kill()
+                burner.wait()
+        rows.append({"design": "raw ring buffer" if raw_only else "in-kernel aggregation",
+                     "frequency_hz": frequency_hz, "samples": samples,
+                     "user_cpu_percent_of_one_core": round(100 * (cpu1 - cpu0) / (wall1 - wall0), 3),
+                     "bpf_ns_per_run": round((ns1 - ns0) / (n1 - n0)) if n1 > n0 else 0})
+    return rows
 
 
 def main() -> int:
@@ -214,7 +259,8 @@ def main() -> int:
     try:
         results["overhead"] = [agent_overhead(hz, args.seconds) for hz in (19, 99)]
         results["throughput_real"] = real_throughput(999, 5.0)
-        results["throughput_worst_case"] = worst_case_throughput(50_000, 16)
+        results["throughput_worst_case"] = worst_case_throughput(20_000, 16)
+        results["design"] = design_comparison(99, min(args.seconds, 20.0))
     finally:
         stats_path.write_text(previous)
     print("1. overhead, every core busy (agent CPU over wall time; BPF cost is charged to the sampled processes)")
@@ -225,14 +271,19 @@ def main() -> int:
     real = results["throughput_real"]
     worst = results["throughput_worst_case"]
     print("2. drain + symbolize + encode (pprof + OTLP)")
-    print(f"   real, {real['frequency_hz']} Hz x 5 s on 2 workloads: {real['samples']} samples in "  # type: ignore[index]
+    print(f"   real (steady state), {real['frequency_hz']} Hz x 5 s on 2 workloads: {real['samples']} samples in "  # type: ignore[index]
           f"{real['distinct_samples']} distinct: drain+symbolize {real['drain_symbolize_ms']} ms, "  # type: ignore[index]
           f"encode {real['encode_ms']} ms -> {real['samples_per_s']} samples/s "  # type: ignore[index]
-          f"({real['distinct_samples_per_s']} distinct/s)")  # type: ignore[index]
+          f"({real['distinct_samples_per_s']} distinct/s; drain+symbolize alone "  # type: ignore[index]
+          f"{real['drain_symbolize_samples_per_s']} samples/s)")  # type: ignore[index]
     print(f"   worst case, {worst['samples']} distinct never-seen stacks of depth {worst['stack_depth']}: "  # type: ignore[index]
           f"drain+symbolize {worst['drain_symbolize_ms']} ms, encode {worst['encode_ms']} ms -> "  # type: ignore[index]
           f"{worst['samples_per_s']} samples/s (symbolize only {worst['symbolize_only_samples_per_s']}/s)")  # type: ignore[index]
     print("3. agent RSS with CPU profiling on: see 1 (target <= 100 MB)")
+    print("4. design: in-kernel aggregation against a ring buffer of raw samples (in-process sampler, every core busy)")
+    for row in results["design"]:  # type: ignore[union-attr]
+        print(f"   {row['design']:>22} at {row['frequency_hz']} Hz: sampler {row['user_cpu_percent_of_one_core']:.3f} % "
+              f"of one core, BPF {row['bpf_ns_per_run']} ns per sample, {row['samples']} samples")
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))
     return 0

@@ -59,8 +59,11 @@ class CPUSampler:
 
     def __init__(self, frequency_hz: int, pids: Iterable[int] = (), exclude_tgid: int = 0,
                  on_new_process: Callable[[int, str], None] | None = None, btf_path: str = BTF_PATH,
-                 object_path: str | os.PathLike[str] | None = None) -> None:
+                 object_path: str | os.PathLike[str] | None = None, raw_only: bool = False) -> None:
+        """``raw_only`` sends every sample whole through the ring buffer instead of aggregating in the kernel
+        (for comparing the two designs; the aggregated default is cheaper, see bench/bench_cpu_profiler.py)."""
         self.frequency_hz = frequency_hz
+        self.raw_only = raw_only
         self.pids = tuple(pids)
         self.exclude_tgid = exclude_tgid
         self._on_new_process = on_new_process
@@ -83,7 +86,8 @@ class CPUSampler:
         self._preflight()
         try:
             self._bpf = BPFObject(self._object_path, rodata={"self_tgid": self.exclude_tgid,
-                                                             "filter_pids": 1 if self.pids else 0})
+                                                             "filter_pids": 1 if self.pids else 0,
+                                                             "raw_only": 1 if self.raw_only else 0})
             pid_filter = self._bpf.map("pid_filter")
             for pid in self.pids:
                 pid_filter.update(ctypes.c_uint32(pid), ctypes.c_uint8(1))

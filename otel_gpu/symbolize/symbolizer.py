@@ -74,6 +74,7 @@ class Symbolizer:
         self._max_files = max_files
         self._max_symbol_bytes = max_symbol_bytes
         self._symbol_bytes = 0
+        self._unsymbolized = 0  # frames in a known file without a symbol, counted per call into selfmetrics
         self._max_processes = max_processes
         self._processes: OrderedDict[int, _Process] = OrderedDict()
         self._demangler = Demangler()
@@ -153,6 +154,7 @@ class Symbolizer:
                 raw.append(resolved)
             self._demangler.prepare(names)
             out = []
+            unsymbolized_before = self._unsymbolized
             for resolved in raw:
                 frames = []
                 for address, leaf, name, entry, _elf, mapping, file_offset in resolved:
@@ -162,6 +164,9 @@ class Symbolizer:
                         process.frames[(address, leaf)] = frame
                     frames.append(frame)
                 out.append(tuple(frames))
+            if self._unsymbolized != unsymbolized_before:
+                selfmetrics.count(semconv.SELF_ERRORS.name, self._unsymbolized - unsymbolized_before,
+                                  otel_gpu__source=SOURCE, otel_gpu__reason="no_symbol")
             return out
 
     def load_kernel_symbols(self) -> bool:
@@ -221,7 +226,7 @@ class Symbolizer:
         if mapping is not None:
             if name:
                 return Frame(self._demangler.demangle(name), FrameKind.NATIVE, address, mapping, system_name=name)
-            selfmetrics.count(semconv.SELF_ERRORS.name, otel_gpu__source=SOURCE, otel_gpu__reason="no_symbol")
+            self._unsymbolized += 1
             return Frame(f"{os.path.basename(mapping.path)}+0x{file_offset:x}", FrameKind.NATIVE, address, mapping)
         if name:
             kind = FrameKind.PYTHON if name.startswith("py::") else FrameKind.NATIVE

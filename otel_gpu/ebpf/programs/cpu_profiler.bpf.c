@@ -20,6 +20,7 @@ char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
 const volatile __u32 self_tgid = 0;   /* the agent's own tgid, left out; 0 = include every process */
 const volatile __u8 filter_pids = 0;  /* 1: sample only tgids present in pid_filter */
+const volatile __u8 raw_only = 0;     /* 1: send every sample whole through raw_samples (no in-kernel aggregation) */
 
 struct stack_map {
     __uint(type, BPF_MAP_TYPE_STACK_TRACE);
@@ -156,6 +157,10 @@ int on_cpu_sample(struct bpf_perf_event_data *ctx) {
     bump(OTEL_GPU_STAT_SAMPLES);
     announce(pid, tid);
 
+    if (raw_only) {
+        send_raw(ctx, pid, tid);
+        return 0;
+    }
     __u32 zero = 0;
     struct otel_gpu_control *ctl = bpf_map_lookup_elem(&control, &zero);
     __u32 generation = ctl ? ctl->generation : 0;
