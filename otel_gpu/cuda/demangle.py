@@ -8,12 +8,13 @@ import ctypes
 import ctypes.util
 import functools
 import logging
+from typing import Any
 
 _logger = logging.getLogger(__name__)
 
 
 @functools.cache
-def _cxa_demangle() -> tuple[ctypes._CFuncPtr, ctypes._CFuncPtr] | None:
+def _cxa_demangle() -> tuple[Any, Any] | None:  # (__cxa_demangle, free) as ctypes functions
     for name in ("libstdc++.so.6", ctypes.util.find_library("stdc++")):
         if not name:
             continue

@@ -17,6 +17,7 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from otel_gpu import selfmetrics, semconv
 from otel_gpu.cuda import abi, builder
@@ -26,6 +27,9 @@ from otel_gpu.cuda.symbols import NativeSymbolizer, SharedSymbolizer
 from otel_gpu.errors import SourceUnavailable
 from otel_gpu.procfs import ProcessInfo, ProcessResolver
 from otel_gpu.profiles.model import Frame, ProfileBatch, gpu_time_profile_type, sync_wait_profile_type
+
+if TYPE_CHECKING:
+    from otel_gpu.ebpf.loader import BPFObject, RingBuffer
 
 _logger = logging.getLogger(__name__)
 
@@ -77,8 +81,8 @@ class GPUTimeSource:
         self._lock = threading.RLock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._bpf = None  # otel_gpu.ebpf.loader.BPFObject once open
-        self._ring = None
+        self._bpf: BPFObject | None = None
+        self._ring: RingBuffer | None = None
         self._attached: dict[tuple[int, int], InjectedLibrary] = {}
         self._failed: set[tuple[int, int]] = set()
         self._last_scan = 0.0
@@ -151,7 +155,7 @@ class GPUTimeSource:
         libraries, pids = scan(self._proc_root, self._library_name, frozenset({os.getpid()}))
         for pid in pids:
             self._remember_process(pid)
-        added = []
+        added: list[InjectedLibrary] = []
         for key, library in libraries.items():
             if key in self._attached or key in self._failed or self._bpf is None:
                 continue

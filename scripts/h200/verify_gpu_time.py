@@ -44,11 +44,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from otel_gpu.cuda import abi  # noqa: E402
-from otel_gpu.cuda.inject import library_path  # noqa: E402
-from otel_gpu.cuda.source import GPUTimeSource  # noqa: E402
-from otel_gpu.errors import SourceUnavailable  # noqa: E402
-from otel_gpu.profiles.model import FrameKind, ProfileBatch  # noqa: E402
+from otel_gpu.cuda import abi
+from otel_gpu.cuda.inject import library_path
+from otel_gpu.cuda.source import GPUTimeSource
+from otel_gpu.errors import SourceUnavailable
+from otel_gpu.profiles.model import FrameKind
 
 GEMM = re.compile(r"gemm|nvjet|xmma|cutlass|sm\d+_|cublas", re.IGNORECASE)
 ELEMENTWISE = re.compile(r"elementwise|vectorized|unrolled", re.IGNORECASE)
@@ -223,7 +223,7 @@ def run_program(args: list[str], inject: bool, timeout_s: float, debug_file: Pat
     if inject:  # exactly what a user types: otel-gpu inject -- python program.py ...
         command = [sys.executable, "-m", "otel_gpu", "inject", "--", *command]
     done = subprocess.run(command, env=child_env(inject, debug_file, bpf), capture_output=True, text=True,
-                          timeout=timeout_s)
+                          timeout=timeout_s, check=False)
     if done.returncode != 0:
         raise RuntimeError(f"{' '.join(command[-4:])} exited {done.returncode}: {done.stderr[-1500:]}")
     return done
@@ -246,7 +246,7 @@ def normalized(name: str) -> str:
 
 
 def pct(value: float) -> str:
-    return "n/a" if value != value else f"{value * 100:+.2f} %"
+    return "n/a" if math.isnan(value) else f"{value * 100:+.2f} %"
 
 
 # --- the steps --------------------------------------------------------------------------------------------------------
@@ -314,8 +314,8 @@ def step_known(source: GPUTimeSource | None, lines: list[str], results: dict[str
     # accuracy: per kernel name against torch.profiler (scaled to the iterations the windows account for)
     span = (counters.since_ns, counters.until_ns)
     iterations = sum(1 for t in measured["times"] if span[0] <= t <= span[1])
-    lines += ["", f"### Accuracy: {iterations} iterations in the {(span[1] - span[0]) / 1e9:.1f} s the windows account "
-              f"for, sampling fraction {gpu.sampling_fraction:.4f}", "",
+    lines += ["", (f"### Accuracy: {iterations} iterations in the {(span[1] - span[0]) / 1e9:.1f} s the windows "
+                   f"account for, sampling fraction {gpu.sampling_fraction:.4f}"), "",
               "| kernel | torch.profiler (ms) | otel-gpu (ms) | difference | sampling error (2 sigma) |",
               "|---|---|---|---|---|"]
     worst = 0.0
@@ -338,12 +338,12 @@ def step_known(source: GPUTimeSource | None, lines: list[str], results: dict[str
     diff_b = b_total / events_b - 1 if events_b else float("nan")
     accuracy_ok = worst <= 0.05
     results["accuracy"] = accuracy_ok
-    lines += ["", f"- same run, CUDA events around A: {events_a / 1e6:.1f} ms vs otel-gpu {a_total / 1e6:.1f} ms "
-              f"({pct(diff_a)}); around B: {events_b / 1e6:.1f} ms vs {b_total / 1e6:.1f} ms ({pct(diff_b)})",
-              f"- largest per-kernel difference (kernels >= 1 % of GPU time): {worst * 100:.2f} % "
-              f"(target 5 %): **{'PASS' if accuracy_ok else 'FAIL'}**",
-              f"- launches (estimated) {counters.launches:.0f}, join {measuring.join_stats()}, "
-              f"eBPF drops {measuring.dropped()}"]
+    lines += ["", (f"- same run, CUDA events around A: {events_a / 1e6:.1f} ms vs otel-gpu {a_total / 1e6:.1f} ms "
+                   f"({pct(diff_a)}); around B: {events_b / 1e6:.1f} ms vs {b_total / 1e6:.1f} ms ({pct(diff_b)})"),
+              (f"- largest per-kernel difference (kernels >= 1 % of GPU time): {worst * 100:.2f} % "
+               f"(target 5 %): **{'PASS' if accuracy_ok else 'FAIL'}**"),
+              (f"- launches (estimated) {counters.launches:.0f}, join {measuring.join_stats()}, "
+               f"eBPF drops {measuring.dropped()}")]
 
 
 def step_overhead(source: GPUTimeSource | None, lines: list[str], results: dict[str, object]) -> None:
@@ -398,7 +398,7 @@ def main(argv: list[str]) -> int:
     lines = ["## GPU-time profiling on a real GPU", ""]
     results: dict[str, object] = {}
     try:
-        import torch  # noqa: F401  (only to report versions; the workload imports it itself)
+        import torch
 
         lines.append(f"- torch {torch.__version__}, CUDA {torch.version.cuda}, "
                      f"{torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'no GPU'}, "
@@ -420,7 +420,7 @@ def main(argv: list[str]) -> int:
     for name, step in (("known structure and accuracy", step_known), ("overhead", step_overhead)):
         try:
             step(source, lines, results)
-        except Exception as exc:  # report and go on: the table shows what ran
+        except Exception as exc:  # noqa: BLE001  (report and go on: the table shows what ran)
             results[name] = f"error: {exc}"
             lines += ["", f"### {name}: ERROR", "", "```", traceback.format_exc()[-3000:], "```"]
     if source is not None:

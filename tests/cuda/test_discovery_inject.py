@@ -67,9 +67,9 @@ def packaged(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 def test_inject_runs_the_command_with_the_variable(packaged: Path, tmp_path: Path) -> None:
     out = tmp_path / "seen"
     err = io.StringIO()
-    code = inject.run_injected(["--", sys.executable, "-c",
-                                f"import os, sys; open({str(out)!r}, 'w').write(os.environ['CUDA_INJECTION64_PATH']);"
-                                " sys.exit(7)"], environ={"PATH": os.environ.get("PATH", "")}, stderr=err)
+    script = f"import os, sys; open({str(out)!r}, 'w').write(os.environ['CUDA_INJECTION64_PATH']); sys.exit(7)"
+    code = inject.run_injected(["--", sys.executable, "-c", script], environ={"PATH": os.environ.get("PATH", "")},
+                               stderr=err)
     assert code == 7
     assert out.read_text() == str(packaged)
     text = err.getvalue()

@@ -112,7 +112,7 @@ def test_sync_waits_weighted_by_their_own_weight(proc: Path) -> None:
     source.handle(sync(10, 1000, weight=4, stack_=stack(0xD0)))
     source.handle(sync(10, 500, weight=1, stack_=stack(0xD0)))
     source.handle(sync(10, 300, kind=abi.SYNC_CONTEXT, cbid=17, stack_=stack(0xE0), tid=12))
-    gpu, waits = source.drain()
+    _, waits = source.drain()
     assert waits.type.sample_type == "sync_wait" and waits.type.period_type == "gpu_wait"
     assert _totals(waits) == {(10, ("[cuStreamSynchronize]", "fn_d0")): 4500,
                               (10, ("[cuCtxSynchronize]", "fn_e0")): 300}
