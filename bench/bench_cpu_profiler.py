@@ -67,7 +67,8 @@ def sampler_prog_stats() -> tuple[int, int]:
 
 def program_loaded() -> bool:
     return sampler_prog_stats() != (0, 0) or "on_cpu_sample" in subprocess.run(
-        [shutil.which("bpftool") or "/usr/sbin/bpftool", "prog", "show"], capture_output=True, text=True).stdout
+        [shutil.which("bpftool") or "/usr/sbin/bpftool", "prog", "show"], capture_output=True, text=True,
+        check=False).stdout
 
 
 def start_burners(seconds: float) -> list[subprocess.Popen[bytes]]:
@@ -168,7 +169,7 @@ def worst_case_throughput(count: int, depth: int) -> dict[str, float]:
     time.sleep(0.5)
     rng = random.Random(7)
     kernel = KernelSymbols()
-    kernel_range = (kernel._starts[0], kernel._starts[-1]) if kernel.available else (0, 0)  # noqa: SLF001
+    kernel_range = (kernel._starts[0], kernel._starts[-1]) if kernel.available else (0, 0)
     raw: list[RawSample] = []
     for workload in workloads:
         code = [e for e in read_maps(workload.pid) or [] if e.executable and e.file_backed]
@@ -220,7 +221,7 @@ def design_comparison(frequency_hz: int, seconds: float) -> list[dict[str, float
     for raw_only in (False, True):
         sampler = CPUSampler(frequency_hz, exclude_tgid=os.getpid(), raw_only=raw_only)
         source = CPUProfileSource(ProfilingConfig(frequency_hz=frequency_hz), ProcessResolver(), sampler=sampler)
-        sampler._on_new_process = source._on_new_process  # noqa: SLF001 - same wiring as the default sampler
+        sampler._on_new_process = source._on_new_process  # same wiring as the default sampler
         burners = start_burners(seconds + 30)
         source.open()
         try:

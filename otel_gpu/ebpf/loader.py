@@ -30,6 +30,7 @@ import logging
 import os
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
+from typing import TypeVar
 
 from otel_gpu.ebpf import _libbpf
 
@@ -289,6 +290,9 @@ class RingBuffer:
             self._handle = None
 
 
+_Object = TypeVar("_Object", bound="BPFObject")
+
+
 class BPFObject:
     """One opened, configured and loaded eBPF object with its attachments; a context manager."""
 
@@ -403,7 +407,7 @@ class BPFObject:
     def closed(self) -> bool:
         return self._obj is None
 
-    def __enter__(self) -> BPFObject:
+    def __enter__(self: _Object) -> _Object:
         return self
 
     def __exit__(self, *exc: object) -> None:

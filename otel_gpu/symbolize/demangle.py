@@ -22,7 +22,7 @@ class Demangler:
 
     @staticmethod
     def is_mangled(name: str) -> bool:
-        return name.startswith("_Z") or name.startswith("_R")
+        return name.startswith(("_Z", "_R"))
 
     def prepare(self, names: Iterable[str]) -> None:
         """Demangle every mangled name in ``names`` not seen before, in one batch."""

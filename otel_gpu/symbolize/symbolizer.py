@@ -34,6 +34,8 @@ _logger = logging.getLogger(__name__)
 
 SOURCE = "symbolizer"
 FileKey = tuple[int, int, int, int]  # st_dev, st_ino, st_mtime_ns, st_size
+# address, is_leaf, raw symbol name, mapping entry, ELF file, model mapping, file offset (-1: none)
+_Resolved = tuple[int, bool, str, "MapEntry | None", "ElfSymbols | None", "Mapping | None", int]
 
 
 class _Process:
@@ -138,10 +140,10 @@ class Symbolizer:
                 self._processes[pid] = process
             process.refreshed = False  # re-read the maps at most once per call (a library loaded meanwhile)
             process.perf_map_checked = False
-            raw: list[list[tuple[int, bool, str, MapEntry | None, ElfSymbols | None, Mapping | None, int]]] = []
+            raw: list[list[_Resolved]] = []
             names: set[str] = set()
             for stack in stacks:
-                resolved = []
+                resolved: list[_Resolved] = []
                 for depth, address in enumerate(stack):
                     leaf = depth == 0
                     if (address, leaf) in process.frames:
@@ -199,8 +201,7 @@ class Symbolizer:
 
     # --- internals -------------------------------------------------------------------------------------------------
 
-    def _resolve(self, process: _Process, address: int, leaf: bool
-                 ) -> tuple[int, bool, str, MapEntry | None, ElfSymbols | None, Mapping | None, int]:
+    def _resolve(self, process: _Process, address: int, leaf: bool) -> _Resolved:
         entry = process.find(address)
         if entry is None and not process.refreshed:
             process.refreshed = True

@@ -181,7 +181,8 @@ def test_kernel_symbols_from_a_kallsyms_file(tmp_path: Path) -> None:
 def test_real_kallsyms_has_the_syscall_entry() -> None:
     symbols = KernelSymbols()
     assert symbols.available
-    entry = next(line.split()[0] for line in open("/proc/kallsyms") if line.split()[2] == "do_syscall_64")
+    with open("/proc/kallsyms") as handle:
+        entry = next(line.split()[0] for line in handle if line.split()[2] == "do_syscall_64")
     assert symbols.lookup(int(entry, 16) + 3) == ("do_syscall_64", 3, "")
 
 
