@@ -30,9 +30,12 @@ import logging
 import os
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import TypeVar
+from typing import TYPE_CHECKING
 
 from otel_gpu.ebpf import _libbpf
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
 
 _logger = logging.getLogger(__name__)
 
@@ -290,9 +293,6 @@ class RingBuffer:
             self._handle = None
 
 
-_Object = TypeVar("_Object", bound="BPFObject")
-
-
 class BPFObject:
     """One opened, configured and loaded eBPF object with its attachments; a context manager."""
 
@@ -407,7 +407,7 @@ class BPFObject:
     def closed(self) -> bool:
         return self._obj is None
 
-    def __enter__(self: _Object) -> _Object:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
