@@ -36,7 +36,7 @@ from opentelemetry.sdk.resources import Resource
 
 from otel_gpu import selfmetrics, semconv
 from otel_gpu.config import AgentConfig, OTLPConfig
-from otel_gpu.metrics import CUMULATIVE_EVERYWHERE
+from otel_gpu.metrics import CUMULATIVE_EVERYWHERE, _stale
 from otel_gpu.metrics.console import ConsoleTableExporter
 from otel_gpu.metrics.files import JsonLinesMetricExporter
 from otel_gpu.metrics.self_instruments import SELF_METER_NAME, register_self_instruments
@@ -178,6 +178,7 @@ class MetricsPipeline:
             readers.append(PeriodicExportingMetricReader(counting, export_interval_millis=interval_ms,
                                                          export_timeout_millis=timeout_ms))
 
+        _stale.install()
         self._provider = MeterProvider(metric_readers=readers, resource=resource,
                                        exemplar_filter=AlwaysOffExemplarFilter(), shutdown_on_exit=False)
         register_self_instruments(self._provider.get_meter(SELF_METER_NAME))
