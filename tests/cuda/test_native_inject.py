@@ -13,6 +13,7 @@ import os
 import struct
 import subprocess
 import sys
+import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -605,3 +606,111 @@ def test_python_frames_of_the_launching_line(injected_lib: Path, tmp_path: Path,
         frames = python_frames(s.stack)
         assert [name for name, _, _ in frames][:4] == ["Driver.call", "sync_point", "train_step", "main"]
         assert frames[2][2] == _source_line("sync_point(driver)", "train_step")
+
+
+# --- a real uprobe on the USDT probe (root) -------------------------------------------------------------------------
+
+
+def _usdt_notes(lib: Path) -> dict[str, tuple[int, int]]:
+    """Probe name -> (probe address, semaphore address), from readelf."""
+    notes = subprocess.run(["readelf", "-n", str(lib)], check=True, capture_output=True, text=True).stdout
+    found: dict[str, tuple[int, int]] = {}
+    name = ""
+    for line in notes.splitlines():
+        line = line.strip()
+        if line.startswith("Name:"):
+            name = line.split()[1]
+        elif line.startswith("Location:"):
+            fields = dict(part.strip().split(": ") for part in line.split(", "))
+            found[name] = (int(fields["Location"], 16), int(fields["Semaphore"], 16))
+    return found
+
+
+def _file_offset(lib: Path, address: int) -> int:
+    """A virtual address of the library as an offset in its file (what uprobes take), from its PT_LOAD headers."""
+    headers = subprocess.run(["readelf", "-lW", str(lib)], check=True, capture_output=True, text=True).stdout
+    for line in headers.splitlines():
+        parts = line.split()
+        if parts and parts[0] == "LOAD":
+            offset, vaddr, filesz = int(parts[1], 16), int(parts[2], 16), int(parts[5], 16)
+            if vaddr <= address < vaddr + filesz:
+                return address - vaddr + offset
+    raise AssertionError(f"address {address:#x} is in no PT_LOAD segment of {lib}")
+
+
+class _PerfEventAttr(ctypes.Structure):
+    _fields_ = [
+        ("type", ctypes.c_uint32),
+        ("size", ctypes.c_uint32),
+        ("config", ctypes.c_uint64),
+        ("sample_period", ctypes.c_uint64),
+        ("sample_type", ctypes.c_uint64),
+        ("read_format", ctypes.c_uint64),
+        ("flags", ctypes.c_uint64),
+        ("wakeup_events", ctypes.c_uint32),
+        ("bp_type", ctypes.c_uint32),
+        ("config1", ctypes.c_uint64),  # uprobe: the path
+        ("config2", ctypes.c_uint64),  # uprobe: the probe's file offset
+        ("padding", ctypes.c_uint8 * 64),
+    ]
+
+
+def _open_usdt_counters(lib: Path, probe: str) -> list[int]:
+    """Counting uprobes on one USDT probe of lib, one per CPU (the probe fires on any thread of any process that maps
+    this file), with the probe's semaphore as their reference counter."""
+    address, semaphore = _usdt_notes(lib)[probe]
+    path = ctypes.create_string_buffer(str(lib).encode())
+    attr = _PerfEventAttr()
+    attr.type = int(Path("/sys/bus/event_source/devices/uprobe/type").read_text())
+    attr.size = ctypes.sizeof(_PerfEventAttr)
+    attr.config = _file_offset(lib, semaphore) << 32  # config:32-63 = ref_ctr_offset
+    attr.config1 = ctypes.addressof(path)
+    attr.config2 = _file_offset(lib, address)
+    libc = ctypes.CDLL(None, use_errno=True)
+    perf_event_open = 298  # x86_64
+    fds = []
+    for cpu in range(os.cpu_count() or 1):
+        fd = libc.syscall(perf_event_open, ctypes.byref(attr), -1, cpu, -1, 0)
+        if fd < 0:
+            raise OSError(ctypes.get_errno(), f"perf_event_open uprobe {probe} on CPU {cpu}")
+        fds.append(int(fd))
+    return fds
+
+
+@pytest.mark.root
+def test_an_attached_uprobe_turns_the_library_on(injected_lib: Path, tmp_path: Path) -> None:
+    """No debug mode: windows open only once a real uprobe holds the window probe's semaphore, and every window record
+    the library writes was also a probe hit. (The library is a private copy: only this workload maps it.)"""
+    debug = tmp_path / "records.bin"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_GPU_", "CUDA_INJECTION"))}
+    env.update(
+        {
+            "CUDA_INJECTION64_PATH": str(injected_lib),
+            "OTEL_GPU_CUPTI_PATH": str(FAKES / "libcupti.so"),
+            "OTEL_GPU_DEBUG_FILE": str(debug),
+            "OTEL_GPU_WINDOW_MS": "5",
+            "OTEL_GPU_OVERHEAD_BUDGET": "0.5",
+        }
+    )
+    workload = subprocess.Popen([str(WORKLOAD), "--steps", "1200"], env=env, stdout=subprocess.PIPE, text=True)
+    try:
+        time.sleep(0.5)  # the library is loaded and idle: no agent yet
+        assert read_debug_file(debug) == Records()
+        fds = _open_usdt_counters(injected_lib, "window")
+        try:
+            time.sleep(1.0)
+            windows_while_attached = len(read_debug_file(debug).windows)
+            hits = sum(struct.unpack("<Q", os.read(fd, 8))[0] for fd in fds)
+        finally:
+            for fd in fds:
+                os.close(fd)
+        out, _ = workload.communicate(timeout=60)
+    finally:
+        workload.kill()
+        workload.wait()
+    records = read_debug_file(debug)
+    assert hits >= 3
+    # The probe fired for each window record written while attached (one more may close between the two reads).
+    assert windows_while_attached <= hits <= windows_while_attached + 1
+    assert records.launches and records.activities
+    assert "site launch_matmul" in out
