@@ -48,6 +48,9 @@ class Agent:
             profilers += self._start_gpu_time(cleanup, pipeline)
             exporters = self._start_profile_exporters(cleanup) if profilers else []
             names = [getattr(p, "name", "?") for p in profilers]
+            for source_name, up in (("nvml", gpu is not None), ("cpu_profiler", "cpu_profiler" in names),
+                                    ("gpu_time", "gpu_time" in names)):
+                selfmetrics.set_gauge(semconv.SELF_SOURCE_UP.name, 1 if up else 0, otel_gpu__source=source_name)
             _logger.info("otel-gpu running: gpu metrics %s, cpu profiling %s, gpu-time profiling %s; %s",
                          "on" if gpu else "off", "on" if "cpu_profiler" in names else "off",
                          "on" if "gpu_time" in names else "off", self._destinations())

@@ -164,7 +164,9 @@ REASON_COUNTS_FULL: Final = "counts_map_full"  # the in-kernel counts map was fu
 REASON_EVENTS_FULL: Final = "events_ringbuf_full"  # new-process event dropped: that process may stay unsymbolized
 SIGNAL_PROFILES: Final = "profiles"
 
-SELF_METRICS: Final = (SELF_COLLECTION_DURATION, SELF_EXPORT_FAILURES, SELF_DROPPED, SELF_ERRORS,
+SELF_SOURCE_UP = MetricSpec("otel_gpu.source.up", "updowncounter", "1",
+                            "1 while a source (otel_gpu.source: nvml, cpu_profiler, gpu_time) runs, 0 when it is off")
+SELF_METRICS: Final = (SELF_COLLECTION_DURATION, SELF_EXPORT_FAILURES, SELF_DROPPED, SELF_ERRORS, SELF_SOURCE_UP,
                        SELF_PROFILE_SAMPLES)
 
 

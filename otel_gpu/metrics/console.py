@@ -54,6 +54,8 @@ def render_console(metrics_data: MetricsData | None, *, interval_s: float, top_p
     stamp = time.strftime("%H:%M:%S", time.localtime(time.time() if now_s is None else now_s))
     gpus = _collect_rows(metrics_data)
     if not gpus:
+        if _source_off(metrics_data, "nvml"):
+            return f"otel-gpu {stamp}: GPU metrics are off (the log says why); profiles go to their destinations"
         return f"otel-gpu {stamp}: no GPU metrics yet (next collection in {interval_s:g} s)"
     lines = [f"otel-gpu {stamp}  {len(gpus)} GPU{'s' if len(gpus) != 1 else ''}, every {interval_s:g} s",
              f"{'GPU':<4}{'NAME':<22}{'UTIL':>6}{'MEMORY GiB':>18}{'POWER W':>14}{'TEMP':>7}{'SM MHz':>9}"
@@ -73,6 +75,21 @@ def render_console(metrics_data: MetricsData | None, *, interval_s: float, top_p
             more = len(row.processes) - len(top)
             lines.append(f"    processes: {shown}" + (f" (+{more} more)" if more > 0 else ""))
     return "\n".join(lines)
+
+
+def _source_off(metrics_data: MetricsData | None, source: str) -> bool:
+    """True when the agent reported ``otel_gpu.source.up{otel_gpu.source=source}`` as 0."""
+    if metrics_data is None:
+        return False
+    for resource_metrics in metrics_data.resource_metrics:
+        for scope_metrics in resource_metrics.scope_metrics:
+            for metric in scope_metrics.metrics:
+                if metric.name != semconv.SELF_SOURCE_UP.name:
+                    continue
+                for point in metric.data.data_points:
+                    if (point.attributes or {}).get(semconv.OTEL_GPU_SOURCE) == source:
+                        return point.value == 0
+    return False
 
 
 def _collect_rows(metrics_data: MetricsData | None) -> dict[str, _GPURow]:

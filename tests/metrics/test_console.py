@@ -106,3 +106,21 @@ def test_closed_stream_is_a_failure_not_an_exception() -> None:
     stream = io.StringIO()
     stream.close()
     assert ConsoleTableExporter(stream, interval_s=1).export(_data()) is MetricExportResult.FAILURE
+
+
+def test_status_line_says_gpu_metrics_are_off_when_the_source_is_down() -> None:
+    from otel_gpu import selfmetrics
+    from otel_gpu.metrics.self_instruments import register_self_instruments
+
+    selfmetrics.reset()
+    reader = InMemoryMetricReader()
+    provider = MeterProvider(metric_readers=[reader])
+    register_self_instruments(provider.get_meter("self"))
+    selfmetrics.set_gauge(semconv.SELF_SOURCE_UP.name, 0, otel_gpu__source="nvml")
+    try:
+        assert "GPU metrics are off" in render_console(reader.get_metrics_data(), interval_s=10)
+        selfmetrics.set_gauge(semconv.SELF_SOURCE_UP.name, 1, otel_gpu__source="nvml")
+        assert "no GPU metrics yet" in render_console(reader.get_metrics_data(), interval_s=10)
+    finally:
+        selfmetrics.reset()
+        provider.shutdown()
