@@ -188,6 +188,8 @@ def worst_case_throughput(count: int, depth: int) -> dict[str, float]:
         def drain(self) -> list[RawSample]:
             return raw
 
+        def forget(self, pids: object) -> None: ...
+
     try:
         symbolizer = Symbolizer()
         symbolizer.load_kernel_symbols()  # as open() does

@@ -149,6 +149,15 @@ class CPUSampler:
                 user_stack_lost=user_id < 0 and user_id != _EFAULT))
         return out
 
+    def forget(self, pids: Iterable[int]) -> None:
+        """Forget that ``pids`` were seen, so that a process reusing one of them is announced again."""
+        bpf = self._bpf
+        if bpf is None:
+            return
+        known = bpf.map("known_pids")
+        for pid in pids:
+            known.delete(ctypes.c_uint32(pid))
+
     def stats(self) -> dict[str, int]:
         """Totals of the BPF-side statistics since open (names of :class:`otel_gpu.ebpf.abi.CPUStat`)."""
         return {stat.name.lower(): self._stats_seen[stat] for stat in abi.CPUStat}

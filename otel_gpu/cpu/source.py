@@ -74,8 +74,10 @@ class CPUProfileSource:
                 continue
             processes.append(ProcessProfile(info, self._samples(pid, samples)))
         self._symbolizer.prune(by_pid)
-        for pid in [p for p in self._comms if p not in by_pid and not os.path.exists(f"/proc/{p}")]:
+        gone = [p for p in self._comms if p not in by_pid and not os.path.exists(f"/proc/{p}")]
+        for pid in gone:
             del self._comms[pid]
+        self._sampler.forget(gone)  # a process that reuses the pid gets announced (and snapshotted) again
         return ProfileBatch(type=cpu_profile_type(self.config.frequency_hz), start_unix_nano=start_ns,
                             duration_nano=max(0, now_ns - start_ns), processes=tuple(processes))
 

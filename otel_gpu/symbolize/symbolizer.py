@@ -41,8 +41,9 @@ _Resolved = tuple[int, bool, str, "MapEntry | None", "ElfSymbols | None", "Mappi
 class _Process:
     """What is known about one process: its mappings, their ELF files, and the frames already built."""
 
-    def __init__(self, pid: int, entries: list[MapEntry]) -> None:
+    def __init__(self, pid: int, entries: list[MapEntry], start_ticks: int = 0) -> None:
         self.pid = pid
+        self.start_ticks = start_ticks  # tells a reused pid apart
         self.set_entries(entries)
         self.files: dict[int, tuple[ElfSymbols | None, Mapping]] = {}  # by entry start
         self.frames: dict[tuple[int, bool], Frame] = {}  # (address, is_leaf)
@@ -90,10 +91,11 @@ class Symbolizer:
         entries = read_maps(pid, self._proc)
         if entries is None:
             return False
+        start_ticks = _start_ticks(self._proc, pid)
         with self._lock:
             process = self._processes.get(pid)
-            if process is None:
-                process = _Process(pid, entries)
+            if process is None or process.start_ticks != start_ticks:  # new, or the pid was reused
+                process = _Process(pid, entries, start_ticks)
                 self._processes[pid] = process
                 while len(self._processes) > self._max_processes:
                     self._processes.popitem(last=False)
@@ -307,6 +309,16 @@ class Symbolizer:
                 continue
             return process.perf_map
         return process.perf_map
+
+
+def _start_ticks(proc_root: str, pid: int) -> int:
+    """The start time of ``pid`` in clock ticks since boot (field 22 of /proc/PID/stat), 0 when unreadable."""
+    try:
+        with open(f"{proc_root}/{pid}/stat", encoding="ascii", errors="replace") as handle:
+            stat = handle.read()
+        return int(stat[stat.rfind(")") + 2:].split()[19])
+    except (OSError, ValueError, IndexError):
+        return 0
 
 
 def _namespace_pid(proc_root: str, pid: int) -> int:

@@ -33,6 +33,9 @@ class FedSampler:
         out, self.samples = self.samples, []
         return out
 
+    def forget(self, pids: object) -> None:
+        pass
+
 
 class KnownProcesses(ProcessResolver):
     """A resolver that knows two live processes (one in a container) and nothing else."""

@@ -213,3 +213,21 @@ def test_prune_forgets_exited_processes() -> None:
     process.wait()
     assert symbolizer.prune(keep=[pid]) == 0 and symbolizer.knows(pid)
     assert symbolizer.prune(keep=[]) == 1 and not symbolizer.knows(pid)
+
+
+def test_a_reused_pid_gets_a_fresh_snapshot(tmp_path: Path) -> None:
+    proc = tmp_path / "proc"
+    (proc / "50").mkdir(parents=True)
+    maps = proc / "50" / "maps"
+    stat = proc / "50" / "stat"
+    maps.write_text("555555554000-555555556000 r-xp 00000000 fd:01 1 /nonexistent/first\n")
+    stat.write_text("50 (first) S " + " ".join(["0"] * 18) + " 1000 0 0\n")
+    symbolizer = Symbolizer(proc_root=str(proc))
+    assert symbolizer.remember(50)
+    (before,) = symbolizer.user_stacks(50, [[0x555555554010]])
+    maps.write_text("555555554000-555555556000 r-xp 00000000 fd:01 2 /nonexistent/second\n")
+    assert symbolizer.remember(50)  # same process again: cached frames stay
+    assert symbolizer.user_stacks(50, [[0x555555554010]])[0][0].function == before[0].function == "first+0x10"
+    stat.write_text("50 (second) S " + " ".join(["0"] * 18) + " 2000 0 0\n")  # another start time: reused pid
+    assert symbolizer.remember(50)
+    assert symbolizer.user_stacks(50, [[0x555555554010]])[0][0].function == "second+0x10"
