@@ -50,6 +50,7 @@ class ElfSymbols:
     def __init__(self, path: str) -> None:
         self.path = path
         self.build_id = ""
+        self.has_symtab = False  # False: only exported (.dynsym) names; a separate debug file may have the rest
         self.segments: list[Segment] = []
         self._starts = array("Q")
         self._ends = array("Q")
@@ -86,6 +87,12 @@ class ElfSymbols:
                 return file_offset - segment.offset + segment.vaddr
         return None
 
+    def add_symbols_from(self, debug: ElfSymbols) -> None:
+        """Take the symbol table of ``debug`` (a separate debug file of this same build) in place of this one's."""
+        self._starts, self._ends, self._name_ends, self._names = (debug._starts, debug._ends, debug._name_ends,
+                                                                  debug._names)
+        self.has_symtab = debug.has_symtab
+
     def lookup(self, vaddr: int) -> tuple[str, int] | None:
         """(symbol name, offset into it) of the function containing link-time address ``vaddr``, or None."""
         index = bisect.bisect_right(self._starts, vaddr) - 1
@@ -113,6 +120,7 @@ class ElfSymbols:
         for kind in (_SHT_SYMTAB, _SHT_DYNSYM):  # .symtab first: it has the local functions too
             for section in sections:
                 if section[1] == kind and section[6] < len(sections):
+                    self.has_symtab = self.has_symtab or kind == _SHT_SYMTAB
                     strtab = sections[section[6]]
                     self._read_symbols(data, section[4], section[5], strtab[4], strtab[5], symbols)
         if not self.build_id:

@@ -9,6 +9,8 @@ are looked up in /tmp/perf-PID.map. Kernel frames come from /proc/kallsyms. ELF 
 Short-lived processes: :meth:`Symbolizer.remember` snapshots a process's mappings and opens its executable files
 as soon as it is first seen; the snapshot outlives the process until :meth:`Symbolizer.prune`. A binary that is gone
 or unreadable yields a frame named ``file+0xOFFSET`` that keeps its address, mapping and build id, never an error.
+Files without a full symbol table take it from a separate debug file found by build id
+(``/usr/lib/debug/.build-id/xx/yyyy.debug``, as installed by distributions' debug-symbol packages).
 Non-leaf addresses are return addresses; they are looked up at ``address - 1`` so a call at the very end of a
 function is attributed to that function.
 """
@@ -67,8 +69,10 @@ class Symbolizer:
     and the stack methods from the drain)."""
 
     def __init__(self, proc_root: str = "/proc", kallsyms_path: str = "/proc/kallsyms", max_files: int = 512,
-                 max_symbol_bytes: int = 48 * 1024 * 1024, max_processes: int = 8192) -> None:
+                 max_symbol_bytes: int = 48 * 1024 * 1024, max_processes: int = 8192,
+                 debug_dirs: Sequence[str] = ("/usr/lib/debug",)) -> None:
         self._proc = proc_root
+        self._debug_dirs = tuple(debug_dirs)
         self._kallsyms_path = kallsyms_path
         self._kernel: KernelSymbols | None = None
         self._kernel_frames: dict[int, Frame] = {}
@@ -266,6 +270,8 @@ class Symbolizer:
                 _logger.debug("cannot read symbols of %s: %s", entry.path, exc)
                 selfmetrics.count(semconv.SELF_ERRORS.name, otel_gpu__source=SOURCE, otel_gpu__reason="unreadable_elf")
                 elf = None
+            if elf is not None and elf.build_id and elf.build_id not in self._by_build_id and not elf.has_symtab:
+                self._add_debug_symbols(elf)
             if elf is not None and elf.build_id:
                 shared = self._by_build_id.setdefault(elf.build_id, elf)
                 if shared is elf:
@@ -285,6 +291,20 @@ class Symbolizer:
             return elf
         selfmetrics.count(semconv.SELF_ERRORS.name, otel_gpu__source=SOURCE, otel_gpu__reason="missing_file")
         return None
+
+    def _add_debug_symbols(self, elf: ElfSymbols) -> None:
+        for folder in self._debug_dirs:
+            path = f"{folder}/.build-id/{elf.build_id[:2]}/{elf.build_id[2:]}.debug"
+            if not os.path.exists(path):
+                continue
+            try:
+                debug = ElfSymbols(path)
+            except (OSError, ElfError, ValueError) as exc:
+                _logger.debug("cannot read debug file %s: %s", path, exc)
+                continue
+            if debug.build_id == elf.build_id and debug.symbol_count >= elf.symbol_count:
+                elf.add_symbols_from(debug)
+                return
 
     def _perf_map_name(self, process: _Process, address: int) -> str | None:
         perf_map = self._perf_map(process)

@@ -231,3 +231,29 @@ def test_a_reused_pid_gets_a_fresh_snapshot(tmp_path: Path) -> None:
     stat.write_text("50 (second) S " + " ".join(["0"] * 18) + " 2000 0 0\n")  # another start time: reused pid
     assert symbolizer.remember(50)
     assert symbolizer.user_stacks(50, [[0x555555554010]])[0][0].function == "second+0x10"
+
+
+def test_stripped_binary_takes_symbols_from_its_debug_file_by_build_id(tmp_path: Path) -> None:
+    objcopy = shutil.which("objcopy") or shutil.which("llvm-objcopy")
+    if objcopy is None:
+        pytest.skip("objcopy (binutils) not installed")
+    full = ElfSymbols(str(WORKLOADS / "cpu_3to1"))
+    debug_dir = tmp_path / "debug" / ".build-id" / full.build_id[:2]
+    debug_dir.mkdir(parents=True)
+    subprocess.run([objcopy, "--only-keep-debug", str(WORKLOADS / "cpu_3to1"),
+                    str(debug_dir / f"{full.build_id[2:]}.debug")], check=True)
+    path = WORKLOADS / "cpu_3to1_stripped"
+    process, pid = _start(path, "1")
+    try:
+        vaddr = next(start for start, name in full.symbols() if name == "leaf_light") + 4
+        segment = next(s for s in full.segments if s.vaddr <= vaddr < s.vaddr + s.file_size)
+        file_offset = vaddr - segment.vaddr + segment.offset
+        entry = next(e for e in read_maps(pid) or [] if e.path.endswith("cpu_3to1_stripped") and
+                     e.offset <= file_offset < e.offset + e.end - e.start)
+        symbolizer = Symbolizer(debug_dirs=[str(tmp_path / "debug")])
+        (frames,) = symbolizer.user_stacks(pid, [[entry.start + file_offset - entry.offset]])
+    finally:
+        process.kill()
+        process.wait()
+    assert frames[0].function == "leaf_light"
+    assert frames[0].mapping is not None and frames[0].mapping.path.endswith("cpu_3to1_stripped")
