@@ -533,11 +533,23 @@ def test_exit_mid_stream_loses_nothing_already_recorded(injected_lib: Path, tmp_
     assert max(a.end_ns for a in run.records.activities) >= run.records.windows[-1].start_ns
 
 
+def test_context_destruction_hands_over_the_last_records(injected_lib: Path, tmp_path: Path) -> None:
+    """_exit() right after the context is released: no exit handler runs, the context-destroy callback flushed."""
+    run = run_workload(injected_lib, tmp_path, [str(WORKLOAD), "--steps", "300", "--skip-exit-handlers"])
+    assert "exiting without exit handlers" in run.stdout
+    assert run.records.launches
+    truth = Counter(corr for _, corr, *_ in run.schedule_work)
+    got = Counter(a.correlation_id for a in run.records.activities)
+    for launch in run.records.launches:
+        assert got[launch.correlation_id] == truth[launch.correlation_id]
+
+
 def test_no_agent_means_no_work_per_launch(injected_lib: Path, tmp_path: Path) -> None:
     run = run_workload(injected_lib, tmp_path, [str(WORKLOAD), "--steps", "100"], agent=False)
     assert run.stats["api_callbacks"] == 0
     assert run.stats["records_produced"] == 0
     assert run.stats["enable_calls"] == 0
+    assert run.stats["resource_callbacks"] == 1  # the context's destruction: once per context, not per launch
     assert run.records == Records()
     assert run.stderr == ""
 

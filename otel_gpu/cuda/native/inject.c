@@ -22,6 +22,8 @@
 #include <threads.h>
 #include <time.h>
 
+#include <cupti_activity.h>
+
 #include "inject.h"
 
 struct cupti_api g_cupti;
@@ -211,6 +213,13 @@ static void record_wait(CUpti_CallbackId cbid, const CUpti_CallbackData *cb, uin
 static void CUPTIAPI on_api(void *userdata, CUpti_CallbackDomain domain, CUpti_CallbackId cbid, const void *data)
 {
     (void)userdata;
+    if (domain == CUPTI_CB_DOMAIN_RESOURCE && cbid == CUPTI_CBID_RESOURCE_CONTEXT_DESTROY_STARTING) {
+        /* The context's records go with it: hand over what CUPTI holds (no lock: CUPTI's flush is thread-safe, and
+         * the controller may be waiting on the driver this thread is in). */
+        if (atomic_load(&g_state.attached))
+            g_cupti.activity_flush_all(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
+        return;
+    }
     if (domain != CUPTI_CB_DOMAIN_DRIVER_API || cbid >= CUPTI_DRIVER_TRACE_CBID_SIZE)
         return;
     const CUpti_CallbackData *cb = data;
@@ -315,6 +324,10 @@ __attribute__((visibility("default"))) int InitializeInjection(void)
         fprintf(stderr, "otel-gpu: cuptiSubscribe failed (%s); GPU-time profiling is off for this process\n", why);
         return 0;
     }
+    /* Rare, so always on: a destroyed context's records are flushed before they are lost. */
+    if (g_cupti.enable_callback(1, g_subscriber, CUPTI_CB_DOMAIN_RESOURCE, CUPTI_CBID_RESOURCE_CONTEXT_DESTROY_STARTING) !=
+        CUPTI_SUCCESS)
+        log_once("cannot watch context destruction; records of a destroyed context may be lost");
     if (sampler_start() != 0) {
         fprintf(stderr, "otel-gpu: cannot start the sampling thread; GPU-time profiling is off for this process\n");
         g_cupti.unsubscribe(g_subscriber);

@@ -55,7 +55,6 @@ extern struct inject_settings g_settings;
 struct inject_state {
     _Atomic uint64_t window_id;        /* id of the open window, 0 while none is open */
     _Atomic uint64_t window_launches;  /* launches recorded in the open window */
-    _Atomic uint64_t window_dropped;   /* records lost in the open window (filter or buffers full, truncation) */
     _Atomic uint64_t overhead_ns;      /* time spent in the library's callbacks since the last window closed */
     _Atomic uint64_t wait_overhead_ns; /* time spent recording waits since the controller last looked */
     _Atomic uint32_t wait_sample_every; /* record one blocking wait in N (N >= 1); the record's weight is N */

@@ -80,7 +80,6 @@ static void open_window_locked(void)
 {
     activity_forget_before(last_window_id >= KEEP_WINDOWS ? last_window_id - KEEP_WINDOWS : 0);
     atomic_store(&g_state.window_launches, 0);
-    atomic_store(&g_state.window_dropped, 0);
     atomic_store(&g_state.overhead_ns, 0);
     if (activity_enable(1) != 0)
         log_once("some CUPTI activity kinds could not be enabled");
@@ -139,7 +138,7 @@ static void close_window_locked(uint32_t flush_flag)
         .covered_ns = covered_ns,
         .elapsed_ns = end - attach_start_ns,
         .launches = atomic_load(&g_state.window_launches),
-        .dropped = atomic_load(&g_state.window_dropped) + activity_take_dropped(),
+        .dropped = activity_take_dropped(),
         .overhead_ns = atomic_load(&g_state.overhead_ns),
     };
     emit_window(&rec);

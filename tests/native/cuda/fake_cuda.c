@@ -10,6 +10,7 @@
  *   they wait for has ended: the wait's length is known from the schedule.
  * - Every call gets a correlation id and goes through the tracer (the fake CUPTI) at entry and exit; every piece of
  *   GPU work is reported to it with its times.
+ * - cuDevicePrimaryCtxRelease destroys the (one) context: the tracer hears CONTEXT_DESTROY_STARTING.
  * - FAKE_CUDA_SCHEDULE=<path> writes the ground truth, one line per event:
  *     work <kind> <correlation_id> <name|-> <start_ns> <end_ns> <stream_id> <graph_id> <bytes>
  *     wait <cbid> <correlation_id> <enter_ns> <until_ns> <exit_ns>
@@ -215,6 +216,14 @@ CUresult CUDAAPI cuDevicePrimaryCtxRetain(CUcontext *ctx, CUdevice dev)
 {
     (void)dev;
     *ctx = &the_context;
+    return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuDevicePrimaryCtxRelease(CUdevice dev)
+{
+    (void)dev;
+    if (tracer)
+        tracer->context_destroy_starting();
     return CUDA_SUCCESS;
 }
 

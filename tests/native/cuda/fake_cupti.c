@@ -5,9 +5,9 @@
  * between entry and exit), and it turns the driver's synthetic GPU work into activity records of the real CUDA 13
  * layouts (CUpti_ActivityKernel10, CUpti_ActivityMemcpy6, CUpti_ActivityMemset4) while those kinds are enabled,
  * delivered through the registered buffer callbacks on cuptiActivityFlushAll: records of finished work, or all of
- * them with CUPTI_ACTIVITY_FLAG_FLUSH_FORCED.
+ * them with CUPTI_ACTIVITY_FLAG_FLUSH_FORCED. Resource domain: CONTEXT_DESTROY_STARTING only.
  *
- * FAKE_CUPTI_STATS=<path> writes counters at exit ("name value" lines): api_callbacks, records_produced,
+ * FAKE_CUPTI_STATS=<path> writes counters at exit ("name value" lines): api_callbacks, resource_callbacks, records_produced,
  * records_delivered, records_dropped, enable_calls.
  */
 #include <dlfcn.h>
@@ -35,6 +35,7 @@ static CUpti_CallbackFunc callback;
 static void *callback_userdata;
 static int subscribed;
 static _Atomic uint8_t enabled[CUPTI_DRIVER_TRACE_CBID_SIZE];
+static _Atomic uint8_t context_destroy_enabled;
 static _Atomic int kernel_on, memcpy_on, memset_on;
 static CUpti_BuffersCallbackRequestFunc buffer_requested;
 static CUpti_BuffersCallbackCompleteFunc buffer_completed;
@@ -43,7 +44,8 @@ static pthread_mutex_t pending_lock = PTHREAD_MUTEX_INITIALIZER;
 static union any_record *pending;
 static size_t pending_count, pending_capacity;
 
-static _Atomic uint64_t api_callbacks, records_produced, records_delivered, records_dropped, enable_calls;
+static _Atomic uint64_t api_callbacks, resource_callbacks, records_produced, records_delivered, records_dropped,
+    enable_calls;
 
 static uint64_t realtime_ns(void)
 {
@@ -181,7 +183,16 @@ static void on_work(const struct fake_work *w)
     atomic_fetch_add(&records_produced, 1);
 }
 
-static const struct fake_tracer the_tracer = {on_enter, on_exit_, on_work};
+static void on_context_destroy(void)
+{
+    if (callback == NULL || !atomic_load(&context_destroy_enabled))
+        return;
+    CUpti_ResourceData data = {.context = NULL, .resourceHandle = {NULL}, .resourceDescriptor = NULL};
+    atomic_fetch_add(&resource_callbacks, 1);
+    callback(callback_userdata, CUPTI_CB_DOMAIN_RESOURCE, CUPTI_CBID_RESOURCE_CONTEXT_DESTROY_STARTING, &data);
+}
+
+static const struct fake_tracer the_tracer = {on_enter, on_exit_, on_work, on_context_destroy};
 
 /* --- callback API -------------------------------------------------------------------------------------------- */
 
@@ -213,6 +224,10 @@ API CUptiResult CUPTIAPI cuptiEnableCallback(uint32_t enable, CUpti_SubscriberHa
                                              CUpti_CallbackDomain domain, CUpti_CallbackId cbid)
 {
     (void)subscriber;
+    if (domain == CUPTI_CB_DOMAIN_RESOURCE && cbid == CUPTI_CBID_RESOURCE_CONTEXT_DESTROY_STARTING) {
+        atomic_store(&context_destroy_enabled, enable ? 1 : 0);
+        return CUPTI_SUCCESS;
+    }
     if (domain != CUPTI_CB_DOMAIN_DRIVER_API || cbid >= CUPTI_DRIVER_TRACE_CBID_SIZE)
         return CUPTI_ERROR_INVALID_PARAMETER;
     atomic_store(&enabled[cbid], enable ? 1 : 0);
@@ -365,9 +380,10 @@ __attribute__((destructor)) static void write_stats(void)
     FILE *f = path && path[0] ? fopen(path, "w") : NULL;
     if (f == NULL)
         return;
-    fprintf(f, "api_callbacks %llu\nrecords_produced %llu\nrecords_delivered %llu\nrecords_dropped %llu\n"
-               "enable_calls %llu\n",
-            (unsigned long long)api_callbacks, (unsigned long long)records_produced,
+    fprintf(f, "api_callbacks %llu\nresource_callbacks %llu\nrecords_produced %llu\nrecords_delivered %llu\n"
+               "records_dropped %llu\nenable_calls %llu\n",
+            (unsigned long long)api_callbacks, (unsigned long long)resource_callbacks,
+            (unsigned long long)records_produced,
             (unsigned long long)records_delivered, (unsigned long long)records_dropped,
             (unsigned long long)enable_calls);
     fclose(f);

@@ -41,6 +41,7 @@ struct fake_tracer {
     void (*api_enter)(struct fake_call *call);
     void (*api_exit)(struct fake_call *call);
     void (*gpu_work)(const struct fake_work *work);
+    void (*context_destroy_starting)(void); /* CUPTI_CBID_RESOURCE_CONTEXT_DESTROY_STARTING */
 };
 
 /* Exported by libcuda.so.1; the fake CUPTI installs itself at cuptiSubscribe. */

@@ -10,9 +10,11 @@
  *                      -> fill_buffer   (cuMemsetD32Async) and copy_out (cuMemcpyDtoH, blocking), every 10 steps
  *                      -> sync_point    (cuStreamSynchronize: waits for the step's kernels)
  *                      -> event_wait    (cuEventRecord + cuEventSynchronize), every 25 steps
- *   main -> drain (cuCtxSynchronize) at the end
+ *   main -> drain (cuCtxSynchronize) and cuDevicePrimaryCtxRelease at the end
  *
- * usage: workload [--steps N] [--graph-every K] [--exit-at STEP] [--no-init] [--tiny N]
+ * usage: workload [--steps N] [--graph-every K] [--exit-at STEP] [--no-init] [--tiny N] [--skip-exit-handlers]
+ *   --skip-exit-handlers ends with _exit() right after releasing the context: only the context-destruction
+ *   callback can hand over the last records.
  *   --tiny N replaces the training loop by a launch-bound one: N launches of "tiny_kernel" (100 ns), waiting every 1000.
  *   --exit-at STEP exits in the middle of step STEP (after its launches, before any wait): a crash-free exit
  *   mid-stream. --no-init never calls cuInit (the library is never loaded).
@@ -23,6 +25,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cuda.h>
 
@@ -185,6 +188,7 @@ int main(int argc, char **argv)
 {
     int steps = 200, graph_every = 4, exit_at = -1, init = 1;
     long tiny_launches = 0;
+    int skip_exit_handlers = 0;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--steps") == 0 && i + 1 < argc)
             steps = atoi(argv[++i]);
@@ -194,10 +198,13 @@ int main(int argc, char **argv)
             exit_at = atoi(argv[++i]);
         else if (strcmp(argv[i], "--tiny") == 0 && i + 1 < argc)
             tiny_launches = atol(argv[++i]);
+        else if (strcmp(argv[i], "--skip-exit-handlers") == 0)
+            skip_exit_handlers = 1;
         else if (strcmp(argv[i], "--no-init") == 0)
             init = 0;
         else {
-            fprintf(stderr, "usage: %s [--steps N] [--graph-every K] [--exit-at STEP] [--no-init] [--tiny N]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--steps N] [--graph-every K] [--exit-at STEP] [--no-init] [--tiny N] [--skip-exit-handlers]\n",
+                    argv[0]);
             return 2;
         }
     }
@@ -211,6 +218,12 @@ int main(int argc, char **argv)
     for (int step = 0; step < steps; step++)
         train_step(step, graph_every, exit_at);
     drain();
+    CHECK(cuDevicePrimaryCtxRelease(0));
+    if (skip_exit_handlers) {
+        printf("released the context, exiting without exit handlers\n");
+        fflush(stdout);
+        _exit(0);
+    }
 
     Dl_info info;
     if (dladdr((void *)cuLaunchKernel, &info))
