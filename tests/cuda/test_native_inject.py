@@ -538,8 +538,7 @@ def test_context_destruction_hands_over_the_last_records(injected_lib: Path, tmp
     run = run_workload(injected_lib, tmp_path, [str(WORKLOAD), "--steps", "300", "--skip-exit-handlers"])
     assert "exiting without exit handlers" in run.stdout
     assert run.records.launches
-    assert run.stats["resource_callbacks"] == 1
-    assert run.stats["records_delivered"] == run.stats["records_produced"]  # nothing left inside CUPTI
+    assert run.stats == {}  # _exit(): not even the fake CUPTI's exit handler ran
     truth = Counter(corr for _, corr, *_ in run.schedule_work)
     got = Counter(a.correlation_id for a in run.records.activities)
     for launch in run.records.launches:
