@@ -15,6 +15,8 @@
  * usage: workload [--steps N] [--graph-every K] [--exit-at STEP] [--no-init] [--tiny N] [--skip-exit-handlers]
  *   --skip-exit-handlers ends with _exit() right after releasing the context: only the context-destruction
  *   callback can hand over the last records.
+ *   --fork-children forks a child every 20 steps that returns from a function and exit()s at once (running exit
+ *   handlers in a copy of the process whose sampling thread does not exist); the parent waits for each.
  *   --tiny N replaces the training loop by a launch-bound one: N launches of "tiny_kernel" (100 ns), waiting every 1000.
  *   --exit-at STEP exits in the middle of step STEP (after its launches, before any wait): a crash-free exit
  *   mid-stream. --no-init never calls cuInit (the library is never loaded).
@@ -25,6 +27,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cuda.h>
@@ -188,7 +191,7 @@ int main(int argc, char **argv)
 {
     int steps = 200, graph_every = 4, exit_at = -1, init = 1;
     long tiny_launches = 0;
-    int skip_exit_handlers = 0;
+    int skip_exit_handlers = 0, fork_children = 0;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--steps") == 0 && i + 1 < argc)
             steps = atoi(argv[++i]);
@@ -198,12 +201,15 @@ int main(int argc, char **argv)
             exit_at = atoi(argv[++i]);
         else if (strcmp(argv[i], "--tiny") == 0 && i + 1 < argc)
             tiny_launches = atol(argv[++i]);
+        else if (strcmp(argv[i], "--fork-children") == 0)
+            fork_children = 1;
         else if (strcmp(argv[i], "--skip-exit-handlers") == 0)
             skip_exit_handlers = 1;
         else if (strcmp(argv[i], "--no-init") == 0)
             init = 0;
         else {
-            fprintf(stderr, "usage: %s [--steps N] [--graph-every K] [--exit-at STEP] [--no-init] [--tiny N] [--skip-exit-handlers]\n",
+            fprintf(stderr, "usage: %s [--steps N] [--graph-every K] [--exit-at STEP] [--no-init] [--tiny N] [--skip-exit-handlers]"
+                            " [--fork-children]\n",
                     argv[0]);
             return 2;
         }
@@ -215,8 +221,20 @@ int main(int argc, char **argv)
         launch_bound_loop(tiny_launches);
         return 0;
     }
-    for (int step = 0; step < steps; step++)
+    int children = 0;
+    for (int step = 0; step < steps; step++) {
         train_step(step, graph_every, exit_at);
+        if (fork_children && step % 20 == 0) {
+            pid_t child = fork();
+            if (child == 0)
+                exit(0);
+            int status = 0;
+            if (child > 0 && waitpid(child, &status, 0) == child && WIFEXITED(status) && WEXITSTATUS(status) == 0)
+                children++;
+        }
+    }
+    if (fork_children)
+        printf("children_exited_cleanly %d\n", children);
     drain();
     CHECK(cuDevicePrimaryCtxRelease(0));
     if (skip_exit_handlers) {
