@@ -68,7 +68,7 @@ def test_no_nvml_keeps_the_agent_running_with_one_clear_line(tmp_path: Path) -> 
     assert code == 0, agent.stderr()
     off = [line for line in agent.stderr().splitlines() if "GPU metrics are off" in line]
     assert len(off) == 1, agent.stderr()
-    assert "no GPU metrics yet" in agent.stdout()
+    assert "GPU metrics are off (the log says why)" in agent.stdout()
     assert (tmp_path / "out" / "metrics.jsonl").exists()
 
 
