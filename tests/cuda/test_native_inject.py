@@ -548,7 +548,7 @@ def test_context_destruction_hands_over_the_last_records(injected_lib: Path, tmp
 def test_forked_children_exit_cleanly(injected_lib: Path, tmp_path: Path) -> None:
     """A fork()ed copy has no sampling thread (and maybe a copied, held lock): the library stays out of its exit."""
     run = run_workload(injected_lib, tmp_path, [str(WORKLOAD), "--steps", "200", "--fork-children"])
-    assert "children_exited_cleanly 10" in run.stdout
+    assert "children_exited_cleanly 40" in run.stdout
     windows = run.records.windows
     assert windows and run.records.launches
     # Only the parent closes windows (a child closing its copy of an open window would repeat its id).

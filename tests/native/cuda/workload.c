@@ -15,7 +15,7 @@
  * usage: workload [--steps N] [--graph-every K] [--exit-at STEP] [--no-init] [--tiny N] [--skip-exit-handlers]
  *   --skip-exit-handlers ends with _exit() right after releasing the context: only the context-destruction
  *   callback can hand over the last records.
- *   --fork-children forks a child every 20 steps that returns from a function and exit()s at once (running exit
+ *   --fork-children forks a child every 5 steps that returns from a function and exit()s at once (running exit
  *   handlers in a copy of the process whose sampling thread does not exist); the parent waits for each.
  *   --tiny N replaces the training loop by a launch-bound one: N launches of "tiny_kernel" (100 ns), waiting every 1000.
  *   --exit-at STEP exits in the middle of step STEP (after its launches, before any wait): a crash-free exit
@@ -224,7 +224,7 @@ int main(int argc, char **argv)
     int children = 0;
     for (int step = 0; step < steps; step++) {
         train_step(step, graph_every, exit_at);
-        if (fork_children && step % 20 == 0) {
+        if (fork_children && step % 5 == 0) {
             pid_t child = fork();
             if (child == 0)
                 exit(0);
