@@ -9,7 +9,9 @@ C program printing every size and offset and compares it with these mirrors. Tim
 from __future__ import annotations
 
 import ctypes
-from dataclasses import dataclass
+import struct
+from collections import OrderedDict
+from dataclasses import dataclass, field
 
 ABI_VERSION = 1
 MAX_NATIVE_FRAMES = 96
@@ -108,15 +110,29 @@ class PythonFrame:
     first_line: int = 0
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, eq=False)
 class Stack:
     """The launching thread's stack: native PCs leaf first, Python frames innermost first, and the kernel's
-    fallback user stack (bpf_get_stack) for when the library's own unwind is empty."""
+    fallback user stack (bpf_get_stack) for when the library's own unwind is empty.
+
+    Decoded stacks carry ``key``, the raw bytes they came from: equality and hashing use it (fast, and the same
+    stack seen twice is one cache entry); stacks built by hand compare by content.
+    """
 
     native: tuple[int, ...] = ()
     python: tuple[PythonFrame, ...] = ()
     flags: int = 0
     kernel_native: tuple[int, ...] = ()
+    key: bytes = field(default=b"", repr=False)
+
+    def _identity(self) -> object:
+        return self.key or (self.native, self.python, self.flags, self.kernel_native)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Stack) and self._identity() == other._identity()
+
+    def __hash__(self) -> int:
+        return hash(self._identity())
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,16 +215,25 @@ class DecodeError(ValueError):
     """A ring-buffer record that does not match the ABI (short, unknown type or ABI version)."""
 
 
-_EVENT_SIZE = ctypes.sizeof(EventC)
+_EVENT = struct.Struct("<IIIIQ16s")
+_KSTACK_HEAD = struct.Struct("<iI")
+_LAUNCH_HEAD = struct.Struct("<IIIiQQQ")
+_SYNC_HEAD = struct.Struct("<IIiIQQQ")
+_STACK_HEAD = struct.Struct("<IIII")
+_PYTHON_FRAME = struct.Struct("<IIII")
+_ACTIVITY_HEAD = struct.Struct("<IIQQIIIIQBBB")
+_WINDOW = struct.Struct("<IIQQQQQQQQ")
+_EVENT_SIZE = _EVENT.size
 _KSTACK_SIZE = ctypes.sizeof(KStackC)
+_NATIVE_OFFSET = StackC.native.offset
+_PYTHON_OFFSET = StackC.python.offset
+_STRINGS_OFFSET = StackC.strings.offset
+_ACTIVITY_NAME_OFFSET = ActivityC.name.offset
+_STACK_CACHE: OrderedDict[bytes, Stack] = OrderedDict()
+_STACK_CACHE_SIZE = 8192
 
-
-def _padded(data: bytes, offset: int, struct: type[ctypes.Structure], length: int) -> ctypes.Structure:
-    size = ctypes.sizeof(struct)
-    chunk = data[offset:offset + min(length, size)]
-    if len(chunk) < size:
-        chunk = chunk + bytes(size - len(chunk))
-    return struct.from_buffer_copy(chunk)
+assert _EVENT.size == ctypes.sizeof(EventC) and _WINDOW.size == ctypes.sizeof(WindowC)
+assert _LAUNCH_HEAD.size == LaunchC.stack.offset and _SYNC_HEAD.size == SyncC.stack.offset
 
 
 def _cstring(raw: bytes, offset: int, limit: int) -> str:
@@ -219,53 +244,85 @@ def _cstring(raw: bytes, offset: int, limit: int) -> str:
 
 
 def decode_stack(stack: StackC, kstack: KStackC | None = None) -> Stack:
-    """Plain :class:`Stack` from the library's stack and the eBPF fallback stack (counts clamped to the ABI)."""
-    native = tuple(stack.native[:min(stack.native_count, MAX_NATIVE_FRAMES)])
-    strings = ctypes.string_at(ctypes.addressof(stack) + StackC.strings.offset, MAX_STRINGS)
-    limit = min(stack.strings_len, MAX_STRINGS)
-    python = tuple(
-        PythonFrame(_cstring(strings, f.name_offset, limit), _cstring(strings, f.filename_offset, limit), f.line,
-                    f.first_line)
-        for f in stack.python[:min(stack.python_count, MAX_PYTHON_FRAMES)]
-    )
-    kernel_native: tuple[int, ...] = ()
-    if kstack is not None and kstack.bytes > 0:
-        kernel_native = tuple(pc for pc in kstack.pcs[:min(kstack.bytes // 8, KSTACK_DEPTH)] if pc)
-    return Stack(native, python, stack.flags, kernel_native)
+    """Plain :class:`Stack` from ctypes mirrors of the library's stack and the eBPF fallback stack."""
+    return _stack_from(bytes(stack), 0, bytes(kstack) if kstack is not None else b"")
+
+
+def _stack_from(buf: bytes, base: int, kstack: bytes) -> Stack:
+    """The stack at ``buf[base:]`` (zero-padded to the full struct) plus the fallback stack bytes; cached by the
+    bytes in use, since a loop launches from the same few stacks over and over."""
+    native_count, python_count, strings_len, flags = _STACK_HEAD.unpack_from(buf, base)
+    native_count = min(native_count, MAX_NATIVE_FRAMES)
+    python_count = min(python_count, MAX_PYTHON_FRAMES)
+    strings_len = min(strings_len, MAX_STRINGS)
+    kernel_count = 0
+    if kstack:
+        kbytes, _ = _KSTACK_HEAD.unpack_from(kstack, 0)
+        kernel_count = min(kbytes // 8, KSTACK_DEPTH) if kbytes > 0 else 0
+    native_at, python_at, strings_at = base + _NATIVE_OFFSET, base + _PYTHON_OFFSET, base + _STRINGS_OFFSET
+    key = b"".join((buf[base:native_at + 8 * native_count], buf[python_at:python_at + 16 * python_count],
+                    buf[strings_at:strings_at + strings_len], kstack[:8 + 8 * kernel_count]))
+    cached = _STACK_CACHE.get(key)
+    if cached is not None:
+        _STACK_CACHE.move_to_end(key)
+        return cached
+    native = struct.unpack_from(f"<{native_count}Q", buf, native_at)
+    strings = buf[strings_at:strings_at + strings_len]
+    python = []
+    for index in range(python_count):
+        line, name_at, file_at, first_line = _PYTHON_FRAME.unpack_from(buf, python_at + 16 * index)
+        python.append(PythonFrame(_cstring(strings, name_at, strings_len), _cstring(strings, file_at, strings_len),
+                                  line, first_line))
+    kernel_native = tuple(pc for pc in struct.unpack_from(f"<{kernel_count}Q", kstack, 8) if pc)
+    stack = Stack(native, tuple(python), flags, kernel_native, key)
+    _STACK_CACHE[key] = stack
+    if len(_STACK_CACHE) > _STACK_CACHE_SIZE:
+        _STACK_CACHE.popitem(last=False)
+    return stack
+
+
+def _payload(data: bytes, offset: int, length: int, size: int) -> bytes:
+    """The record's bytes, zero-padded to ``size`` (the library may send only the used prefix)."""
+    chunk = data[offset:offset + min(length, size)]
+    return chunk if len(chunk) == size else chunk + bytes(size - len(chunk))
 
 
 def decode_event(data: bytes) -> Record:
     """Decode one ring-buffer record written by gpu_time.bpf.c. Raises :class:`DecodeError` on a bad record."""
     if len(data) < _EVENT_SIZE:
         raise DecodeError(f"record of {len(data)} bytes is shorter than its header")
-    event = EventC.from_buffer_copy(data[:_EVENT_SIZE])
-    comm = event.comm.decode("utf-8", "replace")
-    if event.type in (EVENT_LAUNCH, EVENT_SYNC):
+    kind, pid, tid, payload_len, _, raw_comm = _EVENT.unpack_from(data, 0)
+    comm = raw_comm.split(b"\0", 1)[0].decode("utf-8", "replace")
+    if kind in (EVENT_LAUNCH, EVENT_SYNC):
         if len(data) < _EVENT_SIZE + _KSTACK_SIZE:
             raise DecodeError("launch/sync record without its stack")
-        kstack = KStackC.from_buffer_copy(data[_EVENT_SIZE:_EVENT_SIZE + _KSTACK_SIZE])
+        kstack = data[_EVENT_SIZE:_EVENT_SIZE + _KSTACK_SIZE]
         offset = _EVENT_SIZE + _KSTACK_SIZE
-        if event.type == EVENT_LAUNCH:
-            rec = _padded(data, offset, LaunchC, event.payload_len)
-            _check_version(rec.abi_version, "launch")
-            return Launch(event.pid, event.tid, comm, rec.kind, rec.correlation_id, rec.cbid, rec.window_id,
-                          rec.timestamp_ns, rec.graph_exec, decode_stack(rec.stack, kstack))
-        rec = _padded(data, offset, SyncC, event.payload_len)
-        _check_version(rec.abi_version, "sync")
-        return Sync(event.pid, event.tid, comm, rec.kind, rec.cbid, rec.start_ns, rec.end_ns, max(rec.weight, 1),
-                    decode_stack(rec.stack, kstack))
-    if event.type == EVENT_ACTIVITY:
-        rec = _padded(data, _EVENT_SIZE, ActivityC, event.payload_len)
-        name_len = min(rec.name_len, MAX_NAME - 1)
-        name = ctypes.string_at(ctypes.addressof(rec) + ActivityC.name.offset, name_len).split(b"\0", 1)[0].decode("utf-8", "replace")
-        return Activity(event.pid, rec.kind, rec.correlation_id, rec.start_ns, rec.end_ns, rec.device_id,
-                        rec.stream_id, rec.graph_id, name, rec.bytes, rec.copy_kind, rec.src_kind, rec.dst_kind)
-    if event.type == EVENT_WINDOW:
-        rec = _padded(data, _EVENT_SIZE, WindowC, event.payload_len)
-        _check_version(rec.abi_version, "window")
-        return Window(event.pid, rec.window_id, rec.start_ns, rec.end_ns, rec.covered_ns, rec.elapsed_ns,
-                      rec.launches, rec.dropped, rec.overhead_ns)
-    raise DecodeError(f"unknown record type {event.type}")
+        if kind == EVENT_LAUNCH:
+            buf = _payload(data, offset, payload_len, ctypes.sizeof(LaunchC))
+            version, launch_kind, corr, cbid, window_id, timestamp_ns, graph_exec = _LAUNCH_HEAD.unpack_from(buf)
+            _check_version(version, "launch")
+            return Launch(pid, tid, comm, launch_kind, corr, cbid, window_id, timestamp_ns, graph_exec,
+                          _stack_from(buf, _LAUNCH_HEAD.size, kstack))
+        buf = _payload(data, offset, payload_len, ctypes.sizeof(SyncC))
+        version, sync_kind, cbid, _, start_ns, end_ns, weight = _SYNC_HEAD.unpack_from(buf)
+        _check_version(version, "sync")
+        return Sync(pid, tid, comm, sync_kind, cbid, start_ns, end_ns, max(weight, 1),
+                    _stack_from(buf, _SYNC_HEAD.size, kstack))
+    if kind == EVENT_ACTIVITY:
+        buf = _payload(data, _EVENT_SIZE, payload_len, ctypes.sizeof(ActivityC))
+        (activity_kind, corr, start_ns, end_ns, device, stream, graph, name_len, nbytes, copy_kind, src_kind,
+         dst_kind) = _ACTIVITY_HEAD.unpack_from(buf)
+        name_len = min(name_len, MAX_NAME - 1)
+        raw = buf[_ACTIVITY_NAME_OFFSET:_ACTIVITY_NAME_OFFSET + name_len]
+        name = raw.split(b"\0", 1)[0].decode("utf-8", "replace")
+        return Activity(pid, activity_kind, corr, start_ns, end_ns, device, stream, graph, name, nbytes, copy_kind,
+                        src_kind, dst_kind)
+    if kind == EVENT_WINDOW:
+        fields = _WINDOW.unpack_from(_payload(data, _EVENT_SIZE, payload_len, _WINDOW.size))
+        _check_version(fields[0], "window")
+        return Window(pid, *fields[2:])
+    raise DecodeError(f"unknown record type {kind}")
 
 
 def _check_version(version: int, what: str) -> None:

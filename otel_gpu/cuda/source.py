@@ -53,6 +53,8 @@ class ProcessCounters:
     sync_wait_ns: float = 0.0
     since_ns: int = 0  # start of the time the library's windows account for (CUPTI clock, unix ns)
     until_ns: int = 0  # end of the last closed window
+    covered_ns: int = 0  # time inside sampling windows seen by the agent; covered/elapsed = sampling fraction
+    elapsed_ns: int = 0
 
 
 @dataclass(slots=True)
@@ -237,6 +239,8 @@ class GPUTimeSource:
         self._interval.elapsed_ns += elapsed
         counters = self._counter(window.pid)
         counters.launches += window.launches * weight
+        counters.covered_ns += covered
+        counters.elapsed_ns += elapsed
         if not counters.since_ns or elapsed == window.elapsed_ns:  # first window, or the library re-attached
             counters.since_ns = window.end_ns - window.elapsed_ns
         counters.until_ns = max(counters.until_ns, window.end_ns)

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from otel_gpu import selfmetrics
 from otel_gpu.cuda.source import GPUTimeSource
 from otel_gpu.profiles.model import FrameKind, ProfileBatch
 
@@ -51,16 +52,21 @@ def _totals(batch: ProfileBatch, pid: int) -> dict[tuple[str, ...], int]:
         if profile.process.pid != pid:
             continue
         for sample in profile.samples:
-            key = tuple(f.function for f in sample.frames if not f.function.startswith("libc"))
+            # native frames below main (libc's start code) depend on libc's symbols: left out
+            names = [f.function for f in sample.frames]
+            below_main = names.index("main") + 1 if "main" in names else len(names)
+            key = tuple(f.function for i, f in enumerate(sample.frames)
+                        if i < below_main or f.kind == FrameKind.PYTHON)
             out[key] = out.get(key, 0) + sample.value
     return out
 
 
-def _run(schedule: Path, many: int, source_first: bool) -> tuple[GPUTimeSource, int, list[ProfileBatch]]:
+def _run(schedule: Path, many: int, source_first: bool, linger_ms: int = 300
+         ) -> tuple[GPUTimeSource, int, list[ProfileBatch]]:
     source = GPUTimeSource(rescan_interval_s=0.1)
     if source_first:
         source.open()
-    workload = subprocess.Popen([str(schedule), str(many)], stdout=subprocess.PIPE, text=True)
+    workload = subprocess.Popen([str(schedule), str(many), str(linger_ms)], stdout=subprocess.PIPE, text=True)
     try:
         ready = workload.stdout.readline().split() if workload.stdout else []
         assert ready[:1] == ["ready"], ready
@@ -81,6 +87,7 @@ def test_schedule_comes_out_exact(schedule: Path, many: int, source_first: bool)
     source, pid, (gpu, waits) = _run(schedule, many, source_first)
     try:
         assert source.decode_errors == 0
+        symbolizer_errors = {k: v for k, v in selfmetrics.snapshot()[0].items() if "symbolizer" in str(k)}
         assert _totals(gpu, pid) == {
             ("kernelA()", "launch_site_a", "main"): 1000 * 10 + many * 10 * 2,
             ("kernelB()", "launch_site_b", "main", "train_step", "<module>"): 3000 * 10,
@@ -88,9 +95,9 @@ def test_schedule_comes_out_exact(schedule: Path, many: int, source_first: bool)
             ("graph_k2", "launch_site_graph", "main"): 200 * 10,
             ("[memcpy DtoH 4.0 MiB pageable]", "launch_site_copy", "main"): 700 * 10,
             ("fallback_kernel", "launch_site_fallback", "main"): 50 * 2,
-        }
+        }, symbolizer_errors
         assert _totals(waits, pid) == {("[cuStreamSynchronize]", "wait_site_c", "main"): 10000 * 3}
-        assert gpu.sampling_fraction == pytest.approx(300 / 1400)
+        assert 0 < gpu.sampling_fraction <= 1  # all processes; other injected processes may run on this machine
         profile = next(p for p in gpu.processes if p.process.pid == pid)
         assert profile.process.executable_name == "schedule"
         by_leaf = {s.frames[0].function: s for s in profile.samples}
@@ -103,7 +110,27 @@ def test_schedule_comes_out_exact(schedule: Path, many: int, source_first: bool)
         assert counters.launches == 4 * 10 + (many + 1) * 2
         assert counters.kernel_time_ns == sum(_totals(gpu, pid).values())
         assert counters.sync_wait_ns == 30000
-        assert source.join_stats()[1:] == (0, 0)
+        assert (counters.covered_ns, counters.elapsed_ns) == (300, 1400)
+        assert source.join_stats()[0] >= 47 + many - 40  # (misses are machine-wide: other injected processes may run here)
+    finally:
+        source.close()
+
+
+def test_exit_right_after_emitting_loses_no_value(schedule: Path) -> None:
+    """The workload exits the moment it has fired its last probe: every value still comes out.
+
+    (Frame names are not compared here: the shared symbolizer may not reopen the binary of a process that exits
+    while its first stack is being symbolized.)"""
+    source, pid, (gpu, waits) = _run(schedule, 40, source_first=False, linger_ms=0)
+    try:
+        leaves: dict[str, int] = {}
+        for profile in gpu.processes:
+            if profile.process.pid == pid:
+                for sample in profile.samples:
+                    leaves[sample.frames[0].function] = leaves.get(sample.frames[0].function, 0) + sample.value
+        assert leaves == {"kernelA()": 1000 * 10 + 40 * 10 * 2, "kernelB()": 30000, "graph_k1": 2000,
+                          "graph_k2": 2000, "[memcpy DtoH 4.0 MiB pageable]": 7000, "fallback_kernel": 100}
+        assert sum(s.value for p in waits.processes if p.process.pid == pid for s in p.samples) == 30000
     finally:
         source.close()
 

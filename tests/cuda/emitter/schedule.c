@@ -3,6 +3,7 @@
  * The known schedule for tests/cuda/test_probes.py: launches from named call sites, their GPU activity, a graph,
  * a copy, a blocking wait and two sampling windows; then exits at once (nothing may be lost). Expected totals are
  * in test_probes.py. Prints "ready PID", waits until the agent has attached (every semaphore set), prints "done".
+ * usage: schedule [MANY [LINGER_MS]]
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -117,6 +118,7 @@ __attribute__((noinline)) void wait_site_c(void)
 int main(int argc, char **argv)
 {
     int many = argc > 1 ? atoi(argv[1]) : 40; /* extra kernels from site A, sent in batches of 32 */
+    int linger_ms = argc > 2 ? atoi(argv[2]) : 0; /* stay alive this long after "done" */
     printf("ready %d\n", getpid());
     fflush(stdout);
     for (int i = 0; i < 2000 && !emitter_attached(); i++) {
@@ -161,5 +163,7 @@ int main(int argc, char **argv)
     window(2, 300, 1400, many + 1);
     printf("done\n");
     fflush(stdout);
+    struct timespec linger = {linger_ms / 1000, (linger_ms % 1000) * 1000000L};
+    nanosleep(&linger, NULL);
     return 0;
 }
