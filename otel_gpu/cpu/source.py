@@ -70,7 +70,7 @@ class CPUProfileSource:
         processes = []
         for pid, samples in sorted(by_pid.items()):
             info = self._identity(pid, samples)
-            if not self._wanted(info, samples):
+            if not self._wanted(info, {s.comm for s in samples}):
                 continue
             processes.append(ProcessProfile(info, self._samples(pid, samples)))
         self._symbolizer.prune(by_pid)
@@ -86,7 +86,9 @@ class CPUProfileSource:
     def _on_new_process(self, pid: int, comm: str) -> None:
         """Called from the sampler's event thread when a process is sampled for the first time."""
         self._comms[pid] = comm
-        self._resolver.info(pid)  # cache identity while the process exists
+        info = self._resolver.info(pid)  # cache identity while the process exists
+        if info is not None and not self._wanted(info, {comm}):
+            return  # filtered out by name or container: no need to snapshot it
         if not self._symbolizer.remember(pid):
             selfmetrics.count(semconv.SELF_ERRORS.name, otel_gpu__source=SOURCE, otel_gpu__reason="process_gone")
 
@@ -97,11 +99,12 @@ class CPUProfileSource:
         comm = self._comms.get(pid) or next((s.comm for s in samples if s.tid == pid), samples[0].comm)
         return ProcessInfo(pid=pid, executable_name=comm, service_name=comm)
 
-    def _wanted(self, info: ProcessInfo, samples: list[RawSample]) -> bool:
+    def _wanted(self, info: ProcessInfo, thread_names: set[str]) -> bool:
+        """The container and name filters: the name pattern may match the executable or any thread name."""
         if self.config.container_id and not info.container_id.startswith(self.config.container_id):
             return False
         if self._name_re is not None:
-            names = {info.executable_name, self._comms.get(info.pid, "")} | {s.comm for s in samples}
+            names = {info.executable_name, self._comms.get(info.pid, "")} | thread_names
             return any(self._name_re.search(name) for name in names if name)
         return True
 

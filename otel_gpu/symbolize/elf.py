@@ -116,43 +116,61 @@ class ElfSymbols:
             elif p_type == _PT_NOTE and not self.build_id:
                 self.build_id = _build_id(data, p_offset, p_filesz)
         sections = [_SHDR.unpack_from(data, shoff + i * shentsize) for i in range(shnum)] if shoff else []
-        symbols: dict[int, tuple[int, bytes]] = {}
+        starts, sizes, name_at = array("Q"), array("Q"), array("Q")  # name_at: file offset of the NUL-ended name
         for kind in (_SHT_SYMTAB, _SHT_DYNSYM):  # .symtab first: it has the local functions too
             for section in sections:
                 if section[1] == kind and section[6] < len(sections):
                     self.has_symtab = self.has_symtab or kind == _SHT_SYMTAB
                     strtab = sections[section[6]]
-                    self._read_symbols(data, section[4], section[5], strtab[4], strtab[5], symbols)
+                    _read_symbols(data, section[4], section[5], strtab[4], strtab[5], starts, sizes, name_at)
         if not self.build_id:
             for section in sections:
                 if section[1] == _SHT_NOTE:
                     self.build_id = _build_id(data, section[4], section[5])
                     if self.build_id:
                         break
-        ordered = sorted(symbols.items())
+        self._store(data, starts, sizes, name_at)
+
+    def _store(self, data: mmap.mmap, starts: array[int], sizes: array[int], name_at: array[int]) -> None:
+        """Sort by address (first symbol wins at an address, the larger size kept) and keep names in one blob."""
         names = bytearray()
-        for position, (start, (size, name)) in enumerate(ordered):
-            end = start + size if size else (ordered[position + 1][0] if position + 1 < len(ordered) else start + 1)
+        kept_sizes = array("Q")
+        for index in sorted(range(len(starts)), key=starts.__getitem__):
+            start = starts[index]
+            if self._starts and self._starts[-1] == start:
+                kept_sizes[-1] = max(kept_sizes[-1], sizes[index])
+                continue
+            position = name_at[index]
+            end = data.find(b"\0", position)
+            names += data[position:end if end >= 0 else position]
             self._starts.append(start)
-            self._ends.append(end)
-            names += name
+            kept_sizes.append(sizes[index])
             self._name_ends.append(len(names))
         self._names = bytes(names)
+        count = len(self._starts)
+        for i in range(count):
+            size = kept_sizes[i]
+            if size:
+                self._ends.append(self._starts[i] + size)
+            else:  # unknown size: up to the next symbol
+                self._ends.append(self._starts[i + 1] if i + 1 < count else self._starts[i] + 1)
 
-    @staticmethod
-    def _read_symbols(data: mmap.mmap, offset: int, size: int, str_offset: int, str_size: int,
-                      out: dict[int, tuple[int, bytes]]) -> None:
-        if offset + size > len(data) or str_offset + str_size > len(data):
-            return  # a section that is not in the file (e.g. NOBITS in a debug-only file)
-        strings = data[str_offset:str_offset + str_size]
-        for name_off, info, _other, shndx, value, sym_size in _SYM.iter_unpack(data[offset:offset + size]):
+
+def _read_symbols(data: mmap.mmap, offset: int, size: int, str_offset: int, str_size: int, starts: array[int],
+                  sizes: array[int], name_at: array[int]) -> None:
+    """Append the function symbols of one symbol table (address, size, name offset in the file)."""
+    if offset + size > len(data) or str_offset + str_size > len(data) or size % _SYM.size:
+        return  # a section that is not in the file (e.g. NOBITS in a debug-only file)
+    view = memoryview(data)[offset:offset + size]
+    try:
+        for name_off, info, _other, shndx, value, sym_size in _SYM.iter_unpack(view):
             kind = info & 0xF
-            if (kind != _STT_FUNC and kind != _STT_GNU_IFUNC) or not value or not shndx:
-                continue
-            if value in out and out[value][0] >= sym_size:
-                continue
-            end = strings.find(b"\0", name_off)
-            out[value] = (sym_size, strings[name_off:end if end >= 0 else len(strings)])
+            if (kind == _STT_FUNC or kind == _STT_GNU_IFUNC) and value and shndx and name_off < str_size:
+                starts.append(value)
+                sizes.append(sym_size)
+                name_at.append(str_offset + name_off)
+    finally:
+        view.release()
 
 
 def _build_id(data: mmap.mmap, offset: int, size: int) -> str:
