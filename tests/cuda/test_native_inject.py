@@ -560,9 +560,24 @@ def test_no_agent_means_no_work_per_launch(injected_lib: Path, tmp_path: Path) -
     assert run.stats["api_callbacks"] == 0
     assert run.stats["records_produced"] == 0
     assert run.stats["enable_calls"] == 0
-    assert run.stats["resource_callbacks"] == 1  # the context's destruction: once per context, not per launch
+    assert run.stats["subscribes"] == 0  # CUPTI is left free for other tools
     assert run.records == Records()
     assert run.stderr == ""
+
+
+def test_without_an_agent_another_tool_can_take_cupti(injected_lib: Path, tmp_path: Path) -> None:
+    run = run_workload(injected_lib, tmp_path, [str(WORKLOAD), "--steps", "50", "--take-cupti"], agent=False)
+    assert "took_cupti 0" in run.stdout
+    assert run.stderr == ""
+
+
+def test_cupti_held_by_another_tool_leaves_the_workload_running(injected_lib: Path, tmp_path: Path) -> None:
+    run = run_workload(injected_lib, tmp_path, [str(WORKLOAD), "--steps", "200", "--take-cupti"])
+    assert "took_cupti 0" in run.stdout  # the "profiler" came first
+    lines = run.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("otel-gpu: CUPTI is in use by another tool: CUPTI for ")
+    assert run.records == Records()
+    assert site_totals(run.stdout)["matmul_kernel"][0] == 200
 
 
 def test_missing_cupti_leaves_the_workload_running(injected_lib: Path, tmp_path: Path) -> None:

@@ -1,8 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * libotel_gpu_inject.so: the CUDA driver calls InitializeInjection() at cuInit when CUDA_INJECTION64_PATH names this
- * library. It loads CUPTI, subscribes to driver-API callbacks and lets the controller (sampler.c) open short sampling
- * windows while an agent is attached. Whatever fails, the workload runs on untouched: one "otel-gpu:" line on stderr
+ * library. It loads CUPTI and lets the controller (sampler.c) subscribe to driver-API callbacks and open short sampling
+ * windows while an agent is attached; without an agent it holds no CUPTI subscription, so other tools can. Whatever fails, the workload runs on untouched: one "otel-gpu:" line on stderr
  * and the library stays inert.
  *
  * Environment (read once here):
@@ -137,6 +137,7 @@ static const char *resolve_cupti(void *lib)
     RESOLVE(activity_get_next_record, "cuptiActivityGetNextRecord");
     RESOLVE(get_timestamp, "cuptiGetTimestamp");
     RESOLVE(get_result_string, "cuptiGetResultString");
+    *(void **)(&g_cupti.subscribe_v2) = dlsym(lib, "cuptiSubscribe_v2"); /* CUDA 13; optional */
     return NULL;
 }
 
@@ -254,6 +255,49 @@ static void CUPTIAPI on_api(void *userdata, CUpti_CallbackDomain domain, CUpti_C
     atomic_fetch_add_explicit(&g_state.overhead_ns, monotonic_ns() - t0, memory_order_relaxed);
 }
 
+/* --- holding CUPTI only while an agent is attached ---------------------------------------------------------- */
+
+/* CUPTI takes one subscriber per process: holding it only while an agent is attached leaves it to other tools
+ * (torch.profiler, Nsight) the rest of the time. Returns 0 when subscribed; logs once when another tool holds it. */
+int cupti_take(void)
+{
+    CUptiResult rc;
+    char holder[CUPTI_OLD_SUBSCRIBER_NAME_MIN_LEN] = "";
+    if (g_cupti.subscribe_v2 != NULL) {
+        CUpti_SubscriberParams params = {
+            .structSize = CUpti_SubscriberParams_STRUCT_SIZE,
+            .subscriberName = "otel-gpu",
+            .oldSubscriberName = holder,
+            .oldSubscriberSize = sizeof(holder),
+        };
+        rc = g_cupti.subscribe_v2(&g_subscriber, on_api, NULL, &params);
+    } else {
+        rc = g_cupti.subscribe(&g_subscriber, on_api, NULL);
+    }
+    if (rc == CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED) {
+        static _Atomic int logged;
+        if (!atomic_exchange(&logged, 1))
+            fprintf(stderr, "otel-gpu: CUPTI is in use by another tool%s%s; GPU-time profiling waits until it is free\n",
+                    holder[0] ? ": " : "", holder);
+        return -1;
+    }
+    if (rc != CUPTI_SUCCESS) {
+        log_once("cuptiSubscribe failed; GPU-time profiling is off while it fails");
+        return -1;
+    }
+    /* Rare, so on while subscribed: a destroyed context's records are flushed before they are lost. */
+    if (g_cupti.enable_callback(1, g_subscriber, CUPTI_CB_DOMAIN_RESOURCE,
+                                CUPTI_CBID_RESOURCE_CONTEXT_DESTROY_STARTING) != CUPTI_SUCCESS)
+        log_once("cannot watch context destruction; records of a destroyed context may be lost");
+    return 0;
+}
+
+void cupti_release(void)
+{
+    g_cupti.unsubscribe(g_subscriber);
+    g_subscriber = NULL;
+}
+
 /* --- setup and teardown -------------------------------------------------------------------------------------- */
 
 static double env_double(const char *name, double fallback, double lo, double hi)
@@ -316,21 +360,8 @@ __attribute__((visibility("default"))) int InitializeInjection(void)
         fprintf(stderr, "otel-gpu: cannot open OTEL_GPU_DEBUG_FILE; debug records are not written\n");
     cbids_init();
     stack_init();
-    CUptiResult rc = g_cupti.subscribe(&g_subscriber, on_api, NULL);
-    if (rc != CUPTI_SUCCESS) {
-        const char *why = "unknown error";
-        g_cupti.get_result_string(rc, &why);
-        /* CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED: another tool (a profiler) already holds CUPTI. */
-        fprintf(stderr, "otel-gpu: cuptiSubscribe failed (%s); GPU-time profiling is off for this process\n", why);
-        return 0;
-    }
-    /* Rare, so always on: a destroyed context's records are flushed before they are lost. */
-    if (g_cupti.enable_callback(1, g_subscriber, CUPTI_CB_DOMAIN_RESOURCE, CUPTI_CBID_RESOURCE_CONTEXT_DESTROY_STARTING) !=
-        CUPTI_SUCCESS)
-        log_once("cannot watch context destruction; records of a destroyed context may be lost");
     if (sampler_start() != 0) {
         fprintf(stderr, "otel-gpu: cannot start the sampling thread; GPU-time profiling is off for this process\n");
-        g_cupti.unsubscribe(g_subscriber);
         return 0;
     }
     pthread_atfork(NULL, NULL, on_fork_child);

@@ -24,6 +24,7 @@
 /* Every CUPTI function the library uses, resolved with dlsym so that tests can hand it a fake libcupti. */
 struct cupti_api {
     CUptiResult (*subscribe)(CUpti_SubscriberHandle *, CUpti_CallbackFunc, void *);
+    CUptiResult (*subscribe_v2)(CUpti_SubscriberHandle *, CUpti_CallbackFunc, void *, CUpti_SubscriberParams *);
     CUptiResult (*unsubscribe)(CUpti_SubscriberHandle);
     CUptiResult (*enable_callback)(uint32_t, CUpti_SubscriberHandle, CUpti_CallbackDomain, CUpti_CallbackId);
     CUptiResult (*activity_enable)(CUpti_ActivityKind);
@@ -68,6 +69,8 @@ extern struct inject_state g_state;
 uint64_t now_ns(void);            /* CUPTI's timestamp clock */
 uint64_t monotonic_ns(void);      /* for measuring the library's own cost */
 void log_once(const char *what);  /* one "otel-gpu:" line on stderr per distinct message site */
+int cupti_take(void);             /* subscribe (at attach); 0 on success */
+void cupti_release(void);         /* unsubscribe (at detach) */
 
 /* cbids.c */
 void cbids_init(void);

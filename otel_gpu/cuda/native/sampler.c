@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * The controller thread. While an agent is attached (a probe semaphore is non-zero, or the debug mode), it opens
+ * The controller thread. While an agent is attached (a probe semaphore is non-zero, or the debug mode), it holds a
+ * CUPTI subscription (taken at attach, given back at detach) and opens
  * sampling windows of OTEL_GPU_WINDOW_MS at randomly jittered times: in a window the launch callbacks and the
  * kernel/memcpy/memset activity kinds are on, outside they are off, so the workload pays CUPTI's per-launch cost only
  * for a fraction f of wall time. f is chosen so that f x (slowdown inside a window) stays within the overhead budget;
@@ -60,9 +61,12 @@ static int agent_present(void)
 
 static int attach_locked(void)
 {
+    if (cupti_take() != 0)
+        return -1;
     if (!activity_ready) {
         if (activity_init() != 0) {
             log_once("cannot register CUPTI activity buffers; GPU-time profiling is off for this process");
+            cupti_release();
             return -1;
         }
         activity_ready = 1;
@@ -150,6 +154,8 @@ static void detach_locked(void)
     close_window_locked(0);
     cbids_enable_waits(0);
     atomic_store(&g_state.attached, 0);
+    g_cupti.activity_flush_all(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
+    cupti_release();
 }
 
 /* Sleeps up to duration_ns (ctl_lock held, released while waiting); returns non-zero when the library is stopping. */

@@ -8,7 +8,7 @@
  * them with CUPTI_ACTIVITY_FLAG_FLUSH_FORCED. Resource domain: CONTEXT_DESTROY_STARTING only.
  *
  * FAKE_CUPTI_STATS=<path> writes counters at exit ("name value" lines): api_callbacks, resource_callbacks, records_produced,
- * records_delivered, records_dropped, enable_calls.
+ * records_delivered, records_dropped, enable_calls, subscribes. One subscriber at a time, as the real CUPTI.
  */
 #include <dlfcn.h>
 #include <pthread.h>
@@ -34,6 +34,7 @@ union any_record {
 static CUpti_CallbackFunc callback;
 static void *callback_userdata;
 static int subscribed;
+static char subscriber_name[64];
 static _Atomic uint8_t enabled[CUPTI_DRIVER_TRACE_CBID_SIZE];
 static _Atomic uint8_t context_destroy_enabled;
 static _Atomic int kernel_on, memcpy_on, memset_on;
@@ -45,7 +46,7 @@ static union any_record *pending;
 static size_t pending_count, pending_capacity;
 
 static _Atomic uint64_t api_callbacks, resource_callbacks, records_produced, records_delivered, records_dropped,
-    enable_calls;
+    enable_calls, subscribes;
 
 static uint64_t realtime_ns(void)
 {
@@ -196,7 +197,8 @@ static const struct fake_tracer the_tracer = {on_enter, on_exit_, on_work, on_co
 
 /* --- callback API -------------------------------------------------------------------------------------------- */
 
-API CUptiResult CUPTIAPI cuptiSubscribe(CUpti_SubscriberHandle *subscriber, CUpti_CallbackFunc fn, void *userdata)
+static CUptiResult subscribe(CUpti_SubscriberHandle *subscriber, CUpti_CallbackFunc fn, void *userdata,
+                             const char *name)
 {
     if (subscribed)
         return CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED;
@@ -207,9 +209,26 @@ API CUptiResult CUPTIAPI cuptiSubscribe(CUpti_SubscriberHandle *subscriber, CUpt
     callback = fn;
     callback_userdata = userdata;
     subscribed = 1;
+    snprintf(subscriber_name, sizeof(subscriber_name), "CUPTI for %s", name ? name : "an unnamed tool");
+    atomic_fetch_add(&subscribes, 1);
     *subscriber = (CUpti_SubscriberHandle)(uintptr_t)1;
     set(&the_tracer);
     return CUPTI_SUCCESS;
+}
+
+API CUptiResult CUPTIAPI cuptiSubscribe(CUpti_SubscriberHandle *subscriber, CUpti_CallbackFunc fn, void *userdata)
+{
+    return subscribe(subscriber, fn, userdata, NULL);
+}
+
+API CUptiResult CUPTIAPI cuptiSubscribe_v2(CUpti_SubscriberHandle *subscriber, CUpti_CallbackFunc fn, void *userdata,
+                                           CUpti_SubscriberParams *params)
+{
+    CUptiResult rc = subscribe(subscriber, fn, userdata, params ? params->subscriberName : NULL);
+    if (rc == CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED && params && params->oldSubscriberName &&
+        params->oldSubscriberSize > 0)
+        snprintf(params->oldSubscriberName, params->oldSubscriberSize, "%s", subscriber_name);
+    return rc;
 }
 
 API CUptiResult CUPTIAPI cuptiUnsubscribe(CUpti_SubscriberHandle subscriber)
@@ -217,6 +236,10 @@ API CUptiResult CUPTIAPI cuptiUnsubscribe(CUpti_SubscriberHandle subscriber)
     (void)subscriber;
     callback = NULL;
     subscribed = 0;
+    /* A new subscriber starts with every callback off. */
+    for (uint32_t i = 0; i < CUPTI_DRIVER_TRACE_CBID_SIZE; i++)
+        atomic_store(&enabled[i], 0);
+    atomic_store(&context_destroy_enabled, 0);
     return CUPTI_SUCCESS;
 }
 
@@ -381,10 +404,10 @@ __attribute__((destructor)) static void write_stats(void)
     if (f == NULL)
         return;
     fprintf(f, "api_callbacks %llu\nresource_callbacks %llu\nrecords_produced %llu\nrecords_delivered %llu\n"
-               "records_dropped %llu\nenable_calls %llu\n",
+               "records_dropped %llu\nenable_calls %llu\nsubscribes %llu\n",
             (unsigned long long)api_callbacks, (unsigned long long)resource_callbacks,
             (unsigned long long)records_produced,
             (unsigned long long)records_delivered, (unsigned long long)records_dropped,
-            (unsigned long long)enable_calls);
+            (unsigned long long)enable_calls, (unsigned long long)subscribes);
     fclose(f);
 }

@@ -17,6 +17,8 @@
  *   callback can hand over the last records.
  *   --fork-children forks a child every 5 steps that returns from a function and exit()s at once (running exit
  *   handlers in a copy of the process whose sampling thread does not exist); the parent waits for each.
+ *   --take-cupti subscribes to CUPTI (OTEL_GPU_CUPTI_PATH) itself before cuInit, like a profiler would, and prints
+ *   "took_cupti <CUptiResult>".
  *   --tiny N replaces the training loop by a launch-bound one: N launches of "tiny_kernel" (100 ns), waiting every 1000.
  *   --exit-at STEP exits in the middle of step STEP (after its launches, before any wait): a crash-free exit
  *   mid-stream. --no-init never calls cuInit (the library is never loaded).
@@ -31,6 +33,7 @@
 #include <unistd.h>
 
 #include <cuda.h>
+#include <cupti.h>
 
 #define NOINLINE __attribute__((noinline))
 
@@ -158,6 +161,28 @@ NOINLINE void train_step(int step, int graph_every, int exit_at)
         event_wait();
 }
 
+static void CUPTIAPI ignore_callback(void *userdata, CUpti_CallbackDomain domain, CUpti_CallbackId cbid,
+                                     const void *data)
+{
+    (void)userdata;
+    (void)domain;
+    (void)cbid;
+    (void)data;
+}
+
+/* What a profiler such as torch.profiler does: take the process's one CUPTI subscription. */
+static void subscribe_to_cupti(void)
+{
+    const char *path = getenv("OTEL_GPU_CUPTI_PATH");
+    void *cupti = path ? dlopen(path, RTLD_NOW | RTLD_LOCAL) : NULL;
+    CUptiResult (*subscribe)(CUpti_SubscriberHandle *, CUpti_CallbackFunc, void *) =
+        cupti ? (CUptiResult(*)(CUpti_SubscriberHandle *, CUpti_CallbackFunc, void *))dlsym(cupti, "cuptiSubscribe")
+              : NULL;
+    CUpti_SubscriberHandle subscriber;
+    printf("took_cupti %d\n", subscribe ? (int)subscribe(&subscriber, ignore_callback, NULL) : -1);
+    fflush(stdout);
+}
+
 static void setup(void)
 {
     CUdevice device;
@@ -191,7 +216,7 @@ int main(int argc, char **argv)
 {
     int steps = 200, graph_every = 4, exit_at = -1, init = 1;
     long tiny_launches = 0;
-    int skip_exit_handlers = 0, fork_children = 0;
+    int skip_exit_handlers = 0, fork_children = 0, take_cupti = 0;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--steps") == 0 && i + 1 < argc)
             steps = atoi(argv[++i]);
@@ -201,6 +226,8 @@ int main(int argc, char **argv)
             exit_at = atoi(argv[++i]);
         else if (strcmp(argv[i], "--tiny") == 0 && i + 1 < argc)
             tiny_launches = atol(argv[++i]);
+        else if (strcmp(argv[i], "--take-cupti") == 0)
+            take_cupti = 1;
         else if (strcmp(argv[i], "--fork-children") == 0)
             fork_children = 1;
         else if (strcmp(argv[i], "--skip-exit-handlers") == 0)
@@ -209,11 +236,13 @@ int main(int argc, char **argv)
             init = 0;
         else {
             fprintf(stderr, "usage: %s [--steps N] [--graph-every K] [--exit-at STEP] [--no-init] [--tiny N] [--skip-exit-handlers]"
-                            " [--fork-children]\n",
+                            " [--fork-children] [--take-cupti]\n",
                     argv[0]);
             return 2;
         }
     }
+    if (take_cupti)
+        subscribe_to_cupti();
     if (init)
         CHECK(cuInit(0));
     setup();
