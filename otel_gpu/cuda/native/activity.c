@@ -223,8 +223,6 @@ static int convert(const CUpti_Activity *record, struct otel_gpu_activity *out)
 static void CUPTIAPI on_buffer_completed(CUcontext ctx, uint32_t stream_id, uint8_t *buffer, size_t size,
                                          size_t valid_size)
 {
-    (void)ctx;
-    (void)stream_id;
     (void)size;
     uint64_t t0 = monotonic_ns();
     struct otel_gpu_activity batch[OTEL_GPU_ACTIVITY_BATCH];
@@ -240,6 +238,10 @@ static void CUPTIAPI on_buffer_completed(CUcontext ctx, uint32_t stream_id, uint
     }
     emit_activity(batch, count);
     release_buffer(buffer);
+    size_t cupti_dropped = 0; /* records CUPTI itself lost for want of a buffer */
+    if (g_cupti.activity_get_num_dropped != NULL &&
+        g_cupti.activity_get_num_dropped(ctx, stream_id, &cupti_dropped) == CUPTI_SUCCESS && cupti_dropped > 0)
+        atomic_fetch_add(&dropped, cupti_dropped);
     atomic_fetch_add(&g_state.overhead_ns, monotonic_ns() - t0);
 }
 

@@ -138,6 +138,7 @@ static const char *resolve_cupti(void *lib)
     RESOLVE(get_timestamp, "cuptiGetTimestamp");
     RESOLVE(get_result_string, "cuptiGetResultString");
     *(void **)(&g_cupti.subscribe_v2) = dlsym(lib, "cuptiSubscribe_v2"); /* CUDA 13; optional */
+    *(void **)(&g_cupti.activity_get_num_dropped) = dlsym(lib, "cuptiActivityGetNumDroppedRecords"); /* optional */
     return NULL;
 }
 

@@ -34,6 +34,7 @@ struct cupti_api {
     CUptiResult (*activity_get_next_record)(uint8_t *, size_t, CUpti_Activity **);
     CUptiResult (*get_timestamp)(uint64_t *);
     CUptiResult (*get_result_string)(CUptiResult, const char **);
+    CUptiResult (*activity_get_num_dropped)(CUcontext, uint32_t, size_t *); /* optional */
 };
 
 /* g_cbid_class[cbid]: low bits = enum otel_gpu_launch_kind (0 if not a launch), high bits = enum otel_gpu_sync_kind. */

@@ -46,7 +46,7 @@ static union any_record *pending;
 static size_t pending_count, pending_capacity;
 
 static _Atomic uint64_t api_callbacks, resource_callbacks, records_produced, records_delivered, records_dropped,
-    enable_calls, subscribes;
+    enable_calls, subscribes, dropped_since_query;
 
 static uint64_t realtime_ns(void)
 {
@@ -348,6 +348,7 @@ static void deliver(union any_record *records, size_t count)
         buffer_requested(&buffer, &size, &max_records);
         if (buffer == NULL || size < sizeof(union any_record)) {
             atomic_fetch_add(&records_dropped, count - next);
+            atomic_fetch_add(&dropped_since_query, count - next);
             return;
         }
         size_t used = 0;
@@ -393,7 +394,7 @@ API CUptiResult CUPTIAPI cuptiActivityGetNumDroppedRecords(CUcontext context, ui
 {
     (void)context;
     (void)stream;
-    *dropped = (size_t)atomic_load(&records_dropped);
+    *dropped = (size_t)atomic_exchange(&dropped_since_query, 0); /* reset by each call, as documented */
     return CUPTI_SUCCESS;
 }
 
