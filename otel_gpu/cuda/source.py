@@ -80,7 +80,8 @@ class GPUTimeSource:
         self._rescan_interval_s = rescan_interval_s
         self._library_name = library_name
         self._symbolizer: NativeSymbolizer = symbolizer or SharedSymbolizer(proc_root=proc_root)
-        self._lock = threading.RLock()
+        self._lock = threading.RLock()  # join, weights, accumulators, processes
+        self._ring_lock = threading.Lock()  # libbpf's ring buffer has one consumer at a time
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._bpf: BPFObject | None = None
@@ -143,10 +144,11 @@ class GPUTimeSource:
         if self._thread is not None:
             self._thread.join(timeout=5)
             self._thread = None
-        if self._bpf is not None:
-            self._bpf.close()
-            self._bpf = None
-            self._ring = None
+        with self._ring_lock:
+            if self._bpf is not None:
+                self._bpf.close()
+                self._bpf = None
+                self._ring = None
         self._attached.clear()
 
     # --- discovery -------------------------------------------------------------------------------------------------
@@ -155,8 +157,9 @@ class GPUTimeSource:
         """Attach to library files not seen before; returns the newly attached ones."""
         self._last_scan = time.monotonic()
         libraries, pids = scan(self._proc_root, self._library_name, frozenset({os.getpid()}))
-        for pid in pids:
-            self._remember_process(pid)
+        with self._lock:
+            for pid in pids:
+                self._remember_process(pid)
         added: list[InjectedLibrary] = []
         for key, library in libraries.items():
             if key in self._attached or key in self._failed or self._bpf is None:
@@ -184,8 +187,9 @@ class GPUTimeSource:
         timeout_ms = max(1, int(self._poll_interval_s * 1000))
         while not self._stop.is_set():
             try:
-                if self._ring is not None:
-                    self._ring.poll(timeout_ms)
+                with self._ring_lock:
+                    if self._ring is not None:
+                        self._ring.poll(timeout_ms)
                 if time.monotonic() - self._last_scan >= self._rescan_interval_s:
                     self.rescan()
             except Exception:  # loop boundary: keep polling
@@ -195,7 +199,8 @@ class GPUTimeSource:
 
     def poll_now(self) -> int:
         """Consume every record available now (tests, and drain)."""
-        return self._ring.consume() if self._ring is not None else 0
+        with self._ring_lock:
+            return self._ring.consume() if self._ring is not None else 0
 
     def _on_record(self, data: bytes) -> None:
         try:
