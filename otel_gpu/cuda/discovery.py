@@ -25,9 +25,12 @@ class InjectedLibrary:
     pid: int
 
 
-def scan(proc_root: str = "/proc", library_name: str = LIBRARY_NAME,
-         exclude_pids: frozenset[int] = frozenset()) -> tuple[dict[tuple[int, int], InjectedLibrary], set[int]]:
-    """(libraries by (device, inode), pids that map one). Processes that exit mid-scan are skipped."""
+def scan(proc_root: str = "/proc", library_name: str = LIBRARY_NAME, exclude_pids: frozenset[int] = frozenset(),
+         checked: set[int] | None = None) -> tuple[dict[tuple[int, int], InjectedLibrary], set[int]]:
+    """(libraries by (device, inode), pids that map one). Processes that exit mid-scan are skipped.
+
+    ``exclude_pids`` are not read at all; every pid whose maps were read is added to ``checked`` when given.
+    """
     libraries: dict[tuple[int, int], InjectedLibrary] = {}
     pids: set[int] = set()
     try:
@@ -38,6 +41,8 @@ def scan(proc_root: str = "/proc", library_name: str = LIBRARY_NAME,
         if not entry.isdigit() or int(entry) in exclude_pids:
             continue
         pid = int(entry)
+        if checked is not None:
+            checked.add(pid)
         path = _mapped_library(f"{proc_root}/{entry}/maps", library_name)
         if path is None:
             continue

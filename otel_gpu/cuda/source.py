@@ -70,7 +70,8 @@ class GPUTimeSource:
 
     def __init__(self, resolver: ProcessResolver | None = None, *, proc_root: str = "/proc",
                  program_path: str | os.PathLike[str] = PROGRAM_PATH, ringbuf_bytes: int = 16 << 20,
-                 poll_interval_s: float = 0.1, rescan_interval_s: float = 2.0, library_name: str = LIBRARY_NAME,
+                 poll_interval_s: float = 0.1, rescan_interval_s: float = 2.0, full_rescan_s: float = 10.0,
+                 library_name: str = LIBRARY_NAME,
                  symbolizer: NativeSymbolizer | None = None, max_pending_per_process: int = 65536) -> None:
         self._resolver = resolver or ProcessResolver(proc_root)
         self._proc_root = proc_root
@@ -78,6 +79,8 @@ class GPUTimeSource:
         self._ringbuf_bytes = ringbuf_bytes
         self._poll_interval_s = poll_interval_s
         self._rescan_interval_s = rescan_interval_s
+        self._full_rescan_s = full_rescan_s
+        self._checked: dict[int, float] = {}  # pid -> when its maps were last read (monotonic s)
         self._library_name = library_name
         self._symbolizer: NativeSymbolizer = symbolizer or SharedSymbolizer(proc_root=proc_root)
         self._lock = threading.RLock()  # join, weights, accumulators, processes
@@ -155,8 +158,15 @@ class GPUTimeSource:
 
     def rescan(self) -> list[InjectedLibrary]:
         """Attach to library files not seen before; returns the newly attached ones."""
-        self._last_scan = time.monotonic()
-        libraries, pids = scan(self._proc_root, self._library_name, frozenset({os.getpid()}))
+        now = self._last_scan = time.monotonic()
+        # A process is read again only every full_rescan_s: new processes are found within rescan_interval_s, and
+        # one that initialises CUDA later within full_rescan_s, at a fraction of the cost of reading every map.
+        skip = {pid for pid, at in self._checked.items() if now - at < self._full_rescan_s}
+        skip.add(os.getpid())
+        checked: set[int] = set()
+        libraries, pids = scan(self._proc_root, self._library_name, frozenset(skip), checked)
+        self._checked = {pid: at for pid, at in self._checked.items() if pid in skip and self._alive(pid)}
+        self._checked.update({pid: now for pid in checked})
         with self._lock:
             for pid in pids:
                 self._remember_process(pid)
