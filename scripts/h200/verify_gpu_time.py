@@ -108,7 +108,7 @@ def known(seconds, out, profile):
     Path = __import__("pathlib").Path
     Path(out).write_text(json.dumps(result))
 
-def rate(step, seconds, warmup_s=1.0):
+def rate(step, seconds, warmup_s=2.0):
     end = time.time() + warmup_s
     while time.time() < end:
         step(100)
@@ -408,7 +408,9 @@ def main(argv: list[str]) -> int:
     if library_path() is None:
         print("libotel_gpu_inject.so is not built (make build)")
         return 1
-    source: WindowedSource | None = WindowedSource(rescan_interval_s=0.2)
+    # the agent's defaults find a process within 2 s (10 s when it initialises CUDA after starting); here within
+    # 0.5 s, so that short benchmark processes are profiled from their warm-up on
+    source: WindowedSource | None = WindowedSource(rescan_interval_s=0.2, full_rescan_s=0.5)
     try:
         source.open()
         lines.append("- agent side: GPUTimeSource with its eBPF program (USDT probes attached system-wide)")

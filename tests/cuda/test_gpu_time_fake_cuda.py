@@ -71,7 +71,7 @@ def _run(tmp_path: Path, command: list[str]) -> Run:
     debug, schedule = tmp_path / "debug.bin", tmp_path / "schedule.txt"
     env = dict(os.environ, CUDA_INJECTION64_PATH=str(LIBRARY), OTEL_GPU_CUPTI_PATH=str(FAKES / "libcupti.so"),
                FAKE_CUDA_SCHEDULE=str(schedule), OTEL_GPU_DEBUG_FILE=str(debug), OTEL_GPU_OVERHEAD_BUDGET="0.05")
-    source = RecordingSource(rescan_interval_s=0.05)
+    source = RecordingSource(rescan_interval_s=0.05, full_rescan_s=0.05)
     source.open()
     try:
         workload = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

@@ -63,7 +63,7 @@ def _totals(batch: ProfileBatch, pid: int) -> dict[tuple[str, ...], int]:
 
 def _run(schedule: Path, many: int, source_first: bool, linger_ms: int = 300
          ) -> tuple[GPUTimeSource, int, list[ProfileBatch]]:
-    source = GPUTimeSource(rescan_interval_s=0.1)
+    source = GPUTimeSource(rescan_interval_s=0.1, full_rescan_s=0.1)
     if source_first:
         source.open()
     workload = subprocess.Popen([str(schedule), str(many), str(linger_ms)], stdout=subprocess.PIPE, text=True)
