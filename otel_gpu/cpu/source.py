@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import threading
 import time
 from collections import defaultdict
 
@@ -39,7 +40,8 @@ class CPUProfileSource:
         self._resolver = resolver
         self._symbolizer = symbolizer or Symbolizer()
         self._name_re = re.compile(config.process_name) if config.process_name else None
-        self._comms: dict[int, str] = {}
+        self._comms: dict[int, str] = {}  # pid -> name when first sampled; written by the sampler's event thread
+        self._comms_lock = threading.Lock()
         self._sampler = sampler or CPUSampler(config.frequency_hz, pids=config.pids,
                                               exclude_tgid=0 if config.include_self else os.getpid(),
                                               on_new_process=self._on_new_process)
@@ -74,9 +76,12 @@ class CPUProfileSource:
                 continue
             processes.append(ProcessProfile(info, self._samples(pid, samples)))
         self._symbolizer.prune(by_pid)
-        gone = [p for p in self._comms if p not in by_pid and not os.path.exists(f"/proc/{p}")]
-        for pid in gone:
-            del self._comms[pid]
+        with self._comms_lock:
+            known = list(self._comms)
+        gone = [p for p in known if p not in by_pid and not os.path.exists(f"/proc/{p}")]
+        with self._comms_lock:
+            for pid in gone:
+                self._comms.pop(pid, None)
         self._sampler.forget(gone)  # a process that reuses the pid gets announced (and snapshotted) again
         return ProfileBatch(type=cpu_profile_type(self.config.frequency_hz), start_unix_nano=start_ns,
                             duration_nano=max(0, now_ns - start_ns), processes=tuple(processes))
@@ -85,7 +90,8 @@ class CPUProfileSource:
 
     def _on_new_process(self, pid: int, comm: str) -> None:
         """Called from the sampler's event thread when a process is sampled for the first time."""
-        self._comms[pid] = comm
+        with self._comms_lock:
+            self._comms[pid] = comm
         info = self._resolver.info(pid)  # cache identity while the process exists
         if info is not None and not self._wanted(info, {comm}):
             return  # filtered out by name or container: no need to snapshot it
