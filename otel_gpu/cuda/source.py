@@ -92,7 +92,6 @@ class GPUTimeSource:
         self._attached: dict[tuple[int, int], InjectedLibrary] = {}
         self._failed: set[tuple[int, int]] = set()
         self._last_scan = 0.0
-        self._announced = False
         # join and weighting state (guarded by _lock)
         self._joiner = Joiner(max_pending=max_pending_per_process)
         self._weights = WindowWeights()
