@@ -717,8 +717,9 @@ def _open_usdt_counters(lib: Path, probe: str) -> list[int]:
 
 @pytest.mark.root
 def test_an_attached_uprobe_turns_the_library_on(injected_lib: Path, tmp_path: Path) -> None:
-    """No debug mode: windows open only once a real uprobe holds the window probe's semaphore, and every window record
-    the library writes was also a probe hit. (The library is a private copy: only this workload maps it.)"""
+    """No debug mode: windows open only while a real uprobe holds the window probe's semaphore, every window record
+    the library writes then is also a probe hit, and a second attach starts a new session (elapsed time restarts).
+    (The library is a private copy: only this workload maps it.)"""
     debug = tmp_path / "records.bin"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_GPU_", "CUDA_INJECTION"))}
     env.update(
@@ -730,7 +731,9 @@ def test_an_attached_uprobe_turns_the_library_on(injected_lib: Path, tmp_path: P
             "OTEL_GPU_OVERHEAD_BUDGET": "0.5",
         }
     )
-    workload = subprocess.Popen([str(WORKLOAD), "--steps", "1200"], env=env, stdout=subprocess.PIPE, text=True)
+    workload = subprocess.Popen(
+        [str(WORKLOAD), "--steps", "1800"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     try:
         time.sleep(0.5)  # the library is loaded and idle: no agent yet
         assert read_debug_file(debug) == Records()
@@ -742,7 +745,17 @@ def test_an_attached_uprobe_turns_the_library_on(injected_lib: Path, tmp_path: P
         finally:
             for fd in fds:
                 os.close(fd)
-        out, _ = workload.communicate(timeout=60)
+        time.sleep(0.4)  # the controller notices within a poll
+        first_session = read_debug_file(debug).windows
+        time.sleep(0.5)
+        assert len(read_debug_file(debug).windows) == len(first_session)  # detached: no windows
+        fds = _open_usdt_counters(injected_lib, "window")
+        try:
+            time.sleep(0.8)
+        finally:
+            for fd in fds:
+                os.close(fd)
+        out, err = workload.communicate(timeout=60)
     finally:
         workload.kill()
         workload.wait()
@@ -752,3 +765,9 @@ def test_an_attached_uprobe_turns_the_library_on(injected_lib: Path, tmp_path: P
     assert windows_while_attached <= hits <= windows_while_attached + 1
     assert records.launches and records.activities
     assert "site launch_matmul" in out
+    assert err == ""  # CUPTI was given back at detach and taken again at the second attach
+    second_session = records.windows[len(first_session) :]
+    assert second_session
+    assert [w.window_id for w in records.windows] == list(range(1, len(records.windows) + 1))
+    assert second_session[0].elapsed_ns < first_session[-1].elapsed_ns  # a new session: totals restart
+    assert second_session[0].covered_ns == second_session[0].end_ns - second_session[0].start_ns

@@ -245,6 +245,7 @@ static void CUPTIAPI on_buffer_completed(CUcontext ctx, uint32_t stream_id, uint
     atomic_fetch_add(&g_state.overhead_ns, monotonic_ns() - t0);
 }
 
+/* Allocates the buffer pool (once) and registers the buffer callbacks with CUPTI (at every call). */
 int activity_init(void)
 {
     pthread_mutex_lock(&pool_lock);

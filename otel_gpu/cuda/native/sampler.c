@@ -36,7 +36,6 @@ static pthread_cond_t ctl_wake = PTHREAD_COND_INITIALIZER;
 static int stopped; /* under ctl_lock: the final flush has run */
 
 /* Controller state, under ctl_lock. */
-static int activity_ready;
 static uint64_t last_window_id;
 static uint64_t open_start_ns;
 static uint64_t attach_start_ns;
@@ -63,13 +62,11 @@ static int attach_locked(void)
 {
     if (cupti_take() != 0)
         return -1;
-    if (!activity_ready) {
-        if (activity_init() != 0) {
-            log_once("cannot register CUPTI activity buffers; GPU-time profiling is off for this process");
-            cupti_release();
-            return -1;
-        }
-        activity_ready = 1;
+    /* Registered at every attach: another tool may have put its own buffer callbacks in since the last one. */
+    if (activity_init() != 0) {
+        log_once("cannot register CUPTI activity buffers; GPU-time profiling is off while that fails");
+        cupti_release();
+        return -1;
     }
     if (cbids_enable_waits(1) != 0)
         log_once("some blocking-call callbacks could not be enabled");
