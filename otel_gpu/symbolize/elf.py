@@ -47,7 +47,8 @@ class ElfSymbols:
     Stored compactly (two address arrays and one byte string of names, about 20 bytes plus the name per symbol);
     names are decoded when looked up."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, image: bytes | None = None) -> None:
+        """Read the ELF file at ``path``, or the in-memory ``image`` (then ``path`` only names it)."""
         self.path = path
         self.build_id = ""
         self.has_symtab = False  # False: only exported (.dynsym) names; a separate debug file may have the rest
@@ -56,6 +57,11 @@ class ElfSymbols:
         self._ends = array("Q")
         self._name_ends = array("I")
         self._names = b""
+        if image is not None:
+            if len(image) < _EHDR.size:
+                raise ElfError(f"{path}: too small for an ELF header")
+            self._parse(image)  # type: ignore[arg-type]  # bytes offer what the parser uses of mmap
+            return
         with open(path, "rb") as handle:
             size = os.fstat(handle.fileno()).st_size
             if size < _EHDR.size:

@@ -82,6 +82,8 @@ class Symbolizer:
         self._max_symbol_bytes = max_symbol_bytes
         self._symbol_bytes = 0
         self._unsymbolized = 0  # frames in a known file without a symbol, counted per call into selfmetrics
+        self._vdso: ElfSymbols | None = None
+        self._vdso_read = False
         self._max_processes = max_processes
         self._processes: OrderedDict[int, _Process] = OrderedDict()
         self._demangler = Demangler()
@@ -215,6 +217,8 @@ class Symbolizer:
             if fresh is not None:
                 process.set_entries(fresh)
                 entry = process.find(address)
+        if entry is not None and entry.path == "[vdso]":
+            return self._resolve_vdso(entry, address, leaf)
         if entry is None or not entry.file_backed:
             name = self._perf_map_name(process, address)
             return address, leaf, name or "", entry, None, None, -1
@@ -227,6 +231,17 @@ class Symbolizer:
             if found is not None:
                 return address, leaf, found[0], entry, elf, mapping, file_offset
         return address, leaf, "", entry, elf, mapping, file_offset
+
+    def _resolve_vdso(self, entry: MapEntry, address: int, leaf: bool) -> _Resolved:
+        """The vDSO is the same image in every process of this kernel: read once from our own memory."""
+        if not self._vdso_read:
+            self._vdso_read = True
+            self._vdso = _read_own_vdso()
+        vdso = self._vdso
+        mapping = Mapping(entry.start, entry.end, 0, "[vdso]", vdso.build_id if vdso is not None else "")
+        offset = address - entry.start
+        found = vdso.lookup(offset if leaf else offset - 1) if vdso is not None else None
+        return address, leaf, found[0] if found else "", entry, vdso, mapping, offset
 
     def _frame(self, process: _Process, address: int, name: str, entry: MapEntry | None, mapping: Mapping | None,
                file_offset: int) -> Frame:
@@ -329,6 +344,19 @@ class Symbolizer:
                 continue
             return process.perf_map
         return process.perf_map
+
+
+def _read_own_vdso() -> ElfSymbols | None:
+    """The kernel's vDSO image as mapped into this process (from /proc/self/mem), or None."""
+    try:
+        entry = next(e for e in read_maps(os.getpid()) or [] if e.path == "[vdso]")
+        with open("/proc/self/mem", "rb") as memory:
+            memory.seek(entry.start)
+            image = memory.read(entry.end - entry.start)
+        return ElfSymbols("[vdso]", image)
+    except (StopIteration, OSError, ElfError, ValueError) as exc:
+        _logger.debug("vDSO frames stay unsymbolized: %s", exc)
+        return None
 
 
 def _start_ticks(proc_root: str, pid: int) -> int:

@@ -257,3 +257,14 @@ def test_stripped_binary_takes_symbols_from_its_debug_file_by_build_id(tmp_path:
         process.wait()
     assert frames[0].function == "leaf_light"
     assert frames[0].mapping is not None and frames[0].mapping.path.endswith("cpu_3to1_stripped")
+
+
+def test_vdso_frames_are_named_from_the_kernels_image() -> None:
+    entry = next(e for e in read_maps(os.getpid()) or [] if e.path == "[vdso]")
+    with open("/proc/self/mem", "rb") as memory:
+        memory.seek(entry.start)
+        image = ElfSymbols("[vdso]", memory.read(entry.end - entry.start))
+    start = next(address for address, name in image.symbols() if "clock_gettime" in name)
+    (frames,) = Symbolizer().user_stacks(os.getpid(), [[entry.start + start + 2]])
+    assert "clock_gettime" in frames[0].function
+    assert frames[0].mapping is not None and frames[0].mapping.path == "[vdso]"
