@@ -121,3 +121,21 @@ def test_online_cpu_list_parsing(tmp_path: os.PathLike[str]) -> None:
     with open(path, "w") as handle:
         handle.write("0-2,5,7-8\n")
     assert online_cpus(path) == [0, 1, 2, 5, 7, 8]
+
+
+@pytest.mark.root
+def test_ring_buffer_delivers_each_new_process_once() -> None:
+    events: list[abi.ProcessEvent] = []
+    with BPFObject(program_path("cpu_profiler"), rodata={"self_tgid": os.getpid()}) as bpf:
+        ring = bpf.ring_buffer("process_events", lambda data: events.append(abi.ProcessEvent.from_buffer_copy(data)))
+        bpf.attach_perf_event("on_cpu_sample", frequency_hz=199)
+        done = subprocess.run([str(WORKLOADS / "cpu_3to1"), "0.5"], check=True, capture_output=True, text=True)
+        pid = int(done.stdout.split()[1])
+        deadline = time.monotonic() + 5
+        while not any(e.pid == pid for e in events) and time.monotonic() < deadline:
+            ring.poll(100)
+        ring.consume()
+    mine = [e for e in events if e.pid == pid]
+    assert len(mine) == 1
+    assert mine[0].comm == b"cpu_3to1" and mine[0].tid == pid and mine[0].time_ns > 0
+    assert os.getpid() not in {e.pid for e in events}
