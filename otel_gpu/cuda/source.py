@@ -194,6 +194,7 @@ class GPUTimeSource:
 
     def _run(self) -> None:
         timeout_ms = max(1, int(self._poll_interval_s * 1000))
+        failures = 0
         while not self._stop.is_set():
             try:
                 with self._ring_lock:
@@ -202,7 +203,9 @@ class GPUTimeSource:
                 if time.monotonic() - self._last_scan >= self._rescan_interval_s:
                     self.rescan()
             except Exception:  # loop boundary: keep polling
-                _logger.exception("GPU-time polling failed")
+                failures += 1
+                if failures == 1:
+                    _logger.exception("GPU-time polling failed (counting further failures in otel_gpu.source.errors)")
                 selfmetrics.count(semconv.SELF_ERRORS.name, otel_gpu__source=_SOURCE, otel_gpu__reason="poll")
                 self._stop.wait(1.0)
 
