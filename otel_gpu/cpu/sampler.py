@@ -59,11 +59,14 @@ class CPUSampler:
 
     def __init__(self, frequency_hz: int, pids: Iterable[int] = (), exclude_tgid: int = 0,
                  on_new_process: Callable[[int, str], None] | None = None, btf_path: str = BTF_PATH,
-                 object_path: str | os.PathLike[str] | None = None, raw_only: bool = False) -> None:
+                 object_path: str | os.PathLike[str] | None = None, raw_only: bool = False,
+                 cpus: list[int] | None = None) -> None:
         """``raw_only`` sends every sample whole through the ring buffer instead of aggregating in the kernel
-        (for comparing the two designs; the aggregated default is cheaper, see bench/bench_cpu_profiler.py)."""
+        (for comparing the two designs; the aggregated default is cheaper, see bench/bench_cpu_profiler.py).
+        ``cpus`` defaults to every online CPU."""
         self.frequency_hz = frequency_hz
         self.raw_only = raw_only
+        self._cpus = cpus
         self.pids = tuple(pids)
         self.exclude_tgid = exclude_tgid
         self._on_new_process = on_new_process
@@ -93,7 +96,7 @@ class CPUSampler:
                 pid_filter.update(ctypes.c_uint32(pid), ctypes.c_uint8(1))
             self._bpf.map("control").update(ctypes.c_uint32(0), abi.Control(generation=0))
             ring = self._bpf.ring_buffer("process_events", self._handle_event, {"raw_samples": self._handle_raw})
-            self.cpus = self._bpf.attach_perf_event("on_cpu_sample", self.frequency_hz)
+            self.cpus = self._bpf.attach_perf_event("on_cpu_sample", self.frequency_hz, cpus=self._cpus)
         except BPFError as exc:
             self.close()
             raise SourceUnavailable(_explain(exc)) from exc

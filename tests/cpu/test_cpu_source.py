@@ -232,3 +232,12 @@ def test_draining_while_sampling_loses_nothing() -> None:
     taken = sampler.stats()["samples"] - sampler.stats()["raw_full"] - sampler.stats()["counts_full"]
     assert len(batches) > 20 and taken > 500
     assert drained == taken
+
+
+@pytest.mark.root
+def test_perf_event_failure_names_perf_events_and_leaves_nothing_loaded() -> None:
+    sampler = CPUSampler(19, cpus=[0, 4095])  # no CPU 4095: perf_event_open fails after CPU 0 was attached
+    with pytest.raises(SourceUnavailable, match="perf events unavailable"):
+        CPUProfileSource(ProfilingConfig(), ProcessResolver(), sampler=sampler).open()
+    assert not sampler.is_open
+    assert ours_loaded() == []
