@@ -181,11 +181,12 @@ def injected_lib(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Builds the library and the fakes (a no-op when `make build` already has) and injects a private copy.
 
     Uprobes (and their semaphores) belong to a file: an agent attached to the built library elsewhere on the machine
-    must not count as attached to these workloads.
+    must not count as attached to these workloads, and an agent running meanwhile (discovering injected processes by
+    the library's file name) must not find them.
     """
     for folder in (NATIVE_LIB.parent, FAKES):
         subprocess.run(["make", "-s", "-C", str(folder)], check=True, capture_output=True, timeout=600)
-    copy = tmp_path_factory.mktemp("lib") / NATIVE_LIB.name
+    copy = tmp_path_factory.mktemp("lib") / "inject-under-test.so"
     copy.write_bytes(NATIVE_LIB.read_bytes())
     return copy
 

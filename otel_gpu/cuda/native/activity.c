@@ -9,6 +9,7 @@
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <cupti_activity.h>
 
@@ -115,6 +116,37 @@ void activity_forget_before(uint64_t window_id)
     pthread_mutex_unlock(&filter_lock);
 }
 
+/* Sampled eager launches whose GPU work has not arrived yet (graph launches are not counted: they never leave). */
+static uint32_t outstanding(void)
+{
+    uint32_t count = 0;
+    pthread_mutex_lock(&filter_lock);
+    for (uint32_t i = 0; i < FILTER_SLOTS; i++)
+        if (filter[i].correlation_id != FILTER_EMPTY && filter[i].correlation_id != FILTER_TOMBSTONE &&
+            !filter[i].is_graph)
+            count++;
+    pthread_mutex_unlock(&filter_lock);
+    return count;
+}
+
+/*
+ * Hands over everything CUPTI holds before the process (or a context) goes away. A plain flush returns only buffers
+ * whose records are all complete, a forced one also returns running kernels with a zero end (never delivered again),
+ * so: plain flushes until the sampled launches' work has arrived or max_wait_ns has passed, then a forced one.
+ */
+void activity_drain(uint64_t max_wait_ns)
+{
+    uint64_t deadline = monotonic_ns() + max_wait_ns;
+    for (;;) {
+        g_cupti.activity_flush_all(0);
+        if (outstanding() == 0 || monotonic_ns() >= deadline)
+            break;
+        struct timespec pause = {0, 2000000}; /* 2 ms */
+        nanosleep(&pause, NULL);
+    }
+    g_cupti.activity_flush_all(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
+}
+
 uint64_t activity_take_dropped(void)
 {
     return atomic_exchange(&dropped, 0);
@@ -160,6 +192,15 @@ static void copy_name(struct otel_gpu_activity *out, const char *name)
     out->name_len = (uint32_t)len;
 }
 
+/* A forced flush hands back work still running with a zero end; a sampled record without valid times is lost. */
+static int valid_times(uint64_t start, uint64_t end)
+{
+    if (start != 0 && end >= start)
+        return 1;
+    atomic_fetch_add(&dropped, 1);
+    return 0;
+}
+
 /* Converts one CUPTI record; returns 0 when it is not one the agent wants. */
 static int convert(const CUpti_Activity *record, struct otel_gpu_activity *out)
 {
@@ -169,7 +210,7 @@ static int convert(const CUpti_Activity *record, struct otel_gpu_activity *out)
     case CUPTI_ACTIVITY_KIND_KERNEL:
     case CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL: {
         const CUpti_ActivityKernel10 *k = (const CUpti_ActivityKernel10 *)record;
-        if (!filter_take(k->correlationId))
+        if (!filter_take(k->correlationId) || !valid_times(k->start, k->end))
             return 0;
         out->kind = OTEL_GPU_ACTIVITY_KERNEL;
         out->correlation_id = k->correlationId;
@@ -183,7 +224,7 @@ static int convert(const CUpti_Activity *record, struct otel_gpu_activity *out)
     }
     case CUPTI_ACTIVITY_KIND_MEMCPY: {
         const CUpti_ActivityMemcpy6 *m = (const CUpti_ActivityMemcpy6 *)record;
-        if (!filter_take(m->correlationId))
+        if (!filter_take(m->correlationId) || !valid_times(m->start, m->end))
             return 0;
         out->kind = OTEL_GPU_ACTIVITY_MEMCPY;
         out->correlation_id = m->correlationId;
@@ -201,7 +242,7 @@ static int convert(const CUpti_Activity *record, struct otel_gpu_activity *out)
     }
     case CUPTI_ACTIVITY_KIND_MEMSET: {
         const CUpti_ActivityMemset4 *s = (const CUpti_ActivityMemset4 *)record;
-        if (!filter_take(s->correlationId))
+        if (!filter_take(s->correlationId) || !valid_times(s->start, s->end))
             return 0;
         out->kind = OTEL_GPU_ACTIVITY_MEMSET;
         out->correlation_id = s->correlationId;

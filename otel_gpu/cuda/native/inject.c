@@ -33,6 +33,8 @@ struct inject_state g_state;
 
 static _Atomic int initialized;
 
+#define CONTEXT_DRAIN_NS 200000000ull /* a context being destroyed: wait up to 200 ms for its sampled work */
+
 uint64_t now_ns(void)
 {
     uint64_t ts = 0;
@@ -219,7 +221,7 @@ static void CUPTIAPI on_api(void *userdata, CUpti_CallbackDomain domain, CUpti_C
         /* The context's records go with it: hand over what CUPTI holds (no lock: CUPTI's flush is thread-safe, and
          * the controller may be waiting on the driver this thread is in). */
         if (atomic_load(&g_state.attached))
-            g_cupti.activity_flush_all(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
+            activity_drain(CONTEXT_DRAIN_NS);
         return;
     }
     if (domain != CUPTI_CB_DOMAIN_DRIVER_API || cbid >= CUPTI_DRIVER_TRACE_CBID_SIZE)

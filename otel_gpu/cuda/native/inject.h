@@ -88,6 +88,7 @@ int activity_enable(int enable);
 void activity_remember(uint32_t correlation_id, uint64_t window_id, int is_graph);
 void activity_forget_before(uint64_t window_id);
 uint64_t activity_take_dropped(void);
+void activity_drain(uint64_t max_wait_ns);
 
 /* stack.c */
 void stack_init(void);

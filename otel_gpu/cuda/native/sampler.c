@@ -29,6 +29,7 @@
 #define FRACTION_MAX 0.2
 #define KEEP_WINDOWS 4                   /* graph launches' ids are kept for this many windows */
 #define WAIT_EVERY_MAX (1u << 20)
+#define EXIT_DRAIN_NS 200000000ull       /* at exit, wait up to 200 ms for sampled launches' GPU work */
 
 static pthread_t controller;
 static pthread_mutex_t ctl_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -151,7 +152,7 @@ static void detach_locked(void)
     close_window_locked(0);
     cbids_enable_waits(0);
     atomic_store(&g_state.attached, 0);
-    g_cupti.activity_flush_all(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
+    g_cupti.activity_flush_all(0); /* the rest arrives through the still registered buffer callbacks */
     cupti_release();
 }
 
@@ -233,8 +234,8 @@ void sampler_stop_and_flush(void)
         stopped = 1;
         atomic_store(&g_state.stopping, 1);
         if (atomic_load(&g_state.attached)) {
-            close_window_locked(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
-            g_cupti.activity_flush_all(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
+            close_window_locked(0);
+            activity_drain(EXIT_DRAIN_NS);
         }
         pthread_cond_broadcast(&ctl_wake);
     }

@@ -4,8 +4,8 @@
  * the driver calls whose callbacks are enabled, with real CUpti_CallbackData (correlation id, correlationData shared
  * between entry and exit), and it turns the driver's synthetic GPU work into activity records of the real CUDA 13
  * layouts (CUpti_ActivityKernel10, CUpti_ActivityMemcpy6, CUpti_ActivityMemset4) while those kinds are enabled,
- * delivered through the registered buffer callbacks on cuptiActivityFlushAll: records of finished work, or all of
- * them with CUPTI_ACTIVITY_FLAG_FLUSH_FORCED. Resource domain: CONTEXT_DESTROY_STARTING only.
+ * delivered through the registered buffer callbacks on cuptiActivityFlushAll: records of finished work; with
+ * CUPTI_ACTIVITY_FLAG_FLUSH_FORCED also the work still running, with a zero end, never delivered again (as CUPTI does). Resource domain: CONTEXT_DESTROY_STARTING only.
  *
  * FAKE_CUPTI_STATS=<path> writes counters at exit ("name value" lines): api_callbacks, resource_callbacks, records_produced,
  * records_delivered, records_dropped, enable_calls, subscribes. One subscriber at a time, as the real CUPTI.
@@ -80,6 +80,27 @@ static uint64_t record_end(const union any_record *r)
     default:
         return r->kernel.end;
     }
+}
+
+/* What a forced flush hands back for work still running: a zero end (and a zero start if it has not started). */
+static union any_record unfinished(union any_record r, uint64_t now)
+{
+    switch (r.header.kind) {
+    case CUPTI_ACTIVITY_KIND_MEMCPY:
+        r.memcpy.end = 0;
+        r.memcpy.start = r.memcpy.start <= now ? r.memcpy.start : 0;
+        break;
+    case CUPTI_ACTIVITY_KIND_MEMSET:
+        r.memset.end = 0;
+        r.memset.start = r.memset.start <= now ? r.memset.start : 0;
+        break;
+    default:
+        r.kernel.end = 0;
+        r.kernel.completed = 0;
+        r.kernel.start = r.kernel.start <= now ? r.kernel.start : 0;
+        break;
+    }
+    return r;
 }
 
 /* --- the tracer the fake driver calls ------------------------------------------------------------------------ */
@@ -375,8 +396,10 @@ API CUptiResult CUPTIAPI cuptiActivityFlushAll(uint32_t flag)
     union any_record *ready = malloc((pending_count ? pending_count : 1) * sizeof(*ready));
     size_t ready_count = 0, kept = 0;
     for (size_t i = 0; ready && i < pending_count; i++) {
-        if (forced || record_end(&pending[i]) <= now)
+        if (record_end(&pending[i]) <= now)
             ready[ready_count++] = pending[i];
+        else if (forced)
+            ready[ready_count++] = unfinished(pending[i], now); /* handed back once, never again */
         else
             pending[kept++] = pending[i];
     }
