@@ -125,7 +125,8 @@ class GPUTimeSource:
         if not Path("/sys/kernel/btf/vmlinux").exists():
             raise SourceUnavailable("GPU-time profiling needs a kernel with BTF (/sys/kernel/btf/vmlinux)")
         try:
-            self._bpf = BPFObject(self._program_path, max_entries={"events": self._ringbuf_bytes})
+            self._bpf = BPFObject(self._program_path, max_entries={"events": self._ringbuf_bytes},
+                                  rodata={"wakeup_bytes": self._ringbuf_bytes // 4})
             self._ring = self._bpf.ring_buffer("events", self._on_record)
         except (BPFError, OSError) as exc:
             if self._bpf is not None:
@@ -199,7 +200,9 @@ class GPUTimeSource:
             try:
                 with self._ring_lock:
                     if self._ring is not None:
+                        # the program wakes us only when the buffer fills up; otherwise read every poll interval
                         self._ring.poll(timeout_ms)
+                        self._ring.consume()
                 if time.monotonic() - self._last_scan >= self._rescan_interval_s:
                     self.rescan()
             except Exception:  # loop boundary: keep polling

@@ -26,6 +26,10 @@ struct {
     __type(value, __u64);
 } drops SEC(".maps");
 
+/* Wake the reader only once this many bytes wait in the ring buffer (0: after every record). The agent reads the
+ * buffer every poll interval anyway, so waking it per record would only cost context switches. */
+const volatile __u64 wakeup_bytes = 0;
+
 #define STACK_RECORD_BYTES (sizeof(struct otel_gpu_event) + sizeof(struct otel_gpu_kstack) + OTEL_GPU_MAX_RECORD)
 
 static __always_inline void count_drop(__u32 reason)
@@ -33,6 +37,13 @@ static __always_inline void count_drop(__u32 reason)
     __u64 *value = bpf_map_lookup_elem(&drops, &reason);
     if (value)
         *value += 1;
+}
+
+static __always_inline __u64 submit_flags(void)
+{
+    if (wakeup_bytes == 0 || bpf_ringbuf_query(&events, BPF_RB_AVAIL_DATA) >= wakeup_bytes)
+        return BPF_RB_FORCE_WAKEUP;
+    return BPF_RB_NO_WAKEUP;
 }
 
 static __always_inline void fill_event(struct otel_gpu_event *event, __u32 type, __u32 payload_len)
@@ -71,7 +82,7 @@ static __always_inline int emit_with_stack(struct pt_regs *ctx, __u32 type, cons
         bpf_ringbuf_discard(buf, 0);
         return 0;
     }
-    bpf_ringbuf_submit(buf, 0);
+    bpf_ringbuf_submit(buf, submit_flags());
     return 0;
 }
 
@@ -108,7 +119,7 @@ int BPF_USDT(otel_gpu_activity, const struct otel_gpu_activity *recs, __u64 coun
             bpf_ringbuf_discard(buf, 0);
             continue;
         }
-        bpf_ringbuf_submit(buf, 0);
+        bpf_ringbuf_submit(buf, submit_flags());
     }
     return 0;
 }
@@ -127,6 +138,6 @@ int BPF_USDT(otel_gpu_window, const struct otel_gpu_window *rec)
         bpf_ringbuf_discard(buf, 0);
         return 0;
     }
-    bpf_ringbuf_submit(buf, 0);
+    bpf_ringbuf_submit(buf, submit_flags());
     return 0;
 }
