@@ -772,3 +772,23 @@ def test_an_attached_uprobe_turns_the_library_on(injected_lib: Path, tmp_path: P
     assert [w.window_id for w in records.windows] == list(range(1, len(records.windows) + 1))
     assert second_session[0].elapsed_ns < first_session[-1].elapsed_ns  # a new session: totals restart
     assert second_session[0].covered_ns == second_session[0].end_ns - second_session[0].start_ns
+
+
+@pytest.mark.parametrize("python", _interpreters())
+@pytest.mark.parametrize("variant", ["thread-generator", "deep", "unicode"])
+def test_python_frames_of_threads_generators_deep_stacks_and_unicode_names(
+    injected_lib: Path, tmp_path: Path, python: str, variant: str
+) -> None:
+    argv = [python, str(PY_WORKLOAD), str(FAKES / "libcuda.so.1"), "--steps", "150", "--variant", variant]
+    run = run_workload(injected_lib, tmp_path, [*argv, "--release-gil"])
+    assert run.records.launches
+    for launch in run.records.launches:
+        names = [name for name, _, _ in python_frames(launch.stack)]
+        assert names[:2] == ["Driver.call", "Driver.launch"] and names[3:5] == ["forward", "train_step"]
+        if variant == "thread-generator":
+            assert names[5:8] == ["steps_generator", "worker", "Thread.run"]
+        elif variant == "deep":
+            assert launch.stack.python_count == MAX_PYTHON and launch.stack.flags & 4  # cut, innermost kept
+            assert set(names[5:]) == {"recurse"}
+        else:
+            assert names[5:] == ["schritt_über", "main", "<module>"]

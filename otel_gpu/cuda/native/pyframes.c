@@ -37,12 +37,13 @@ struct py_layout {
     size_t ascii_size;             /* sizeof(PyASCIIObject): where compact ASCII data starts */
     size_t compact_utf8_length;
     size_t compact_utf8;
+    size_t compact_size;           /* sizeof(PyCompactUnicodeObject): where compact non-ASCII data starts */
 };
 
 static const struct py_layout layouts[] = {
-    {0x030B0000, 1, 56, 8, 32, 48, 56, 69, -1, 112, 128, 72, 136, 168, 184, 48, 48, 56},
-    {0x030C0000, 1, 56, 0, 0, 8, 56, 70, 3, 112, 128, 68, 136, 176, 192, 40, 40, 48},
-    {0x030D0000, 0, 72, 0, 0, 8, 56, 70, 3, 112, 128, 68, 136, 184, 200, 40, 40, 48},
+    {0x030B0000, 1, 56, 8, 32, 48, 56, 69, -1, 112, 128, 72, 136, 168, 184, 48, 48, 56, 72},
+    {0x030C0000, 1, 56, 0, 0, 8, 56, 70, 3, 112, 128, 68, 136, 176, 192, 40, 40, 48, 56},
+    {0x030D0000, 0, 72, 0, 0, 8, 56, 70, 3, 112, 128, 68, 136, 184, 200, 40, 40, 48, 56},
 };
 
 #define OB_TYPE 8         /* offsetof(PyObject, ob_type) */
@@ -97,19 +98,52 @@ static uint32_t put_bytes(struct otel_gpu_stack *stack, const char *s, size_t le
     return at;
 }
 
-/* A str's UTF-8 text when it is available without converting: compact ASCII, or an already cached UTF-8 copy. */
+/* Appends code points (1, 2 or 4 bytes each) as UTF-8. */
+static uint32_t put_code_points(struct otel_gpu_stack *stack, const void *data, int kind, size_t length)
+{
+    char utf8[OTEL_GPU_MAX_NAME];
+    size_t used = 0;
+    for (size_t i = 0; i < length; i++) {
+        uint32_t c = kind == 1 ? ((const uint8_t *)data)[i]
+                   : kind == 2 ? ((const uint16_t *)data)[i]
+                               : ((const uint32_t *)data)[i];
+        if (used + 4 >= sizeof(utf8))
+            break; /* a name this long is cut */
+        if (c < 0x80) {
+            utf8[used++] = (char)c;
+        } else if (c < 0x800) {
+            utf8[used++] = (char)(0xC0 | (c >> 6));
+            utf8[used++] = (char)(0x80 | (c & 0x3F));
+        } else if (c < 0x10000) {
+            utf8[used++] = (char)(0xE0 | (c >> 12));
+            utf8[used++] = (char)(0x80 | ((c >> 6) & 0x3F));
+            utf8[used++] = (char)(0x80 | (c & 0x3F));
+        } else {
+            utf8[used++] = (char)(0xF0 | (c >> 18));
+            utf8[used++] = (char)(0x80 | ((c >> 12) & 0x3F));
+            utf8[used++] = (char)(0x80 | ((c >> 6) & 0x3F));
+            utf8[used++] = (char)(0x80 | (c & 0x3F));
+        }
+    }
+    return put_bytes(stack, utf8, used);
+}
+
+/* A str's text as UTF-8, from the string's own storage (compact strings: every str the compiler makes). */
 static uint32_t put_str(struct otel_gpu_stack *stack, const void *str)
 {
     if (!is_type(str, unicode_type))
         return put_bytes(stack, "?", 1);
     uint32_t state = AT(str, STR_STATE, uint32_t);
-    int compact = (state >> 5) & 1, ascii = (state >> 6) & 1;
-    if (compact && ascii)
-        return put_bytes(stack, (const char *)str + layout->ascii_size, (size_t)AT(str, STR_LENGTH, ssize_t));
-    const char *utf8 = compact ? AT(str, layout->compact_utf8, const char *) : NULL;
-    if (utf8 == NULL)
+    int kind = (state >> 2) & 7, compact = (state >> 5) & 1, ascii = (state >> 6) & 1;
+    size_t length = (size_t)AT(str, STR_LENGTH, ssize_t);
+    if (!compact || (kind != 1 && kind != 2 && kind != 4))
         return put_bytes(stack, "?", 1);
-    return put_bytes(stack, utf8, (size_t)AT(str, layout->compact_utf8_length, ssize_t));
+    if (ascii)
+        return put_bytes(stack, (const char *)str + layout->ascii_size, length);
+    const char *utf8 = AT(str, layout->compact_utf8, const char *);
+    if (utf8 != NULL)
+        return put_bytes(stack, utf8, (size_t)AT(str, layout->compact_utf8_length, ssize_t));
+    return put_code_points(stack, (const char *)str + layout->compact_size, kind, length);
 }
 
 static int read_varint(const uint8_t **p, const uint8_t *end)

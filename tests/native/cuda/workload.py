@@ -7,13 +7,18 @@
 
 By default the driver is loaded with ctypes.PyDLL, which keeps the GIL during the calls, like PyTorch's launches;
 --release-gil loads it with ctypes.CDLL, which releases the GIL around every call (no Python frames can be read then).
-usage: workload.py LIBCUDA [--steps N] [--release-gil]
+--variant picks where the launches come from: "plain" (above), "thread-generator" (a worker thread pulls steps from a
+generator, which launches: the generator's frame is part of the stack), "deep" (train_step called 100 calls deep
+through recurse(), beyond the 64 Python frames a record holds) or "unicode" (a launching function with a non-ASCII
+name).
+usage: workload.py LIBCUDA [--steps N] [--release-gil] [--variant plain|thread-generator|deep|unicode]
 """
 
 from __future__ import annotations
 
 import argparse
 import ctypes
+import threading
 
 MODULE_TEXT = b"matmul_kernel=2000000\nrelu_kernel=500000\n"
 
@@ -85,16 +90,48 @@ def train_step(driver: Driver) -> None:
     sync_point(driver)
 
 
+def steps_generator(driver: Driver, steps: int):  # type: ignore[no-untyped-def]
+    for step in range(steps):
+        train_step(driver)
+        yield step
+
+
+def worker(driver: Driver, steps: int) -> None:
+    for _ in steps_generator(driver, steps):
+        pass
+
+
+def recurse(driver: Driver, depth: int) -> None:
+    if depth == 0:
+        train_step(driver)
+    else:
+        recurse(driver, depth - 1)
+
+
+def schritt_über(driver: Driver) -> None:
+    train_step(driver)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("libcuda")
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--release-gil", action="store_true")
+    parser.add_argument("--variant", choices=["plain", "thread-generator", "deep", "unicode"], default="plain")
     args = parser.parse_args()
     driver = Driver(args.libcuda, args.release_gil)
     driver.setup()
-    for _ in range(args.steps):
-        train_step(driver)
+    if args.variant == "thread-generator":
+        thread = threading.Thread(target=worker, args=(driver, args.steps), name="launcher")
+        thread.start()
+        thread.join()
+    for _ in range(args.steps if args.variant != "thread-generator" else 0):
+        if args.variant == "deep":
+            recurse(driver, 100)
+        elif args.variant == "unicode":
+            schritt_über(driver)
+        else:
+            train_step(driver)
     print(f"site launch_matmul matmul_kernel {args.steps} {args.steps * 2000000}")
     print(f"site launch_relu relu_kernel {args.steps} {args.steps * 500000}")
 
