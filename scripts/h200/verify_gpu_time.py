@@ -263,7 +263,7 @@ def step_known(source: GPUTimeSource | None, lines: list[str], results: dict[str
     assert isinstance(measuring, WindowedSource)
     if bpf:
         measuring.drain()  # start from an empty interval
-    run_program(["known", "25", str(run_json)], inject=True, timeout_s=240, debug_file=debug, bpf=bpf)
+    run_program(["known", "40", str(run_json)], inject=True, timeout_s=240, debug_file=debug, bpf=bpf)
     measured = json.loads(run_json.read_text())
     pid = measured["pid"]
     if not bpf:
