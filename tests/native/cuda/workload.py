@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import threading
+from collections.abc import Iterator
 
 MODULE_TEXT = b"matmul_kernel=2000000\nrelu_kernel=500000\n"
 
@@ -90,7 +91,7 @@ def train_step(driver: Driver) -> None:
     sync_point(driver)
 
 
-def steps_generator(driver: Driver, steps: int):  # type: ignore[no-untyped-def]
+def steps_generator(driver: Driver, steps: int) -> Iterator[int]:
     for step in range(steps):
         train_step(driver)
         yield step
