@@ -30,6 +30,10 @@ struct {
  * buffer every poll interval anyway, so waking it per record would only cost context switches. */
 const volatile __u64 wakeup_bytes = 0;
 
+#define STACK_OFFSET __builtin_offsetof(struct otel_gpu_launch, stack)
+_Static_assert(__builtin_offsetof(struct otel_gpu_launch, stack) == __builtin_offsetof(struct otel_gpu_sync, stack),
+               "launch and sync records keep their stack at the same offset");
+
 #define STACK_RECORD_BYTES (sizeof(struct otel_gpu_event) + sizeof(struct otel_gpu_kstack) + OTEL_GPU_MAX_RECORD)
 
 static __always_inline void count_drop(__u32 reason)
@@ -76,12 +80,16 @@ static __always_inline int emit_with_stack(struct pt_regs *ctx, __u32 type, cons
 
     fill_event(event, type, rec_len);
     stack->reserved = 0;
-    stack->bytes = bpf_get_stack(ctx, stack->pcs, sizeof(stack->pcs), BPF_F_USER_STACK);
+    stack->bytes = 0;
     if (bpf_probe_read_user(payload, rec_len, rec) != 0) {
         count_drop(OTEL_GPU_DROP_READ_FAILED);
         bpf_ringbuf_discard(buf, 0);
         return 0;
     }
+    /* The kernel's unwind only when the library's is empty (both records keep their stack at the same offset). */
+    const struct otel_gpu_stack *lib_stack = payload + STACK_OFFSET;
+    if (rec_len < STACK_OFFSET + sizeof(lib_stack->native_count) || lib_stack->native_count == 0)
+        stack->bytes = bpf_get_stack(ctx, stack->pcs, sizeof(stack->pcs), BPF_F_USER_STACK);
     bpf_ringbuf_submit(buf, submit_flags());
     return 0;
 }
