@@ -2,7 +2,9 @@
 """GPUTimeSource: GPU time by launching stack, and CPU time blocked on the GPU, for every injected process.
 
 It loads programs/gpu_time.bpf.o, attaches its four USDT handlers system-wide to each distinct copy of
-libotel_gpu_inject.so it finds mapped (rescanning /proc every few seconds), polls the ring buffer on a thread,
+libotel_gpu_inject.so it finds mapped (new processes every ``rescan_interval_s``, every process again every
+``full_rescan_s``, for those that initialise CUDA late), reads the ring buffer on a thread every ``poll_interval_s``
+(the program wakes it early only when a quarter of the buffer is used),
 symbolizes each launching stack as it arrives (so a process that exits keeps its stacks), joins launches with
 their GPU activity (:mod:`otel_gpu.cuda.join`) and re-weights by the sampling windows. ``drain()`` returns the
 gpu_time and sync_wait batches of the interval; :meth:`process_counters` feeds the per-process metrics.
