@@ -15,6 +15,8 @@
 #include <stddef.h>
 #include <string.h>
 #include <sys/types.h>
+#include <sys/uio.h>
+#include <unistd.h>
 
 #include "inject.h"
 
@@ -65,6 +67,42 @@ static int is_type(const void *obj, const void *type)
     return obj != NULL && AT(obj, OB_TYPE, const void *) == type;
 }
 
+/* Reads len bytes at addr of this process without faulting (process_vm_readv fails on unmapped memory). */
+static int safe_read(const void *addr, void *out, size_t len)
+{
+    struct iovec local = {out, len}, remote = {(void *)addr, len};
+    return process_vm_readv(getpid(), &local, 1, &remote, 1, 0) == (ssize_t)len;
+}
+
+/*
+ * Walks the calling thread's frames once with reads that cannot fault: every frame's code must be a code object.
+ * Run at load time (cuInit), usually from a Python thread; without a thread state there is nothing to check.
+ */
+static int layout_checks_out(void)
+{
+    const void *tstate = this_thread_state(), *frame = NULL, *code = NULL, *type = NULL;
+    if (tstate == NULL)
+        return 1;
+    if (!safe_read((const char *)tstate + layout->tstate_frame, &frame, sizeof(frame)))
+        return 0;
+    if (layout->has_cframe && frame != NULL &&
+        !safe_read((const char *)frame + layout->cframe_current, &frame, sizeof(frame)))
+        return 0;
+    for (int checked = 0; frame != NULL && checked < 16; checked++) {
+        char owner = 0;
+        if (!safe_read((const char *)frame + layout->frame_owner, &owner, 1) ||
+            !safe_read((const char *)frame + layout->frame_code, &code, sizeof(code)))
+            return 0;
+        if (owner != layout->owner_cstack && layout->minor_hex != 0x030D0000) {
+            if (code == NULL || !safe_read((const char *)code + OB_TYPE, &type, sizeof(type)) || type != code_type)
+                return 0;
+        }
+        if (!safe_read((const char *)frame + layout->frame_previous, &frame, sizeof(frame)))
+            return 0;
+    }
+    return 1;
+}
+
 int pyframes_init(void)
 {
     const unsigned long *version = dlsym(RTLD_DEFAULT, "Py_Version");
@@ -82,6 +120,10 @@ int pyframes_init(void)
     for (size_t i = 0; i < sizeof(layouts) / sizeof(layouts[0]); i++)
         if ((*version & 0xFFFF0000ul) == layouts[i].minor_hex)
             layout = &layouts[i];
+    if (layout != NULL && !layout_checks_out()) {
+        log_once("this CPython's frame layout is not the expected one; Python frames only when the GIL is held");
+        layout = NULL;
+    }
     return layout != NULL;
 }
 
