@@ -8,8 +8,10 @@ A source that cannot start (no NVIDIA driver, no BTF, no privileges) is logged o
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
+import re
 import signal
 import threading
 import time
@@ -20,6 +22,7 @@ from otel_gpu import selfmetrics, semconv
 from otel_gpu.config import AgentConfig
 from otel_gpu.errors import SourceUnavailable
 from otel_gpu.procfs import ProcessResolver
+from otel_gpu.profiles.model import ProfileBatch
 from otel_gpu.resource import agent_resource
 
 _logger = logging.getLogger(__name__)
@@ -158,6 +161,8 @@ class Agent:
                                   otel_gpu__source=name)
             batches = drained if isinstance(drained, list) else [drained]
             for batch in batches:
+                if batch is not None and name == "gpu_time":
+                    batch = self._keep_selected(batch)
                 if batch is None or not batch.processes:
                     continue
                 for exporter in exporters:
@@ -167,6 +172,21 @@ class Agent:
                         _logger.exception("profile exporter %s failed", getattr(exporter, "name", exporter))
 
     # --- helpers ---------------------------------------------------------------------------------------------------
+
+    def _keep_selected(self, batch: ProfileBatch) -> ProfileBatch:
+        """``batch`` with only the processes ``--pid``, ``--process-name`` and ``--container-id`` select.
+
+        The CPU sampler filters in the kernel; GPU-time records come from injected processes only, so they are
+        filtered here, after the fact."""
+        profiling = self.config.profiling
+        if not (profiling.pids or profiling.process_name or profiling.container_id):
+            return batch
+        name_re = re.compile(profiling.process_name) if profiling.process_name else None
+        kept = tuple(p for p in batch.processes
+                     if (not profiling.pids or p.process.pid in profiling.pids)
+                     and (name_re is None or name_re.search(p.process.executable_name))
+                     and (not profiling.container_id or p.process.container_id.startswith(profiling.container_id)))
+        return dataclasses.replace(batch, processes=kept)
 
     def _destinations(self) -> str:
         config = self.config
