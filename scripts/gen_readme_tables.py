@@ -1,0 +1,62 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
+"""Regenerate the configuration and metric tables of README.md from otel_gpu.config and otel_gpu.semconv.
+
+    .venv/bin/python scripts/gen_readme_tables.py          rewrite README.md in place
+    .venv/bin/python scripts/gen_readme_tables.py --check  exit 1 when README.md is out of date (a test runs this)
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from otel_gpu import config, semconv  # noqa: E402
+
+
+def config_table() -> str:
+    defaults = config.AgentConfig()
+    rows = ["| flag | environment | YAML key | default | meaning |", "|---|---|---|---|---|"]
+    for option in config.OPTIONS:
+        default = config._render(config._get(defaults, option.path), option)
+        flag = option.flag + (f" / --no-{option.flag[2:]}" if option.boolean else "")
+        choices = f" ({', '.join(c for c in option.choices if c)})" if option.choices else ""
+        env = ", ".join(f"`{name}`" for name in option.env)
+        rows.append(f"| `{flag}` | {env} | `{option.path}` | `{default}` | {option.help}{choices} |")
+    return "\n".join(rows)
+
+
+def metric_table() -> str:
+    rows = ["| OpenTelemetry name | instrument | unit | Prometheus name | meaning |", "|---|---|---|---|---|"]
+    for spec in semconv.GPU_METRICS + semconv.GPU_TIME_METRICS + semconv.SELF_METRICS:
+        rows.append(f"| `{spec.name}` | {spec.instrument} | `{spec.unit}` | `{semconv.prometheus_name(spec)}` "
+                    f"| {spec.description} |")
+    return "\n".join(rows)
+
+
+def render(text: str) -> str:
+    for name, table in (("config", config_table()), ("metrics", metric_table())):
+        text = re.sub(rf"(<!-- {name}-table -->\n).*?(\n<!-- /{name}-table -->)",
+                      lambda m, t=table: m.group(1) + t + m.group(2), text, flags=re.S)
+    return text
+
+
+def main() -> int:
+    readme = REPO / "README.md"
+    current = readme.read_text()
+    fresh = render(current)
+    if "--check" in sys.argv:
+        if fresh != current:
+            print("README.md tables are out of date: run scripts/gen_readme_tables.py", file=sys.stderr)
+            return 1
+        return 0
+    readme.write_text(fresh)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
