@@ -1,17 +1,28 @@
 # SPDX-License-Identifier: Apache-2.0
-"""A small, fast reader of 64-bit little-endian ELF files: function symbols (.symtab and .dynsym), the GNU build id
-and the PT_LOAD segments that translate a file offset into a link-time virtual address (which is how PIE and
-shared-library load bias is removed). Reads only headers, notes and symbol tables, through mmap.
+"""A small, memory-bounded reader of 64-bit little-endian ELF files: function symbols (.symtab and .dynsym), the GNU
+build id and the PT_LOAD segments that translate a file offset into a link-time virtual address (which is how PIE
+and shared-library load bias is removed).
+
+Huge binaries (libtorch_cpu.so: 530,000 symbols and 76 MB of mostly C++ names) cost little: headers, notes and
+symbol tables are read with ``pread`` in chunks of at most :data:`_CHUNK_BYTES` (nothing is mapped, so no file page
+stays resident), only function start addresses, sizes and the file offsets of their names are kept (about 16 bytes
+per function), and a name is read from the file only when an address resolves to it, then kept in a small LRU.
+The file stays open (one descriptor per :class:`ElfSymbols`) so names remain readable after the file is deleted or
+its process exits; the descriptor is closed when the object is garbage or :meth:`ElfSymbols.close` is called.
 """
 
 from __future__ import annotations
 
 import bisect
-import mmap
+import heapq
 import os
 import struct
+import weakref
 from array import array
+from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
+from operator import itemgetter
 
 _EHDR = struct.Struct("<16sHHIQQQIHHHHHH")
 _PHDR = struct.Struct("<IIQQQQQQ")
@@ -26,6 +37,14 @@ _SHT_DYNSYM = 11
 _STT_FUNC = 2
 _STT_GNU_IFUNC = 10
 _NT_GNU_BUILD_ID = 3
+_CHUNK_BYTES = 16384 * _SYM.size  # symbols read (and sorted) per pread: 384 KiB
+_MAX_NOTES_BYTES = 1 << 16  # build-id notes sit in the first notes of a file; never read more than this
+_MAX_NAME_BYTES = 1 << 20  # a longer "name" is a corrupt string table
+_NAME_CACHE_ENTRIES = 1024  # resolved names kept per file
+_NAME_CACHE_BYTES = 256 * 1024  # what the name cache is counted as in size_bytes (C++ names average ~200 bytes)
+_MAX_SIZE = 0xFFFFFFFF  # sizes are stored in 32 bits: a bigger one is clamped (no function is 4 GiB long)
+_get_first = itemgetter(0)
+_Read = Callable[[int, int], bytes]  # (offset, size) -> at most size bytes
 
 
 class ElfError(ValueError):
@@ -41,11 +60,42 @@ class Segment:
     file_size: int
 
 
+class _Source:
+    """Random-access reads from an open file (``pread``) or an in-memory image; owns the file descriptor."""
+
+    def __init__(self, path: str, image: bytes | None) -> None:
+        self._image = image
+        self._fd = -1
+        if image is not None:
+            self.size = len(image)
+            self._closer = None
+            return
+        self._fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        self._closer = weakref.finalize(self, os.close, self._fd)
+        try:
+            self.size = os.fstat(self._fd).st_size
+        except OSError:
+            self.close()
+            raise
+
+    def read(self, offset: int, size: int) -> bytes:
+        """Up to ``size`` bytes at ``offset`` (fewer at the end of the file); raises OSError."""
+        if offset < 0 or size <= 0:
+            return b""
+        if self._image is not None:
+            return self._image[offset:offset + size]
+        return os.pread(self._fd, size, offset)
+
+    def close(self) -> None:
+        if self._closer is not None:
+            self._closer()
+
+
 class ElfSymbols:
     """Function symbols of one ELF file, sorted by address, with its build id and load segments.
 
-    Stored compactly (two address arrays and one byte string of names, about 20 bytes plus the name per symbol);
-    names are decoded when looked up."""
+    Holds per function its start address (8 bytes), size (4 bytes) and the file offset of its name (4 bytes, 8 for
+    files over 4 GiB); names are read from the file when looked up and the last :data:`_NAME_CACHE_ENTRIES` kept."""
 
     def __init__(self, path: str, image: bytes | None = None) -> None:
         """Read the ELF file at ``path``, or the in-memory ``image`` (then ``path`` only names it)."""
@@ -53,21 +103,18 @@ class ElfSymbols:
         self.build_id = ""
         self.has_symtab = False  # False: only exported (.dynsym) names; a separate debug file may have the rest
         self.segments: list[Segment] = []
+        self._source = _Source(path, image)
         self._starts = array("Q")
-        self._ends = array("Q")
-        self._name_ends = array("I")
-        self._names = b""
-        if image is not None:
-            if len(image) < _EHDR.size:
+        self._sizes = array("I")  # 0: unknown, the function runs up to the next one
+        self._name_at = array("I" if self._source.size < 1 << 32 else "Q")  # file offset of the NUL-ended name
+        self._names: OrderedDict[int, str] = OrderedDict()  # symbol index -> name, least recently used first
+        try:
+            if self._source.size < _EHDR.size:
                 raise ElfError(f"{path}: too small for an ELF header")
-            self._parse(image)  # type: ignore[arg-type]  # bytes offer what the parser uses of mmap
-            return
-        with open(path, "rb") as handle:
-            size = os.fstat(handle.fileno()).st_size
-            if size < _EHDR.size:
-                raise ElfError(f"{path}: too small for an ELF header")
-            with mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as data:
-                self._parse(data)
+            self._parse()
+        except BaseException:
+            self._source.close()
+            raise
 
     @property
     def symbol_count(self) -> int:
@@ -75,16 +122,17 @@ class ElfSymbols:
 
     @property
     def size_bytes(self) -> int:
-        """Approximate memory held by the symbol table."""
-        return len(self._names) + 20 * len(self._starts)
+        """Approximate memory held by the symbol table and its name cache, in bytes."""
+        return (self._starts.itemsize + self._sizes.itemsize + self._name_at.itemsize) * len(self._starts) + \
+            min(_NAME_CACHE_BYTES, 256 * len(self._starts))
+
+    def close(self) -> None:
+        """Close the file now (later lookups still find functions but name them "")."""
+        self._source.close()
 
     def symbols(self) -> list[tuple[int, str]]:
-        """Every (link-time address, name), sorted by address."""
-        return [(self._starts[i], self._name(i)) for i in range(len(self._starts))]
-
-    def _name(self, index: int) -> str:
-        begin = self._name_ends[index - 1] if index else 0
-        return self._names[begin:self._name_ends[index]].decode(errors="replace")
+        """Every (link-time address, name), sorted by address (reads every name: meant for tests and tools)."""
+        return [(self._starts[i], self._read_name(i)) for i in range(len(self._starts))]
 
     def vaddr_of(self, file_offset: int) -> int | None:
         """The link-time virtual address of ``file_offset``, None when no loadable segment holds it."""
@@ -95,115 +143,178 @@ class ElfSymbols:
 
     def add_symbols_from(self, debug: ElfSymbols) -> None:
         """Take the symbol table of ``debug`` (a separate debug file of this same build) in place of this one's."""
-        self._starts, self._ends, self._name_ends, self._names = (debug._starts, debug._ends, debug._name_ends,
-                                                                  debug._names)
+        self._starts, self._sizes, self._name_at = debug._starts, debug._sizes, debug._name_at
+        self._source.close()
+        self._source = debug._source  # names are now read from the debug file, kept open by this object
+        self._names = OrderedDict()
         self.has_symtab = debug.has_symtab
 
     def lookup(self, vaddr: int) -> tuple[str, int] | None:
         """(symbol name, offset into it) of the function containing link-time address ``vaddr``, or None."""
-        index = bisect.bisect_right(self._starts, vaddr) - 1
-        if index < 0 or vaddr >= self._ends[index]:
+        starts = self._starts
+        index = bisect.bisect_right(starts, vaddr) - 1
+        if index < 0:
             return None
-        return self._name(index), vaddr - self._starts[index]
+        start = starts[index]
+        size = self._sizes[index]
+        if size:
+            end = start + size
+        else:  # unknown size: up to the next symbol
+            end = starts[index + 1] if index + 1 < len(starts) else start + 1
+        if vaddr >= end:
+            return None
+        return self._name(index), vaddr - start
+
+    def _name(self, index: int) -> str:
+        names = self._names
+        name = names.get(index)
+        if name is not None:
+            names.move_to_end(index)
+            return name
+        name = self._read_name(index)
+        names[index] = name
+        if len(names) > _NAME_CACHE_ENTRIES:
+            names.popitem(last=False)
+        return name
+
+    def _read_name(self, index: int) -> str:
+        """The NUL-ended name at its file offset ("" when the file cannot be read any more)."""
+        offset = self._name_at[index]
+        want = 128
+        found = b""
+        try:
+            while True:
+                found = self._source.read(offset, want)
+                end = found.find(b"\0")
+                if end >= 0:
+                    found = found[:end]
+                    break
+                if len(found) < want or want >= _MAX_NAME_BYTES:
+                    break  # end of the file or a corrupt table: keep what was read
+                want *= 8
+        except OSError:
+            return ""
+        return found.decode(errors="replace")
 
     # --- parsing ---------------------------------------------------------------------------------------------------
 
-    def _parse(self, data: mmap.mmap) -> None:
+    def _parse(self) -> None:
+        read = self._source.read
         (ident, _type, _machine, _version, _entry, phoff, shoff, _flags, _ehsize, phentsize, phnum, shentsize,
-         shnum, _shstrndx) = _EHDR.unpack_from(data, 0)
+         shnum, _shstrndx) = _EHDR.unpack(read(0, _EHDR.size))
         if ident[:4] != b"\x7fELF":
             raise ElfError(f"{self.path}: not an ELF file")
         if ident[4] != 2 or ident[5] != 1:
             raise ElfError(f"{self.path}: only 64-bit little-endian ELF is supported")
-        for i in range(phnum):
-            p_type, _pf, p_offset, p_vaddr, _pa, p_filesz, _pm, _al = _PHDR.unpack_from(data, phoff + i * phentsize)
+        for p_type, p_offset, p_vaddr, p_filesz in _program_headers(read, phoff, phentsize, phnum):
             if p_type == _PT_LOAD:
                 self.segments.append(Segment(p_offset, p_vaddr, p_filesz))
             elif p_type == _PT_NOTE and not self.build_id:
-                self.build_id = _build_id(data, p_offset, p_filesz)
-        sections = [_SHDR.unpack_from(data, shoff + i * shentsize) for i in range(shnum)] if shoff else []
-        starts, sizes, name_at = array("Q"), array("Q"), array("Q")  # name_at: file offset of the NUL-ended name
+                self.build_id = _build_id(read(p_offset, min(p_filesz, _MAX_NOTES_BYTES)))
+        sections = _section_headers(read, shoff, shentsize, shnum)
+        starts, sizes, name_at = array("Q"), array("Q"), array(self._name_at.typecode)
+        runs: list[tuple[int, int]] = []  # [begin, end) of each chunk's entries, each sorted by address
         for kind in (_SHT_SYMTAB, _SHT_DYNSYM):  # .symtab first: it has the local functions too
             for section in sections:
                 if section[1] == kind and section[6] < len(sections):
                     self.has_symtab = self.has_symtab or kind == _SHT_SYMTAB
                     strtab = sections[section[6]]
-                    _read_symbols(data, section[4], section[5], strtab[4], strtab[5], starts, sizes, name_at)
+                    self._read_symbols(section[4], section[5], strtab[4], strtab[5], starts, sizes, name_at, runs)
         if not self.build_id:
             for section in sections:
                 if section[1] == _SHT_NOTE:
-                    self.build_id = _build_id(data, section[4], section[5])
+                    self.build_id = _build_id(read(section[4], min(section[5], _MAX_NOTES_BYTES)))
                     if self.build_id:
                         break
-        self._store(data, starts, sizes, name_at)
+        self._store(starts, sizes, name_at, runs)
 
-    def _store(self, data: mmap.mmap, starts: array[int], sizes: array[int], name_at: array[int]) -> None:
-        """Sort by address (first symbol wins at an address, the larger size kept) and keep names in one blob."""
-        names = bytearray()
-        kept_sizes = array("Q")
-        for index in sorted(range(len(starts)), key=starts.__getitem__):
-            start = starts[index]
-            if self._starts and self._starts[-1] == start:
-                kept_sizes[-1] = max(kept_sizes[-1], sizes[index])
-                continue
-            position = name_at[index]
-            end = data.find(b"\0", position)
-            names += data[position:end if end >= 0 else position]
-            self._starts.append(start)
-            kept_sizes.append(sizes[index])
-            self._name_ends.append(len(names))
-        self._names = bytes(names)
-        count = len(self._starts)
-        for i in range(count):
-            size = kept_sizes[i]
-            if size:
-                self._ends.append(self._starts[i] + size)
-            else:  # unknown size: up to the next symbol
-                self._ends.append(self._starts[i + 1] if i + 1 < count else self._starts[i] + 1)
-
-
-def _read_symbols(data: mmap.mmap, offset: int, size: int, str_offset: int, str_size: int, starts: array[int],
-                  sizes: array[int], name_at: array[int]) -> None:
-    """Append the function symbols of one symbol table (address, size, name offset in the file)."""
-    if offset + size > len(data) or str_offset + str_size > len(data) or size % _SYM.size:
-        return  # a section that is not in the file (e.g. NOBITS in a debug-only file)
-    view = memoryview(data)[offset:offset + size]
-    try:
-        for name_off, info, _other, shndx, value, sym_size in _SYM.iter_unpack(view):
-            kind = info & 0xF
-            if (kind == _STT_FUNC or kind == _STT_GNU_IFUNC) and value and shndx and name_off < str_size:
+    def _read_symbols(self, offset: int, size: int, str_offset: int, str_size: int, starts: array[int],
+                      sizes: array[int], name_at: array[int], runs: list[tuple[int, int]]) -> None:
+        """Append the function symbols of one symbol table, chunk by chunk, each chunk sorted by address (stable)."""
+        file_size = self._source.size
+        if offset + size > file_size or str_offset + str_size > file_size or size % _SYM.size:
+            return  # a section that is not in the file (e.g. NOBITS in a debug-only file)
+        position, end = offset, offset + size
+        while position < end:
+            data = self._source.read(position, min(_CHUNK_BYTES, end - position))
+            if not data or len(data) % _SYM.size:
+                return  # the file shrank under us: keep what was read
+            position += len(data)
+            found = [(value, sym_size, str_offset + name_off)
+                     for name_off, info, _other, shndx, value, sym_size in _SYM.iter_unpack(data)
+                     if (info & 0xF == _STT_FUNC or info & 0xF == _STT_GNU_IFUNC) and value and shndx
+                     and name_off < str_size]
+            found.sort(key=_get_first)
+            begin = len(starts)
+            for value, sym_size, name in found:
                 starts.append(value)
                 sizes.append(sym_size)
-                name_at.append(str_offset + name_off)
-    finally:
-        view.release()
+                name_at.append(name)
+            if found:
+                runs.append((begin, len(starts)))
+
+    def _store(self, starts: array[int], sizes: array[int], name_at: array[int], runs: list[tuple[int, int]]) -> None:
+        """Merge the sorted chunks by address (first symbol wins at an address, the largest size kept)."""
+        kept_starts, kept_sizes, kept_names = self._starts, self._sizes, self._name_at
+        ordered = heapq.merge(*(range(begin, end) for begin, end in runs), key=starts.__getitem__)  # stable
+        last = -1
+        for index in ordered:
+            start = starts[index]
+            size = min(sizes[index], _MAX_SIZE)
+            if start == last:
+                kept_sizes[-1] = max(kept_sizes[-1], size)
+                continue
+            last = start
+            kept_starts.append(start)
+            kept_sizes.append(size)
+            kept_names.append(name_at[index])
 
 
-def _build_id(data: mmap.mmap, offset: int, size: int) -> str:
-    """The GNU build id (lowercase hex) in the notes at [offset, offset + size), or ""."""
-    end = min(offset + size, len(data))
+def _program_headers(read: _Read, phoff: int, phentsize: int, phnum: int) -> list[tuple[int, int, int, int]]:
+    """(p_type, p_offset, p_vaddr, p_filesz) of each program header."""
+    if not phoff or not phnum or phentsize < _PHDR.size:
+        return []
+    data = read(phoff, phnum * phentsize)
+    out = []
+    for i in range(min(phnum, len(data) // phentsize)):
+        p_type, _pf, p_offset, p_vaddr, _pa, p_filesz, _pm, _al = _PHDR.unpack_from(data, i * phentsize)
+        out.append((p_type, p_offset, p_vaddr, p_filesz))
+    return out
+
+
+def _section_headers(read: _Read, shoff: int, shentsize: int, shnum: int) -> list[tuple[int, ...]]:
+    if not shoff or not shnum or shentsize < _SHDR.size:
+        return []
+    data = read(shoff, shnum * shentsize)
+    return [_SHDR.unpack_from(data, i * shentsize) for i in range(min(shnum, len(data) // shentsize))]
+
+
+def _build_id(notes: bytes) -> str:
+    """The GNU build id (lowercase hex) in a block of ELF notes, or ""."""
+    offset, end = 0, len(notes)
     while offset + _NOTE.size <= end:
-        namesz, descsz, note_type = _NOTE.unpack_from(data, offset)
+        namesz, descsz, note_type = _NOTE.unpack_from(notes, offset)
         name_start = offset + _NOTE.size
         desc_start = name_start + (namesz + 3) // 4 * 4
-        if note_type == _NT_GNU_BUILD_ID and data[name_start:name_start + namesz].rstrip(b"\0") == b"GNU":
-            return bytes(data[desc_start:desc_start + descsz]).hex()
+        if note_type == _NT_GNU_BUILD_ID and notes[name_start:name_start + namesz].rstrip(b"\0") == b"GNU":
+            return notes[desc_start:desc_start + descsz].hex()
         offset = desc_start + (descsz + 3) // 4 * 4
     return ""
 
 
 def read_build_id(path: str) -> str:
     """The GNU build id of the ELF file at ``path`` ("" when it has none); raises OSError or ElfError."""
-    with open(path, "rb") as handle, mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as data:
-        ident = data[:16]
-        if ident[:4] != b"\x7fELF" or ident[4] != 2 or ident[5] != 1:
+    source = _Source(path, None)
+    try:
+        header = source.read(0, _EHDR.size)
+        if len(header) < _EHDR.size or header[:4] != b"\x7fELF" or header[4] != 2 or header[5] != 1:
             raise ElfError(f"{path}: not a 64-bit little-endian ELF file")
-        fields = _EHDR.unpack_from(data, 0)
-        phoff, phentsize, phnum = fields[5], fields[9], fields[10]
-        for i in range(phnum):
-            p_type, _pf, p_offset, _pv, _pa, p_filesz, _pm, _al = _PHDR.unpack_from(data, phoff + i * phentsize)
+        fields = _EHDR.unpack(header)
+        for p_type, p_offset, _vaddr, p_filesz in _program_headers(source.read, fields[5], fields[9], fields[10]):
             if p_type == _PT_NOTE:
-                found = _build_id(data, p_offset, p_filesz)
+                found = _build_id(source.read(p_offset, min(p_filesz, _MAX_NOTES_BYTES)))
                 if found:
                     return found
-    return ""
+        return ""
+    finally:
+        source.close()
