@@ -170,7 +170,7 @@ class Run:
     schedule_work: list[
         tuple[int, int, str, int, int, int, int, int]
     ]  # kind, corr, name, start, end, stream, graph, bytes
-    schedule_waits: list[tuple[int, int, int, int, int]]  # cbid, corr, enter, until, exit
+    schedule_waits: list[tuple[int, int, int, int, int, int]]  # cbid, corr, enter, until, exit, begin
     stats: dict[str, int]
     stdout: str
     stderr: str
@@ -217,7 +217,7 @@ def run_workload(
     proc = subprocess.run(argv, check=False, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     work: list[tuple[int, int, str, int, int, int, int, int]] = []
-    waits: list[tuple[int, int, int, int, int]] = []
+    waits: list[tuple[int, int, int, int, int, int]] = []
     for line in schedule.read_text().splitlines() if schedule.exists() else []:
         parts = line.split()
         if parts[0] == "work":
@@ -235,8 +235,8 @@ def run_workload(
                 )
             )
         elif parts[0] == "wait":
-            cbid, wait_corr, enter, until, exit_ns = (int(x) for x in parts[1:])
-            waits.append((cbid, wait_corr, enter, until, exit_ns))
+            cbid, wait_corr, enter, until, exit_ns, begin = (int(x) for x in parts[1:])
+            waits.append((cbid, wait_corr, enter, until, exit_ns, begin))
     counters = {}
     if stats.exists():
         counters = {name: int(value) for name, value in (ln.split() for ln in stats.read_text().splitlines())}
@@ -466,12 +466,12 @@ def test_sampling_fraction_adapts_to_the_overhead_budget(injected_lib: Path, tmp
 def test_every_wait_is_recorded_with_its_blocked_time(c_run: Run) -> None:
     syncs = sorted(c_run.records.syncs, key=lambda s: s.start_ns)
     first = c_run.records.windows[0]
-    attached_ns = first.end_ns - first.elapsed_ns  # the controller saw the agent (waits before are not watched)
-    waits = sorted((w for w in c_run.schedule_waits if w[2] >= attached_ns), key=lambda w: w[2])
+    attached_ns = first.end_ns - first.elapsed_ns  # the controller saw the agent: calls begun since are all watched
+    waits = sorted((w for w in c_run.schedule_waits if w[5] >= attached_ns), key=lambda w: w[2])
     assert all(s.weight == 1 for s in syncs)  # the fake's waits are cheap to record: no subsampling
     kinds = {126: SYNC_STREAM, 17: SYNC_CONTEXT, 121: SYNC_EVENT, 278: SYNC_MEMCPY}
     unmatched = list(syncs)
-    for cbid, _corr, enter, until, exit_ns in waits:
+    for cbid, _corr, enter, until, exit_ns, _begin in waits:
         # The library's entry/exit enclose the driver's own wait, which lasted until the awaited work ended.
         match = [s for s in unmatched if s.start_ns <= enter and s.end_ns >= exit_ns]
         assert len(match) == 1, (cbid, enter)

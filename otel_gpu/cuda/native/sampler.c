@@ -71,10 +71,11 @@ static int attach_locked(void)
     }
     if (cbids_enable_waits(1) != 0)
         log_once("some blocking-call callbacks could not be enabled");
+    atomic_store(&g_state.attached, 1);
+    /* After the switch: every call that starts from now on is seen at entry and exit. */
     attach_start_ns = now_ns();
     wait_period_start_ns = monotonic_ns();
     covered_ns = 0;
-    atomic_store(&g_state.attached, 1);
     return 0;
 }
 

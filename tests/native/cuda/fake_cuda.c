@@ -13,7 +13,8 @@
  * - cuDevicePrimaryCtxRelease destroys the (one) context: the tracer hears CONTEXT_DESTROY_STARTING.
  * - FAKE_CUDA_SCHEDULE=<path> writes the ground truth, one line per event:
  *     work <kind> <correlation_id> <name|-> <start_ns> <end_ns> <stream_id> <graph_id> <bytes>
- *     wait <cbid> <correlation_id> <enter_ns> <until_ns> <exit_ns>
+ *     wait <cbid> <correlation_id> <enter_ns> <until_ns> <exit_ns> <begin_ns>
+ *   (begin_ns: the call began, before the tracer's entry; enter_ns..exit_ns: the driver's own wait)
  */
 #include <dlfcn.h>
 #include <pthread.h>
@@ -117,6 +118,7 @@ static void begin(struct fake_call *call, uint32_t cbid, const char *function, c
     call->function_name = function;
     call->symbol_name = symbol;
     call->params = params;
+    call->begin_ns = realtime_ns();
     if (tracer)
         tracer->api_enter(call);
 }
@@ -178,8 +180,8 @@ static void wait_until(const struct fake_call *call, uint64_t until_ns)
     uint64_t enter = realtime_ns();
     sleep_until(until_ns);
     uint64_t exit_ns = realtime_ns();
-    schedule_line("wait %u %u %llu %llu %llu\n", call->cbid, call->correlation_id, (unsigned long long)enter,
-                  (unsigned long long)until_ns, (unsigned long long)exit_ns);
+    schedule_line("wait %u %u %llu %llu %llu %llu\n", call->cbid, call->correlation_id, (unsigned long long)enter,
+                  (unsigned long long)until_ns, (unsigned long long)exit_ns, (unsigned long long)call->begin_ns);
 }
 
 /* --- initialisation, contexts, modules ----------------------------------------------------------------------- */

@@ -19,6 +19,7 @@ struct fake_call {
     const void *params;        /* the call's parameter struct (layouts of generated_cuda_meta.h) */
     int result;                /* CUresult, valid at exit */
     uint64_t correlation_data; /* shared between the enter and exit callbacks */
+    uint64_t begin_ns;         /* when the call began, before the tracer's entry callback */
 };
 
 struct fake_work {
