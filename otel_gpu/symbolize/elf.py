@@ -64,6 +64,7 @@ class _Source:
     """Random-access reads from an open file (``pread``) or an in-memory image; owns the file descriptor."""
 
     def __init__(self, path: str, image: bytes | None) -> None:
+        self.path = path
         self._image = image
         self._fd = -1
         if image is not None:
@@ -84,10 +85,13 @@ class _Source:
             return b""
         if self._image is not None:
             return self._image[offset:offset + size]
+        if self._fd < 0:
+            raise OSError(f"{self.path}: closed")
         return os.pread(self._fd, size, offset)
 
     def close(self) -> None:
         if self._closer is not None:
+            self._fd = -1  # never read a descriptor number that the process may reuse
             self._closer()
 
 

@@ -4,7 +4,9 @@
 User frames: /proc/PID/maps finds the mapping, the ELF file's load segments turn the address into a link-time
 address (PIE and shared-library bias removed), and .symtab/.dynsym name it. Addresses outside any file (JIT code)
 are looked up in /tmp/perf-PID.map. Kernel frames come from /proc/kallsyms. ELF files are cached by file identity
-(device, inode, mtime, size) and by GNU build id, so one library shared by many processes is read once.
+(device, inode, mtime, size) and by GNU build id, so one library shared by many processes is read once; the cache
+is bounded by file count and by bytes of symbol tables (least recently used files go first, and are read again
+from their file if needed later).
 
 Short-lived processes: :meth:`Symbolizer.remember` snapshots a process's mappings and opens its executable files
 as soon as it is first seen; the snapshot outlives the process until :meth:`Symbolizer.prune`. A binary that is gone
@@ -20,6 +22,7 @@ from __future__ import annotations
 import bisect
 import logging
 import os
+import resource
 import threading
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
@@ -38,6 +41,7 @@ SOURCE = "symbolizer"
 FileKey = tuple[int, int, int, int]  # st_dev, st_ino, st_mtime_ns, st_size
 # address, is_leaf, raw symbol name, mapping entry, ELF file, model mapping, file offset (-1: none)
 _Resolved = tuple[int, bool, str, "MapEntry | None", "ElfSymbols | None", "Mapping | None", int]
+_EVICTED = object()  # a file key no longer in the cache
 
 
 class _Process:
@@ -47,7 +51,9 @@ class _Process:
         self.pid = pid
         self.start_ticks = start_ticks  # tells a reused pid apart
         self.set_entries(entries)
-        self.files: dict[int, tuple[ElfSymbols | None, Mapping]] = {}  # by entry start
+        # by entry start: the file's cache key (None: no readable file) and its mapping; the ElfSymbols itself lives
+        # only in the Symbolizer's bounded cache, so evicting it frees its memory and file descriptor
+        self.files: dict[int, tuple[FileKey | None, Mapping]] = {}
         self.frames: dict[tuple[int, bool], Frame] = {}  # (address, is_leaf)
         self.perf_map: PerfMap | None = None
         self.perf_map_checked = False
@@ -78,7 +84,7 @@ class Symbolizer:
         self._kernel_frames: dict[int, Frame] = {}
         self._files: OrderedDict[FileKey, ElfSymbols | None] = OrderedDict()
         self._by_build_id: dict[str, ElfSymbols] = {}
-        self._max_files = max_files
+        self._max_files = max(1, min(max_files, _descriptor_budget()))  # each cached file holds one descriptor
         self._max_symbol_bytes = max_symbol_bytes
         self._symbol_bytes = 0
         self._unsymbolized = 0  # frames in a known file without a symbol, counted per call into selfmetrics
@@ -259,13 +265,24 @@ class Symbolizer:
     def _file_for(self, process: _Process, entry: MapEntry) -> tuple[ElfSymbols | None, Mapping]:
         known = process.files.get(entry.start)
         if known is not None:
-            return known
-        elf = self._open_elf(process.pid, entry)
-        mapping = Mapping(entry.start, entry.end, entry.offset, entry.path, elf.build_id if elf is not None else "")
-        process.files[entry.start] = (elf, mapping)
+            key, mapping = known
+            if key is None:
+                return None, mapping
+            elf = self._files.get(key, _EVICTED)
+            if elf is not _EVICTED:
+                self._files.move_to_end(key)
+                return elf, mapping  # type: ignore[return-value]  # not _EVICTED
+            # evicted since: read it again while it can still be opened (the mapping keeps its build id either way)
+        key, elf = self._open_elf(process.pid, entry)
+        if known is not None and elf is None:
+            mapping = known[1]
+        else:
+            mapping = Mapping(entry.start, entry.end, entry.offset, entry.path, elf.build_id if elf is not None else "")
+        process.files[entry.start] = (key if elf is not None else None, mapping)
         return elf, mapping
 
-    def _open_elf(self, pid: int, entry: MapEntry) -> ElfSymbols | None:
+    def _open_elf(self, pid: int, entry: MapEntry) -> tuple[FileKey | None, ElfSymbols | None]:
+        """The cache key and symbols of ``entry``'s file (None, None when no candidate path holds it)."""
         for candidate, must_match_inode in ((f"{self._proc}/{pid}/map_files/{entry.start:x}-{entry.end:x}", False),
                                             (f"{self._proc}/{pid}/root{entry.path}", True),
                                             (entry.path, True)):
@@ -278,7 +295,7 @@ class Symbolizer:
             key = (stat.st_dev, stat.st_ino, stat.st_mtime_ns, stat.st_size)
             if key in self._files:
                 self._files.move_to_end(key)
-                return self._files[key]
+                return key, self._files[key]
             try:
                 elf = ElfSymbols(candidate)
             except (OSError, ElfError, ValueError) as exc:
@@ -291,21 +308,28 @@ class Symbolizer:
                 shared = self._by_build_id.setdefault(elf.build_id, elf)
                 if shared is elf:
                     self._symbol_bytes += elf.size_bytes
+                else:
+                    elf.close()
                 elf = shared
             elif elf is not None:
                 self._symbol_bytes += elf.size_bytes
             self._files[key] = elf
-            while len(self._files) > 1 and (len(self._files) > self._max_files
-                                            or self._symbol_bytes > self._max_symbol_bytes):
-                _, dropped = self._files.popitem(last=False)
-                if dropped is None or dropped in self._files.values():
-                    continue
-                self._symbol_bytes -= dropped.size_bytes
-                if self._by_build_id.get(dropped.build_id) is dropped:
-                    del self._by_build_id[dropped.build_id]
-            return elf
+            self._evict()
+            return key, elf
         selfmetrics.count(semconv.SELF_ERRORS.name, otel_gpu__source=SOURCE, otel_gpu__reason="missing_file")
-        return None
+        return None, None
+
+    def _evict(self) -> None:
+        """Drop least recently used files until the cache is within max_files and max_symbol_bytes (the newest
+        file stays even when it alone is larger)."""
+        while len(self._files) > 1 and (len(self._files) > self._max_files
+                                        or self._symbol_bytes > self._max_symbol_bytes):
+            _, dropped = self._files.popitem(last=False)
+            if dropped is None or any(other is dropped for other in self._files.values()):
+                continue  # still cached under another key (same build id)
+            self._symbol_bytes -= dropped.size_bytes
+            if self._by_build_id.get(dropped.build_id) is dropped:
+                del self._by_build_id[dropped.build_id]
 
     def _add_debug_symbols(self, elf: ElfSymbols) -> None:
         for folder in self._debug_dirs:
@@ -344,6 +368,12 @@ class Symbolizer:
                 continue
             return process.perf_map
         return process.perf_map
+
+
+def _descriptor_budget() -> int:
+    """A quarter of this process's open-file limit (the rest is for perf events, BPF maps and sockets)."""
+    soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return soft // 4 if soft != resource.RLIM_INFINITY else 1 << 20
 
 
 def _read_own_vdso() -> ElfSymbols | None:

@@ -1,17 +1,23 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The ELF reader on real binaries: symbols, build ids and load segments (PIE, non-PIE, stripped, a library)."""
+"""The ELF reader on real binaries (symbols, build ids and load segments of PIE, non-PIE, stripped, a library) and
+on generated files with huge symbol tables (memory held and resolution, against a reference)."""
 
 from __future__ import annotations
 
 import shutil
 import subprocess
+import tracemalloc
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from elftools.elf.elffile import ELFFile
+from elftools.elf.sections import NoteSection, SymbolTableSection
 
+from otel_gpu.symbolize import elf as elf_module
 from otel_gpu.symbolize.elf import ElfError, ElfSymbols, read_build_id
 from tests.conftest import NATIVE
+from tests.symbolize.elfgen import Symbol, cxx_like_symbols, expected_functions, write_elf
 
 WORKLOADS = NATIVE / "workloads"
 
@@ -20,17 +26,17 @@ def _reference(path: Path) -> tuple[dict[str, tuple[int, int]], str]:
     """Function symbols (name -> (value, size)) and build id as pyelftools reads them."""
     with path.open("rb") as handle:
         elf = ELFFile(handle)
-        functions = {}
+        functions: dict[str, tuple[int, int]] = {}
         for section_name in (".symtab", ".dynsym"):
             section = elf.get_section_by_name(section_name)
-            if section is None:
+            if not isinstance(section, SymbolTableSection):
                 continue
             for symbol in section.iter_symbols():
                 if symbol["st_info"]["type"] == "STT_FUNC" and symbol["st_value"]:
                     functions.setdefault(symbol.name, (symbol["st_value"], symbol["st_size"]))
         build_id = ""
         for section in elf.iter_sections():
-            if section["sh_type"] == "SHT_NOTE":
+            if isinstance(section, NoteSection):
                 for note in section.iter_notes():
                     if note["n_type"] == "NT_GNU_BUILD_ID":
                         build_id = note["n_desc"]
@@ -106,3 +112,58 @@ def test_32_bit_elf_is_refused_not_misread(tmp_path: Path) -> None:
         pytest.skip("this compiler cannot build 32-bit objects")
     with pytest.raises(ElfError, match="64-bit"):
         ElfSymbols(str(obj))
+
+
+@pytest.fixture(scope="module")
+def huge_elf(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, list[Symbol]]]:
+    """A generated library with 150,000 symbols and ~25 MB of C++-like names (libtorch_cpu.so has 530,000 and 76 MB)."""
+    symbols = cxx_like_symbols(150_000)
+    path = tmp_path_factory.mktemp("huge") / "libhuge.so"
+    write_elf(path, symbols)
+    yield path, symbols
+
+
+def test_huge_symbol_table_loads_in_memory_bounded_by_function_count(huge_elf: tuple[Path, list[Symbol]]) -> None:
+    path, symbols = huge_elf
+    functions = len(expected_functions(symbols))
+    names_bytes = sum(len(s.name) + 1 for s in symbols)
+    peak_bound = 48 * functions + 6 * 1024 * 1024  # bytes per function kept while merging, plus one chunk of symbols
+    held_bound = 24 * functions + 512 * 1024
+    assert names_bytes > 1.5 * peak_bound  # so copying the names, or the whole table, would break the bound
+    tracemalloc.start()
+    try:
+        elf = ElfSymbols(str(path))
+        held, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert elf.symbol_count == functions
+    assert peak < peak_bound, f"peak {peak} bytes for {functions} functions"
+    assert held < held_bound, f"held {held} bytes for {functions} functions"
+    assert elf.size_bytes < held_bound and elf.build_id == bytes(range(20)).hex()
+
+
+def test_huge_symbol_table_resolves_like_the_reference(huge_elf: tuple[Path, list[Symbol]]) -> None:
+    path, symbols = huge_elf
+    expected = expected_functions(symbols)
+    elf = ElfSymbols(str(path))
+    assert elf.symbols() == [(start, name) for start, _end, name in expected]
+    for index, (start, end, name) in enumerate(expected):
+        assert elf.lookup(start) == (name, 0)
+        assert elf.lookup(end - 1) == (name, end - 1 - start)
+        if index + 1 < len(expected) and end < expected[index + 1][0]:
+            assert elf.lookup(end) is None  # in the gap after a sized function
+    assert elf.lookup(expected[0][0] - 1) is None
+    assert any(len(name) > 4000 for _s, _e, name in expected)  # names longer than one read are joined
+    assert len(elf._names) <= elf_module._NAME_CACHE_ENTRIES  # names read on lookup are kept in a bounded cache
+
+
+def test_names_stay_readable_after_the_file_is_deleted(tmp_path: Path) -> None:
+    copy = tmp_path / "doomed"
+    shutil.copy2(WORKLOADS / "cpu_3to1", copy)
+    functions, _ = _reference(copy)
+    elf = ElfSymbols(str(copy))
+    copy.unlink()
+    value, _size = functions["leaf_heavy"]
+    assert elf.lookup(value + 1) == ("leaf_heavy", 1)
+    elf.close()
+    assert elf.lookup(functions["leaf_light"][0]) == ("", 0)  # closed: the function is still found, unnamed

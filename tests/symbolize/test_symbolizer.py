@@ -4,9 +4,11 @@ binaries, perf maps, kernel symbols, maps parsing, demangling."""
 
 from __future__ import annotations
 
+import gc
 import os
 import shutil
 import subprocess
+import weakref
 from pathlib import Path
 
 import pytest
@@ -268,3 +270,25 @@ def test_vdso_frames_are_named_from_the_kernels_image() -> None:
     (frames,) = Symbolizer().user_stacks(os.getpid(), [[entry.start + start + 2]])
     assert "clock_gettime" in frames[0].function
     assert frames[0].mapping is not None and frames[0].mapping.path == "[vdso]"
+
+
+def test_evicted_files_are_freed_and_read_again_when_needed() -> None:
+    process, pid = _start(WORKLOADS / "uprobe_caller", "1", "3000")
+    try:
+        symbolizer = Symbolizer(max_files=1)  # every new file evicts the previous one
+        library = WORKLOADS / "libuprobe_target.so"
+        (first,) = symbolizer.user_stacks(pid, [[_runtime_address(pid, library, "otel_test_target", 1)]])
+        (held,) = [elf for elf in symbolizer._files.values() if elf is not None]
+        gone = weakref.ref(held)
+        del held
+        (caller,) = symbolizer.user_stacks(pid, [[_runtime_address(pid, WORKLOADS / "uprobe_caller", "main", 1)]])
+        gc.collect()
+        evicted = gone() is None  # nothing else holds the library's symbols (nor its file descriptor) now
+        (again,) = symbolizer.user_stacks(pid, [[_runtime_address(pid, library, "otel_test_target", 2)]])
+    finally:
+        process.kill()
+        process.wait()
+    assert first[0].function == again[0].function == "otel_test_target" and caller[0].function == "main"
+    assert evicted and len(symbolizer._files) == 1
+    assert again[0].mapping is not None and first[0].mapping is not None
+    assert again[0].mapping.build_id == first[0].mapping.build_id != ""
