@@ -14,10 +14,14 @@ _logger = logging.getLogger(__name__)
 class Demangler:
     """Demangles ``_Z...`` names in batches (one ``c++filt`` run per batch of new names)."""
 
-    def __init__(self, max_entries: int = 200_000) -> None:
+    def __init__(self, max_entries: int = 200_000, max_bytes: int = 16 * 1024 * 1024) -> None:
+        """Keeps up to ``max_entries`` names and ``max_bytes`` of name text (C++ names run to kilobytes); past
+        either bound the cache starts over."""
         self._tool = shutil.which("c++filt")
         self._cache: dict[str, str] = {}
         self._max = max_entries
+        self._max_bytes = max_bytes
+        self._bytes = 0
         self._warned = False
 
     @staticmethod
@@ -29,11 +33,14 @@ class Demangler:
         todo = sorted({n for n in names if self.is_mangled(n) and n not in self._cache and "\n" not in n})
         if not todo:
             return
-        if len(self._cache) + len(todo) > self._max:
-            self._cache.clear()
         results = self._run(todo)
+        added = sum(len(raw) + len(pretty) for raw, pretty in zip(todo, results, strict=False))
+        if len(self._cache) + len(todo) > self._max or self._bytes + added > self._max_bytes:
+            self._cache.clear()
+            self._bytes = 0
         for raw, pretty in zip(todo, results, strict=False):
             self._cache[raw] = pretty or raw
+        self._bytes += added
 
     def demangle(self, name: str) -> str:
         """The demangled name, or ``name`` itself when it is not mangled or was not prepared."""

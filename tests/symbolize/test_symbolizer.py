@@ -292,3 +292,13 @@ def test_evicted_files_are_freed_and_read_again_when_needed() -> None:
     assert evicted and len(symbolizer._files) == 1
     assert again[0].mapping is not None and first[0].mapping is not None
     assert again[0].mapping.build_id == first[0].mapping.build_id != ""
+
+
+def test_demangler_cache_is_bounded_by_bytes() -> None:
+    demangler = Demangler(max_bytes=200)
+    names = [f"_ZN3foo{len(str(i)) + 3}bar{i}Ev" for i in range(20)]  # foo::barN(), about 30 bytes each
+    for name in names:
+        demangler.prepare([name])
+        assert demangler._bytes <= 200 and len(demangler._cache) <= 200 // len(name)
+    if demangler._tool is not None:
+        assert demangler.demangle(names[0]) == "foo::bar0()"  # dropped from the cache, demangled again
