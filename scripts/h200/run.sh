@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
+# Run THERE (the H200 machine, through the device tool, carry [".device", ".whl"]): restores the staged build
+# outputs, installs the wheels into /tmp/site, then runs the verification scripts named as arguments
+# (default: all). Results land in $OUT (the tool brings them back).
+set -uo pipefail
+top=$(cd "$(dirname "$0")/../.." && pwd)
+cd "$top"
+OUT=${OUT:-/tmp/otel-gpu-out}; mkdir -p "$OUT"
+cp -a .device/artifacts/. .
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+  || { echo "wheel install failed"; exit 1; }
+export PYTHONPATH="$top:/tmp/site" LD_LIBRARY_PATH="$top/.device/lib:${LD_LIBRARY_PATH:-}" PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+python3 -c 'import otel_gpu, pynvml, opentelemetry.sdk; print("python ok", otel_gpu.__version__)'
+steps=("$@"); [ ${#steps[@]} -eq 0 ] && steps=(nvml agent inject gpu_time)
+for step in "${steps[@]}"; do
+  echo "=== $step ($(date +%T))"
+  case "$step" in
+    nvml)     timeout 240 python3 scripts/h200/verify_nvml.py "$OUT/h200-nvml.md" ;;
+    inject)   timeout 240 bash scripts/h200/inject_smoke.sh "$OUT" ;;
+    gpu_time) timeout 360 python3 scripts/h200/verify_gpu_time.py "$OUT/h200-gpu-time.md" ;;
+    agent)    # the real agent on the real GPU for 30 s under a torch load: GPU metrics + CPU profiling, local files
+              python3 -c 'import torch,time; a=torch.randn(8192,8192,device="cuda",dtype=torch.bfloat16); t=time.time()
+while time.time()-t<40: (a@a); torch.cuda.synchronize()' & load=$!
+              sleep 5
+              /usr/bin/time -v timeout 60 python3 -m otel_gpu run --duration 30 --metric-export-interval 5 \
+                --profiling-interval 10 --no-gpu-time-profiling --output-dir "$OUT/agent" --console on \
+                > "$OUT/agent-console.txt" 2> "$OUT/agent-stderr.txt"
+              echo "agent exit $?"; kill $load 2>/dev/null; wait $load 2>/dev/null
+              tail -40 "$OUT/agent-console.txt"; grep -E 'WARNING|ERROR|Maximum resident|Elapsed|User time|System time' "$OUT/agent-stderr.txt"
+              ls -la "$OUT/agent" ;;
+    rss)      # agent RSS and CPU with GPU metrics only, on the real GPU under a torch load
+              python3 -c 'import torch,time; a=torch.randn(8192,8192,device="cuda",dtype=torch.bfloat16); t=time.time()
+while time.time()-t<30: (a@a); torch.cuda.synchronize()' & load=$!
+              sleep 5
+              /usr/bin/time -v timeout 60 python3 -m otel_gpu run --duration 20 --metric-export-interval 2 \
+                --no-cpu-profiling --no-gpu-time-profiling --output-dir "$OUT/rss" --console off 2> "$OUT/rss-stderr.txt"
+              kill $load 2>/dev/null; wait $load 2>/dev/null
+              grep -E 'WARNING|ERROR|Maximum resident|Elapsed|User time|System time' "$OUT/rss-stderr.txt" ;;
+    *) echo "unknown step $step" ;;
+  esac
+  echo "=== $step exit $?"
+done
+ls -la "$OUT"
