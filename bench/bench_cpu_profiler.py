@@ -10,9 +10,14 @@ Reports, side by side in one run:
      b. worst case: every sample a distinct, never-seen stack (random addresses in live processes' code and the
         kernel), fed through the same symbolizer and encoders;
   3. the agent's RSS with CPU profiling on (current and peak; target <= 100 MB);
-  4. the design choice: in-kernel aggregation (the default) against a ring buffer of raw samples, at 99 Hz.
+  4. the design choice: in-kernel aggregation (the default) against a ring buffer of raw samples, at 99 Hz;
+  5. symbol tables of huge binaries: a generated libtorch_cpu.so-sized table (530,000 functions, C++-like names) and
+     any real file given with --elf, each loaded in a fresh process: load time, peak RSS added by the load, memory
+     held, and lookups per second (each a never-seen function, its name read from the file).
 
 Run (as root, after make build): .venv/bin/python bench/bench_cpu_profiler.py [--seconds 30] [--json out.json]
+                                 [--elf /path/to/libtorch_cpu.so ...]
+Only part 5 (no root needed): .venv/bin/python bench/bench_cpu_profiler.py --only-elf [--elf PATH ...]
 """
 
 from __future__ import annotations
@@ -249,11 +254,68 @@ def design_comparison(frequency_hz: int, seconds: float) -> list[dict[str, float
     return rows
 
 
+_ELF_COST_CHILD = """
+import json, random, sys, time
+from otel_gpu.symbolize.elf import ElfSymbols
+def hwm_kb():
+    return int(next(l for l in open("/proc/self/status") if l.startswith("VmHWM:")).split()[1])
+before = hwm_kb()
+started = time.perf_counter()
+elf = ElfSymbols(sys.argv[1])
+loaded = time.perf_counter()
+peak_added = hwm_kb() - before
+rng = random.Random(5)
+starts = [elf._starts[i] for i in rng.sample(range(elf.symbol_count), min(20_000, elf.symbol_count))]
+begun = time.perf_counter()
+named = sum(1 for start in starts if elf.lookup(start))
+looked = time.perf_counter()
+print(json.dumps({"functions": elf.symbol_count, "load_s": round(loaded - started, 2),
+                  "peak_rss_added_mb": round(peak_added / 1024, 1), "held_mb": round(elf.size_bytes / 2**20, 1),
+                  "cold_lookups_per_s": round(named / (looked - begun))}))
+"""
+
+
+def huge_symbol_table_cost(paths: list[str], functions: int = 530_000) -> list[dict[str, object]]:
+    """Part 5: each ELF file loaded in a fresh interpreter (so its peak RSS is the load's own)."""
+    from tests.symbolize.elfgen import cxx_like_symbols, write_elf
+
+    rows: list[dict[str, object]] = []
+    with tempfile.TemporaryDirectory() as folder:
+        generated = Path(folder) / "libgenerated.so"
+        write_elf(generated, cxx_like_symbols(functions))
+        for path in [str(generated), *paths]:
+            done = subprocess.run([sys.executable, "-c", _ELF_COST_CHILD, path], capture_output=True, text=True,
+                                  cwd=REPO, check=False)
+            row: dict[str, object] = {"file": Path(path).name, "file_mb": round(os.path.getsize(path) / 2**20)}
+            row.update(json.loads(done.stdout) if done.returncode == 0 else {"error": done.stderr.strip()[-200:]})
+            rows.append(row)
+    return rows
+
+
+def print_symbol_table_cost(rows: list[dict[str, object]]) -> None:
+    print("5. symbol tables of huge binaries (each loaded in a fresh process)")
+    for row in rows:
+        if "error" in row:
+            print(f"   {row['file']}: {row['error']}")
+            continue
+        print(f"   {row['file']} ({row['file_mb']} MB, {row['functions']} functions): load {row['load_s']} s, "
+              f"peak RSS +{row['peak_rss_added_mb']} MB, held {row['held_mb']} MB, "
+              f"{row['cold_lookups_per_s']} never-seen lookups/s")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seconds", type=float, default=30.0, help="measured seconds per overhead run")
     parser.add_argument("--json", help="also write the results to this file")
+    parser.add_argument("--elf", action="append", default=[], help="also measure loading this ELF file (part 5)")
+    parser.add_argument("--only-elf", action="store_true", help="run only part 5 (needs no root)")
     args = parser.parse_args()
+    if args.only_elf:
+        rows = huge_symbol_table_cost(args.elf)
+        print_symbol_table_cost(rows)
+        if args.json:
+            Path(args.json).write_text(json.dumps({"symbol_tables": rows}, indent=2))
+        return 0
     if os.geteuid() != 0:
         print("bench_cpu_profiler: needs root (loads eBPF programs)", file=sys.stderr)
         return 1
@@ -267,6 +329,7 @@ def main() -> int:
         results["throughput_real"] = real_throughput(999, 5.0)
         results["throughput_worst_case"] = worst_case_throughput(20_000, 16)
         results["design"] = design_comparison(99, min(args.seconds, 20.0))
+        results["symbol_tables"] = huge_symbol_table_cost(args.elf)
     finally:
         stats_path.write_text(previous)
     print("1. overhead, every core busy (agent CPU over wall time; BPF cost is charged to the sampled processes)")
@@ -290,6 +353,7 @@ def main() -> int:
     for row in results["design"]:  # type: ignore[union-attr]
         print(f"   {row['design']:>22} at {row['frequency_hz']} Hz: sampler {row['user_cpu_percent_of_one_core']:.3f} % "
               f"of one core, BPF {row['bpf_ns_per_run']} ns per sample, {row['samples']} samples")
+    print_symbol_table_cost(results["symbol_tables"])  # type: ignore[arg-type]
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))
     return 0
