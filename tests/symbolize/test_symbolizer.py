@@ -302,3 +302,15 @@ def test_demangler_cache_is_bounded_by_bytes() -> None:
         assert demangler._bytes <= 200 and len(demangler._cache) <= 200 // len(name)
     if demangler._tool is not None:
         assert demangler.demangle(names[0]) == "foo::bar0()"  # dropped from the cache, demangled again
+
+
+def test_kernel_symbols_out_of_order_and_at_one_address(tmp_path: Path) -> None:
+    path = tmp_path / "kallsyms"
+    path.write_text("ffffffffc0000100 t mod_b\t[mymod]\nffffffff81000000 T srso_alias\nffffffff81000000 T _stext\n"
+                    "ffffffffc0000000 t mod_a\t[mymod]\nffffffff81000000 T _text\nffffffff81000200 t later\n")
+    symbols = KernelSymbols(str(path))
+    assert list(symbols._starts) == sorted(symbols._starts)
+    assert symbols.lookup(0xFFFFFFFF81000010) == ("srso_alias", 0x10, "")  # the last of (address, name) order
+    assert symbols.lookup(0xFFFFFFFF81000201) == ("later", 1, "")
+    assert symbols.lookup(0xFFFFFFFFC0000005) == ("mod_a", 5, "mymod")
+    assert symbols.lookup(0xFFFFFFFFC0000105) == ("mod_b", 5, "mymod")
