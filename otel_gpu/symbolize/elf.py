@@ -216,7 +216,7 @@ class ElfSymbols:
             elif p_type == _PT_NOTE and not self.build_id:
                 self.build_id = _build_id(read(p_offset, min(p_filesz, _MAX_NOTES_BYTES)))
         sections = _section_headers(read, shoff, shentsize, shnum)
-        starts, sizes, name_at = array("Q"), array("Q"), array(self._name_at.typecode)
+        starts, sizes, name_at = array("Q"), array("I"), array(self._name_at.typecode)
         runs: list[tuple[int, int]] = []  # [begin, end) of each chunk's entries, each sorted by address
         for kind in (_SHT_SYMTAB, _SHT_DYNSYM):  # .symtab first: it has the local functions too
             for section in sections:
@@ -252,7 +252,7 @@ class ElfSymbols:
             begin = len(starts)
             for value, sym_size, name in found:
                 starts.append(value)
-                sizes.append(sym_size)
+                sizes.append(min(sym_size, _MAX_SIZE))
                 name_at.append(name)
             if found:
                 runs.append((begin, len(starts)))
@@ -264,7 +264,7 @@ class ElfSymbols:
         last = -1
         for index in ordered:
             start = starts[index]
-            size = min(sizes[index], _MAX_SIZE)
+            size = sizes[index]
             if start == last:
                 kept_sizes[-1] = max(kept_sizes[-1], size)
                 continue
