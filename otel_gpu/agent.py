@@ -24,6 +24,7 @@ from otel_gpu.errors import SourceUnavailable
 from otel_gpu.procfs import ProcessResolver
 from otel_gpu.profiles.model import ProfileBatch
 from otel_gpu.resource import agent_resource
+from otel_gpu.symbolize.symbolizer import Symbolizer
 
 _logger = logging.getLogger(__name__)
 
@@ -35,6 +36,13 @@ class Agent:
         self.config = config
         self._stop = threading.Event()
         self._resolver = ProcessResolver()
+        self._symbolizer: Symbolizer | None = None
+
+    def _shared_symbolizer(self) -> Symbolizer:
+        """One symbolizer (and one symbol cache) for the CPU and GPU-time sources; it is thread-safe."""
+        if self._symbolizer is None:
+            self._symbolizer = Symbolizer()
+        return self._symbolizer
 
     def stop(self) -> None:
         self._stop.set()
@@ -95,7 +103,7 @@ class Agent:
         except ImportError as exc:  # pragma: no cover - a broken install
             _logger.warning("CPU profiling is off: %s", exc)
             return []
-        source = CPUProfileSource(self.config.profiling, self._resolver)
+        source = CPUProfileSource(self.config.profiling, self._resolver, symbolizer=self._shared_symbolizer())
         try:
             source.open()
         except SourceUnavailable as exc:
@@ -109,8 +117,9 @@ class Agent:
             return []
         from otel_gpu.cuda.instruments import register_gpu_time_instruments
         from otel_gpu.cuda.source import GPUTimeSource
+        from otel_gpu.cuda.symbols import SharedSymbolizer
 
-        source = GPUTimeSource(self._resolver)
+        source = GPUTimeSource(self._resolver, symbolizer=SharedSymbolizer(self._shared_symbolizer()))
         try:
             source.open()
         except SourceUnavailable as exc:

@@ -298,7 +298,10 @@ class Symbolizer:
                 return key, self._files[key]
             try:
                 elf = ElfSymbols(candidate)
-            except (OSError, ElfError, ValueError) as exc:
+            except OSError as exc:  # gone between stat and open (the process exited): try the next path
+                _logger.debug("cannot open %s: %s", candidate, exc)
+                continue
+            except (ElfError, ValueError) as exc:
                 _logger.debug("cannot read symbols of %s: %s", entry.path, exc)
                 selfmetrics.count(semconv.SELF_ERRORS.name, otel_gpu__source=SOURCE, otel_gpu__reason="unreadable_elf")
                 elf = None
