@@ -2,8 +2,11 @@
 /*
  * CUPTI activity: a bounded pool of buffers handed to CUPTI, and the completion side that turns kernel, memcpy and
  * memset records of SAMPLED launches into struct otel_gpu_activity batches for the otel_gpu:activity probe.
- * "Sampled" is decided by a small hash set of correlation ids filled at launch exit; a graph launch's id stays in the
- * set until its window has aged out, because every kernel of the graph carries the launch's correlation id.
+ * "Sampled" is decided by a hash set of correlation ids filled at launch exit. An entry stays until its GPU work has
+ * arrived, however late (a GPU-bound program's queue lags its launches by up to seconds): an eager launch's entry
+ * goes with its one record; a graph launch's (every kernel of the graph carries the launch's id) once no kernel of
+ * it has arrived for GRAPH_QUIET_NS after the first. An entry whose work has not arrived after the longest lag the
+ * caller allows is counted as dropped. While entries are pending the controller keeps the activity kinds on.
  */
 #include <pthread.h>
 #include <stddef.h>
@@ -26,19 +29,26 @@ static int pool_ready;
 static pthread_mutex_t pool_lock = PTHREAD_MUTEX_INITIALIZER;
 
 /* Sampled correlation ids: open addressing, linear probing, rebuilt when old windows are forgotten. */
-#define FILTER_SLOTS 16384u /* power of two */
+#define FILTER_SLOTS 65536u /* power of two */
 #define FILTER_MAX_PROBE 64u
 #define FILTER_EMPTY 0u
 #define FILTER_TOMBSTONE UINT32_MAX
 
+#define GRAPH_QUIET_NS 100000000ull /* a graph launch's work is complete once none arrived for 100 ms */
+
 struct filter_slot {
     uint32_t correlation_id;
-    uint32_t is_graph;
+    uint8_t is_graph;
+    uint8_t arrived;       /* at least one record of the launch's work has arrived */
     uint64_t window_id;
+    uint64_t remembered_ns; /* monotonic: when the launch was sampled */
+    uint64_t arrival_ns;    /* monotonic: when its last record arrived */
 };
 
 static struct filter_slot filter[FILTER_SLOTS];
 static pthread_mutex_t filter_lock = PTHREAD_MUTEX_INITIALIZER;
+static uint32_t unarrived;               /* under filter_lock: entries without any record yet */
+static uint64_t last_graph_arrival_ns;   /* under filter_lock: monotonic */
 static _Atomic uint64_t dropped; /* records lost since last taken: no free buffer, filter full, CUPTI drops */
 
 static const CUpti_ActivityKind activity_kinds[] = {
@@ -63,8 +73,12 @@ void activity_remember(uint32_t correlation_id, uint64_t window_id, int is_graph
         if (slot->correlation_id == FILTER_EMPTY || slot->correlation_id == FILTER_TOMBSTONE ||
             slot->correlation_id == correlation_id) {
             slot->correlation_id = correlation_id;
-            slot->is_graph = (uint32_t)is_graph;
+            slot->is_graph = (uint8_t)(is_graph != 0);
+            slot->arrived = 0;
             slot->window_id = window_id;
+            slot->remembered_ns = monotonic_ns();
+            slot->arrival_ns = 0;
+            unarrived++;
             pthread_mutex_unlock(&filter_lock);
             return;
         }
@@ -85,8 +99,14 @@ static int filter_take(uint32_t correlation_id)
             break;
         if (slot->correlation_id == correlation_id) {
             found = 1;
-            if (!slot->is_graph)
+            if (!slot->arrived)
+                unarrived--;
+            if (!slot->is_graph) {
                 slot->correlation_id = FILTER_TOMBSTONE;
+            } else {
+                slot->arrived = 1;
+                slot->arrival_ns = last_graph_arrival_ns = monotonic_ns();
+            }
             break;
         }
     }
@@ -94,16 +114,34 @@ static int filter_take(uint32_t correlation_id)
     return found;
 }
 
-/* Forgets ids of windows before window_id (their records have long arrived) and clears tombstones. */
-void activity_forget_before(uint64_t window_id)
+/* Whether a slot still waits for GPU work at now_mono: an eager launch until its record, a graph launch until
+ * GRAPH_QUIET_NS after its last kernel arrived. */
+static int slot_pending(const struct filter_slot *slot, uint64_t now_mono)
+{
+    if (slot->correlation_id == FILTER_EMPTY || slot->correlation_id == FILTER_TOMBSTONE)
+        return 0;
+    return !slot->arrived || now_mono - slot->arrival_ns < GRAPH_QUIET_NS;
+}
+
+/*
+ * Drops entries whose work is complete, and entries still without any work max_lag_ns after they were sampled
+ * (counted as dropped: their GPU work is lost to the profile); clears tombstones. Returns the entries still pending.
+ */
+uint32_t activity_expire(uint64_t max_lag_ns)
 {
     static struct filter_slot keep[FILTER_SLOTS];
-    uint32_t kept = 0;
+    uint32_t kept = 0, timed_out = 0;
+    uint64_t now_mono = monotonic_ns();
     pthread_mutex_lock(&filter_lock);
     for (uint32_t i = 0; i < FILTER_SLOTS; i++) {
         struct filter_slot *slot = &filter[i];
-        if (slot->correlation_id != FILTER_EMPTY && slot->correlation_id != FILTER_TOMBSTONE &&
-            slot->window_id >= window_id)
+        if (!slot_pending(slot, now_mono))
+            continue;
+        if (!slot->arrived && now_mono - slot->remembered_ns > max_lag_ns) {
+            timed_out++;
+            unarrived--;
+        }
+        else
             keep[kept++] = *slot;
     }
     memset(filter, 0, sizeof(filter));
@@ -114,17 +152,18 @@ void activity_forget_before(uint64_t window_id)
         filter[at] = keep[k];
     }
     pthread_mutex_unlock(&filter_lock);
+    if (timed_out > 0)
+        atomic_fetch_add(&dropped, timed_out);
+    return kept;
 }
 
-/* Sampled eager launches whose GPU work has not arrived yet (graph launches are not counted: they never leave). */
-static uint32_t outstanding(void)
+/* Sampled launches whose GPU work has not (completely) arrived yet: cheap, for frequent polling. */
+uint32_t activity_outstanding(void)
 {
-    uint32_t count = 0;
     pthread_mutex_lock(&filter_lock);
-    for (uint32_t i = 0; i < FILTER_SLOTS; i++)
-        if (filter[i].correlation_id != FILTER_EMPTY && filter[i].correlation_id != FILTER_TOMBSTONE &&
-            !filter[i].is_graph)
-            count++;
+    uint32_t count = unarrived;
+    if (count == 0 && last_graph_arrival_ns != 0 && monotonic_ns() - last_graph_arrival_ns < GRAPH_QUIET_NS)
+        count = 1; /* a graph launch's later kernels may still come */
     pthread_mutex_unlock(&filter_lock);
     return count;
 }
@@ -139,7 +178,7 @@ void activity_drain(uint64_t max_wait_ns)
     uint64_t deadline = monotonic_ns() + max_wait_ns;
     for (;;) {
         g_cupti.activity_flush_all(0);
-        if (outstanding() == 0 || monotonic_ns() >= deadline)
+        if (activity_outstanding() == 0 || monotonic_ns() >= deadline)
             break;
         struct timespec pause = {0, 2000000}; /* 2 ms */
         nanosleep(&pause, NULL);

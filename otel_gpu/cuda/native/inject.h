@@ -86,7 +86,8 @@ void sampler_stop_and_flush(void);
 int activity_init(void);
 int activity_enable(int enable);
 void activity_remember(uint32_t correlation_id, uint64_t window_id, int is_graph);
-void activity_forget_before(uint64_t window_id);
+uint32_t activity_expire(uint64_t max_lag_ns);
+uint32_t activity_outstanding(void);
 uint64_t activity_take_dropped(void);
 void activity_drain(uint64_t max_wait_ns);
 

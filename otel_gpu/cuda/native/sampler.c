@@ -5,9 +5,15 @@
  * sampling windows of OTEL_GPU_WINDOW_MS at randomly jittered times: in a window the launch callbacks and the
  * kernel/memcpy/memset activity kinds are on, outside they are off, so the workload pays CUPTI's per-launch cost only
  * for a fraction f of wall time. f is chosen so that f x (slowdown inside a window) stays within the overhead budget;
- * the in-window slowdown is estimated from the time the library spends in its own callbacks and buffer processing
- * plus a conservative prior for CUPTI's own cost per recorded launch, and f is bounded to [0.1 %, 20 %].
+ * the in-window slowdown comes from estimate.c (the library's measured own time plus a prior for CUPTI's cost per
+ * recorded launch, relative to the undisturbed time), and f is bounded to [0.1 %, 20 %].
  * Each closed window fires otel_gpu:window with covered_ns/elapsed_ns, the fraction the agent re-weights by.
+ *
+ * Late GPU work: a GPU-bound program's launches run on the GPU long after the call (its queue can lag by seconds).
+ * When a window closes only the launch callbacks go off; the activity kinds stay on ("linger", polled with growing
+ * pauses of 1..20 ms) until every launch sampled in it has delivered its GPU work, or MAX_LAG_NS has passed for a
+ * launch (then it counts as dropped in the next window record). A window's weight applies to its launches whenever
+ * their work arrives, so the re-weighted totals stay unbiased under any queue lag.
  *
  * Blocking waits are recorded outside windows too (their callbacks stay on while attached): one wait in N, chosen
  * at random, with weight N; N doubles when recording waits costs more than half the budget and halves back when
@@ -20,14 +26,15 @@
 
 #include <cupti_activity.h>
 
+#include "estimate.h"
 #include "inject.h"
 
 #define POLL_NS 100000000ull             /* how often a detached library looks at the semaphores: 100 ms */
-#define PRIOR_CUPTI_NS_PER_LAUNCH 4000.0 /* CUPTI's cost per recorded kernel, measured 2-6 us on an H200 */
-#define PRIOR_SLOWDOWN 0.3               /* in-window slowdown assumed before the first window is measured */
-#define FRACTION_MIN 0.001
-#define FRACTION_MAX 0.2
-#define KEEP_WINDOWS 4                   /* graph launches' ids are kept for this many windows */
+#define PRIOR_SLOWDOWN 1.0               /* in-window slowdown assumed before the first window is measured */
+#define MAX_LAG_NS 3000000000ull         /* a sampled launch's GPU work is awaited this long: 3 s */
+#define LINGER_POLL_MIN_NS 1000000ull    /* first pause while awaiting late work: 1 ms, doubling ... */
+#define LINGER_POLL_MAX_NS 20000000ull   /* ... up to 20 ms */
+#define EXPIRE_EVERY_NS 100000000ull     /* how often the sampled-id filter is swept while lingering: 100 ms */
 #define WAIT_EVERY_MAX (1u << 20)
 #define EXIT_DRAIN_NS 200000000ull       /* at exit, wait up to 200 ms for sampled launches' GPU work */
 
@@ -43,7 +50,10 @@ static uint64_t attach_start_ns;
 static uint64_t covered_ns;
 static uint64_t wait_period_start_ns;
 static double slowdown = PRIOR_SLOWDOWN;
-static double fraction = FRACTION_MIN; /* set from the budget and the prior at start */
+static double fraction = ESTIMATE_FRACTION_MIN; /* set from the budget and the prior at start */
+static int lingering;            /* the activity kinds are on outside a window, for late GPU work */
+static uint64_t linger_start_ns; /* monotonic: the window closed */
+static uint64_t linger_ns;       /* how long the last linger lasted; part of the next window's cost */
 static uint64_t rng = 0x9e3779b97f4a7c15ull;
 
 static double uniform01(void)
@@ -81,7 +91,11 @@ static int attach_locked(void)
 
 static void open_window_locked(void)
 {
-    activity_forget_before(last_window_id >= KEEP_WINDOWS ? last_window_id - KEEP_WINDOWS : 0);
+    if (lingering) {
+        linger_ns = monotonic_ns() - linger_start_ns;
+        lingering = 0;
+    }
+    activity_expire(MAX_LAG_NS);
     atomic_store(&g_state.window_launches, 0);
     atomic_store(&g_state.overhead_ns, 0);
     if (activity_enable(1) != 0)
@@ -92,18 +106,13 @@ static void open_window_locked(void)
     atomic_store_explicit(&g_state.window_id, ++last_window_id, memory_order_release);
 }
 
-static double clamp_fraction(double f)
-{
-    return f < FRACTION_MIN ? FRACTION_MIN : (f > FRACTION_MAX ? FRACTION_MAX : f);
-}
-
 static void adapt_locked(uint64_t window_ns, uint64_t overhead_ns, uint64_t launches)
 {
     if (window_ns == 0)
         return;
-    double observed = ((double)overhead_ns + (double)launches * PRIOR_CUPTI_NS_PER_LAUNCH) / (double)window_ns;
-    slowdown = 0.7 * slowdown + 0.3 * observed;
-    fraction = clamp_fraction(slowdown > 0 ? g_settings.overhead_budget / slowdown : FRACTION_MAX);
+    struct window_cost cost = {window_ns, overhead_ns, launches, linger_ns};
+    slowdown = 0.5 * slowdown + 0.5 * estimate_slowdown(&cost);
+    fraction = fraction_for_budget(g_settings.overhead_budget, slowdown);
 
     uint64_t now = monotonic_ns();
     uint64_t period_ns = now - wait_period_start_ns;
@@ -129,9 +138,12 @@ static void close_window_locked(uint32_t flush_flag)
     while (atomic_load(&g_state.in_launch) != 0 && monotonic_ns() < give_up)
         sched_yield();
     cbids_enable_launches(0);
-    activity_enable(0);
     uint64_t end = now_ns();
     g_cupti.activity_flush_all(flush_flag);
+    /* The activity kinds stay on until the sampled launches' GPU work has arrived (see linger_locked). */
+    lingering = 1;
+    linger_start_ns = monotonic_ns();
+    linger_ns = 0;
     covered_ns += end - open_start_ns;
     struct otel_gpu_window rec = {
         .abi_version = OTEL_GPU_ABI_VERSION,
@@ -148,12 +160,31 @@ static void close_window_locked(uint32_t flush_flag)
     adapt_locked(end - open_start_ns, rec.overhead_ns, rec.launches);
 }
 
+/* Ends a linger once nothing sampled is outstanding (or what is left has timed out); 1 while it goes on. */
+static int linger_check_locked(void)
+{
+    if (!lingering)
+        return 0;
+    g_cupti.activity_flush_all(0);
+    uint64_t now = monotonic_ns();
+    if (activity_outstanding() != 0 && now - linger_start_ns <= MAX_LAG_NS)
+        return 1;
+    if (activity_outstanding() != 0)
+        activity_expire(MAX_LAG_NS); /* counts what never came as dropped */
+    activity_enable(0);
+    lingering = 0;
+    linger_ns = now - linger_start_ns;
+    return 0;
+}
+
 static void detach_locked(void)
 {
     close_window_locked(0);
     cbids_enable_waits(0);
     atomic_store(&g_state.attached, 0);
-    g_cupti.activity_flush_all(0); /* the rest arrives through the still registered buffer callbacks */
+    activity_drain(EXIT_DRAIN_NS); /* bounded: the agent is gone, what has not come by then is lost */
+    activity_enable(0);
+    lingering = 0;
     cupti_release();
 }
 
@@ -173,14 +204,24 @@ static int sleep_locked(uint64_t duration_ns)
     return stopped;
 }
 
-/* Sleeps the gap before the next window in slices, leaving early if the agent goes away; 0 = still attached. */
+/* Sleeps the gap before the next window in slices, leaving early if the agent goes away; 0 = still attached.
+ * While lingering, the slices are short and each ends with a flush and a look at what is still outstanding. */
 static int wait_gap_locked(uint64_t gap_ns)
 {
+    uint64_t poll = LINGER_POLL_MIN_NS, last_expire = monotonic_ns();
     while (gap_ns > 0) {
-        uint64_t slice = gap_ns < POLL_NS ? gap_ns : POLL_NS;
+        uint64_t most = lingering ? poll : POLL_NS;
+        uint64_t slice = gap_ns < most ? gap_ns : most;
         if (sleep_locked(slice))
             return -1;
         gap_ns -= slice;
+        if (lingering) {
+            poll = poll * 2 < LINGER_POLL_MAX_NS ? poll * 2 : LINGER_POLL_MAX_NS;
+            if (linger_check_locked() && monotonic_ns() - last_expire >= EXPIRE_EVERY_NS) {
+                activity_expire(MAX_LAG_NS); /* clears tombstones and finished graph launches from the filter */
+                last_expire = monotonic_ns();
+            }
+        }
         if (!agent_present())
             return -1;
     }
@@ -218,7 +259,7 @@ static void *controller_main(void *arg)
 int sampler_start(void)
 {
     rng ^= monotonic_ns();
-    fraction = clamp_fraction(g_settings.overhead_budget / PRIOR_SLOWDOWN);
+    fraction = fraction_for_budget(g_settings.overhead_budget, PRIOR_SLOWDOWN);
     pthread_attr_t attr;
     pthread_attr_init(&attr);
     pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);

@@ -6,9 +6,11 @@
  * layouts (CUpti_ActivityKernel10, CUpti_ActivityMemcpy6, CUpti_ActivityMemset4) while those kinds are enabled,
  * delivered through the registered buffer callbacks on cuptiActivityFlushAll: records of finished work; with
  * CUPTI_ACTIVITY_FLAG_FLUSH_FORCED also the work still running, with a zero end, never delivered again (as CUPTI does). Resource domain: CONTEXT_DESTROY_STARTING only.
+ * Disabling a kind loses the records of that kind's work that has not finished yet (counted in records_lost): what
+ * an H200 showed when the kinds went off while a GPU-bound program's queue still held sampled launches.
  *
  * FAKE_CUPTI_STATS=<path> writes counters at exit ("name value" lines): api_callbacks, resource_callbacks, records_produced,
- * records_delivered, records_dropped, enable_calls, subscribes. One subscriber at a time, as the real CUPTI.
+ * records_delivered, records_dropped, records_lost, enable_calls, subscribes. One subscriber at a time, as the real CUPTI.
  */
 #include <dlfcn.h>
 #include <pthread.h>
@@ -46,7 +48,7 @@ static union any_record *pending;
 static size_t pending_count, pending_capacity;
 
 static _Atomic uint64_t api_callbacks, resource_callbacks, records_produced, records_delivered, records_dropped,
-    enable_calls, subscribes, dropped_since_query;
+    records_lost, enable_calls, subscribes, dropped_since_query;
 
 static uint64_t realtime_ns(void)
 {
@@ -330,12 +332,29 @@ API CUptiResult CUPTIAPI cuptiActivityEnable(CUpti_ActivityKind kind)
     return CUPTI_SUCCESS;
 }
 
+/* Drops pending records of unfinished work of the kind that flag switches. */
+static void lose_unfinished(_Atomic int *flag)
+{
+    uint64_t now = realtime_ns();
+    pthread_mutex_lock(&pending_lock);
+    size_t kept = 0;
+    for (size_t i = 0; i < pending_count; i++) {
+        if (kind_flag(pending[i].header.kind) == flag && record_end(&pending[i]) > now)
+            atomic_fetch_add(&records_lost, 1);
+        else
+            pending[kept++] = pending[i];
+    }
+    pending_count = kept;
+    pthread_mutex_unlock(&pending_lock);
+}
+
 API CUptiResult CUPTIAPI cuptiActivityDisable(CUpti_ActivityKind kind)
 {
     _Atomic int *flag = kind_flag(kind);
     if (flag == NULL)
         return CUPTI_ERROR_NOT_COMPATIBLE;
     atomic_store(flag, 0);
+    lose_unfinished(flag);
     atomic_fetch_add(&enable_calls, 1);
     return CUPTI_SUCCESS;
 }
@@ -428,10 +447,10 @@ __attribute__((destructor)) static void write_stats(void)
     if (f == NULL)
         return;
     fprintf(f, "api_callbacks %llu\nresource_callbacks %llu\nrecords_produced %llu\nrecords_delivered %llu\n"
-               "records_dropped %llu\nenable_calls %llu\nsubscribes %llu\n",
+               "records_dropped %llu\nrecords_lost %llu\nenable_calls %llu\nsubscribes %llu\n",
             (unsigned long long)api_callbacks, (unsigned long long)resource_callbacks,
             (unsigned long long)records_produced,
             (unsigned long long)records_delivered, (unsigned long long)records_dropped,
-            (unsigned long long)enable_calls, (unsigned long long)subscribes);
+            (unsigned long long)records_lost, (unsigned long long)enable_calls, (unsigned long long)subscribes);
     fclose(f);
 }

@@ -13,6 +13,7 @@
  *   main -> drain (cuCtxSynchronize) and cuDevicePrimaryCtxRelease at the end
  *
  * usage: workload [--steps N] [--graph-every K] [--exit-at STEP] [--no-init] [--tiny N] [--skip-exit-handlers]
+ *                 [--lagged-pace-us US] (launch a step every US microseconds, never wait: the GPU queue lags)
  *   --skip-exit-handlers ends with _exit() right after releasing the context: only the context-destruction
  *   callback can hand over the last records.
  *   --fork-children forks a child every 5 steps that returns from a function and exit()s at once (running exit
@@ -30,6 +31,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <cuda.h>
@@ -142,6 +144,21 @@ NOINLINE void launch_bound_loop(long launches)
     printf("tiny_launches %ld\n", launches);
 }
 
+/* A GPU-bound program: launches come every pace_us, faster than the GPU runs them (2.5 ms a step), and nothing waits
+ * until the end, so the queue lags the launches by more and more (hundreds of ms after a few hundred steps). */
+NOINLINE void lagged_loop(int steps, int graph_every, long pace_us)
+{
+    for (int step = 0; step < steps; step++) {
+        forward();
+        if (graph_every > 0 && step % graph_every == 0)
+            launch_graph();
+        if (step % 10 == 0)
+            fill_buffer();
+        struct timespec pause = {pace_us / 1000000, (pace_us % 1000000) * 1000};
+        nanosleep(&pause, NULL);
+    }
+}
+
 NOINLINE void train_step(int step, int graph_every, int exit_at)
 {
     forward();
@@ -215,7 +232,7 @@ static void setup(void)
 int main(int argc, char **argv)
 {
     int steps = 200, graph_every = 4, exit_at = -1, init = 1;
-    long tiny_launches = 0;
+    long tiny_launches = 0, lag_pace_us = 0;
     int skip_exit_handlers = 0, fork_children = 0, take_cupti = 0;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--steps") == 0 && i + 1 < argc)
@@ -226,6 +243,8 @@ int main(int argc, char **argv)
             exit_at = atoi(argv[++i]);
         else if (strcmp(argv[i], "--tiny") == 0 && i + 1 < argc)
             tiny_launches = atol(argv[++i]);
+        else if (strcmp(argv[i], "--lagged-pace-us") == 0 && i + 1 < argc)
+            lag_pace_us = atol(argv[++i]);
         else if (strcmp(argv[i], "--take-cupti") == 0)
             take_cupti = 1;
         else if (strcmp(argv[i], "--fork-children") == 0)
@@ -236,7 +255,7 @@ int main(int argc, char **argv)
             init = 0;
         else {
             fprintf(stderr, "usage: %s [--steps N] [--graph-every K] [--exit-at STEP] [--no-init] [--tiny N] [--skip-exit-handlers]"
-                            " [--fork-children] [--take-cupti]\n",
+                            " [--lagged-pace-us US] [--fork-children] [--take-cupti]\n",
                     argv[0]);
             return 2;
         }
@@ -251,7 +270,9 @@ int main(int argc, char **argv)
         return 0;
     }
     int children = 0;
-    for (int step = 0; step < steps; step++) {
+    if (lag_pace_us > 0)
+        lagged_loop(steps, graph_every, lag_pace_us);
+    for (int step = 0; step < steps && lag_pace_us == 0; step++) {
         train_step(step, graph_every, exit_at);
         if (fork_children && step % 5 == 0) {
             pid_t child = fork();

@@ -1,0 +1,32 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * The in-window slowdown estimate that sizes the sampling fraction: pure arithmetic, no state, so that tests can
+ * call it directly (tests/native/cuda builds it into a small shared library).
+ *
+ * Inside a window every launch pays the library's own time (callbacks, stack, buffer processing: measured) and
+ * CUPTI's own cost per recorded launch (callback dispatch and activity instrumentation inside the driver: not
+ * measurable from here, so a conservative prior). The slowdown is relative to the time the same work takes
+ * undisturbed: cost / (window - cost). After a window closes, the activity kinds may stay on (callbacks off) until
+ * the window's sampled launches' GPU work has arrived ("linger"); launches then pay CUPTI's activity cost only. Their
+ * number is estimated from the undisturbed launch rate of the window (launches / (window - cost)).
+ */
+#include "estimate.h"
+
+double estimate_slowdown(const struct window_cost *c)
+{
+    if (c->window_ns == 0)
+        return 0.0;
+    double window = (double)c->window_ns;
+    double in_window = (double)c->own_ns + (double)c->launches * ESTIMATE_CUPTI_NS_PER_LAUNCH;
+    double undisturbed = window - in_window;
+    if (undisturbed < window * ESTIMATE_MIN_UNDISTURBED)
+        undisturbed = window * ESTIMATE_MIN_UNDISTURBED; /* the work took at least this long undisturbed */
+    double linger_launches = (double)c->linger_ns * ((double)c->launches / undisturbed);
+    return (in_window + linger_launches * ESTIMATE_ACTIVITY_NS_PER_LAUNCH) / undisturbed;
+}
+
+double fraction_for_budget(double budget, double slowdown)
+{
+    double f = slowdown > 0.0 ? budget / slowdown : ESTIMATE_FRACTION_MAX;
+    return f < ESTIMATE_FRACTION_MIN ? ESTIMATE_FRACTION_MIN : (f > ESTIMATE_FRACTION_MAX ? ESTIMATE_FRACTION_MAX : f);
+}

@@ -1,0 +1,29 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* The in-window slowdown estimate (estimate.c); plain C, no CUDA headers, so tests can build it alone. */
+#ifndef OTEL_GPU_ESTIMATE_H
+#define OTEL_GPU_ESTIMATE_H
+
+#include <stdint.h>
+
+/* CUPTI's own cost per recorded launch (callbacks + activity instrumentation): an H200 smoke run showed the launch
+ * rate inside windows at 1/4 of the rate outside: 21 us more per launch, 11 us of them not the library's. */
+#define ESTIMATE_CUPTI_NS_PER_LAUNCH 10000.0
+#define ESTIMATE_ACTIVITY_NS_PER_LAUNCH 4000.0 /* activity instrumentation alone (callbacks off), per launch */
+#define ESTIMATE_MIN_UNDISTURBED 0.05          /* undisturbed time is taken as at least 5 % of the window */
+#define ESTIMATE_FRACTION_MIN 0.001
+#define ESTIMATE_FRACTION_MAX 0.2
+
+struct window_cost {
+    uint64_t window_ns; /* length of the window */
+    uint64_t own_ns;    /* the library's own time in callbacks and buffer processing during the window */
+    uint64_t launches;  /* launches recorded in the window */
+    uint64_t linger_ns; /* after the window: time the activity kinds stayed on for its late GPU work */
+};
+
+/* Slowdown of the program while sampling one window: extra time / undisturbed time (0.5 = 50 % slower). */
+double estimate_slowdown(const struct window_cost *c);
+
+/* The fraction of time to sample so that fraction x slowdown stays within budget, bounded to [0.1 %, 20 %]. */
+double fraction_for_budget(double budget, double slowdown);
+
+#endif /* OTEL_GPU_ESTIMATE_H */

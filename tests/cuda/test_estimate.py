@@ -1,0 +1,73 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The injected library's in-window slowdown estimate (otel_gpu/cuda/native/estimate.c), called through ctypes."""
+
+from __future__ import annotations
+
+import ctypes
+import subprocess
+from pathlib import Path
+
+import pytest
+
+FAKES = Path(__file__).resolve().parents[2] / "tests" / "native" / "cuda"
+
+
+class WindowCost(ctypes.Structure):
+    _fields_ = [
+        ("window_ns", ctypes.c_uint64),
+        ("own_ns", ctypes.c_uint64),
+        ("launches", ctypes.c_uint64),
+        ("linger_ns", ctypes.c_uint64),
+    ]
+
+
+@pytest.fixture(scope="module")
+def estimate() -> ctypes.CDLL:
+    subprocess.run(["make", "-s", "-C", str(FAKES), "libestimate.so"], check=True, capture_output=True, timeout=300)
+    lib = ctypes.CDLL(str(FAKES / "libestimate.so"))
+    lib.estimate_slowdown.argtypes = [ctypes.POINTER(WindowCost)]
+    lib.estimate_slowdown.restype = ctypes.c_double
+    lib.fraction_for_budget.argtypes = [ctypes.c_double, ctypes.c_double]
+    lib.fraction_for_budget.restype = ctypes.c_double
+    return lib
+
+
+def slowdown(lib: ctypes.CDLL, window_ns: int, own_ns: int, launches: int, linger_ns: int = 0) -> float:
+    return float(lib.estimate_slowdown(ctypes.byref(WindowCost(window_ns, own_ns, launches, linger_ns))))
+
+
+def test_launch_bound_window_of_the_h200_smoke_run(estimate: ctypes.CDLL) -> None:
+    """Inject smoke run 1 on an H200: 17 windows, 342.6 ms, 12302 launches, 121.95 ms of the library's own time;
+    the launch rate in windows was 36k/s against ~147k/s outside, a real in-window slowdown of about 3 (300 %)."""
+    s = slowdown(estimate, window_ns=342_600_000 // 17, own_ns=121_950_000 // 17, launches=12302 // 17)
+    assert 2.0 <= s <= 4.0  # the old estimate (overhead / window length, 4 us prior) said 0.5
+    f = estimate.fraction_for_budget(0.02, s)
+    assert f * 3.1 <= 0.03  # at the real slowdown, the default 2 % budget costs well under 5 %
+
+
+def test_gpu_bound_window_is_cheap(estimate: ctypes.CDLL) -> None:
+    """A matmul loop: 14 launches in a 20 ms window, 30 us of the library's time: the maximum fraction."""
+    s = slowdown(estimate, window_ns=20_000_000, own_ns=30_000, launches=14)
+    assert s == pytest.approx((30_000 + 14 * 10_000) / (20_000_000 - 30_000 - 14 * 10_000))
+    assert estimate.fraction_for_budget(0.02, s) == pytest.approx(0.2)
+
+
+def test_slowdown_is_relative_to_the_undisturbed_time(estimate: ctypes.CDLL) -> None:
+    """Half the window spent on recording is a slowdown of 1 (100 %), not 0.5."""
+    assert slowdown(estimate, window_ns=20_000_000, own_ns=10_000_000, launches=0) == pytest.approx(1.0)
+    # Recording that takes (nearly) the whole window: the undisturbed time is floored at 5 % of it.
+    assert slowdown(estimate, window_ns=20_000_000, own_ns=19_990_000, launches=0) == pytest.approx(19.99)
+
+
+def test_lingering_activity_adds_its_launches_cost(estimate: ctypes.CDLL) -> None:
+    """After the window, launches at the undisturbed rate pay the activity cost (4 us) while the kinds stay on."""
+    base = slowdown(estimate, window_ns=20_000_000, own_ns=1_000_000, launches=100)
+    lingered = slowdown(estimate, window_ns=20_000_000, own_ns=1_000_000, launches=100, linger_ns=18_000_000)
+    undisturbed = 20_000_000 - 1_000_000 - 100 * 10_000
+    assert lingered - base == pytest.approx(18_000_000 * (100 / undisturbed) * 4_000 / undisturbed)
+
+
+def test_fraction_is_bounded(estimate: ctypes.CDLL) -> None:
+    assert estimate.fraction_for_budget(0.02, 0.0) == pytest.approx(0.2)
+    assert estimate.fraction_for_budget(0.02, 1000.0) == pytest.approx(0.001)
+    assert estimate.fraction_for_budget(0.02, 2.0) == pytest.approx(0.01)
