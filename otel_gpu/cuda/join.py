@@ -3,7 +3,9 @@
 
 Pure and single-threaded (the source serialises calls). Whichever side arrives second completes the pair; a graph
 launch stays after its first match so that every kernel of the graph is attributed to the graph launch's stack.
-Maps are bounded per process: the oldest entries are evicted and unmatched ones counted as join misses.
+Maps are bounded per process: the oldest entries are evicted and unmatched ones counted as join misses. A launch
+whose GPU work has not arrived ``max_lag_ns`` of launch time after it (the injected library itself gives up after
+3 s and counts it as dropped in its window record) is let go and counted as a miss too, never silently kept.
 """
 
 from __future__ import annotations
@@ -37,24 +39,29 @@ class _ProcessJoin:
     activities: OrderedDict[int, list[Activity]] = field(default_factory=OrderedDict)
     parked_activities: int = 0
     max_id: int = 0
+    newest_launch_ns: int = 0
 
 
 class Joiner:
     """Pairs :class:`Launch` and :class:`Activity` records of the same (pid, correlation id).
 
     ``max_pending`` bounds, per process, both the launches kept and the activities waiting for their launch;
-    ``id_window`` drops entries whose correlation id is that far behind the newest one seen (ids grow per process).
+    ``id_window`` drops entries whose correlation id is that far behind the newest one seen (ids grow per process);
+    ``max_lag_ns`` drops launches whose work has not arrived by the time a launch that much later is seen.
     """
 
-    def __init__(self, max_pending: int = 65536, id_window: int = 1 << 20) -> None:
+    def __init__(self, max_pending: int = 65536, id_window: int = 1 << 20,
+                 max_lag_ns: int = 10_000_000_000) -> None:
         self.max_pending = max_pending
         self.id_window = id_window
+        self.max_lag_ns = max_lag_ns
         self.stats = JoinStats()
         self._processes: dict[int, _ProcessJoin] = {}
 
     def add_launch(self, launch: Launch) -> list[GPUWork]:
         """Record ``launch``; returns the work completed by activities that arrived before it."""
         proc = self._process(launch.pid, launch.correlation_id)
+        proc.newest_launch_ns = max(proc.newest_launch_ns, launch.timestamp_ns)
         waiting = proc.activities.pop(launch.correlation_id, [])
         proc.parked_activities -= len(waiting)
         done = [GPUWork(launch, activity) for activity in waiting]
@@ -106,9 +113,10 @@ class Joiner:
 
     def _bound(self, proc: _ProcessJoin) -> None:
         oldest_kept = proc.max_id - self.id_window
-        while proc.launches:
-            corr, (_, matched) = next(iter(proc.launches.items()))
-            if len(proc.launches) <= self.max_pending and corr >= oldest_kept:
+        oldest_ns = proc.newest_launch_ns - self.max_lag_ns
+        while proc.launches:  # in launch order (a graph launch keeps its place while its kernels arrive)
+            corr, (launch, matched) = next(iter(proc.launches.items()))
+            if len(proc.launches) <= self.max_pending and corr >= oldest_kept and launch.timestamp_ns >= oldest_ns:
                 break
             proc.launches.popitem(last=False)
             self.stats.launches_unmatched += not matched

@@ -96,3 +96,19 @@ def test_window_totals_restart_after_reattach() -> None:
 def test_every_launch_recorded_gives_weight_one() -> None:
     weights = WindowWeights()
     assert weights.add(window(10, 1, covered_ns=100, elapsed_ns=100))[0] == 1.0
+
+
+def test_launch_whose_work_never_arrives_is_counted_once_it_is_too_old() -> None:
+    """A sampled launch whose GPU work was lost is let go after max_lag_ns of launch time and counted as a miss."""
+    joiner = Joiner(max_lag_ns=5_000)
+    joiner.add_launch(launch(10, 1, timestamp_ns=1_000))
+    joiner.add_launch(launch(10, 2, timestamp_ns=2_000))
+    joiner.add_launch(launch(10, 3, timestamp_ns=5_000))  # 1 and 2 are still within the lag
+    assert joiner.pending(10) == (3, 0)
+    assert joiner.stats.launches_unmatched == 0
+    assert [w.launch.correlation_id for w in joiner.add_activity(kernel(10, 2, 100))] == [2]
+    joiner.add_launch(launch(10, 4, timestamp_ns=6_500))  # 1 is now 5.5 us behind: lost
+    assert joiner.pending(10) == (2, 0)
+    assert joiner.stats.launches_unmatched == 1
+    # Late work of a launch that is still within the lag joins as usual.
+    assert [w.launch.correlation_id for w in joiner.add_activity(kernel(10, 3, 100))] == [3]
