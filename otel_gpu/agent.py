@@ -17,6 +17,7 @@ import threading
 import time
 from collections.abc import Callable
 from types import FrameType
+from typing import Any
 
 from otel_gpu import selfmetrics, semconv
 from otel_gpu.config import AgentConfig
@@ -85,12 +86,8 @@ class Agent:
         from otel_gpu.metrics.gpu_instruments import register_gpu_instruments
 
         source = NVMLSource(self.config.gpu, self._resolver, interval_s=self.config.metrics.export_interval_s)
-        try:
-            source.open()
-        except SourceUnavailable as exc:
-            _logger.warning("GPU metrics are off: %s", exc)
+        if not _opened(source, "GPU metrics are off", cleanup):
             return None
-        cleanup.callback(source.close)
         source.start()
         register_gpu_instruments(pipeline.meter("otel_gpu.gpu"), source)
         return source
@@ -98,19 +95,10 @@ class Agent:
     def _start_profilers(self, cleanup: contextlib.ExitStack) -> list:  # type: ignore[type-arg]
         if not self.config.profiling.enabled:
             return []
-        try:
-            from otel_gpu.cpu.source import CPUProfileSource
-        except ImportError as exc:  # pragma: no cover - a broken install
-            _logger.warning("CPU profiling is off: %s", exc)
-            return []
+        from otel_gpu.cpu.source import CPUProfileSource
+
         source = CPUProfileSource(self.config.profiling, self._resolver, symbolizer=self._shared_symbolizer())
-        try:
-            source.open()
-        except SourceUnavailable as exc:
-            _logger.warning("CPU profiling is off: %s", exc)
-            return []
-        cleanup.callback(source.close)
-        return [source]
+        return [source] if _opened(source, "CPU profiling is off", cleanup) else []
 
     def _start_gpu_time(self, cleanup: contextlib.ExitStack, pipeline) -> list:  # type: ignore[no-untyped-def]
         if not self.config.profiling.gpu_time:
@@ -120,12 +108,8 @@ class Agent:
         from otel_gpu.cuda.symbols import SharedSymbolizer
 
         source = GPUTimeSource(self._resolver, symbolizer=SharedSymbolizer(self._shared_symbolizer()))
-        try:
-            source.open()
-        except SourceUnavailable as exc:
-            _logger.warning("GPU-time profiling is off: %s", exc)
+        if not _opened(source, "GPU-time profiling is off", cleanup):
             return []
-        cleanup.callback(source.close)
         register_gpu_time_instruments(pipeline.meter("otel_gpu.cuda"), source)
         return [source]
 
@@ -222,3 +206,15 @@ class Agent:
         previous: dict[int, Callable[..., object] | int | None] = {}
         for sig in (signal.SIGTERM, signal.SIGINT):
             previous[sig] = signal.signal(sig, handler)
+
+
+def _opened(source: Any, what: str, cleanup: contextlib.ExitStack) -> bool:
+    """Open ``source``; on SourceUnavailable log one line, ``what`` ("GPU metrics are off") and why, and return False.
+    An opened source is closed when ``cleanup`` unwinds."""
+    try:
+        source.open()
+    except SourceUnavailable as exc:
+        _logger.warning("%s: %s", what, exc)
+        return False
+    cleanup.callback(source.close)
+    return True
