@@ -34,7 +34,7 @@ static pthread_mutex_t pool_lock = PTHREAD_MUTEX_INITIALIZER;
 #define FILTER_EMPTY 0u
 #define FILTER_TOMBSTONE UINT32_MAX
 
-#define GRAPH_QUIET_NS 100000000ull /* a graph launch's work is complete once none arrived for 100 ms */
+#define GRAPH_QUIET_NS 20000000ull /* a graph launch's work is complete once none of it arrived for 20 ms */
 
 struct filter_slot {
     uint32_t correlation_id;
