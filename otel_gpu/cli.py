@@ -2,8 +2,8 @@
 """The ``otel-gpu`` command.
 
     otel-gpu run [--duration S] [--output-dir DIR] [--otlp-endpoint URL] ...   start the agent
-    otel-gpu config [...]                                                     print the effective configuration
-    otel-gpu inject -- COMMAND [ARGS ...]                                     run a CUDA workload with GPU-time profiling
+    otel-gpu config [...]                                   print the effective configuration
+    otel-gpu inject -- COMMAND [ARGS ...]                   run a CUDA workload with GPU-time profiling
     otel-gpu --version
 
 Exit codes: 0 success, 1 runtime failure, 2 bad configuration (every problem listed, each naming its flag).

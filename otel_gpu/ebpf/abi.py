@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""ctypes mirrors of the structs in ``programs/otel_gpu_bpf.h`` (checked against the header by tests/ebpf/test_abi.py)."""
+"""ctypes mirrors of the structs in ``programs/otel_gpu_bpf.h`` (tests/ebpf/test_abi.py checks them against it)."""
 
 from __future__ import annotations
 

@@ -63,7 +63,7 @@ class CountingExporter(MetricExporter):
         try:
             result = self.inner.export(metrics_data, timeout_millis=timeout_millis)
             reason = getattr(self.inner, "last_error", "") or self.failure_hint
-        except Exception as exc:  # export boundary: a raising exporter must not stop the reader thread
+        except Exception as exc:  # noqa: BLE001 - export boundary: a raising exporter must not stop the reader thread
             result, reason = MetricExportResult.FAILURE, f"{type(exc).__name__}: {exc}"
         with self._lock:
             if result is MetricExportResult.SUCCESS:
@@ -200,7 +200,7 @@ class MetricsPipeline:
         timeout_s = self.config.otlp.timeout_s + _SHUTDOWN_GRACE_S
         try:
             self._provider.shutdown(timeout_millis=timeout_s * 1000.0)
-        except Exception as exc:  # shutdown boundary: the HTTP server must still stop
+        except Exception as exc:  # noqa: BLE001 - shutdown boundary: the HTTP server must still stop
             _logger.warning("stopping the metric readers: %s", exc)
         if self._prometheus_server is not None:
             self._prometheus_server.shutdown()

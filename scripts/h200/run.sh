@@ -25,7 +25,7 @@ for step in "${steps[@]}"; do
 while time.time()-t<40: (a@a); torch.cuda.synchronize()' & load=$!
               sleep 5
               /usr/bin/time -v timeout 60 python3 -m otel_gpu run --duration 30 --metric-export-interval 5 \
-                --profiling-interval 10 --no-gpu-time-profiling --output-dir "$OUT/agent" --console on \
+                --profiling-interval 10 --output-dir "$OUT/agent" --console on \
                 > "$OUT/agent-console.txt" 2> "$OUT/agent-stderr.txt"
               echo "agent exit $?"; kill $load 2>/dev/null; wait $load 2>/dev/null
               tail -40 "$OUT/agent-console.txt"; grep -E 'WARNING|ERROR|Maximum resident|Elapsed|User time|System time' "$OUT/agent-stderr.txt"
