@@ -488,9 +488,9 @@ def test_sampling_fraction_adapts_to_the_overhead_budget(injected_lib: Path, tmp
     run = run_workload(
         injected_lib,
         tmp_path,
-        [str(WORKLOAD), "--tiny", "4000000"],
-        extra_env={"OTEL_GPU_OVERHEAD_BUDGET": "0.2", "OTEL_GPU_WINDOW_MS": "2", "FAKE_CUDA_SCHEDULE": ""},
-    )  # no ground truth: 4 million lines
+        [str(WORKLOAD), "--tiny", "8000000"],
+        extra_env={"OTEL_GPU_OVERHEAD_BUDGET": "0.2", "OTEL_GPU_WINDOW_MS": "1", "FAKE_CUDA_SCHEDULE": ""},
+    )  # no ground truth: 8 million lines
     windows = run.records.windows
     assert len(windows) >= 3
     prior_fraction = 0.2 / 1.0  # budget / the library's prior in-window slowdown
