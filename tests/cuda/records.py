@@ -11,7 +11,8 @@ def stack(*pcs: int, python: tuple[abi.PythonFrame, ...] = ()) -> abi.Stack:
 
 
 def launch(pid: int, corr: int, window: int = 1, kind: int = abi.LAUNCH_KERNEL, tid: int = 0,
-           stack_: abi.Stack | None = None, comm: str = "worker", timestamp_ns: int = 0) -> abi.Launch:
+           stack_: abi.Stack | None = None, comm: str = "worker",
+           timestamp_ns: int = 0) -> abi.Launch:
     return abi.Launch(pid, tid or pid, comm, kind, corr, 307, window, timestamp_ns, 0xabc if kind == abi.LAUNCH_GRAPH else 0,
                       stack_ or stack(0x1000 + corr))
 
