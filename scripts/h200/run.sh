@@ -38,6 +38,14 @@ while time.time()-t<30: (a@a); torch.cuda.synchronize()' & load=$!
                 --no-cpu-profiling --no-gpu-time-profiling --output-dir "$OUT/rss" --console off 2> "$OUT/rss-stderr.txt"
               kill $load 2>/dev/null; wait $load 2>/dev/null
               grep -E 'WARNING|ERROR|Maximum resident|Elapsed|User time|System time' "$OUT/rss-stderr.txt" ;;
+    rss_cpu)  # agent RSS with CPU profiling + GPU metrics (GPU-time off) while a CUDA torch process runs
+              python3 -c 'import torch,time; a=torch.randn(8192,8192,device="cuda",dtype=torch.bfloat16); t=time.time()
+while time.time()-t<35: (a@a); torch.cuda.synchronize()' & load=$!
+              sleep 5
+              /usr/bin/time -v timeout 60 python3 -m otel_gpu run --duration 25 --profiling-interval 5 \
+                --no-gpu-time-profiling --output-dir "$OUT/rss_cpu" --console off 2> "$OUT/rss-cpu-stderr.txt"
+              kill $load 2>/dev/null; wait $load 2>/dev/null
+              grep -E 'WARNING|ERROR|Maximum resident|Elapsed|User time|System time' "$OUT/rss-cpu-stderr.txt" ;;
     *) echo "unknown step $step" ;;
   esac
   echo "=== $step exit $?"
