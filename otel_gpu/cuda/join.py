@@ -3,6 +3,8 @@
 
 Pure and single-threaded (the source serialises calls). Whichever side arrives second completes the pair; a graph
 launch stays after its first match so that every kernel of the graph is attributed to the graph launch's stack.
+CUPTI does not keep correlation ids unique (CUDA 13 hands the same id to several launches, in one window or in
+several): launches that share an id are queued and take its pieces of work in order, never overwritten.
 Maps are bounded per process: the oldest entries are evicted and unmatched ones counted as join misses. A launch
 whose GPU work has not arrived ``max_lag_ns`` of launch time after it (the injected library itself gives up after
 3 s and counts it as dropped in its window record) is let go and counted as a miss too, never silently kept.
@@ -31,12 +33,15 @@ class JoinStats:
     joined: int = 0
     launches_unmatched: int = 0   # launches evicted (or forgotten) before any activity arrived
     activities_unmatched: int = 0  # activities evicted (or forgotten) before their launch arrived
+    launches_duplicate_id: int = 0  # launches whose correlation id an unmatched earlier launch still held (queued)
 
 
 @dataclass(slots=True)
 class _ProcessJoin:
     launches: OrderedDict[int, tuple[Launch, bool]] = field(default_factory=OrderedDict)  # corr -> (launch, matched)
     activities: OrderedDict[int, list[Activity]] = field(default_factory=OrderedDict)
+    queued: dict[int, list[Launch]] = field(default_factory=dict)  # corr -> later launches with the same id, FIFO
+    queued_count: int = 0
     parked_activities: int = 0
     max_id: int = 0
     newest_launch_ns: int = 0
@@ -63,9 +68,21 @@ class Joiner:
         proc = self._process(launch.pid, launch.correlation_id)
         proc.newest_launch_ns = max(proc.newest_launch_ns, launch.timestamp_ns)
         waiting = proc.activities.pop(launch.correlation_id, [])
+        if waiting and launch.kind != LAUNCH_GRAPH and len(waiting) > 1:
+            # CUPTI reuses correlation ids (seen on CUDA 13): an eager launch takes one piece of work, the rest
+            # stays parked for the next launch with the same id.
+            proc.activities[launch.correlation_id] = waiting[1:]
+            waiting = waiting[:1]
         proc.parked_activities -= len(waiting)
         done = [GPUWork(launch, activity) for activity in waiting]
-        if not done or launch.kind == LAUNCH_GRAPH:
+        held = proc.launches.get(launch.correlation_id)
+        if not done and held is not None and not held[1]:
+            # The id is still held by a launch without work: never overwrite it (that loses a launch silently);
+            # queue this one, it takes the id's next piece of work after the earlier launch got its own.
+            proc.queued.setdefault(launch.correlation_id, []).append(launch)
+            proc.queued_count += 1
+            self.stats.launches_duplicate_id += 1
+        elif not done or launch.kind == LAUNCH_GRAPH:
             proc.launches[launch.correlation_id] = (launch, bool(done))
             proc.launches.move_to_end(launch.correlation_id)
         self.stats.joined += len(done)
@@ -82,7 +99,13 @@ class Joiner:
             self._bound(proc)
             return []
         launch, _ = entry
-        if launch.kind == LAUNCH_GRAPH:
+        queue = proc.queued.get(activity.correlation_id)
+        if queue:
+            proc.launches[activity.correlation_id] = (queue.pop(0), False)
+            proc.queued_count -= 1
+            if not queue:
+                del proc.queued[activity.correlation_id]
+        elif launch.kind == LAUNCH_GRAPH:
             proc.launches[activity.correlation_id] = (launch, True)
         else:
             del proc.launches[activity.correlation_id]
@@ -94,6 +117,7 @@ class Joiner:
         proc = self._processes.pop(pid, None)
         if proc is not None:
             self.stats.launches_unmatched += sum(1 for _, matched in proc.launches.values() if not matched)
+            self.stats.launches_unmatched += proc.queued_count
             self.stats.activities_unmatched += proc.parked_activities
 
     def pids(self) -> set[int]:
@@ -102,7 +126,7 @@ class Joiner:
     def pending(self, pid: int) -> tuple[int, int]:
         """(launches kept, activities parked) for ``pid``."""
         proc = self._processes.get(pid)
-        return (len(proc.launches), proc.parked_activities) if proc else (0, 0)
+        return (len(proc.launches) + proc.queued_count, proc.parked_activities) if proc else (0, 0)
 
     def _process(self, pid: int, correlation_id: int) -> _ProcessJoin:
         proc = self._processes.get(pid)
@@ -119,7 +143,8 @@ class Joiner:
             if len(proc.launches) <= self.max_pending and corr >= oldest_kept and launch.timestamp_ns >= oldest_ns:
                 break
             proc.launches.popitem(last=False)
-            self.stats.launches_unmatched += not matched
+            self.stats.launches_unmatched += (not matched) + len(proc.queued.get(corr, ()))
+            proc.queued_count -= len(proc.queued.pop(corr, ()))
         while proc.activities:
             corr, waiting = next(iter(proc.activities.items()))
             if proc.parked_activities <= self.max_pending and corr >= oldest_kept:

@@ -112,3 +112,37 @@ def test_launch_whose_work_never_arrives_is_counted_once_it_is_too_old() -> None
     assert joiner.stats.launches_unmatched == 1
     # Late work of a launch that is still within the lag joins as usual.
     assert [w.launch.correlation_id for w in joiner.add_activity(kernel(10, 3, 100))] == [3]
+
+
+def test_launches_sharing_a_correlation_id_each_take_one_piece_of_work_in_order() -> None:
+    """CUPTI on CUDA 13 hands one correlation id to many launches (seen on an H200): none may be lost silently."""
+    joiner = Joiner()
+    for window in (1, 2, 3):
+        assert joiner.add_launch(launch(10, 7, window=window)) == []
+    assert joiner.stats.launches_duplicate_id == 2
+    assert joiner.pending(10) == (3, 0)
+    done = [w for ns in (100, 200) for w in joiner.add_activity(kernel(10, 7, ns))]
+    assert [(w.launch.window_id, w.activity.duration_ns) for w in done] == [(1, 100), (2, 200)]
+    assert joiner.pending(10) == (1, 0)
+    joiner.forget_process(10)
+    assert joiner.stats.launches_unmatched == 1  # the third launch's work never came: counted, not dropped silently
+    assert joiner.stats.joined == 2
+
+
+def test_parked_work_with_a_shared_id_goes_one_piece_per_launch() -> None:
+    joiner = Joiner()
+    for ns in (100, 200):
+        assert joiner.add_activity(kernel(10, 7, ns)) == []
+    assert [w.activity.duration_ns for w in joiner.add_launch(launch(10, 7, window=1))] == [100]
+    assert joiner.pending(10) == (0, 1)
+    assert [w.activity.duration_ns for w in joiner.add_launch(launch(10, 7, window=2))] == [200]
+    assert joiner.pending(10) == (0, 0)
+
+
+def test_shared_ids_are_counted_when_evicted() -> None:
+    joiner = Joiner(max_pending=1)
+    joiner.add_launch(launch(10, 7))
+    joiner.add_launch(launch(10, 7))
+    joiner.add_launch(launch(10, 8))  # evicts id 7 with its queued twin
+    assert joiner.stats.launches_unmatched == 2
+    assert joiner.pending(10) == (1, 0)

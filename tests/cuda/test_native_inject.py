@@ -841,3 +841,28 @@ def test_python_frames_of_threads_generators_deep_stacks_and_unicode_names(
             assert set(names[5:]) == {"recurse"}
         else:
             assert names[5:] == ["schritt_über", "main", "<module>"]
+
+
+def test_launches_sharing_correlation_ids_each_deliver_their_work(injected_lib: Path, tmp_path: Path) -> None:
+    """CUDA 13's CUPTI hands one correlation id to several launches (an H200 showed thousands per id): every sampled
+    launch's work must still come out of the library, and the agent's joiner must pair each launch with one piece."""
+    from otel_gpu.cuda.join import Joiner
+    from tests.cuda.records import kernel, launch
+
+    argv = [str(WORKLOAD), "--steps", "600", "--lagged-pace-us", "1500", "--graph-every", "0"]  # one piece per launch
+    run = run_workload(injected_lib, tmp_path, argv, extra_env={"FAKE_CUDA_CORRELATION_CYCLE": "40"})
+    records = run.records
+    launches = Counter(la.correlation_id for la in records.launches)
+    assert max(launches.values()) > 1  # ids really repeat among sampled launches
+    # Work under a shared id is indistinguishable (an unsampled launch's kernel may stand in for a sampled one's, the
+    # sampled one's then goes unneeded): exactly one piece per sampled launch comes out, none is lost.
+    assert len(records.activities) == len(records.launches)
+    assert sum(w.dropped for w in records.windows) == 0
+    joiner = Joiner()
+    for la in records.launches:  # the agent sees launches first (their work comes late), in the library's order
+        joiner.add_launch(launch(1, la.correlation_id, window=la.window_id))
+    for a in records.activities:
+        joiner.add_activity(kernel(1, a.correlation_id, a.end_ns - a.start_ns))
+    assert joiner.pending(1) == (0, 0)
+    assert joiner.stats.joined == len(records.launches)
+    assert joiner.stats.launches_duplicate_id == len(records.launches) - len(launches)

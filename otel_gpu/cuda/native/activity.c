@@ -40,6 +40,7 @@ struct filter_slot {
     uint32_t correlation_id;
     uint8_t is_graph;
     uint8_t arrived;       /* at least one record of the launch's work has arrived */
+    uint16_t expected;     /* eager launches sampled with this id whose record has not arrived (ids can repeat) */
     uint64_t window_id;
     uint64_t remembered_ns; /* monotonic: when the launch was sampled */
     uint64_t arrival_ns;    /* monotonic: when its last record arrived */
@@ -70,9 +71,20 @@ void activity_remember(uint32_t correlation_id, uint64_t window_id, int is_graph
     uint32_t at = hash_id(correlation_id);
     for (uint32_t i = 0; i < FILTER_MAX_PROBE; i++, at = (at + 1) & (FILTER_SLOTS - 1)) {
         struct filter_slot *slot = &filter[at];
+        if (slot->correlation_id == correlation_id && !slot->is_graph && !is_graph && slot->expected < UINT16_MAX) {
+            /* The id is already pending: another launch carries it. Each one's record must pass (and be awaited);
+             * overwriting the slot would let only one through and leave `unarrived` unbalanced for ever. */
+            slot->expected++;
+            unarrived++;
+            pthread_mutex_unlock(&filter_lock);
+            return;
+        }
         if (slot->correlation_id == FILTER_EMPTY || slot->correlation_id == FILTER_TOMBSTONE ||
             slot->correlation_id == correlation_id) {
+            if (slot->correlation_id == correlation_id && !slot->arrived)
+                unarrived -= slot->is_graph ? 1u : slot->expected; /* replaced: its count goes with it */
             slot->correlation_id = correlation_id;
+            slot->expected = 1;
             slot->is_graph = (uint8_t)(is_graph != 0);
             slot->arrived = 0;
             slot->window_id = window_id;
@@ -99,11 +111,13 @@ static int filter_take(uint32_t correlation_id)
             break;
         if (slot->correlation_id == correlation_id) {
             found = 1;
-            if (!slot->arrived)
-                unarrived--;
             if (!slot->is_graph) {
-                slot->correlation_id = FILTER_TOMBSTONE;
+                unarrived--;
+                if (--slot->expected == 0)
+                    slot->correlation_id = FILTER_TOMBSTONE;
             } else {
+                if (!slot->arrived)
+                    unarrived--;
                 slot->arrived = 1;
                 slot->arrival_ns = last_graph_arrival_ns = monotonic_ns();
             }
@@ -138,8 +152,9 @@ uint32_t activity_expire(uint64_t max_lag_ns)
         if (!slot_pending(slot, now_mono))
             continue;
         if (!slot->arrived && now_mono - slot->remembered_ns > max_lag_ns) {
-            timed_out++;
-            unarrived--;
+            uint32_t lost = slot->is_graph ? 1u : slot->expected;
+            timed_out += lost;
+            unarrived -= lost;
         }
         else
             keep[kept++] = *slot;

@@ -73,6 +73,7 @@ static int stream_count;
 static uint32_t next_stream_id = 13;
 static uint32_t next_graph_id = 1;
 static _Atomic uint32_t next_correlation_id = 1;
+static uint32_t correlation_cycle; /* FAKE_CUDA_CORRELATION_CYCLE=N: ids repeat 1..N, as CUDA 13's CUPTI reuses ids */
 static struct CUctx_st the_context;
 static FILE *schedule;
 static pthread_mutex_t schedule_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -115,6 +116,8 @@ static void begin(struct fake_call *call, uint32_t cbid, const char *function, c
     memset(call, 0, sizeof(*call));
     call->cbid = cbid;
     call->correlation_id = atomic_fetch_add(&next_correlation_id, 1);
+    if (correlation_cycle > 0)
+        call->correlation_id = (call->correlation_id - 1) % correlation_cycle + 1;
     call->function_name = function;
     call->symbol_name = symbol;
     call->params = params;
@@ -193,6 +196,9 @@ CUresult CUDAAPI cuInit(unsigned int flags)
     if (done)
         return CUDA_SUCCESS;
     done = 1;
+    const char *cycle = getenv("FAKE_CUDA_CORRELATION_CYCLE");
+    if (cycle && cycle[0])
+        correlation_cycle = (uint32_t)strtoul(cycle, NULL, 10);
     const char *path = getenv("FAKE_CUDA_SCHEDULE");
     if (path && path[0])
         schedule = fopen(path, "w");
