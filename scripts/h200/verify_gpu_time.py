@@ -53,6 +53,9 @@ from otel_gpu.errors import SourceUnavailable
 from otel_gpu.profiles.model import FrameKind
 
 GEMM = re.compile(r"gemm|nvjet|xmma|cutlass|sm\d+_|cublas", re.IGNORECASE)
+LAUNCH_KINDS = {abi.LAUNCH_KERNEL: "kernel", abi.LAUNCH_GRAPH: "graph", abi.LAUNCH_MEMCPY: "memcpy",
+                abi.LAUNCH_MEMSET: "memset"}
+ACTIVITY_KINDS = {abi.ACTIVITY_KERNEL: "kernel", abi.ACTIVITY_MEMCPY: "memcpy", abi.ACTIVITY_MEMSET: "memset"}
 ELEMENTWISE = re.compile(r"elementwise|vectorized|unrolled", re.IGNORECASE)
 
 PROGRAM = r'''
@@ -160,6 +163,9 @@ class WindowedSource(GPUTimeSource):
         self.windows: Counter[int] = Counter()  # pid -> windows closed
         self.sampled_launches: Counter[int] = Counter()  # pid -> launches recorded in windows
         self.received: Counter[tuple[int, str]] = Counter()  # (pid, record type) -> records that reached the agent
+        self.launch_kinds: Counter[tuple[int, str]] = Counter()  # (pid, launch kind) -> sampled launches received
+        self.activity_kinds: Counter[tuple[int, str]] = Counter()  # (pid, activity kind) -> activities received
+        self.launch_ids: dict[int, set[int]] = defaultdict(set)  # pid -> distinct correlation ids of launches
 
     def fraction(self, pid: int) -> float:
         covered, elapsed = self._last_totals.get(pid, (0, 0))
@@ -167,6 +173,11 @@ class WindowedSource(GPUTimeSource):
 
     def handle(self, record: abi.Record) -> None:
         self.received[(record.pid, type(record).__name__)] += 1
+        if isinstance(record, abi.Launch):
+            self.launch_kinds[(record.pid, LAUNCH_KINDS.get(record.kind, str(record.kind)))] += 1
+            self.launch_ids[record.pid].add(record.correlation_id)
+        elif isinstance(record, abi.Activity):
+            self.activity_kinds[(record.pid, ACTIVITY_KINDS.get(record.kind, str(record.kind)))] += 1
         if isinstance(record, abi.Window):
             self.library_dropped[record.pid] += record.dropped
             self.windows[record.pid] += 1
@@ -369,7 +380,30 @@ def step_known(source: GPUTimeSource | None, lines: list[str], results: dict[str
                f"without launch) {measuring.join_stats()}; library dropped (lost records + sampled launches whose "
                f"work timed out) {measuring.library_dropped[pid]}; still unpaired at the end (launches without work, "
                f"work without launch) {unpaired}; records received "
-               f"{ {k: n for (p, k), n in measuring.received.items() if p == pid} }; eBPF drops {measuring.dropped()}")]
+               f"{ {k: n for (p, k), n in measuring.received.items() if p == pid} }; eBPF drops {measuring.dropped()}"),
+              accounting(measuring, pid, unpaired)]
+
+
+def accounting(source: WindowedSource, pid: int, unpaired: tuple[int, int]) -> str:
+    """Where every sampled launch went: joined with its work, or a counted loss (by reason); the rest is unexplained."""
+    stats = source._joiner.stats
+    launches = sum(n for (p, _), n in source.launch_kinds.items() if p == pid)
+    graphs = source.launch_kinds[(pid, "graph")]
+    activities = sum(n for (p, _), n in source.activity_kinds.items() if p == pid)
+    ids = len(source.launch_ids.get(pid, ()))
+    losses = {"agent: launch without work (evicted, timed out or process gone)": stats.launches_unmatched,
+              "agent: still unpaired at the end": unpaired[0],
+              "library dropped (timed out or lost)": source.library_dropped[pid],
+              **{f"eBPF {k}": v for k, v in source.dropped().items() if v}}
+    eager_joined = stats.joined if not graphs else "n/a (graph launches join several pieces)"
+    unexplained = launches - stats.joined - stats.launches_unmatched - unpaired[0] if not graphs else "n/a"
+    return (f"- accounting: sampled launches by kind "
+            f"{ {k: n for (p, k), n in source.launch_kinds.items() if p == pid} } (total {launches}); activities by "
+            f"kind { {k: n for (p, k), n in source.activity_kinds.items() if p == pid} } (total {activities}); "
+            f"distinct correlation ids among the sampled launches {ids} (launches sharing an id with another: "
+            f"{launches - ids}, queued by the joiner: {stats.launches_duplicate_id}); joined {eager_joined}; counted "
+            f"losses {losses}; activities without launch {stats.activities_unmatched}, parked at the end "
+            f"{unpaired[1]}; sampled launches neither joined nor counted: **{unexplained}** (must be 0)")
 
 
 def step_overhead(source: GPUTimeSource | None, lines: list[str], results: dict[str, object]) -> None:
