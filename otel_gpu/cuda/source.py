@@ -71,7 +71,7 @@ class GPUTimeSource:
     name = _SOURCE
 
     def __init__(self, resolver: ProcessResolver | None = None, *, proc_root: str = "/proc",
-                 program_path: str | os.PathLike[str] = PROGRAM_PATH, ringbuf_bytes: int = 16 << 20,
+                 program_path: str | os.PathLike[str] = PROGRAM_PATH, ringbuf_bytes: int = 4 << 20,
                  poll_interval_s: float = 0.1, rescan_interval_s: float = 2.0, full_rescan_s: float = 10.0,
                  library_name: str = LIBRARY_NAME,
                  symbolizer: NativeSymbolizer | None = None, max_pending_per_process: int = 65536) -> None:

@@ -16,7 +16,7 @@ char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
 struct {
     __uint(type, BPF_MAP_TYPE_RINGBUF);
-    __uint(max_entries, 8 * 1024 * 1024); /* bytes; the loader may resize it before load */
+    __uint(max_entries, 4 * 1024 * 1024); /* bytes; the loader may resize it before load */
 } events SEC(".maps");
 
 struct {
@@ -25,6 +25,19 @@ struct {
     __type(key, __u32);
     __type(value, __u64);
 } drops SEC(".maps");
+
+/* Scratch for a launch or sync record: it is assembled here and copied into the ring buffer with only its used
+ * bytes (a stack-carrying record reserves ~8.5 KiB but mostly uses 1-2 KiB, so the ring holds several times more). */
+struct otel_gpu_scratch {
+    __u8 bytes[sizeof(struct otel_gpu_event) + sizeof(struct otel_gpu_kstack) + OTEL_GPU_MAX_RECORD];
+};
+
+struct {
+    __uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+    __uint(max_entries, 1);
+    __type(key, __u32);
+    __type(value, struct otel_gpu_scratch);
+} scratch SEC(".maps");
 
 /* Wake the reader only once this many bytes wait in the ring buffer (0: after every record). The agent reads the
  * buffer every poll interval anyway, so waking it per record would only cost context switches. */
@@ -69,11 +82,10 @@ static __always_inline int emit_with_stack(struct pt_regs *ctx, __u32 type, cons
         count_drop(OTEL_GPU_DROP_BAD_LENGTH);
         return 0;
     }
-    void *buf = bpf_ringbuf_reserve(&events, STACK_RECORD_BYTES, 0);
-    if (!buf) {
-        count_drop(OTEL_GPU_DROP_RINGBUF_FULL);
+    __u32 zero = 0;
+    void *buf = bpf_map_lookup_elem(&scratch, &zero);
+    if (!buf)
         return 0;
-    }
     struct otel_gpu_event *event = buf;
     struct otel_gpu_kstack *stack = buf + sizeof(struct otel_gpu_event);
     void *payload = buf + sizeof(struct otel_gpu_event) + sizeof(struct otel_gpu_kstack);
@@ -83,14 +95,17 @@ static __always_inline int emit_with_stack(struct pt_regs *ctx, __u32 type, cons
     stack->bytes = 0;
     if (bpf_probe_read_user(payload, rec_len, rec) != 0) {
         count_drop(OTEL_GPU_DROP_READ_FAILED);
-        bpf_ringbuf_discard(buf, 0);
         return 0;
     }
     /* The kernel's unwind only when the library's is empty (both records keep their stack at the same offset). */
     const struct otel_gpu_stack *lib_stack = payload + STACK_OFFSET;
     if (rec_len < STACK_OFFSET + sizeof(lib_stack->native_count) || lib_stack->native_count == 0)
         stack->bytes = bpf_get_stack(ctx, stack->pcs, sizeof(stack->pcs), BPF_F_USER_STACK);
-    bpf_ringbuf_submit(buf, submit_flags());
+    __u64 used = sizeof(struct otel_gpu_event) + sizeof(struct otel_gpu_kstack) + rec_len;
+    if (used > STACK_RECORD_BYTES) /* cannot happen (rec_len was checked); tells the verifier the bound */
+        used = STACK_RECORD_BYTES;
+    if (bpf_ringbuf_output(&events, buf, used, submit_flags()) != 0)
+        count_drop(OTEL_GPU_DROP_RINGBUF_FULL);
     return 0;
 }
 
