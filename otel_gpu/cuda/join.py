@@ -140,7 +140,8 @@ class Joiner:
         oldest_ns = proc.newest_launch_ns - self.max_lag_ns
         while proc.launches:  # in launch order (a graph launch keeps its place while its kernels arrive)
             corr, (launch, matched) = next(iter(proc.launches.items()))
-            if len(proc.launches) <= self.max_pending and corr >= oldest_kept and launch.timestamp_ns >= oldest_ns:
+            kept = len(proc.launches) + proc.queued_count
+            if kept <= self.max_pending and corr >= oldest_kept and launch.timestamp_ns >= oldest_ns:
                 break
             proc.launches.popitem(last=False)
             self.stats.launches_unmatched += (not matched) + len(proc.queued.get(corr, ()))

@@ -146,3 +146,13 @@ def test_shared_ids_are_counted_when_evicted() -> None:
     joiner.add_launch(launch(10, 8))  # evicts id 7 with its queued twin
     assert joiner.stats.launches_unmatched == 2
     assert joiner.pending(10) == (1, 0)
+
+
+def test_launches_queued_under_one_id_count_towards_the_bound() -> None:
+    joiner = Joiner(max_pending=4)
+    for _ in range(10):
+        joiner.add_launch(launch(10, 7))
+    assert joiner.pending(10)[0] <= 4 + 1  # the bound is checked before a new launch joins the queue
+    joiner.add_launch(launch(10, 8))
+    assert joiner.pending(10) == (1, 0)
+    assert joiner.stats.launches_unmatched == 10
