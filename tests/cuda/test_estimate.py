@@ -17,7 +17,7 @@ class WindowCost(ctypes.Structure):
         ("window_ns", ctypes.c_uint64),
         ("own_ns", ctypes.c_uint64),
         ("launches", ctypes.c_uint64),
-        ("linger_ns", ctypes.c_uint64),
+        ("linger_launches", ctypes.c_uint64),
     ]
 
 
@@ -32,8 +32,8 @@ def estimate() -> ctypes.CDLL:
     return lib
 
 
-def slowdown(lib: ctypes.CDLL, window_ns: int, own_ns: int, launches: int, linger_ns: int = 0) -> float:
-    return float(lib.estimate_slowdown(ctypes.byref(WindowCost(window_ns, own_ns, launches, linger_ns))))
+def slowdown(lib: ctypes.CDLL, window_ns: int, own_ns: int, launches: int, linger_launches: int = 0) -> float:
+    return float(lib.estimate_slowdown(ctypes.byref(WindowCost(window_ns, own_ns, launches, linger_launches))))
 
 
 def test_launch_bound_window_of_the_h200_smoke_run(estimate: ctypes.CDLL) -> None:
@@ -60,11 +60,12 @@ def test_slowdown_is_relative_to_the_undisturbed_time(estimate: ctypes.CDLL) -> 
 
 
 def test_lingering_activity_adds_its_launches_cost(estimate: ctypes.CDLL) -> None:
-    """After the window, launches at the undisturbed rate pay the activity cost (4 us) while the kinds stay on."""
+    """Launches counted while the kinds linger after the window pay the activity cost (4 us) and an empty callback
+    (1 us), charged to the window they linger for."""
     base = slowdown(estimate, window_ns=20_000_000, own_ns=1_000_000, launches=100)
-    lingered = slowdown(estimate, window_ns=20_000_000, own_ns=1_000_000, launches=100, linger_ns=18_000_000)
+    lingered = slowdown(estimate, window_ns=20_000_000, own_ns=1_000_000, launches=100, linger_launches=90)
     undisturbed = 20_000_000 - 1_000_000 - 100 * 10_000
-    assert lingered - base == pytest.approx(18_000_000 * (100 / undisturbed) * 4_000 / undisturbed)
+    assert lingered - base == pytest.approx(90 * (4_000 + 1_000) / undisturbed)
 
 
 def test_fraction_is_bounded(estimate: ctypes.CDLL) -> None:

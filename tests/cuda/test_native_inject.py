@@ -866,3 +866,52 @@ def test_launches_sharing_correlation_ids_each_deliver_their_work(injected_lib: 
     assert joiner.pending(1) == (0, 0)
     assert joiner.stats.joined == len(records.launches)
     assert joiner.stats.launches_duplicate_id == len(records.launches) - len(launches)
+
+
+def test_each_kernel_lands_on_its_own_call_site_under_queue_lag(injected_lib: Path, tmp_path: Path) -> None:
+    """CUPTI numbers only the calls it sees through a callback; the fake gives any other launch made while activity
+    is on the last id handed out, as an H200 showed. The main stream lags by hundreds of ms (every window lingers),
+    relu_kernel's side stream keeps up: a relu launched during a linger under a sampled matmul's stale id would run
+    before that matmul and take its place. Each kernel must join the launch (and stack) that made it."""
+    from otel_gpu.cuda import abi
+    from otel_gpu.cuda.join import Joiner
+
+    argv = [str(WORKLOAD), "--steps", "600", "--lagged-pace-us", "1500", "--graph-every", "0", "--side-stream"]
+    run = run_workload(injected_lib, tmp_path, argv)
+    records = run.records
+    assert len(records.windows) >= 20 and records.launches
+    # No two pieces of GPU work were recorded under one id: launches made while activity was on all had callbacks.
+    ids = Counter(corr for _, corr, *_ in run.schedule_work)
+    assert max(ids.values()) == 1
+    assert run.stats["stale_ids"] == 0
+
+    table = symbol_table(run)
+    joiner = Joiner()
+    work = []
+    for la in records.launches:  # launches first: their GPU work comes late
+        native = tuple(la.stack.native[: la.stack.native_count])
+        launch = abi.Launch(1, 1, "workload", la.kind, la.correlation_id, la.cbid, la.window_id, la.timestamp_ns,
+                            la.graph_exec, abi.Stack(native=native))
+        work += joiner.add_launch(launch)
+    for a in records.activities:
+        activity = abi.Activity(1, a.kind, a.correlation_id, a.start_ns, a.end_ns, a.device_id, a.stream_id,
+                                a.graph_id, a.name.decode(), a.bytes, a.copy_kind, a.src_kind, a.dst_kind)
+        work += joiner.add_activity(activity)
+    assert joiner.pending(1) == (0, 0) and len(work) == len(records.launches)
+    assert joiner.stats.launches_duplicate_id == 0  # the joiner's safety net for shared ids never had to act
+
+    site_of = {"matmul_kernel": "launch_matmul", "relu_kernel": "launch_relu", "": "fill_buffer"}
+    weights = window_weights(records.windows)
+    estimate: Counter[str] = Counter()
+    landed: Counter[tuple[str, str]] = Counter()
+    for w in work:
+        names = {function_at(table, pc) for pc in w.launch.stack.native}
+        sites = {site for site in site_of.values() if site in names}
+        landed[(w.activity.name, ",".join(sorted(sites)))] += 1
+        estimate[w.activity.name] += (w.activity.end_ns - w.activity.start_ns) * weights[w.launch.window_id]
+    assert {kernel for kernel, _ in landed} == set(site_of)
+    wrong = {key: count for key, count in landed.items() if key[1] != site_of[key[0]]}
+    assert not wrong, f"kernels on another call site's stack: {wrong} of {dict(landed)}"
+    truth = site_totals(run.stdout)
+    for kernel in ("matmul_kernel", "relu_kernel"):
+        assert 0.6 * truth[kernel][1] <= estimate[kernel] <= 1.4 * truth[kernel][1], kernel

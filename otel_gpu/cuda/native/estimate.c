@@ -6,9 +6,9 @@
  * Inside a window every launch pays the library's own time (callbacks, stack, buffer processing: measured) and
  * CUPTI's own cost per recorded launch (callback dispatch and activity instrumentation inside the driver: not
  * measurable from here, so a conservative prior). The slowdown is relative to the time the same work takes
- * undisturbed: cost / (window - cost). After a window closes, the activity kinds may stay on (callbacks off) until
- * the window's sampled launches' GPU work has arrived ("linger"); launches then pay CUPTI's activity cost only. Their
- * number is estimated from the undisturbed launch rate of the window (launches / (window - cost)).
+ * undisturbed: cost / (window - cost). After a window closes, the activity kinds may stay on until the window's
+ * sampled launches' GPU work has arrived ("linger"), and the launch callbacks with them (so that every launch gets
+ * its own correlation id); launches then pay CUPTI's activity cost and an empty callback. The callback counts them.
  */
 #include "estimate.h"
 
@@ -21,8 +21,8 @@ double estimate_slowdown(const struct window_cost *c)
     double undisturbed = window - in_window;
     if (undisturbed < window * ESTIMATE_MIN_UNDISTURBED)
         undisturbed = window * ESTIMATE_MIN_UNDISTURBED; /* the work took at least this long undisturbed */
-    double linger_launches = (double)c->linger_ns * ((double)c->launches / undisturbed);
-    return (in_window + linger_launches * ESTIMATE_ACTIVITY_NS_PER_LAUNCH) / undisturbed;
+    double lingering = (double)c->linger_launches * (ESTIMATE_ACTIVITY_NS_PER_LAUNCH + ESTIMATE_EMPTY_CALLBACK_NS);
+    return (in_window + lingering) / undisturbed;
 }
 
 double fraction_for_budget(double budget, double slowdown)

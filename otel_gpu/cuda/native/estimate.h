@@ -8,7 +8,8 @@
 /* CUPTI's own cost per recorded launch (callbacks + activity instrumentation): an H200 smoke run showed the launch
  * rate inside windows at 1/4 of the rate outside: 21 us more per launch, 11 us of them not the library's. */
 #define ESTIMATE_CUPTI_NS_PER_LAUNCH 10000.0
-#define ESTIMATE_ACTIVITY_NS_PER_LAUNCH 4000.0 /* activity instrumentation alone (callbacks off), per launch */
+#define ESTIMATE_ACTIVITY_NS_PER_LAUNCH 4000.0 /* activity instrumentation of a launch outside a window */
+#define ESTIMATE_EMPTY_CALLBACK_NS 1000.0      /* CUPTI dispatching a launch callback that returns at once */
 #define ESTIMATE_MIN_UNDISTURBED 0.05          /* undisturbed time is taken as at least 5 % of the window */
 #define ESTIMATE_FRACTION_MIN 0.001
 #define ESTIMATE_FRACTION_MAX 0.2
@@ -17,7 +18,7 @@ struct window_cost {
     uint64_t window_ns; /* length of the window */
     uint64_t own_ns;    /* the library's own time in callbacks and buffer processing during the window */
     uint64_t launches;  /* launches recorded in the window */
-    uint64_t linger_ns; /* after the window: time the activity kinds stayed on for its late GPU work */
+    uint64_t linger_launches; /* after the window, while its late GPU work was awaited: launches (counted) */
 };
 
 /* Slowdown of the program while sampling one window: extra time / undisturbed time (0.5 = 50 % slower). */

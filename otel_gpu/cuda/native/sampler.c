@@ -3,17 +3,23 @@
  * The controller thread. While an agent is attached (a probe semaphore is non-zero, or the debug mode), it holds a
  * CUPTI subscription (taken at attach, given back at detach) and opens
  * sampling windows of OTEL_GPU_WINDOW_MS at randomly jittered times: in a window the launch callbacks and the
- * kernel/memcpy/memset activity kinds are on, outside they are off, so the workload pays CUPTI's per-launch cost only
- * for a fraction f of wall time. f is chosen so that f x (slowdown inside a window) stays within the overhead budget;
+ * kernel/memcpy/memset activity kinds are on, outside they are off (but for the linger, below), so the workload pays
+ * CUPTI's per-launch cost only for a fraction f of wall time. f is chosen so that f x (slowdown inside a window) stays within the overhead budget;
  * the in-window slowdown comes from estimate.c (the library's measured own time plus a prior for CUPTI's cost per
  * recorded launch, relative to the undisturbed time), and f is bounded to [0.1 %, 20 %].
  * Each closed window fires otel_gpu:window with covered_ns/elapsed_ns, the fraction the agent re-weights by.
  *
  * Late GPU work: a GPU-bound program's launches run on the GPU long after the call (its queue can lag by seconds).
- * When a window closes only the launch callbacks go off; the activity kinds stay on ("linger", polled with growing
- * pauses of 1..20 ms) until every launch sampled in it has delivered its GPU work, or MAX_LAG_NS has passed for a
- * launch (then it counts as dropped in the next window record). A window's weight applies to its launches whenever
- * their work arrives, so the re-weighted totals stay unbiased under any queue lag.
+ * When a window closes the activity kinds stay on ("linger", polled with growing pauses of 1..20 ms) until every
+ * launch sampled in it has delivered its GPU work, or MAX_LAG_NS has passed for a launch (then it counts as dropped
+ * in the next window record). A window's weight applies to its launches whenever their work arrives, so the
+ * re-weighted totals stay unbiased under any queue lag.
+ *
+ * Correlation ids: CUPTI numbers only the calls it sees through an enabled callback; a launch made while its
+ * callback is off gets no id of its own and its GPU work carries the last id handed out, possibly a sampled launch's
+ * (an H200 showed one id on hundreds of launches). So the launch callbacks are on whenever any activity kind is:
+ * switched on before the kinds at a window's open, off only after the kinds at the linger's end. Outside a window the
+ * callback just counts the launch (the linger's cost, charged by estimate.c) and the sampled-id filter drops its work.
  *
  * Blocking waits are recorded outside windows too (their callbacks stay on while attached): one wait in N, chosen
  * at random, with weight N; N doubles when recording waits costs more than half the budget and halves back when
@@ -53,7 +59,7 @@ static double slowdown = PRIOR_SLOWDOWN;
 static double fraction = ESTIMATE_FRACTION_MIN; /* set from the budget and the prior at start */
 static int lingering;            /* the activity kinds are on outside a window, for late GPU work */
 static uint64_t linger_start_ns; /* monotonic: the window closed */
-static uint64_t linger_ns;       /* how long the last linger lasted; part of the next window's cost */
+static uint64_t linger_launches; /* launches during the last linger (counted by the callback); next window's cost */
 static uint64_t rng = 0x9e3779b97f4a7c15ull;
 
 static double uniform01(void)
@@ -91,26 +97,28 @@ static int attach_locked(void)
 
 static void open_window_locked(void)
 {
+    int was_lingering = lingering;
     if (lingering) {
-        linger_ns = monotonic_ns() - linger_start_ns;
+        linger_launches = atomic_exchange(&g_state.outside_launches, 0);
         lingering = 0;
     }
     activity_expire(MAX_LAG_NS);
     atomic_store(&g_state.window_launches, 0);
     atomic_store(&g_state.overhead_ns, 0);
+    /* Callbacks before activity (a linger left both on): no launch whose work is recorded goes without its own id. */
+    if (!was_lingering && cbids_enable_launches(1) != 0)
+        log_once("some launch callbacks could not be enabled");
     if (activity_enable(1) != 0)
         log_once("some CUPTI activity kinds could not be enabled");
-    if (cbids_enable_launches(1) != 0)
-        log_once("some launch callbacks could not be enabled");
     open_start_ns = now_ns();
     atomic_store_explicit(&g_state.window_id, ++last_window_id, memory_order_release);
 }
 
-static void adapt_locked(uint64_t window_ns, uint64_t overhead_ns, uint64_t launches)
+static void adapt_locked(uint64_t window_ns, uint64_t overhead_ns, uint64_t launches, uint64_t lingered)
 {
     if (window_ns == 0)
         return;
-    struct window_cost cost = {window_ns, overhead_ns, launches, linger_ns};
+    struct window_cost cost = {window_ns, overhead_ns, launches, lingered};
     slowdown = 0.5 * slowdown + 0.5 * estimate_slowdown(&cost);
     fraction = fraction_for_budget(g_settings.overhead_budget, slowdown);
 
@@ -137,13 +145,15 @@ static void close_window_locked(uint32_t flush_flag)
     uint64_t give_up = monotonic_ns() + 50000000ull;
     while (atomic_load(&g_state.in_launch) != 0 && monotonic_ns() < give_up)
         sched_yield();
-    cbids_enable_launches(0);
     uint64_t end = now_ns();
     g_cupti.activity_flush_all(flush_flag);
-    /* The activity kinds stay on until the sampled launches' GPU work has arrived (see linger_locked). */
+    /* The activity kinds, and the launch callbacks with them, stay on until the sampled launches' GPU work has
+     * arrived (see linger_check_locked). */
+    uint64_t lingered = linger_launches; /* the linger before this window: charged to it */
     lingering = 1;
     linger_start_ns = monotonic_ns();
-    linger_ns = 0;
+    linger_launches = 0;
+    atomic_store(&g_state.outside_launches, 0);
     covered_ns += end - open_start_ns;
     struct otel_gpu_window rec = {
         .abi_version = OTEL_GPU_ABI_VERSION,
@@ -157,7 +167,7 @@ static void close_window_locked(uint32_t flush_flag)
         .overhead_ns = atomic_load(&g_state.overhead_ns),
     };
     emit_window(&rec);
-    adapt_locked(end - open_start_ns, rec.overhead_ns, rec.launches);
+    adapt_locked(end - open_start_ns, rec.overhead_ns, rec.launches, lingered);
 }
 
 /* Ends a linger once nothing sampled is outstanding (or what is left has timed out); 1 while it goes on. */
@@ -172,8 +182,9 @@ static int linger_check_locked(void)
     if (activity_outstanding() != 0)
         activity_expire(MAX_LAG_NS); /* counts what never came as dropped */
     activity_enable(0);
+    cbids_enable_launches(0); /* after the kinds: no recorded launch goes without its own id */
     lingering = 0;
-    linger_ns = now - linger_start_ns;
+    linger_launches = atomic_exchange(&g_state.outside_launches, 0);
     return 0;
 }
 
@@ -184,6 +195,7 @@ static void detach_locked(void)
     atomic_store(&g_state.attached, 0);
     activity_drain(EXIT_DRAIN_NS); /* bounded: the agent is gone, what has not come by then is lost */
     activity_enable(0);
+    cbids_enable_launches(0);
     lingering = 0;
     cupti_release();
 }

@@ -9,7 +9,9 @@
  *   the stream's previous work) and lasts its duration. Synchronize calls and blocking copies sleep until the work
  *   they wait for has ended: the wait's length is known from the schedule.
  * - Every call gets a correlation id and goes through the tracer (the fake CUPTI) at entry and exit; every piece of
- *   GPU work is reported to it with its times.
+ *   GPU work is reported to it with its times. The tracer may replace the id at entry (the fake CUPTI gives a call
+ *   it does not see through a callback the last id it handed out); the work and the schedule carry the final one.
+ *   FAKE_CUDA_CORRELATION_CYCLE=N: the driver's ids repeat 1..N, ids shared even among calls CUPTI sees.
  * - cuDevicePrimaryCtxRelease destroys the (one) context: the tracer hears CONTEXT_DESTROY_STARTING.
  * - FAKE_CUDA_SCHEDULE=<path> writes the ground truth, one line per event:
  *     work <kind> <correlation_id> <name|-> <start_ns> <end_ns> <stream_id> <graph_id> <bytes>

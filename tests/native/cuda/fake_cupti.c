@@ -8,9 +8,13 @@
  * CUPTI_ACTIVITY_FLAG_FLUSH_FORCED also the work still running, with a zero end, never delivered again (as CUPTI does). Resource domain: CONTEXT_DESTROY_STARTING only.
  * Disabling a kind loses the records of that kind's work that has not finished yet (counted in records_lost): what
  * an H200 showed when the kinds went off while a GPU-bound program's queue still held sampled launches.
+ * Correlation ids, as an H200 with CUDA 13 showed: only a call CUPTI sees through an enabled callback gets a new id
+ * (the driver's number for it); a call whose callback is off keeps the last id handed out, so while an activity kind
+ * is on, its GPU work carries a stale id, maybe a sampled launch's (counted in stale_ids). While every kind is off
+ * such an id could appear in no record, and the call keeps the driver's number: the schedule's ids stay unique.
  *
  * FAKE_CUPTI_STATS=<path> writes counters at exit ("name value" lines): api_callbacks, resource_callbacks, records_produced,
- * records_delivered, records_dropped, records_lost, enable_calls, subscribes. One subscriber at a time, as the real CUPTI.
+ * records_delivered, records_dropped, records_lost, enable_calls, subscribes, stale_ids. One subscriber at a time, as the real CUPTI.
  */
 #include <dlfcn.h>
 #include <pthread.h>
@@ -48,7 +52,8 @@ static union any_record *pending;
 static size_t pending_count, pending_capacity;
 
 static _Atomic uint64_t api_callbacks, resource_callbacks, records_produced, records_delivered, records_dropped,
-    records_lost, enable_calls, subscribes, dropped_since_query;
+    records_lost, enable_calls, subscribes, dropped_since_query, stale_ids;
+static _Atomic uint32_t last_id; /* the last correlation id handed to a call seen through an enabled callback */
 
 static uint64_t realtime_ns(void)
 {
@@ -126,8 +131,24 @@ static void invoke(struct fake_call *call, CUpti_ApiCallbackSite site)
     callback(callback_userdata, CUPTI_CB_DOMAIN_DRIVER_API, call->cbid, &data);
 }
 
+static int callback_enabled(uint32_t cbid)
+{
+    return callback != NULL && cbid < CUPTI_DRIVER_TRACE_CBID_SIZE && atomic_load(&enabled[cbid]);
+}
+
+static int any_activity_on(void)
+{
+    return atomic_load(&kernel_on) || atomic_load(&memcpy_on) || atomic_load(&memset_on);
+}
+
 static void on_enter(struct fake_call *call)
 {
+    if (callback_enabled(call->cbid)) {
+        atomic_store(&last_id, call->correlation_id);
+    } else if (any_activity_on() && atomic_load(&last_id) != 0) {
+        call->correlation_id = atomic_load(&last_id); /* the call's GPU work is recorded under a stale id */
+        atomic_fetch_add(&stale_ids, 1);
+    }
     invoke(call, CUPTI_API_ENTER);
 }
 
@@ -447,10 +468,11 @@ __attribute__((destructor)) static void write_stats(void)
     if (f == NULL)
         return;
     fprintf(f, "api_callbacks %llu\nresource_callbacks %llu\nrecords_produced %llu\nrecords_delivered %llu\n"
-               "records_dropped %llu\nrecords_lost %llu\nenable_calls %llu\nsubscribes %llu\n",
+               "records_dropped %llu\nrecords_lost %llu\nenable_calls %llu\nsubscribes %llu\nstale_ids %llu\n",
             (unsigned long long)api_callbacks, (unsigned long long)resource_callbacks,
             (unsigned long long)records_produced,
             (unsigned long long)records_delivered, (unsigned long long)records_dropped,
-            (unsigned long long)records_lost, (unsigned long long)enable_calls, (unsigned long long)subscribes);
+            (unsigned long long)records_lost, (unsigned long long)enable_calls, (unsigned long long)subscribes,
+            (unsigned long long)stale_ids);
     fclose(f);
 }

@@ -20,6 +20,8 @@
  *   handlers in a copy of the process whose sampling thread does not exist); the parent waits for each.
  *   --take-cupti subscribes to CUPTI (OTEL_GPU_CUPTI_PATH) itself before cuInit, like a profiler would, and prints
  *   "took_cupti <CUptiResult>".
+ *   --side-stream runs relu_kernel on a stream of its own and launches it before matmul_kernel in forward: with
+ *   --lagged-pace-us only the main stream lags, the side stream keeps up (as a copy or communication stream does).
  *   --tiny N replaces the training loop by a launch-bound one: N launches of "tiny_kernel" (100 ns), waiting every 1000.
  *   --exit-at STEP exits in the middle of step STEP (after its launches, before any wait): a crash-free exit
  *   mid-stream. --no-init never calls cuInit (the library is never loaded).
@@ -58,7 +60,8 @@ static struct site_count sites[] = {
     {"launch_graph", "graph_c_kernel", 100000, 0},
 };
 
-static CUstream stream;
+static CUstream stream, relu_stream; /* relu_stream: stream, or a second one with --side-stream */
+static int side_stream;
 static CUfunction matmul, relu, tiny;
 static CUgraphExec graph_exec;
 static CUdeviceptr device_buffer;
@@ -88,13 +91,18 @@ NOINLINE void launch_relu(void)
     config.gridDimY = config.gridDimZ = 1;
     config.blockDimX = 128;
     config.blockDimY = config.blockDimZ = 1;
-    config.hStream = stream;
+    config.hStream = relu_stream;
     CHECK(cuLaunchKernelEx(&config, relu, NULL, NULL));
     sites[1].count++;
 }
 
 NOINLINE void forward(void)
 {
+    if (side_stream) {
+        launch_relu();
+        launch_matmul();
+        return;
+    }
     launch_matmul();
     launch_relu();
 }
@@ -213,6 +221,9 @@ static void setup(void)
     CHECK(cuModuleGetFunction(&relu, module, "relu_kernel"));
     CHECK(cuModuleGetFunction(&tiny, module, "tiny_kernel"));
     CHECK(cuStreamCreate(&stream, 0));
+    relu_stream = stream;
+    if (side_stream)
+        CHECK(cuStreamCreate(&relu_stream, 0));
     CHECK(cuEventCreate(&event, 0));
     CHECK(cuMemAlloc(&device_buffer, sizeof(host_buffer)));
 
@@ -245,6 +256,8 @@ int main(int argc, char **argv)
             tiny_launches = atol(argv[++i]);
         else if (strcmp(argv[i], "--lagged-pace-us") == 0 && i + 1 < argc)
             lag_pace_us = atol(argv[++i]);
+        else if (strcmp(argv[i], "--side-stream") == 0)
+            side_stream = 1;
         else if (strcmp(argv[i], "--take-cupti") == 0)
             take_cupti = 1;
         else if (strcmp(argv[i], "--fork-children") == 0)
@@ -255,7 +268,7 @@ int main(int argc, char **argv)
             init = 0;
         else {
             fprintf(stderr, "usage: %s [--steps N] [--graph-every K] [--exit-at STEP] [--no-init] [--tiny N] [--skip-exit-handlers]"
-                            " [--lagged-pace-us US] [--fork-children] [--take-cupti]\n",
+                            " [--lagged-pace-us US] [--side-stream] [--fork-children] [--take-cupti]\n",
                     argv[0]);
             return 2;
         }
