@@ -108,6 +108,7 @@ class GPUTimeSource:
         self._stack_frames: OrderedDict[tuple[int, abi.Stack], tuple[Frame, ...]] = OrderedDict()
         self._drops_seen = [0] * len(abi.DROP_REASONS)
         self._misses_seen = (0, 0)
+        self._duplicates_seen = 0
         self.records = 0
         self.decode_errors = 0
 
@@ -339,6 +340,16 @@ class GPUTimeSource:
                 selfmetrics.count(semconv.SELF_DROPPED.name, now - before, otel_gpu__reason=reason,
                                   otel_gpu__signal="profiles")
         self._misses_seen = misses
+        if stats.launches_duplicate_id > self._duplicates_seen:
+            # The injected library keeps ids unique; a repeat means CUPTI behaves otherwise: the joiner's queue pairs
+            # the launches in order, but work under a shared id may go to the wrong stack.
+            if self._duplicates_seen == 0:
+                _logger.warning("GPU-time: CUPTI gave one correlation id to several sampled launches; their GPU time "
+                                "may go to the wrong stacks (counted in %s, reason correlation_id_reused)",
+                                semconv.SELF_ERRORS.name)
+            selfmetrics.count(semconv.SELF_ERRORS.name, stats.launches_duplicate_id - self._duplicates_seen,
+                              otel_gpu__source=_SOURCE, otel_gpu__reason="correlation_id_reused")
+            self._duplicates_seen = stats.launches_duplicate_id
 
     def _forget_exited(self) -> None:
         """Drop the state of exited processes; their counters stay one more drain so metrics see the last values."""

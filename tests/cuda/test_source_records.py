@@ -147,3 +147,20 @@ def test_join_misses_are_counted_as_drops(proc: Path) -> None:
         source.handle(launch(10, corr))
     source.drain()
     assert selfmetrics.total(semconv.SELF_DROPPED.name, otel_gpu__reason="join_launch_unmatched") == 3
+
+
+def test_launches_sharing_a_correlation_id_are_counted(proc: Path) -> None:
+    """The joiner's queue for shared ids is a safety net: each launch it queues is counted as a source error."""
+    selfmetrics.reset()
+    source, _ = _source(proc)
+    source.handle(window(10, 1, covered_ns=100, elapsed_ns=1000))
+    for _ in range(3):
+        source.handle(launch(10, 7, window=1))
+    source.handle(launch(10, 8, window=1))
+    source.drain()
+    assert selfmetrics.total(semconv.SELF_ERRORS.name, otel_gpu__source="gpu_time",
+                             otel_gpu__reason="correlation_id_reused") == 2
+    source.handle(launch(10, 9, window=1))
+    source.drain()
+    assert selfmetrics.total(semconv.SELF_ERRORS.name, otel_gpu__source="gpu_time",
+                             otel_gpu__reason="correlation_id_reused") == 2
