@@ -21,6 +21,8 @@ from typing import TypeVar
 
 import pytest
 
+from otel_gpu.cuda import abi
+
 _S = TypeVar("_S", bound=ctypes.Structure)
 
 REPO = Path(__file__).resolve().parents[2]
@@ -29,98 +31,15 @@ FAKES = REPO / "tests" / "native" / "cuda"
 WORKLOAD = FAKES / "workload"
 PY_WORKLOAD = FAKES / "workload.py"
 
-MAX_NATIVE = 96
-MAX_PYTHON = 64
-MAX_STRINGS = 6144
-MAX_NAME = 512
-ABI_VERSION = 1
-
-# enum values of otel_gpu_probes.h
-LAUNCH_KERNEL, LAUNCH_GRAPH, LAUNCH_MEMCPY, LAUNCH_MEMSET = 1, 2, 3, 4
-ACTIVITY_KERNEL, ACTIVITY_MEMCPY, ACTIVITY_MEMSET = 1, 2, 3
-SYNC_STREAM, SYNC_CONTEXT, SYNC_EVENT, SYNC_MEMCPY = 1, 2, 3, 4
-DEBUG_LAUNCH, DEBUG_ACTIVITY, DEBUG_SYNC, DEBUG_WINDOW = 1, 2, 3, 4
-
-
-class PythonFrame(ctypes.Structure):
-    _fields_ = [
-        ("line", ctypes.c_uint32),
-        ("name_offset", ctypes.c_uint32),
-        ("filename_offset", ctypes.c_uint32),
-        ("first_line", ctypes.c_uint32),
-    ]
-
-
-class Stack(ctypes.Structure):
-    _fields_ = [
-        ("native_count", ctypes.c_uint32),
-        ("python_count", ctypes.c_uint32),
-        ("strings_len", ctypes.c_uint32),
-        ("flags", ctypes.c_uint32),
-        ("native", ctypes.c_uint64 * MAX_NATIVE),
-        ("python", PythonFrame * MAX_PYTHON),
-        ("strings", ctypes.c_char * MAX_STRINGS),
-    ]
-
-
-class Launch(ctypes.Structure):
-    _fields_ = [
-        ("abi_version", ctypes.c_uint32),
-        ("kind", ctypes.c_uint32),
-        ("correlation_id", ctypes.c_uint32),
-        ("cbid", ctypes.c_int32),
-        ("window_id", ctypes.c_uint64),
-        ("timestamp_ns", ctypes.c_uint64),
-        ("graph_exec", ctypes.c_uint64),
-        ("stack", Stack),
-    ]
-
-
-class Activity(ctypes.Structure):
-    _fields_ = [
-        ("kind", ctypes.c_uint32),
-        ("correlation_id", ctypes.c_uint32),
-        ("start_ns", ctypes.c_uint64),
-        ("end_ns", ctypes.c_uint64),
-        ("device_id", ctypes.c_uint32),
-        ("stream_id", ctypes.c_uint32),
-        ("graph_id", ctypes.c_uint32),
-        ("name_len", ctypes.c_uint32),
-        ("bytes", ctypes.c_uint64),
-        ("copy_kind", ctypes.c_uint8),
-        ("src_kind", ctypes.c_uint8),
-        ("dst_kind", ctypes.c_uint8),
-        ("reserved", ctypes.c_uint8 * 5),
-        ("name", ctypes.c_char * MAX_NAME),
-    ]
-
-
-class Sync(ctypes.Structure):
-    _fields_ = [
-        ("abi_version", ctypes.c_uint32),
-        ("kind", ctypes.c_uint32),
-        ("cbid", ctypes.c_int32),
-        ("reserved", ctypes.c_uint32),
-        ("start_ns", ctypes.c_uint64),
-        ("end_ns", ctypes.c_uint64),
-        ("weight", ctypes.c_uint64),
-        ("stack", Stack),
-    ]
-
-
-class Window(ctypes.Structure):
-    _fields_ = [
-        ("abi_version", ctypes.c_uint32),
-        ("reserved", ctypes.c_uint32),
-        ("window_id", ctypes.c_uint64),
-        ("start_ns", ctypes.c_uint64),
-        ("end_ns", ctypes.c_uint64),
-        ("covered_ns", ctypes.c_uint64),
-        ("elapsed_ns", ctypes.c_uint64),
-        ("launches", ctypes.c_uint64),
-        ("dropped", ctypes.c_uint64),
-        ("overhead_ns", ctypes.c_uint64),
-    ]
+# The probe ABI's mirrors (checked against otel_gpu_probes.h by tests/cuda/test_abi.py).
+MAX_PYTHON = abi.MAX_PYTHON_FRAMES
+ABI_VERSION = abi.ABI_VERSION
+LAUNCH_KERNEL, LAUNCH_GRAPH, LAUNCH_MEMCPY, LAUNCH_MEMSET = (abi.LAUNCH_KERNEL, abi.LAUNCH_GRAPH, abi.LAUNCH_MEMCPY,
+                                                             abi.LAUNCH_MEMSET)
+ACTIVITY_KERNEL, ACTIVITY_MEMCPY, ACTIVITY_MEMSET = abi.ACTIVITY_KERNEL, abi.ACTIVITY_MEMCPY, abi.ACTIVITY_MEMSET
+SYNC_STREAM, SYNC_CONTEXT, SYNC_EVENT, SYNC_MEMCPY = abi.SYNC_STREAM, abi.SYNC_CONTEXT, abi.SYNC_EVENT, abi.SYNC_MEMCPY
+DEBUG_LAUNCH, DEBUG_ACTIVITY, DEBUG_SYNC, DEBUG_WINDOW = 1, 2, 3, 4  # record types of the library's debug file
+Stack, Launch, Activity, Sync, Window = abi.StackC, abi.LaunchC, abi.ActivityC, abi.SyncC, abi.WindowC
 
 
 def _struct_from(cls: type[_S], payload: bytes) -> _S:
