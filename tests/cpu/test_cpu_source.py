@@ -198,17 +198,34 @@ def test_unbuilt_object_says_run_make_build(tmp_path: os.PathLike[str]) -> None:
 
 @pytest.mark.root
 def test_without_privileges_the_message_names_them() -> None:
-    """Drop to an unprivileged user in a child process and try to open the source there."""
+    """Drop to an unprivileged user in a child process and try to open the source there.
+
+    The BPF object is copied to a world-readable folder first, so that the only thing the child lacks is the
+    privilege (a checkout under a 0700 folder would otherwise fail on reading the file)."""
+    import shutil
+    import sys
+    import tempfile
+
+    from otel_gpu.ebpf.loader import program_path
+
+    folder = tempfile.mkdtemp(prefix="otel-gpu-unpriv-")
+    os.chmod(folder, 0o755)
+    readable = os.path.join(folder, "cpu_profiler.bpf.o")
+    shutil.copyfile(program_path("cpu_profiler"), readable)
+    os.chmod(readable, 0o644)
     code = ("import os\n"
             "from otel_gpu.config import ProfilingConfig\nfrom otel_gpu.procfs import ProcessResolver\n"
+            "from otel_gpu.cpu.sampler import CPUSampler\n"
             "from otel_gpu.cpu.source import CPUProfileSource\nfrom otel_gpu.errors import SourceUnavailable\n"
             "from otel_gpu.ebpf import _libbpf\n_libbpf.lib()\n"
             "os.setgid(65534); os.setuid(65534)\n"
-            "try:\n    CPUProfileSource(ProfilingConfig(), ProcessResolver()).open()\n"
+            f"sampler = CPUSampler(19, object_path={readable!r})\n"
+            "try:\n    CPUProfileSource(ProfilingConfig(), ProcessResolver(), sampler=sampler).open()\n"
             "except SourceUnavailable as exc:\n    print('UNAVAILABLE', exc)\n")
-    import sys
-
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)
+    try:
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
     assert "UNAVAILABLE needs root or CAP_BPF+CAP_PERFMON" in done.stdout, done.stdout + done.stderr
 
 
