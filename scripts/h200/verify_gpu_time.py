@@ -91,11 +91,12 @@ def known(seconds, out, profile):
                 C(B(A(a, b)))
                 iterations += 1
             torch.cuda.synchronize()
-        kernels = {}
+        kernels, counts = {}, {}
         for event in prof.events():  # kernels, copies and sets are the events whose device type is CUDA
             if str(getattr(event, "device_type", "")).endswith("CUDA"):
                 kernels[event.name] = kernels.get(event.name, 0) + event.time_range.elapsed_us() * 1000.0
-        result.update(iterations=iterations, kernel_ns=kernels)
+                counts[event.name] = counts.get(event.name, 0) + 1
+        result.update(iterations=iterations, kernel_ns=kernels, kernel_n=counts)
     else:
         times, a_ns, b_ns = [], [], []
         pending = []
@@ -157,6 +158,9 @@ class WindowedSource(GPUTimeSource):
     def __init__(self, **kwargs: object) -> None:
         super().__init__(**kwargs)  # type: ignore[arg-type]
         self.raw: dict[tuple[int, int], Counter[str]] = defaultdict(Counter)  # (pid, window) -> kernel -> ns
+        self.raw_n: dict[tuple[int, int], Counter[str]] = defaultdict(Counter)  # (pid, window) -> kernel -> count
+        self.window_launch_times: dict[tuple[int, int], list[int]] = defaultdict(list)  # (pid, window) -> exits
+        self.positions: dict[int, list[int]] = defaultdict(lambda: [0] * 10)  # pid -> launches by tenth of window
         self.window_deltas: dict[int, list[tuple[int, int, int]]] = defaultdict(list)  # pid -> (id, dcov, dela)
         self._last_totals: dict[int, tuple[int, int]] = {}
         self.library_dropped: Counter[int] = Counter()  # pid -> records / timed-out launches the library lost
@@ -180,6 +184,7 @@ class WindowedSource(GPUTimeSource):
         if isinstance(record, abi.Launch):
             self.launch_kinds[(record.pid, LAUNCH_KINDS.get(record.kind, str(record.kind)))] += 1
             self.launch_ids[record.pid].add(record.correlation_id)
+            self.window_launch_times[(record.pid, record.window_id)].append(record.timestamp_ns)
         elif isinstance(record, abi.Activity):
             self.activity_kinds[(record.pid, ACTIVITY_KINDS.get(record.kind, str(record.kind)))] += 1
         if isinstance(record, abi.Window):
@@ -192,10 +197,14 @@ class WindowedSource(GPUTimeSource):
             self.window_deltas[record.pid].append(
                 (record.window_id, record.covered_ns - covered0, record.elapsed_ns - elapsed0))
             self._last_totals[record.pid] = (record.covered_ns, record.elapsed_ns)
+            length = max(1, record.end_ns - record.start_ns)
+            for at in self.window_launch_times.pop((record.pid, record.window_id), []):
+                self.positions[record.pid][min(9, max(0, (at - record.start_ns) * 10 // length))] += 1
         super().handle(record)
 
     def _add_work(self, work, weight):  # type: ignore[no-untyped-def]
         self.raw[(work.launch.pid, work.launch.window_id)][work.activity.name] += work.activity.duration_ns
+        self.raw_n[(work.launch.pid, work.launch.window_id)][work.activity.name] += 1
         super()._add_work(work, weight)
 
 
@@ -212,6 +221,15 @@ def sampling_error(source: WindowedSource, pid: int, mangled: str) -> float:
     mean_rate = total / elapsed
     var = sum((dela * (x / dcov - mean_rate)) ** 2 for dcov, dela, x in rows) * len(rows) / (len(rows) - 1)
     return math.sqrt(var) / total
+
+
+def reweighted_counts(source: WindowedSource, pid: int) -> Counter[str]:
+    """Kernel (mangled name) -> number of executions estimated from the sampled ones, re-weighted like the times."""
+    counts: Counter[str] = Counter()
+    for wid, dcov, dela in source.window_deltas[pid]:
+        for name, n in source.raw_n.get((pid, wid), Counter()).items():
+            counts[name] += n * dela / dcov if dcov else 0
+    return counts
 
 
 def replay_debug_file(source: GPUTimeSource, path: Path, pid: int) -> int:
@@ -351,22 +369,29 @@ def step_known(source: GPUTimeSource | None, lines: list[str], results: dict[str
     iterations = sum(1 for t in measured["times"] if span[0] <= t <= span[1])
     lines += ["", (f"### Accuracy: {iterations} iterations in the {(span[1] - span[0]) / 1e9:.1f} s the windows "
                    f"account for, sampling fraction {gpu.sampling_fraction:.4f}"), "",
-              "| kernel | torch.profiler (ms) | otel-gpu (ms) | difference | sampling error (2 sigma) |",
-              "|---|---|---|---|---|"]
+              "| kernel | torch.profiler (ms) | otel-gpu (ms) | difference | sampling error (2 sigma) | "
+              "executions: torch.profiler / otel-gpu (re-weighted) |",
+              "|---|---|---|---|---|---|"]
+    counts = reweighted_counts(measuring, pid)
+    per_iteration_n = {normalized(k): v / reference["iterations"] for k, v in reference.get("kernel_n", {}).items()}
     worst = 0.0
     grand_total = sum(kernel_total.values())
     matched = sum(v for k, v in kernel_total.items() if normalized(k) in per_iteration)
     for name, value in kernel_total.most_common(8):
         ref = per_iteration.get(normalized(name))
         err = sampling_error(measuring, pid, mangled_of[name] or name)
+        executions = (f"{per_iteration_n.get(normalized(name), float('nan')) * iterations:.0f} / "
+                      f"{counts.get(mangled_of[name] or name, 0):.0f}")
         if ref is None:
-            lines.append(f"| `{name[:70]}` | (not in the reference) | {value / 1e6:.1f} | | {pct(2 * err)} |")
+            lines.append(f"| `{name[:70]}` | (not in the reference) | {value / 1e6:.1f} | | {pct(2 * err)} | "
+                         f"{executions} |")
             continue
         expected = ref * iterations
         diff = value / expected - 1 if expected else float("nan")
         if value >= 0.01 * sum(kernel_total.values()):
             worst = max(worst, abs(diff))
-        lines.append(f"| `{name[:70]}` | {expected / 1e6:.1f} | {value / 1e6:.1f} | {pct(diff)} | {pct(2 * err)} |")
+        lines.append(f"| `{name[:70]}` | {expected / 1e6:.1f} | {value / 1e6:.1f} | {pct(diff)} | {pct(2 * err)} | "
+                     f"{executions} |")
     # in the same run: CUDA events around A and B
     in_span = [i for i, t in enumerate(measured["times"]) if span[0] <= t <= span[1]]
     events_a = sum(measured["a_ns"][i] for i in in_span if i < len(measured["a_ns"]))
@@ -386,7 +411,9 @@ def step_known(source: GPUTimeSource | None, lines: list[str], results: dict[str
                f"work timed out) {measuring.library_dropped[pid]}; still unpaired at the end (launches without work, "
                f"work without launch) {unpaired}; records received "
                f"{ {k: n for (p, k), n in measuring.received.items() if p == pid} }; eBPF drops {measuring.dropped()}"),
-              accounting(measuring, pid, unpaired)]
+              accounting(measuring, pid, unpaired),
+              (f"- sampled launches by where in their window they ended (tenths; flat when windows sample launches "
+               f"uniformly): {measuring.positions[pid]}")]
 
 
 def accounting(source: WindowedSource, pid: int, unpaired: tuple[int, int]) -> str:
