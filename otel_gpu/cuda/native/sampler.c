@@ -95,6 +95,8 @@ static int attach_locked(void)
     return 0;
 }
 
+static int sleep_locked(uint64_t duration_ns);
+
 static void open_window_locked(void)
 {
     int was_lingering = lingering;
@@ -110,6 +112,10 @@ static void open_window_locked(void)
         log_once("some launch callbacks could not be enabled");
     if (activity_enable(1) != 0)
         log_once("some CUPTI activity kinds could not be enabled");
+    if (!was_lingering && g_settings.preroll_ns != 0) {
+        sleep_locked(g_settings.preroll_ns);
+        linger_launches += atomic_exchange(&g_state.outside_launches, 0); /* charged to this window, like a linger */
+    }
     open_start_ns = now_ns();
     atomic_store_explicit(&g_state.window_id, ++last_window_id, memory_order_release);
 }
