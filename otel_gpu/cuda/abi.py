@@ -74,7 +74,7 @@ class SyncC(ctypes.Structure):
 
 class WindowC(ctypes.Structure):
     _fields_ = [
-        ("abi_version", _u32), ("reserved", _u32), ("window_id", _u64), ("start_ns", _u64), ("end_ns", _u64),
+        ("abi_version", _u32), ("open_us", _u32), ("window_id", _u64), ("start_ns", _u64), ("end_ns", _u64),
         ("covered_ns", _u64), ("elapsed_ns", _u64), ("launches", _u64), ("dropped", _u64), ("overhead_ns", _u64),
     ]
 
@@ -206,6 +206,7 @@ class Window:
     launches: int
     dropped: int
     overhead_ns: int
+    open_us: int = 0  # how long switching the library's callbacks and activity on took when the window opened
 
 
 Record = Launch | Activity | Sync | Window
@@ -321,7 +322,7 @@ def decode_event(data: bytes) -> Record:
     if kind == EVENT_WINDOW:
         fields = _WINDOW.unpack_from(_payload(data, _EVENT_SIZE, payload_len, _WINDOW.size))
         _check_version(fields[0], "window")
-        return Window(pid, *fields[2:])
+        return Window(pid, *fields[2:], open_us=fields[1])
     raise DecodeError(f"unknown record type {kind}")
 
 

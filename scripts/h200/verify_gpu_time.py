@@ -161,6 +161,8 @@ class WindowedSource(GPUTimeSource):
         self.raw_n: dict[tuple[int, int], Counter[str]] = defaultdict(Counter)  # (pid, window) -> kernel -> count
         self.window_launch_times: dict[tuple[int, int], list[int]] = defaultdict(list)  # (pid, window) -> exits
         self.positions: dict[int, list[int]] = defaultdict(lambda: [0] * 10)  # pid -> launches by tenth of window
+        self.first_offsets: dict[int, list[int]] = defaultdict(list)  # pid -> first sampled launch - window start
+        self.open_us: dict[int, list[int]] = defaultdict(list)  # pid -> how long each window's switch-on took
         self.window_deltas: dict[int, list[tuple[int, int, int]]] = defaultdict(list)  # pid -> (id, dcov, dela)
         self._last_totals: dict[int, tuple[int, int]] = {}
         self.library_dropped: Counter[int] = Counter()  # pid -> records / timed-out launches the library lost
@@ -198,7 +200,11 @@ class WindowedSource(GPUTimeSource):
                 (record.window_id, record.covered_ns - covered0, record.elapsed_ns - elapsed0))
             self._last_totals[record.pid] = (record.covered_ns, record.elapsed_ns)
             length = max(1, record.end_ns - record.start_ns)
-            for at in self.window_launch_times.pop((record.pid, record.window_id), []):
+            self.open_us[record.pid].append(record.open_us)
+            times = self.window_launch_times.pop((record.pid, record.window_id), [])
+            if times:
+                self.first_offsets[record.pid].append(min(times) - record.start_ns)
+            for at in times:
                 self.positions[record.pid][min(9, max(0, (at - record.start_ns) * 10 // length))] += 1
         super().handle(record)
 
@@ -221,6 +227,14 @@ def sampling_error(source: WindowedSource, pid: int, mangled: str) -> float:
     mean_rate = total / elapsed
     var = sum((dela * (x / dcov - mean_rate)) ** 2 for dcov, dela, x in rows) * len(rows) / (len(rows) - 1)
     return math.sqrt(var) / total
+
+
+def quantiles(values: list[float]) -> str:
+    if not values:
+        return "n/a"
+    ordered = sorted(values)
+    pick = [ordered[min(len(ordered) - 1, int(q * len(ordered)))] for q in (0.1, 0.5, 0.9)] + [ordered[-1]]
+    return " / ".join(f"{v:.0f}" for v in pick)
 
 
 def reweighted_counts(source: WindowedSource, pid: int) -> Counter[str]:
@@ -413,7 +427,10 @@ def step_known(source: GPUTimeSource | None, lines: list[str], results: dict[str
                f"{ {k: n for (p, k), n in measuring.received.items() if p == pid} }; eBPF drops {measuring.dropped()}"),
               accounting(measuring, pid, unpaired),
               (f"- sampled launches by where in their window they ended (tenths; flat when windows sample launches "
-               f"uniformly): {measuring.positions[pid]}")]
+               f"uniformly): {measuring.positions[pid]}"),
+              (f"- window opens: switching on took (µs, p10/median/p90/max) {quantiles(measuring.open_us[pid])}; "
+               f"first sampled launch after the open (µs) {quantiles([x / 1e3 for x in measuring.first_offsets[pid]])}"
+               f"; one iteration lasts {(span[1] - span[0]) / 1e3 / max(1, iterations):.0f} µs on average")]
 
 
 def step_known_preroll(source: GPUTimeSource | None, lines: list[str], results: dict[str, object]) -> None:

@@ -54,6 +54,7 @@ static uint64_t last_window_id;
 static uint64_t open_start_ns;
 static uint64_t attach_start_ns;
 static uint64_t covered_ns;
+static uint32_t open_us; /* the open window's switch-on time */
 static uint64_t wait_period_start_ns;
 static double slowdown = PRIOR_SLOWDOWN;
 static double fraction = ESTIMATE_FRACTION_MIN; /* set from the budget and the prior at start */
@@ -99,6 +100,7 @@ static int sleep_locked(uint64_t duration_ns);
 
 static void open_window_locked(void)
 {
+    uint64_t begin = now_ns();
     int was_lingering = lingering;
     if (lingering) {
         linger_launches = atomic_exchange(&g_state.outside_launches, 0);
@@ -117,6 +119,7 @@ static void open_window_locked(void)
         linger_launches += atomic_exchange(&g_state.outside_launches, 0); /* charged to this window, like a linger */
     }
     open_start_ns = now_ns();
+    open_us = (open_start_ns - begin) / 1000u < UINT32_MAX ? (uint32_t)((open_start_ns - begin) / 1000u) : UINT32_MAX;
     atomic_store_explicit(&g_state.window_id, ++last_window_id, memory_order_release);
 }
 
@@ -163,6 +166,7 @@ static void close_window_locked(uint32_t flush_flag)
     covered_ns += end - open_start_ns;
     struct otel_gpu_window rec = {
         .abi_version = OTEL_GPU_ABI_VERSION,
+        .open_us = open_us,
         .window_id = id,
         .start_ns = open_start_ns,
         .end_ns = end,
