@@ -128,7 +128,7 @@ struct otel_gpu_sync {
 
 struct otel_gpu_window {
     otel_u32 abi_version;
-    otel_u32 open_us;        /* how long switching callbacks and activity on took at the window's open (capped) */
+    otel_u32 open_us;        /* microseconds the flush and switching callbacks and activity on took before the window opened */
     otel_u64 window_id;
     otel_u64 start_ns;
     otel_u64 end_ns;
