@@ -366,5 +366,9 @@ int activity_enable(int enable)
         if (rc != CUPTI_SUCCESS)
             failed++;
     }
+    if (g_settings.api_activity &&
+        (enable ? g_cupti.activity_enable(CUPTI_ACTIVITY_KIND_DRIVER) : g_cupti.activity_disable(CUPTI_ACTIVITY_KIND_DRIVER))
+            != CUPTI_SUCCESS)
+        failed++;
     return failed;
 }

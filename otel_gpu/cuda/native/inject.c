@@ -13,6 +13,8 @@
  *   OTEL_GPU_PREROLL_MS        how long the launch callbacks and activity kinds are on before a window opens, so that
  *                              a window samples from its first moment even if switching them on takes effect late
  *                              (default 0; launches in the pre-roll are counted and charged like a linger's)
+ *   OTEL_GPU_API_ACTIVITY=1    also switch CUPTI's driver-API activity kind on with the kernel/copy/set kinds
+ *   OTEL_GPU_DEBUG_STATS=1     diagnostics: one line on stderr at exit counting how launch exits in windows paired
  *   OTEL_GPU_DEBUG_ALWAYS_ON=1 tests only: act as if an agent were attached
  *   OTEL_GPU_DEBUG_FILE        tests only: also append every fired record to this file (format in emit.c)
  */
@@ -152,10 +154,17 @@ static const char *resolve_cupti(void *lib)
 static thread_local struct otel_gpu_launch launch_rec;
 static thread_local struct otel_gpu_sync sync_rec;
 static thread_local uint64_t rng_state;
+/* The windows open at the entries of this thread's launch calls in progress (innermost last): an exit takes its own
+ * call's entry even when a launch call makes another. A call whose entry came before the callbacks were on has none;
+ * one whose exit came after they went off leaves a stale entry, dropped when the depth runs out. */
+#define LAUNCH_DEPTH 4
 static thread_local struct {
-    uint32_t correlation_id;
-    uint64_t window_id;
-} launch_enter; /* the window open at the entry of this thread's current launch call */
+    uint32_t depth;
+    struct {
+        uint32_t correlation_id;
+        uint64_t window_id;
+    } at[LAUNCH_DEPTH];
+} launch_enter;
 
 static uint64_t next_random(void)
 {
@@ -240,10 +249,22 @@ static void CUPTIAPI on_api(void *userdata, CUpti_CallbackDomain domain, CUpti_C
         /* A launch is sampled only if its window was already open at entry: activity recording was on before the
          * window opened, so its GPU work is certain to be recorded. */
         if (launch_kind != 0) {
-            launch_enter.correlation_id = cb->correlationId;
-            launch_enter.window_id = atomic_load(&g_state.window_id);
+            if (launch_enter.depth >= LAUNCH_DEPTH)
+                launch_enter.depth = 0;
+            launch_enter.at[launch_enter.depth].correlation_id = cb->correlationId;
+            launch_enter.at[launch_enter.depth].window_id = atomic_load(&g_state.window_id);
+            launch_enter.depth++;
         }
         return;
+    }
+    uint64_t entered_window = 0;
+    uint32_t entered_id = 0;
+    int entered = 0;
+    if (launch_kind != 0 && launch_enter.depth > 0) {
+        launch_enter.depth--;
+        entered_window = launch_enter.at[launch_enter.depth].window_id;
+        entered_id = launch_enter.at[launch_enter.depth].correlation_id;
+        entered = 1;
     }
     if (!atomic_load_explicit(&g_state.attached, memory_order_relaxed))
         return;
@@ -258,8 +279,15 @@ static void CUPTIAPI on_api(void *userdata, CUpti_CallbackDomain domain, CUpti_C
         /* in_launch lets the controller wait until no launch can still be counted in the window it closes. */
         atomic_fetch_add(&g_state.in_launch, 1);
         uint64_t window_id = atomic_load(&g_state.window_id);
-        if (window_id != 0 && launch_enter.window_id == window_id && launch_enter.correlation_id == cb->correlationId)
+        if (window_id != 0 && entered && entered_window == window_id) {
             record_launch(cbid, cb, launch_kind, window_id);
+            atomic_fetch_add_explicit(&g_state.exits_recorded, 1, memory_order_relaxed);
+            if (entered_id != cb->correlationId)
+                atomic_fetch_add_explicit(&g_state.exits_id_changed, 1, memory_order_relaxed);
+        } else if (window_id != 0) {
+            atomic_fetch_add_explicit(entered ? &g_state.exits_window_changed : &g_state.exits_no_entry, 1,
+                                      memory_order_relaxed);
+        }
         atomic_fetch_sub(&g_state.in_launch, 1);
     }
     if (wait_kind != 0 && cb->correlationData != NULL && *cb->correlationData != 0)
@@ -333,6 +361,10 @@ static void read_settings(void)
     g_settings.preroll_ns = (uint64_t)(env_double("OTEL_GPU_PREROLL_MS", 0.0, 0.0, 1000.0) * 1e6);
     const char *always = getenv("OTEL_GPU_DEBUG_ALWAYS_ON");
     g_settings.debug_always_on = always != NULL && strcmp(always, "1") == 0;
+    const char *stats = getenv("OTEL_GPU_DEBUG_STATS");
+    g_settings.debug_stats = stats != NULL && strcmp(stats, "1") == 0;
+    const char *api = getenv("OTEL_GPU_API_ACTIVITY");
+    g_settings.api_activity = api != NULL && strcmp(api, "1") == 0;
 }
 
 /* A forked child has no controller thread and may have copied ctl_lock while held: the library goes inert there. */

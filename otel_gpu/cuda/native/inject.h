@@ -51,6 +51,8 @@ struct inject_settings {
     uint64_t window_ns;        /* OTEL_GPU_WINDOW_MS: length of one sampling window */
     uint64_t preroll_ns;       /* OTEL_GPU_PREROLL_MS: callbacks and activity on this long before a window opens */
     int debug_always_on;       /* OTEL_GPU_DEBUG_ALWAYS_ON=1: behave as if an agent were attached (tests only) */
+    int debug_stats;           /* OTEL_GPU_DEBUG_STATS=1: one line of launch-pairing counts on stderr at exit */
+    int api_activity;          /* OTEL_GPU_API_ACTIVITY=1: the driver-API activity kind is on with the others */
 };
 extern struct inject_settings g_settings;
 
@@ -65,6 +67,10 @@ struct inject_state {
     _Atomic uint64_t outside_launches; /* launches seen outside a window (callbacks on for the linger) */
     _Atomic int attached;              /* an agent is attached (or the debug mode pretends so) */
     _Atomic int stopping;              /* the process is exiting */
+    /* Launch exits inside a window, by outcome (diagnostics, OTEL_GPU_DEBUG_STATS): recorded; no entry seen (the
+     * callbacks came on during the call); the window changed during the call; recorded although CUPTI's id at the
+     * exit differed from the one at the entry. */
+    _Atomic uint64_t exits_recorded, exits_no_entry, exits_window_changed, exits_id_changed;
 };
 extern struct inject_state g_state;
 

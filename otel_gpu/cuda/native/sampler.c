@@ -27,6 +27,7 @@
  */
 #include <errno.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <sched.h>
 #include <time.h>
 
@@ -299,6 +300,12 @@ int sampler_start(void)
 void sampler_stop_and_flush(void)
 {
     pthread_mutex_lock(&ctl_lock);
+    if (!stopped && g_settings.debug_stats)
+        fprintf(stderr, "otel-gpu: stats launch exits in windows: recorded %llu (entry id differed %llu), no entry %llu, "
+                "window changed %llu\n", (unsigned long long)atomic_load(&g_state.exits_recorded),
+                (unsigned long long)atomic_load(&g_state.exits_id_changed),
+                (unsigned long long)atomic_load(&g_state.exits_no_entry),
+                (unsigned long long)atomic_load(&g_state.exits_window_changed));
     if (!stopped) {
         stopped = 1;
         atomic_store(&g_state.stopping, 1);
