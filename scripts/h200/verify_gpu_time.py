@@ -141,8 +141,22 @@ def throughput(loop, seconds, segments):
     rates = [rate(step, seconds / segments, warmup_s=1.0 if i == 0 else 0.0) / scale for i in range(segments)]
     print(json.dumps({"pid": os.getpid(), "rates": rates, "cpu": sorted(os.sched_getaffinity(0))}))
 
+def segments(seconds, segment_s):
+    x = torch.zeros(1, device="cuda")
+    end = time.time() + seconds
+    while time.time() < end:
+        n, start = 0, time.perf_counter()
+        while time.perf_counter() - start < segment_s:
+            for _ in range(100):
+                x.add_(1)
+            n += 100
+        torch.cuda.synchronize()
+        print(json.dumps({"end": time.time_ns(), "seconds": time.perf_counter() - start, "rate": n / (time.perf_counter() - start)}), flush=True)
+
 if __name__ == "__main__":
-    if sys.argv[1] == "known":
+    if sys.argv[1] == "segments":
+        segments(float(sys.argv[2]), float(sys.argv[3]))
+    elif sys.argv[1] == "known":
         known(float(sys.argv[2]), sys.argv[3], "--profile" in sys.argv)
     else:
         throughput(sys.argv[1], float(sys.argv[2]), int(sys.argv[3]))
@@ -520,14 +534,15 @@ def step_overhead(source: GPUTimeSource | None, lines: list[str], results: dict[
         os.sched_setaffinity(0, set(cpus) - workload_cpus)
     drainer = threading.Thread(target=drain_loop, daemon=True)
     drainer.start()
-    loops = (("tiny", "tiny kernels (x.add_(1))", 0.05, 2, 6.0), ("matmul", "8192x8192 bf16 matmuls", 0.01, 1, 4.0))
+    loops = (("tiny", "tiny kernels (x.add_(1))", 0.05, ORDER, 6.0), ("matmul", "8192x8192 bf16 matmuls", 0.01,
+                                                                        ORDER[:2], 4.0))
     rounds: dict[tuple[str, str], list[dict[str, object]]] = defaultdict(list)
     os.environ.update(CHOSEN)
     cpu0 = resource.getrusage(resource.RUSAGE_SELF)
     wall0 = time.monotonic()
     try:
-        for loop, _, _, repeats, seconds in loops:
-            for mode in ORDER * repeats:
+        for loop, _, _, order, seconds in loops:
+            for mode in order:
                 done = run_program([loop, f"{seconds}", f"{int(seconds)}"], inject=mode == "injected", timeout_s=90,
                                    bpf=bpf, cpus=workload_cpus)
                 rounds[(loop, mode)].append(json.loads(done.stdout.strip().splitlines()[-1]))
@@ -569,6 +584,56 @@ def step_overhead(source: GPUTimeSource | None, lines: list[str], results: dict[
               f"- overhead: **{'PASS' if ok else 'FAIL'}**"]
 
 
+def step_toggle(source: GPUTimeSource | None, lines: list[str], results: dict[str, object]) -> None:
+    """One injected tiny-kernel process, pinned, while the agent attaches and detaches in turns every 3 s: the same
+    process on the same cores measured with and without the agent (no process-to-process spread)."""
+    if source is None:
+        return
+    source.close()  # it would keep the library attached throughout
+    cpus = sorted(os.sched_getaffinity(0))
+    workload_cpus = set(cpus[2:4]) if len(cpus) >= 6 else None
+    if workload_cpus:
+        os.sched_setaffinity(0, set(cpus) - workload_cpus)
+    command = [sys.executable, "-m", "otel_gpu", "inject", "--", sys.executable, str(WORK / "program.py"), "segments",
+               "44", "0.25"]
+    pin = (lambda: os.sched_setaffinity(0, workload_cpus)) if workload_cpus else None
+    child = subprocess.Popen(command, env=child_env(True, None, True), stdout=subprocess.PIPE,
+                             stderr=subprocess.DEVNULL, text=True, preexec_fn=pin)
+    phases: list[tuple[int, int, bool]] = []
+    try:
+        time.sleep(8.0)  # torch import, CUDA init, first segments
+        for k in range(10):
+            attached = k % 2 == 0
+            t0 = time.time_ns()
+            agent = WindowedSource(rescan_interval_s=0.2, full_rescan_s=0.5) if attached else None
+            if agent is not None:
+                agent.open()
+            time.sleep(3.0)
+            if agent is not None:
+                agent.close()
+            phases.append((t0, time.time_ns(), attached))
+        out, _ = child.communicate(timeout=60)
+    finally:
+        if child.poll() is None:
+            child.kill()
+        os.sched_setaffinity(0, set(cpus))
+    rates: dict[bool, list[float]] = {True: [], False: []}
+    for line in out.splitlines():
+        seg = json.loads(line)
+        begin = seg["end"] - int(seg["seconds"] * 1e9)
+        for start, end, attached in phases:  # skip the first 0.8 s of a phase: discovery, attach, the library's poll
+            if start + 800_000_000 <= begin and seg["end"] <= end:
+                rates[attached].append(seg["rate"])
+    with_agent = median(rates[True]) if rates[True] else float("nan")
+    without = median(rates[False]) if rates[False] else float("nan")
+    loss = 1 - with_agent / without
+    results["overhead, one process"] = loss <= 0.05
+    lines += ["", "### Overhead within one process (agent attached / detached every 3 s; 0.25 s segments)", "",
+              f"- segments with the agent: {len(rates[True])}, median {with_agent:.0f} kernels/s (p10-p90 "
+              f"{quantiles(rates[True])}); without: {len(rates[False])}, median {without:.0f} (p10-p90 "
+              f"{quantiles(rates[False])}); loss **{loss * 100:+.2f} %** (target <= 5 %)"]
+
+
 def main(argv: list[str]) -> int:
     if len(argv) != 2:
         print(__doc__)
@@ -598,7 +663,8 @@ def main(argv: list[str]) -> int:
         lines.append(f"- agent side: **eBPF unavailable** ({exc}); the library's debug mode stands in for the agent")
     (WORK / "program.py").write_text(PROGRAM)
     started = time.monotonic()
-    steps = [("known structure and accuracy", step_known_variants), ("overhead", step_overhead)]
+    steps = [("known structure and accuracy", step_known_variants), ("overhead", step_overhead),
+             ("overhead, one process", step_toggle)]
     for name, step in steps:
         try:
             step(source, lines, results)
