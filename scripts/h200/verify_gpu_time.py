@@ -594,15 +594,16 @@ def step_toggle(source: GPUTimeSource | None, lines: list[str], results: dict[st
     workload_cpus = set(cpus[2:4]) if len(cpus) >= 6 else None
     if workload_cpus:
         os.sched_setaffinity(0, set(cpus) - workload_cpus)
+    count = int(os.environ.get("VERIFY_TOGGLE_PHASES", "10"))
     command = [sys.executable, "-m", "otel_gpu", "inject", "--", sys.executable, str(WORK / "program.py"), "segments",
-               "44", "0.25"]
+               f"{8 + 3.1 * count + 4:.0f}", "0.25"]
     pin = (lambda: os.sched_setaffinity(0, workload_cpus)) if workload_cpus else None
     child = subprocess.Popen(command, env=child_env(True, None, True), stdout=subprocess.PIPE,
                              stderr=subprocess.DEVNULL, text=True, preexec_fn=pin)
     phases: list[tuple[int, int, bool]] = []
     try:
         time.sleep(8.0)  # torch import, CUDA init, first segments
-        for k in range(10):
+        for k in range(count):
             attached = k % 2 == 0
             t0 = time.time_ns()
             agent = WindowedSource(rescan_interval_s=0.2, full_rescan_s=0.5) if attached else None
@@ -612,7 +613,7 @@ def step_toggle(source: GPUTimeSource | None, lines: list[str], results: dict[st
             if agent is not None:
                 agent.close()
             phases.append((t0, time.time_ns(), attached))
-        out, _ = child.communicate(timeout=60)
+        out, _ = child.communicate(timeout=120)
     finally:
         if child.poll() is None:
             child.kill()

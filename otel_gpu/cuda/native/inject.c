@@ -10,10 +10,8 @@
  *                              the CUDA toolkit's)
  *   OTEL_GPU_OVERHEAD_BUDGET   allowed slowdown of the workload, a fraction (default 0.02)
  *   OTEL_GPU_WINDOW_MS         length of one sampling window in milliseconds (default 20)
- *   OTEL_GPU_PREROLL_MS        how long the launch callbacks and activity kinds are on before a window opens, so that
- *                              a window samples from its first moment even if switching them on takes effect late
- *                              (default 0; launches in the pre-roll are counted and charged like a linger's)
- *   OTEL_GPU_API_ACTIVITY=1    also switch CUPTI's driver-API activity kind on with the kernel/copy/set kinds
+ *   OTEL_GPU_API_ACTIVITY=0    leave CUPTI's driver-API activity kind off (default on, with the kernel/copy/set
+ *                              kinds: without it CUDA 13's CUPTI gives many launches one correlation id)
  *   OTEL_GPU_DEBUG_STATS=1     diagnostics: one line on stderr at exit counting how launch exits in windows paired
  *   OTEL_GPU_DEBUG_ALWAYS_ON=1 tests only: act as if an agent were attached
  *   OTEL_GPU_DEBUG_FILE        tests only: also append every fired record to this file (format in emit.c)
@@ -358,13 +356,12 @@ static void read_settings(void)
 {
     g_settings.overhead_budget = env_double("OTEL_GPU_OVERHEAD_BUDGET", 0.02, 0.0001, 1.0);
     g_settings.window_ns = (uint64_t)(env_double("OTEL_GPU_WINDOW_MS", 20.0, 0.1, 10000.0) * 1e6);
-    g_settings.preroll_ns = (uint64_t)(env_double("OTEL_GPU_PREROLL_MS", 0.0, 0.0, 1000.0) * 1e6);
     const char *always = getenv("OTEL_GPU_DEBUG_ALWAYS_ON");
     g_settings.debug_always_on = always != NULL && strcmp(always, "1") == 0;
     const char *stats = getenv("OTEL_GPU_DEBUG_STATS");
     g_settings.debug_stats = stats != NULL && strcmp(stats, "1") == 0;
     const char *api = getenv("OTEL_GPU_API_ACTIVITY");
-    g_settings.api_activity = api != NULL && strcmp(api, "1") == 0;
+    g_settings.api_activity = api == NULL || strcmp(api, "0") != 0;
 }
 
 /* A forked child has no controller thread and may have copied ctl_lock while held: the library goes inert there. */

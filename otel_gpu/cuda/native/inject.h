@@ -49,10 +49,9 @@ extern uint8_t g_cbid_class[CUPTI_DRIVER_TRACE_CBID_SIZE];
 struct inject_settings {
     double overhead_budget;    /* OTEL_GPU_OVERHEAD_BUDGET: allowed slowdown, fraction of wall time (0.02) */
     uint64_t window_ns;        /* OTEL_GPU_WINDOW_MS: length of one sampling window */
-    uint64_t preroll_ns;       /* OTEL_GPU_PREROLL_MS: callbacks and activity on this long before a window opens */
     int debug_always_on;       /* OTEL_GPU_DEBUG_ALWAYS_ON=1: behave as if an agent were attached (tests only) */
     int debug_stats;           /* OTEL_GPU_DEBUG_STATS=1: one line of launch-pairing counts on stderr at exit */
-    int api_activity;          /* OTEL_GPU_API_ACTIVITY=1: the driver-API activity kind is on with the others */
+    int api_activity;          /* the driver-API activity kind is on with the others (OTEL_GPU_API_ACTIVITY=0: off) */
 };
 extern struct inject_settings g_settings;
 

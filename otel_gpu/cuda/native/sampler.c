@@ -97,13 +97,9 @@ static int attach_locked(void)
     return 0;
 }
 
-static int sleep_locked(uint64_t duration_ns);
-
-/* Opens a window at open_at (monotonic), switching the launch callbacks and activity kinds on first. CUPTI's switches
- * (and the flush before them) can wait for the workload's thread to leave the driver, e.g. a synchronisation: a window
- * that opened when they returned would start in step with the workload. With a pre-roll the moment was fixed before
- * any of them ran, so it is independent of the workload as long as they return within the pre-roll. */
-static void open_window_locked(uint64_t begin, uint64_t open_at)
+/* Opens a window, switching the launch callbacks and activity kinds on first (begin: monotonic, before the flush
+ * that precedes the open; the window record states how long flush and switches took). */
+static void open_window_locked(uint64_t begin)
 {
     int was_lingering = lingering;
     if (lingering) {
@@ -120,10 +116,6 @@ static void open_window_locked(uint64_t begin, uint64_t open_at)
         log_once("some CUPTI activity kinds could not be enabled");
     uint64_t switched = monotonic_ns();
     open_us = (switched - begin) / 1000u < UINT32_MAX ? (uint32_t)((switched - begin) / 1000u) : UINT32_MAX;
-    if (switched < open_at) {
-        sleep_locked(open_at - switched);
-        linger_launches += atomic_exchange(&g_state.outside_launches, 0); /* charged to this window, like a linger */
-    }
     open_start_ns = now_ns();
     atomic_store_explicit(&g_state.window_id, ++last_window_id, memory_order_release);
 }
@@ -275,7 +267,7 @@ static void *controller_main(void *arg)
         }
         uint64_t begin = monotonic_ns();
         g_cupti.activity_flush_all(0); /* records of earlier windows that completed since */
-        open_window_locked(begin, begin + g_settings.preroll_ns);
+        open_window_locked(begin);
         sleep_locked(g_settings.window_ns);
         if (!stopped)
             close_window_locked(0);

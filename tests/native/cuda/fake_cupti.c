@@ -8,10 +8,11 @@
  * CUPTI_ACTIVITY_FLAG_FLUSH_FORCED also the work still running, with a zero end, never delivered again (as CUPTI does). Resource domain: CONTEXT_DESTROY_STARTING only.
  * Disabling a kind loses the records of that kind's work that has not finished yet (counted in records_lost): what
  * an H200 showed when the kinds went off while a GPU-bound program's queue still held sampled launches.
- * Correlation ids, as an H200 with CUDA 13 showed: only a call CUPTI sees through an enabled callback gets a new id
- * (the driver's number for it); a call whose callback is off keeps the last id handed out, so while an activity kind
- * is on, its GPU work carries a stale id, maybe a sampled launch's (counted in stale_ids). While every kind is off
- * such an id could appear in no record, and the call keeps the driver's number: the schedule's ids stay unique.
+ * Correlation ids, as an H200 with CUDA 13 showed: calls get ids of their own only while the driver-API activity kind
+ * (CUPTI_ACTIVITY_KIND_DRIVER) is on; while another kind is on without it, a call keeps the last id handed out (its
+ * callbacks see that id too), so GPU work of many launches carries one id, maybe a sampled launch's (counted in
+ * stale_ids). While every kind is off such an id could appear in no record, and the call keeps the driver's number.
+ * The driver-API kind produces no records here (the real one's are ignored by the library).
  *
  * FAKE_CUPTI_STATS=<path> writes counters at exit ("name value" lines): api_callbacks, resource_callbacks, records_produced,
  * records_delivered, records_dropped, records_lost, enable_calls, subscribes, stale_ids. One subscriber at a time, as the real CUPTI.
@@ -43,7 +44,7 @@ static int subscribed;
 static char subscriber_name[64];
 static _Atomic uint8_t enabled[CUPTI_DRIVER_TRACE_CBID_SIZE];
 static _Atomic uint8_t context_destroy_enabled;
-static _Atomic int kernel_on, memcpy_on, memset_on;
+static _Atomic int kernel_on, memcpy_on, memset_on, api_on;
 static CUpti_BuffersCallbackRequestFunc buffer_requested;
 static CUpti_BuffersCallbackCompleteFunc buffer_completed;
 
@@ -131,11 +132,6 @@ static void invoke(struct fake_call *call, CUpti_ApiCallbackSite site)
     callback(callback_userdata, CUPTI_CB_DOMAIN_DRIVER_API, call->cbid, &data);
 }
 
-static int callback_enabled(uint32_t cbid)
-{
-    return callback != NULL && cbid < CUPTI_DRIVER_TRACE_CBID_SIZE && atomic_load(&enabled[cbid]);
-}
-
 static int any_activity_on(void)
 {
     return atomic_load(&kernel_on) || atomic_load(&memcpy_on) || atomic_load(&memset_on);
@@ -143,9 +139,9 @@ static int any_activity_on(void)
 
 static void on_enter(struct fake_call *call)
 {
-    if (callback_enabled(call->cbid)) {
+    if (atomic_load(&api_on) || !any_activity_on()) {
         atomic_store(&last_id, call->correlation_id);
-    } else if (any_activity_on() && atomic_load(&last_id) != 0) {
+    } else if (atomic_load(&last_id) != 0) {
         call->correlation_id = atomic_load(&last_id); /* the call's GPU work is recorded under a stale id */
         atomic_fetch_add(&stale_ids, 1);
     }
@@ -338,6 +334,8 @@ static _Atomic int *kind_flag(CUpti_ActivityKind kind)
         return &memcpy_on;
     case CUPTI_ACTIVITY_KIND_MEMSET:
         return &memset_on;
+    case CUPTI_ACTIVITY_KIND_DRIVER:
+        return &api_on;
     default:
         return NULL;
     }
