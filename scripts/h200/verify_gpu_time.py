@@ -468,7 +468,7 @@ def known_structure(source: GPUTimeSource | None, lines: list[str], results: dic
                f"; one iteration lasts {(span[1] - span[0]) / 1e3 / max(1, iterations):.0f} µs on average")]
 
 
-VARIANTS = {"": {}, " (driver-API activity on)": {"OTEL_GPU_API_ACTIVITY": "1"}}
+VARIANTS = {"": {}, " (driver-API activity off)": {"OTEL_GPU_API_ACTIVITY": "0"}}
 CHOSEN: dict[str, str] = {}
 
 
