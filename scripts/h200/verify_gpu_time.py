@@ -630,8 +630,8 @@ def step_toggle(source: GPUTimeSource | None, lines: list[str], results: dict[st
     loss = 1 - with_agent / without
     results["overhead, one process"] = loss <= 0.05
     lines += ["", "### Overhead within one process (agent attached / detached every 3 s; 0.25 s segments)", "",
-              f"- segments with the agent: {len(rates[True])}, median {with_agent:.0f} kernels/s (p10-p90 "
-              f"{quantiles(rates[True])}); without: {len(rates[False])}, median {without:.0f} (p10-p90 "
+              f"- segments with the agent: {len(rates[True])}, median {with_agent:.0f} kernels/s (p10/median/p90/max "
+              f"{quantiles(rates[True])}); without: {len(rates[False])}, median {without:.0f} (p10/median/p90/max "
               f"{quantiles(rates[False])}); loss **{loss * 100:+.2f} %** (target <= 5 %)"]
 
 
