@@ -15,11 +15,13 @@ libbpf.so.1 on LD_LIBRARY_PATH and the project's Python dependencies on PYTHONPA
    iterations the sampling windows covered (target within 5 %), and per function against CUDA events timed inside
    the same run. torch.profiler cannot run in the measured process itself: it and the injected library would both
    own CUPTI's activity buffers, so the reference is the same program, same inputs, run just before.
-3. Overhead, side by side in one run: a tiny-kernel launch-bound loop (8 rounds) and a large matmul loop (4 rounds),
-   plain versus injected with the agent attached, in the order P I I P so that drifts hit both alike. Each round is a
-   fresh process pinned to the same two cores (the agent on the others) timing its loop in one-second segments;
-   losses from the medians (targets <= 5 % and <= 1 % throughput loss), with the sampling fraction the library
-   chose, what it dropped and how many sampled launches shared a correlation id.
+3. Overhead, side by side in one run: a tiny-kernel launch-bound loop (12 rounds, P I N N I P twice) and a large
+   matmul loop (P I), plain versus injected with the agent attached (I) and injected with a copy of the library no
+   agent attaches to (N: what injection alone costs). Each round is a fresh process pinned to the same two cores (the
+   agent on the others) timing its loop in one-second segments; losses from the medians (targets <= 5 % and <= 1 %
+   throughput loss), with the sampling fraction the library chose, what it dropped and how many sampled launches
+   shared a correlation id. Then one injected tiny-kernel process while the agent attaches and detaches every 3 s
+   (VERIFY_TOGGLE_PHASES phases, default 10): the same process measured with and without the agent.
 
 Without eBPF (not root, no BTF) it still runs: the library's test-only debug mode stands in for the agent
 (OTEL_GPU_DEBUG_ALWAYS_ON=1 plus OTEL_GPU_DEBUG_FILE, records replayed into GPUTimeSource), and the report says so.
@@ -298,13 +300,18 @@ def child_env(inject: bool, debug_file: Path | None, bpf: bool) -> dict[str, str
 
 
 def run_program(args: list[str], inject: bool, timeout_s: float, debug_file: Path | None = None,
-                bpf: bool = True, cpus: set[int] | None = None) -> subprocess.CompletedProcess[str]:
+                bpf: bool = True, cpus: set[int] | None = None,
+                library: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """library: inject this file instead (a copy the agent neither discovers nor has probes on: injection alone)."""
     command = [sys.executable, str(WORK / "program.py"), *args]
     if inject:  # exactly what a user types: otel-gpu inject -- python program.py ...
         command = [sys.executable, "-m", "otel_gpu", "inject", "--", *command]
     pin = (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
-    done = subprocess.run(command, env=child_env(inject, debug_file, bpf), capture_output=True, text=True,
-                          timeout=timeout_s, check=False, preexec_fn=pin)
+    env = child_env(inject, debug_file, bpf)
+    if library is not None:
+        env["CUDA_INJECTION64_PATH"] = str(library)
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout_s, check=False,
+                          preexec_fn=pin)
     if done.returncode != 0:
         raise RuntimeError(f"{' '.join(command[-4:])} exited {done.returncode}: {done.stderr[-1500:]}")
     return done
@@ -534,8 +541,12 @@ def step_overhead(source: GPUTimeSource | None, lines: list[str], results: dict[
         os.sched_setaffinity(0, set(cpus) - workload_cpus)
     drainer = threading.Thread(target=drain_loop, daemon=True)
     drainer.start()
-    loops = (("tiny", "tiny kernels (x.add_(1))", 0.05, ORDER, 6.0), ("matmul", "8192x8192 bf16 matmuls", 0.01,
-                                                                        ORDER[:2], 4.0))
+    # inert: injected with a copy of the library that no agent attaches to (what injection alone costs)
+    inert = WORK / "inert-copy.so"
+    inert.write_bytes(Path(str(library_path())).read_bytes())
+    tiny_order = ("plain", "injected", "inert", "inert", "injected", "plain") * 2
+    loops = (("tiny", "tiny kernels (x.add_(1))", 0.05, tiny_order, 6.0), ("matmul", "8192x8192 bf16 matmuls", 0.01,
+                                                                             ORDER[:2], 4.0))
     rounds: dict[tuple[str, str], list[dict[str, object]]] = defaultdict(list)
     os.environ.update(CHOSEN)
     cpu0 = resource.getrusage(resource.RUSAGE_SELF)
@@ -544,7 +555,7 @@ def step_overhead(source: GPUTimeSource | None, lines: list[str], results: dict[
         for loop, _, _, order, seconds in loops:
             for mode in order:
                 done = run_program([loop, f"{seconds}", f"{int(seconds)}"], inject=mode == "injected", timeout_s=90,
-                                   bpf=bpf, cpus=workload_cpus)
+                                   bpf=bpf, cpus=workload_cpus, library=inert if mode == "inert" else None)
                 rounds[(loop, mode)].append(json.loads(done.stdout.strip().splitlines()[-1]))
     finally:
         stop.set()
@@ -553,13 +564,15 @@ def step_overhead(source: GPUTimeSource | None, lines: list[str], results: dict[
     cpu1 = resource.getrusage(resource.RUSAGE_SELF)
     agent_cpu = (cpu1.ru_utime + cpu1.ru_stime - cpu0.ru_utime - cpu0.ru_stime) / (time.monotonic() - wall0)
 
-    lines += ["", ("### Overhead (alternating rounds P I I P; injected = `otel-gpu inject` with the agent attached)"
+    lines += ["", ("### Overhead (rounds P I N N I P; injected = `otel-gpu inject` with the agent attached; N = injected "
+                   "with a library copy no agent attaches to)"
                    if bpf else "### Overhead (injected = library in debug mode, no agent: no uprobe traps)"), "",
               (f"Workload processes pinned to CPUs {sorted(workload_cpus)}, the agent to the others. " if workload_cpus
                else "") + "A round's rate is the median of its one-second segments; loss from the medians of the "
               "rounds; spread = (max - min) / median of the plain rounds.", "",
               "| loop | plain rounds (per s) | injected rounds (per s) | plain median | injected median | loss | "
-              "plain spread | target |", "|---|---|---|---|---|---|---|---|"]
+              "plain spread | target | N rounds | N median | loss of injection alone |",
+              "|---|---|---|---|---|---|---|---|---|---|---|"]
     ok = True
     for loop, label, target, _, _ in loops:
         plain_rounds = [median(r["rates"]) for r in rounds[(loop, "plain")]]  # type: ignore[arg-type]
@@ -568,9 +581,13 @@ def step_overhead(source: GPUTimeSource | None, lines: list[str], results: dict[
         loss = 1 - injected / plain
         spread = (max(plain_rounds) - min(plain_rounds)) / plain
         ok = ok and loss <= target
+        inert_rounds = [median(r["rates"]) for r in rounds[(loop, "inert")]]  # type: ignore[arg-type]
+        inert_median = median(inert_rounds) if inert_rounds else float("nan")
         lines.append(f"| {label} | {' / '.join(f'{v:.0f}' for v in plain_rounds)} | "
                      f"{' / '.join(f'{v:.0f}' for v in injected_rounds)} | {plain:.0f} | {injected:.0f} | "
-                     f"{loss * 100:+.2f} % | {spread * 100:.1f} % | <= {target * 100:.0f} % |")
+                     f"{loss * 100:+.2f} % | {spread * 100:.1f} % | <= {target * 100:.0f} % | "
+                     f"{' / '.join(f'{v:.0f}' for v in inert_rounds)} | {inert_median:.0f} | "
+                     f"{(1 - inert_median / plain) * 100:+.2f} % |")
     results["overhead"] = ok
     if isinstance(source, WindowedSource):
         for loop, *_ in loops:
