@@ -848,3 +848,19 @@ def test_debug_stats_account_for_every_launch_exit_in_a_window(injected_lib: Pat
     recorded, id_differed, no_entry, _window_changed = numbers
     assert recorded == len(run.records.launches) > 0
     assert id_differed == 0 and no_entry == 0
+
+
+def test_driver_api_records_give_launches_ids_of_their_own_and_are_discarded(injected_lib: Path, tmp_path: Path) -> None:
+    """CUDA 13's CUPTI numbers every call only while the driver-API activity kind is on (the fake: otherwise a call
+    keeps the last id while activity is on). The library switches that kind on with the others and drops its records:
+    sampled launches carry distinct ids and exactly their own work comes out."""
+    argv = [str(WORKLOAD), "--steps", "300", "--lagged-pace-us", "1500", "--graph-every", "0"]
+    run = run_workload(injected_lib, tmp_path, argv)
+    launches = run.records.launches
+    assert run.stats["api_records"] > len(launches) > 0  # every call made while activity was on left one
+    assert run.stats["stale_ids"] == 0
+    assert len({la.correlation_id for la in launches}) == len(launches)
+    assert sorted(a.correlation_id for a in run.records.activities) == sorted(la.correlation_id for la in launches)
+
+    off = run_workload(injected_lib, tmp_path, argv, extra_env={"OTEL_GPU_API_ACTIVITY": "0"})
+    assert off.stats["api_records"] == 0 and off.stats["stale_ids"] > 0  # what the kind is there for

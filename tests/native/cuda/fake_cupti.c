@@ -15,7 +15,7 @@
  * The driver-API kind produces no records here (the real one's are ignored by the library).
  *
  * FAKE_CUPTI_STATS=<path> writes counters at exit ("name value" lines): api_callbacks, resource_callbacks, records_produced,
- * records_delivered, records_dropped, records_lost, enable_calls, subscribes, stale_ids. One subscriber at a time, as the real CUPTI.
+ * records_delivered, records_dropped, records_lost, enable_calls, subscribes, stale_ids, api_records. One subscriber at a time, as the real CUPTI.
  */
 #include <dlfcn.h>
 #include <pthread.h>
@@ -36,6 +36,7 @@ union any_record {
     CUpti_ActivityKernel10 kernel;
     CUpti_ActivityMemcpy6 memcpy;
     CUpti_ActivityMemset4 memset;
+    CUpti_ActivityAPI api;
 };
 
 static CUpti_CallbackFunc callback;
@@ -53,7 +54,7 @@ static union any_record *pending;
 static size_t pending_count, pending_capacity;
 
 static _Atomic uint64_t api_callbacks, resource_callbacks, records_produced, records_delivered, records_dropped,
-    records_lost, enable_calls, subscribes, dropped_since_query, stale_ids;
+    records_lost, enable_calls, subscribes, dropped_since_query, stale_ids, api_records;
 static _Atomic uint32_t last_id; /* the last correlation id handed to a call seen through an enabled callback */
 
 static uint64_t realtime_ns(void)
@@ -73,6 +74,8 @@ static size_t record_size(CUpti_ActivityKind kind)
         return sizeof(CUpti_ActivityMemcpy6);
     case CUPTI_ACTIVITY_KIND_MEMSET:
         return sizeof(CUpti_ActivityMemset4);
+    case CUPTI_ACTIVITY_KIND_DRIVER:
+        return sizeof(CUpti_ActivityAPI);
     default:
         return sizeof(CUpti_Activity);
     }
@@ -85,6 +88,8 @@ static uint64_t record_end(const union any_record *r)
         return r->memcpy.end;
     case CUPTI_ACTIVITY_KIND_MEMSET:
         return r->memset.end;
+    case CUPTI_ACTIVITY_KIND_DRIVER:
+        return r->api.end;
     default:
         return r->kernel.end;
     }
@@ -94,6 +99,8 @@ static uint64_t record_end(const union any_record *r)
 static union any_record unfinished(union any_record r, uint64_t now)
 {
     switch (r.header.kind) {
+    case CUPTI_ACTIVITY_KIND_DRIVER: /* a call's record is complete when the call returns */
+        break;
     case CUPTI_ACTIVITY_KIND_MEMCPY:
         r.memcpy.end = 0;
         r.memcpy.start = r.memcpy.start <= now ? r.memcpy.start : 0;
@@ -148,9 +155,22 @@ static void on_enter(struct fake_call *call)
     invoke(call, CUPTI_API_ENTER);
 }
 
+static void push(const union any_record *r);
+
+/* With the driver-API kind on, every call leaves a record (the library discards them). */
 static void on_exit_(struct fake_call *call)
 {
     invoke(call, CUPTI_API_EXIT);
+    if (!atomic_load(&api_on))
+        return;
+    union any_record r;
+    memset(&r, 0, sizeof(r));
+    r.api.kind = CUPTI_ACTIVITY_KIND_DRIVER;
+    r.api.cbid = call->cbid;
+    r.api.start = r.api.end = realtime_ns();
+    r.api.correlationId = call->correlation_id;
+    push(&r);
+    atomic_fetch_add(&api_records, 1);
 }
 
 static void on_work(const struct fake_work *w)
@@ -207,6 +227,11 @@ static void on_work(const struct fake_work *w)
         r.memset.graphId = w->graph_id;
         break;
     }
+    push(&r);
+}
+
+static void push(const union any_record *r)
+{
     pthread_mutex_lock(&pending_lock);
     if (pending_count == pending_capacity) {
         size_t capacity = pending_capacity ? pending_capacity * 2 : 1024;
@@ -219,7 +244,7 @@ static void on_work(const struct fake_work *w)
         pending = grown;
         pending_capacity = capacity;
     }
-    pending[pending_count++] = r;
+    pending[pending_count++] = *r;
     pthread_mutex_unlock(&pending_lock);
     atomic_fetch_add(&records_produced, 1);
 }
@@ -466,11 +491,12 @@ __attribute__((destructor)) static void write_stats(void)
     if (f == NULL)
         return;
     fprintf(f, "api_callbacks %llu\nresource_callbacks %llu\nrecords_produced %llu\nrecords_delivered %llu\n"
-               "records_dropped %llu\nrecords_lost %llu\nenable_calls %llu\nsubscribes %llu\nstale_ids %llu\n",
+               "records_dropped %llu\nrecords_lost %llu\nenable_calls %llu\nsubscribes %llu\nstale_ids %llu\n"
+            "api_records %llu\n",
             (unsigned long long)api_callbacks, (unsigned long long)resource_callbacks,
             (unsigned long long)records_produced,
             (unsigned long long)records_delivered, (unsigned long long)records_dropped,
             (unsigned long long)records_lost, (unsigned long long)enable_calls, (unsigned long long)subscribes,
-            (unsigned long long)stale_ids);
+            (unsigned long long)stale_ids, (unsigned long long)api_records);
     fclose(f);
 }
