@@ -31,6 +31,7 @@ Prints a results table and writes it as markdown to OUT.md.
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import json
 import math
 import os
@@ -365,6 +366,7 @@ def known_structure(source: GPUTimeSource | None, lines: list[str], results: dic
     assert isinstance(measuring, WindowedSource)
     if bpf:
         measuring.drain()  # start from an empty interval
+    stats_before = dataclasses.replace(measuring._joiner.stats)  # the joiner counts across runs: this run's part
     done = run_program(["known", "30", str(run_json)], inject=True, timeout_s=240, debug_file=debug, bpf=bpf)
     library_lines = [ln for ln in done.stderr.splitlines() if ln.startswith("otel-gpu: stats")]
     measured = json.loads(run_json.read_text())
@@ -464,7 +466,7 @@ def known_structure(source: GPUTimeSource | None, lines: list[str], results: dic
                f"work timed out) {measuring.library_dropped[pid]}; still unpaired at the end (launches without work, "
                f"work without launch) {unpaired}; records received "
                f"{ {k: n for (p, k), n in measuring.received.items() if p == pid} }; eBPF drops {measuring.dropped()}"),
-              accounting(measuring, pid, unpaired),
+              accounting(measuring, pid, unpaired, stats_before),
               *(f"- library: {ln}" for ln in library_lines),
               (f"- sampled launches by where in their window they ended (tenths; flat when windows sample launches "
                f"uniformly): {measuring.positions[pid]}"),
@@ -496,9 +498,11 @@ def step_known_variants(source: GPUTimeSource | None, lines: list[str], results:
     lines += ["", f"- overhead measured with the variant{best or ' (default)'}: {VARIANTS[best] or 'no extra settings'}"]
 
 
-def accounting(source: WindowedSource, pid: int, unpaired: tuple[int, int]) -> str:
+def accounting(source: WindowedSource, pid: int, unpaired: tuple[int, int], before: object) -> str:
     """Where every sampled launch went: joined with its work, or a counted loss (by reason); the rest is unexplained."""
-    stats = source._joiner.stats
+    now = source._joiner.stats
+    stats = dataclasses.replace(now, **{f.name: getattr(now, f.name) - getattr(before, f.name)
+                                        for f in dataclasses.fields(now)})
     launches = sum(n for (p, _), n in source.launch_kinds.items() if p == pid)
     graphs = source.launch_kinds[(pid, "graph")]
     activities = sum(n for (p, _), n in source.activity_kinds.items() if p == pid)
