@@ -1,0 +1,90 @@
+# SPDX-License-Identifier: Apache-2.0
+"""End to end through the command line: `otel-gpu run` (GPU-time profiling only) profiles a workload injected with
+the real library on the fake CUDA driver and fake CUPTI, writes gpu_time and sync_wait pprof files, and
+``go tool pprof`` reads them back: kernels as leaves under the functions that launched them, in the schedule's 4:1
+ratio of matmul to relu time, and the blocking waits under the function that waited.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, agent_command
+from tests.e2e.test_cpu_profiles_e2e import _go
+
+LIBRARY = REPO / "otel_gpu" / "cuda" / "native" / "libotel_gpu_inject.so"
+FAKES = REPO / "tests" / "native" / "cuda"
+AGENT_SECONDS = 5
+
+
+@pytest.fixture(scope="module")
+def agent_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
+    missing = [str(p) for p in (LIBRARY, FAKES / "workload", FAKES / "libcupti.so") if not p.exists()]
+    if missing:
+        pytest.fail(f"not built: {', '.join(missing)} (run make build)")
+    out_dir = tmp_path_factory.mktemp("gpu-time-e2e")
+    env = dict(os.environ, CUDA_INJECTION64_PATH=str(LIBRARY), OTEL_GPU_CUPTI_PATH=str(FAKES / "libcupti.so"),
+               OTEL_GPU_OVERHEAD_BUDGET="0.05")
+    # 3000 steps take about 8 s: the agent attaches while it runs and stops before it ends
+    workload = subprocess.Popen([str(FAKES / "workload"), "--steps", "3000"], env=env, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.PIPE, text=True)
+    try:
+        time.sleep(0.3)  # the library is loaded at the workload's cuInit, right at its start
+        agent = subprocess.run(
+            agent_command("run", "--duration", str(AGENT_SECONDS), "--no-gpu-metrics", "--no-cpu-profiling",
+                          "--pid", str(workload.pid), "--output-dir", str(out_dir), "--local-files", "on",
+                          "--console", "on", "--profiling-interval", "2", "--metric-export-interval", "60"),
+            capture_output=True, text=True, timeout=120, check=False)
+    finally:
+        workload.kill()
+        workload.wait()
+    assert agent.returncode == 0, f"agent failed ({agent.returncode}):\n{agent.stderr[-4000:]}"
+    return {"out_dir": out_dir, "agent": agent, "pid": workload.pid}
+
+
+def _pprof_top(files: list[Path], tmp_path: Path, *extra: str) -> dict[str, tuple[float, float]]:
+    """Function -> (flat ms, cum ms) from `go tool pprof -top` over all files."""
+    top = subprocess.run([str(_go()), "tool", "pprof", "-top", "-nodecount=60", "-unit=ms", *extra,
+                          *map(str, files)], capture_output=True, text=True, timeout=120, check=True,
+                         env={"HOME": str(tmp_path), "PATH": "/usr/bin:/bin", "PPROF_TMPDIR": str(tmp_path)})
+    out: dict[str, tuple[float, float]] = {}
+    for line in top.stdout.splitlines():
+        match = re.match(r"\s*([\d.]+)(?:ms)?\s+[\d.]+%\s+[\d.]+%\s+([\d.]+)(?:ms)?\s+[\d.]+%\s+(.+?)\s*$", line)
+        if match:
+            out[match.group(3)] = (float(match.group(1)), float(match.group(2)))
+    assert out, top.stdout + top.stderr
+    return out
+
+
+@pytest.mark.root
+@pytest.mark.backend
+@pytest.mark.skipif(_go() is None, reason="needs Debian's golang-go for `go tool pprof` (scripts/install-system.sh)")
+def test_go_tool_pprof_reads_kernels_under_their_launching_functions(agent_run, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    files = sorted(Path(agent_run["out_dir"]).glob("profile-gpu_time-*.pb.gz"))
+    assert files, sorted(p.name for p in Path(agent_run["out_dir"]).iterdir())
+    top = _pprof_top(files, tmp_path, f"-tagfocus=pid={agent_run['pid']}")
+    matmul, relu = top["matmul_kernel"][0], top["relu_kernel"][0]
+    assert matmul > 0 and relu > 0, top
+    assert matmul / relu == pytest.approx(4.0, rel=0.15)  # the schedule's ratio, re-weighted from sampled windows
+    # each kernel's time is inside its launching function's cumulative time, and train_step holds both
+    assert top["launch_matmul"][1] >= matmul * 0.999 and top["launch_relu"][1] >= relu * 0.999, top
+    assert top["train_step"][1] >= (matmul + relu) * 0.999, top
+    assert "matmul_kernel" in agent_run["agent"].stdout  # the terminal summary names the kernel
+
+
+@pytest.mark.root
+@pytest.mark.backend
+@pytest.mark.skipif(_go() is None, reason="needs Debian's golang-go for `go tool pprof` (scripts/install-system.sh)")
+def test_go_tool_pprof_reads_waits_under_the_waiting_function(agent_run, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    files = sorted(Path(agent_run["out_dir"]).glob("profile-sync_wait-*.pb.gz"))
+    assert files, sorted(p.name for p in Path(agent_run["out_dir"]).iterdir())
+    top = _pprof_top(files, tmp_path)
+    waited = top["[cuStreamSynchronize]"][0]
+    assert waited > 0, top
+    assert top["sync_point"][1] >= waited * 0.999, top
