@@ -138,6 +138,9 @@ class Agent:
                 self._report(profilers, exporters)
             if deadline is not None and now >= deadline:
                 break
+        for source in profilers:  # the last report holds every record a counter has counted
+            if hasattr(source, "stop_polling"):
+                source.stop_polling()
         self._report(profilers, exporters)  # what was sampled since the last report is not lost
 
     def _report(self, profilers: list, exporters: list) -> None:  # type: ignore[type-arg]

@@ -144,12 +144,17 @@ class GPUTimeSource:
         self._thread = threading.Thread(target=self._run, name="otel-gpu-gpu-time", daemon=True)
         self._thread.start()
 
-    def close(self) -> None:
-        """Stop polling, detach every probe and free the program (idempotent)."""
+    def stop_polling(self) -> None:
+        """Stop reading records in the background (the agent's last report comes next): records then reach the
+        per-process counters only through drain, so the last profiles hold everything the counters counted."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
             self._thread = None
+
+    def close(self) -> None:
+        """Stop polling, detach every probe and free the program (idempotent)."""
+        self.stop_polling()
         with self._ring_lock:
             if self._bpf is not None:
                 self._bpf.close()

@@ -2,11 +2,14 @@
 """End to end through the command line: `otel-gpu run` (GPU-time profiling only) profiles a workload injected with
 the real library on the fake CUDA driver and fake CUPTI, writes gpu_time and sync_wait pprof files, and
 ``go tool pprof`` reads them back: kernels as leaves under the functions that launched them, in the schedule's 4:1
-ratio of matmul to relu time, and the blocking waits under the function that waited.
+ratio of matmul to relu time, and the blocking waits under the function that waited. In the same run: both profiles
+over OTLP gRPC under Pyroscope's names, and the per-process counters in the local metrics file agree with them.
 """
 
 from __future__ import annotations
 
+import gzip
+import json
 import os
 import re
 import subprocess
@@ -17,6 +20,9 @@ import pytest
 
 from tests.conftest import REPO, agent_command
 from tests.e2e.test_cpu_profiles_e2e import _go
+from tests.exporters.receivers import GrpcProfilesReceiver
+from tests.profiles import pprof_proto
+from tests.profiles.pyroscope_rules import profile_type_ids
 
 LIBRARY = REPO / "otel_gpu" / "cuda" / "native" / "libotel_gpu_inject.so"
 FAKES = REPO / "tests" / "native" / "cuda"
@@ -31,6 +37,7 @@ def agent_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
     out_dir = tmp_path_factory.mktemp("gpu-time-e2e")
     env = dict(os.environ, CUDA_INJECTION64_PATH=str(LIBRARY), OTEL_GPU_CUPTI_PATH=str(FAKES / "libcupti.so"),
                OTEL_GPU_OVERHEAD_BUDGET="0.05")
+    receiver = GrpcProfilesReceiver().start()
     # 3000 steps take about 8 s: the agent attaches while it runs and stops before it ends
     workload = subprocess.Popen([str(FAKES / "workload"), "--steps", "3000"], env=env, stdout=subprocess.DEVNULL,
                                 stderr=subprocess.PIPE, text=True)
@@ -39,13 +46,16 @@ def agent_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
         agent = subprocess.run(
             agent_command("run", "--duration", str(AGENT_SECONDS), "--no-gpu-metrics", "--no-cpu-profiling",
                           "--pid", str(workload.pid), "--output-dir", str(out_dir), "--local-files", "on",
-                          "--console", "on", "--profiling-interval", "2", "--metric-export-interval", "60"),
+                          "--console", "on", "--profiling-interval", "2", "--metric-export-interval", "60",
+                          "--otlp-profiles-endpoint", f"http://127.0.0.1:{receiver.port}",
+                          "--otlp-profiles-protocol", "grpc"),
             capture_output=True, text=True, timeout=120, check=False)
     finally:
         workload.kill()
         workload.wait()
+        receiver.stop()
     assert agent.returncode == 0, f"agent failed ({agent.returncode}):\n{agent.stderr[-4000:]}"
-    return {"out_dir": out_dir, "agent": agent, "pid": workload.pid}
+    return {"out_dir": out_dir, "agent": agent, "pid": workload.pid, "requests": list(receiver.requests)}
 
 
 def _pprof_top(files: list[Path], tmp_path: Path, *extra: str) -> dict[str, tuple[float, float]]:
@@ -88,3 +98,43 @@ def test_go_tool_pprof_reads_waits_under_the_waiting_function(agent_run, tmp_pat
     waited = top["[cuStreamSynchronize]"][0]
     assert waited > 0, top
     assert top["sync_point"][1] >= waited * 0.999, top
+
+
+def _file_total_ns(files: list[Path]) -> int:
+    total = 0
+    for path in files:
+        profile = pprof_proto.decode(path.read_bytes())
+        total += sum(sample.value[0] for sample in profile.sample)
+    return total
+
+
+def _last_counter(out_dir: Path, name: str, pid: int) -> float:
+    """The last value of a per-process counter in the local OTLP JSON lines file."""
+    value = None
+    text = (out_dir / "metrics.jsonl").read_text()
+    for line in text.splitlines():
+        for rm in json.loads(line)["resourceMetrics"]:
+            for sm in rm["scopeMetrics"]:
+                for metric in sm["metrics"]:
+                    if metric["name"] != name:
+                        continue
+                    for point in metric["sum"]["dataPoints"]:
+                        attributes = {a["key"]: a["value"] for a in point["attributes"]}
+                        if int(attributes["process.pid"]["intValue"]) == pid:
+                            value = float(point.get("asDouble", point.get("asInt", 0)))
+    assert value is not None, f"no {name} for pid {pid}"
+    return value
+
+
+@pytest.mark.root
+def test_otlp_and_metrics_carry_the_same_gpu_time(agent_run) -> None:  # type: ignore[no-untyped-def]
+    types = {t for request in agent_run["requests"] for t in profile_type_ids(request)}
+    assert {"gpu:gpu_time:nanoseconds:gpu:nanoseconds", "gpu_wait:sync_wait:nanoseconds:gpu_wait:nanoseconds"} <= types
+    out_dir, pid = Path(agent_run["out_dir"]), agent_run["pid"]
+    gpu_ns = _file_total_ns(sorted(out_dir.glob("profile-gpu_time-*.pb.gz")))
+    wait_ns = _file_total_ns(sorted(out_dir.glob("profile-sync_wait-*.pb.gz")))
+    assert gpu_ns > 0 and wait_ns > 0
+    # the counters and the profiles come from the same re-weighted records (rounding apart)
+    assert _last_counter(out_dir, "nvidia.gpu.process.kernel.time", pid) * 1e9 == pytest.approx(gpu_ns, rel=0.01)
+    assert _last_counter(out_dir, "nvidia.gpu.process.sync_wait.time", pid) * 1e9 == pytest.approx(wait_ns, rel=0.01)
+    assert _last_counter(out_dir, "nvidia.gpu.process.kernel.launches", pid) > 0
