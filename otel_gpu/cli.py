@@ -3,7 +3,7 @@
 
     otel-gpu run [--duration S] [--output-dir DIR] [--otlp-endpoint URL] ...   start the agent
     otel-gpu config [...]                                   print the effective configuration
-    otel-gpu inject -- COMMAND [ARGS ...]                   run a CUDA workload with GPU-time profiling
+    otel-gpu inject [--overhead-budget P] -- COMMAND ...    run a CUDA workload with GPU-time profiling
     otel-gpu --version
 
 Exit codes: 0 success, 1 runtime failure, 2 bad configuration (every problem listed, each naming its flag).
@@ -29,6 +29,17 @@ _EPILOG = """examples:
 """
 
 
+def _budget_percent(text: str) -> float:
+    """--overhead-budget: a percentage in 0.01..100, as the fraction the injected library reads."""
+    try:
+        value = float(text.rstrip("%"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number (per cent, e.g. 2 or 0.5)") from None
+    if not 0.01 <= value <= 100:
+        raise argparse.ArgumentTypeError(f"{text!r} is outside 0.01..100 (per cent)")
+    return value / 100
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="otel-gpu", description="OpenTelemetry-native GPU profiler and metrics agent",
                                      epilog=_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -40,7 +51,10 @@ def _parser() -> argparse.ArgumentParser:
     show = commands.add_parser("config", help="print the effective configuration (secrets masked) and exit")
     config.add_arguments(show)
     inject = commands.add_parser("inject", help="run a CUDA workload with the GPU-time library injected",
-                                 usage="otel-gpu inject -- COMMAND [ARGS ...]")
+                                 usage="otel-gpu inject [--overhead-budget PERCENT] -- COMMAND [ARGS ...]")
+    inject.add_argument("--overhead-budget", type=_budget_percent, default=None, metavar="PERCENT",
+                        help="how much slower the workload may run while GPU time is profiled, in per cent "
+                             "(0.01-100; default 2); the library sets its sampling to stay within it")
     inject.add_argument("workload", nargs=argparse.REMAINDER, help="the command to run")
     return parser
 
@@ -57,7 +71,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "inject":
         from otel_gpu.cuda.inject import run_injected
 
-        return run_injected(args.workload)
+        return run_injected(args.workload, overhead_budget=args.overhead_budget)
     try:
         cfg = config.load(args)
     except config.ConfigError as exc:

@@ -18,6 +18,7 @@ from typing import TextIO
 from otel_gpu.cuda.discovery import LIBRARY_NAME
 
 INJECTION_VARIABLE = "CUDA_INJECTION64_PATH"
+BUDGET_VARIABLE = "OTEL_GPU_OVERHEAD_BUDGET"  # read by the library: the allowed slowdown as a fraction
 PACKAGED_LIBRARY = Path(__file__).resolve().parent / "native" / LIBRARY_NAME
 
 
@@ -43,14 +44,19 @@ def container_instructions(path: Path) -> str:
     )
 
 
-def injected_environment(environ: Mapping[str, str], path: Path) -> dict[str, str]:
-    """``environ`` with ``CUDA_INJECTION64_PATH`` pointing at ``path``."""
+def injected_environment(environ: Mapping[str, str], path: Path,
+                         overhead_budget: float | None = None) -> dict[str, str]:
+    """``environ`` with ``CUDA_INJECTION64_PATH`` pointing at ``path`` (and the library's overhead budget, a
+    fraction, when given)."""
     env = dict(environ)
     env[INJECTION_VARIABLE] = str(path)
+    if overhead_budget is not None:
+        env[BUDGET_VARIABLE] = f"{overhead_budget:g}"
     return env
 
 
-def run_injected(command: Sequence[str], environ: Mapping[str, str] | None = None, stderr: TextIO | None = None) -> int:
+def run_injected(command: Sequence[str], environ: Mapping[str, str] | None = None, stderr: TextIO | None = None,
+                 overhead_budget: float | None = None) -> int:
     """Run ``command`` with the library injected and return its exit status (the cli's ``inject`` subcommand).
 
     Returns 2 (usage) without a command, 1 when the library is not built or the command cannot start, else the
@@ -67,9 +73,12 @@ def run_injected(command: Sequence[str], environ: Mapping[str, str] | None = Non
     if path is None:
         err.write(f"otel-gpu: {PACKAGED_LIBRARY} is missing; build it with `make build`\n")
         return 1
+    env = injected_environment(os.environ if environ is None else environ, path, overhead_budget)
     err.write(container_instructions(path))
+    if overhead_budget is not None:
+        err.write(f"otel-gpu: overhead budget {overhead_budget * 100:g} % (elsewhere: set "
+                  f"{BUDGET_VARIABLE}={env[BUDGET_VARIABLE]} where the workload starts)\n")
     err.flush()
-    env = injected_environment(os.environ if environ is None else environ, path)
     try:
         process = subprocess.Popen(argv, env=env)
     except OSError as exc:

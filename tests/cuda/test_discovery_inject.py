@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -108,3 +109,22 @@ def test_source_rereads_a_process_only_every_full_rescan(tmp_path: Path) -> None
     source._full_rescan_s = 0  # once the full period has passed, pid 200 is read again
     source.rescan()
     assert 200 in source._processes
+
+
+def test_inject_passes_the_overhead_budget_to_the_library(packaged: Path, tmp_path: Path) -> None:
+    """`otel-gpu inject --overhead-budget 0.5 -- CMD`: the library reads the fraction from OTEL_GPU_OVERHEAD_BUDGET."""
+    out = tmp_path / "seen"
+    script = f"import os; open({str(out)!r}, 'w').write(os.environ['OTEL_GPU_OVERHEAD_BUDGET'])"
+    done = subprocess.run([sys.executable, "-m", "otel_gpu", "inject", "--overhead-budget", "0.5", "--",
+                           sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    assert out.read_text() == "0.005"
+    assert "OTEL_GPU_OVERHEAD_BUDGET=0.005" in done.stderr
+
+
+@pytest.mark.parametrize("value", ["0", "150", "two"])
+def test_inject_rejects_a_bad_overhead_budget_naming_the_flag(value: str) -> None:
+    done = subprocess.run([sys.executable, "-m", "otel_gpu", "inject", "--overhead-budget", value, "--", "true"],
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 2
+    assert "--overhead-budget" in done.stderr and value in done.stderr
