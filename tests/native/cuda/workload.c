@@ -143,13 +143,17 @@ NOINLINE void drain(void)
 
 NOINLINE void launch_bound_loop(long launches)
 {
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
     for (long i = 0; i < launches; i++) {
         CHECK(cuLaunchKernel(tiny, 1, 1, 1, 32, 1, 1, 0, stream, NULL, NULL));
         if (i % 1000 == 999)
             sync_point();
     }
     sync_point();
-    printf("tiny_launches %ld\n", launches);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    printf("tiny_launches %ld seconds %.6f\n", launches,
+           (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9);
 }
 
 /* A GPU-bound program: launches come every pace_us, faster than the GPU runs them (2.5 ms a step), and nothing waits
