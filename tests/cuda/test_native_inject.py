@@ -864,3 +864,18 @@ def test_driver_api_records_give_launches_ids_of_their_own_and_are_discarded(inj
 
     off = run_workload(injected_lib, tmp_path, argv, extra_env={"OTEL_GPU_API_ACTIVITY": "0"})
     assert off.stats["api_records"] == 0 and off.stats["stale_ids"] > 0  # what the kind is there for
+
+
+def test_wait_sampling_adapts_between_windows(injected_lib: Path, tmp_path: Path) -> None:
+    """A sync-heavy loop under a small budget: windows are seconds apart, yet recording every wait would cost more
+    than half the budget, so the library must thin the waits out (weights > 1) without waiting for a window."""
+    run = run_workload(
+        injected_lib,
+        tmp_path,
+        [str(WORKLOAD), "--tiny", "8000000"],  # a cuCtxSynchronize every 1000 launches
+        extra_env={"OTEL_GPU_OVERHEAD_BUDGET": "0.002", "FAKE_CUDA_SCHEDULE": ""},
+    )
+    syncs = run.records.syncs
+    assert len(run.records.windows) <= 1  # the prior fraction (0.2 %) puts ~10 s between windows
+    assert syncs and max(s.weight for s in syncs) >= 4
+    assert len(syncs) < 8000 / 2  # most waits were left unrecorded, each recorded one standing for `weight`

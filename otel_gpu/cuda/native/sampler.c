@@ -120,14 +120,11 @@ static void open_window_locked(uint64_t begin)
     atomic_store_explicit(&g_state.window_id, ++last_window_id, memory_order_release);
 }
 
-static void adapt_locked(uint64_t window_ns, uint64_t overhead_ns, uint64_t launches, uint64_t lingered)
+/* At most every 100 ms, from the gap's slices as well as at window ends (windows can be seconds apart while a
+ * sync-heavy workload waits thousands of times): one wait in N is recorded; N doubles while recording waits costs
+ * more than half the budget and halves back when it costs under an eighth. */
+static void adapt_waits_locked(void)
 {
-    if (window_ns == 0)
-        return;
-    struct window_cost cost = {window_ns, overhead_ns, launches, lingered};
-    slowdown = 0.5 * slowdown + 0.5 * estimate_slowdown(&cost);
-    fraction = fraction_for_budget(g_settings.overhead_budget, slowdown);
-
     uint64_t now = monotonic_ns();
     uint64_t period_ns = now - wait_period_start_ns;
     if (period_ns < 100000000ull)
@@ -140,6 +137,16 @@ static void adapt_locked(uint64_t window_ns, uint64_t overhead_ns, uint64_t laun
     else if (wait_cost * 4 < allowed && every > 1)
         atomic_store(&g_state.wait_sample_every, every / 2);
     wait_period_start_ns = now;
+}
+
+static void adapt_locked(uint64_t window_ns, uint64_t overhead_ns, uint64_t launches, uint64_t lingered)
+{
+    if (window_ns == 0)
+        return;
+    struct window_cost cost = {window_ns, overhead_ns, launches, lingered};
+    slowdown = 0.5 * slowdown + 0.5 * estimate_slowdown(&cost);
+    fraction = fraction_for_budget(g_settings.overhead_budget, slowdown);
+    adapt_waits_locked();
 }
 
 static void close_window_locked(uint32_t flush_flag)
@@ -243,6 +250,7 @@ static int wait_gap_locked(uint64_t gap_ns)
         }
         if (!agent_present())
             return -1;
+        adapt_waits_locked();
     }
     return 0;
 }
