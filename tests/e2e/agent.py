@@ -90,3 +90,19 @@ def sleepers() -> Iterator[list[subprocess.Popen[bytes]]]:
         for process in started:
             process.kill()
             process.wait()
+
+
+def run_profiling_agent(workload: subprocess.Popen, receiver, *args: str) -> subprocess.CompletedProcess[str]:  # type: ignore[type-arg,no-untyped-def]
+    """``otel-gpu run ARGS`` sending profiles over OTLP gRPC to ``receiver`` while ``workload`` runs; then the workload
+    is killed and the receiver stopped (also when the agent fails). The agent must exit 0."""
+    try:
+        agent = subprocess.run(
+            agent_command("run", *args, "--otlp-profiles-endpoint", f"http://127.0.0.1:{receiver.port}",
+                          "--otlp-profiles-protocol", "grpc", "--metric-export-interval", "60"),
+            capture_output=True, text=True, timeout=120, check=False)
+    finally:
+        workload.kill()
+        workload.wait()
+        receiver.stop()
+    assert agent.returncode == 0, f"agent failed ({agent.returncode}):\n{agent.stderr[-4000:]}"
+    return agent

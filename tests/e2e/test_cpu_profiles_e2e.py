@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 from opentelemetry.proto.collector.profiles.v1development.profiles_service_pb2 import ExportProfilesServiceRequest
 
-from tests.conftest import NATIVE, agent_command
+from tests.conftest import NATIVE
+from tests.e2e.agent import run_profiling_agent
 from tests.exporters.receivers import GrpcProfilesReceiver
 from tests.profiles import pprof_proto
 from tests.profiles.pyroscope_rules import profile_type_ids
@@ -44,24 +45,17 @@ def agent_run(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-unty
     out_dir = tmp_path_factory.mktemp("cpu-e2e")
     receiver = GrpcProfilesReceiver().start()
     workload = subprocess.Popen([str(WORKLOAD), str(AGENT_SECONDS + 20)], stdout=subprocess.PIPE, text=True)
-    try:
-        ready = workload.stdout.readline() if workload.stdout else ""
-        match = re.match(r"ready (\d+)", ready)
-        assert match, f"workload did not say 'ready PID': {ready!r}"
-        pid = int(match.group(1))
-        agent = subprocess.run(
-            agent_command("run", "--duration", str(AGENT_SECONDS), "--no-gpu-metrics", "--no-gpu-time-profiling",
-                          "--pid", str(pid),
-                          "--output-dir", str(out_dir), "--local-files", "on", "--console", "on",
-                          "--profiling-frequency-hz", str(FREQUENCY_HZ), "--profiling-interval", "2",
-                          "--otlp-profiles-endpoint", f"http://127.0.0.1:{receiver.port}",
-                          "--otlp-profiles-protocol", "grpc", "--metric-export-interval", "60"),
-            capture_output=True, text=True, timeout=120, check=False)
-    finally:
+    ready = workload.stdout.readline() if workload.stdout else ""
+    match = re.match(r"ready (\d+)", ready)
+    if not match:
         workload.kill()
-        workload.wait()
         receiver.stop()
-    assert agent.returncode == 0, f"agent failed ({agent.returncode}):\n{agent.stderr[-4000:]}"
+        pytest.fail(f"workload did not say 'ready PID': {ready!r}")
+    pid = int(match.group(1))
+    agent = run_profiling_agent(workload, receiver, "--duration", str(AGENT_SECONDS), "--no-gpu-metrics",
+                                "--no-gpu-time-profiling", "--pid", str(pid), "--output-dir", str(out_dir),
+                                "--local-files", "on", "--console", "on", "--profiling-frequency-hz",
+                                str(FREQUENCY_HZ), "--profiling-interval", "2")
     files = sorted(out_dir.glob("profile-cpu-*.pb.gz"))
     assert files, f"no profile files in {out_dir}: {sorted(p.name for p in out_dir.iterdir())}\n{agent.stderr[-4000:]}"
     # CPU profiles only: each request holds one batch, so one profile type

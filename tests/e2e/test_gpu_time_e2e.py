@@ -8,7 +8,6 @@ over OTLP gRPC under Pyroscope's names, and the per-process counters in the loca
 
 from __future__ import annotations
 
-import gzip
 import json
 import os
 import re
@@ -18,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, agent_command
+from tests.conftest import REPO
+from tests.e2e.agent import run_profiling_agent
 from tests.e2e.test_cpu_profiles_e2e import _go
 from tests.exporters.receivers import GrpcProfilesReceiver
 from tests.profiles import pprof_proto
@@ -41,20 +41,10 @@ def agent_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
     # 3000 steps take about 8 s: the agent attaches while it runs and stops before it ends
     workload = subprocess.Popen([str(FAKES / "workload"), "--steps", "3000"], env=env, stdout=subprocess.DEVNULL,
                                 stderr=subprocess.PIPE, text=True)
-    try:
-        time.sleep(0.3)  # the library is loaded at the workload's cuInit, right at its start
-        agent = subprocess.run(
-            agent_command("run", "--duration", str(AGENT_SECONDS), "--no-gpu-metrics", "--no-cpu-profiling",
-                          "--pid", str(workload.pid), "--output-dir", str(out_dir), "--local-files", "on",
-                          "--console", "on", "--profiling-interval", "2", "--metric-export-interval", "60",
-                          "--otlp-profiles-endpoint", f"http://127.0.0.1:{receiver.port}",
-                          "--otlp-profiles-protocol", "grpc"),
-            capture_output=True, text=True, timeout=120, check=False)
-    finally:
-        workload.kill()
-        workload.wait()
-        receiver.stop()
-    assert agent.returncode == 0, f"agent failed ({agent.returncode}):\n{agent.stderr[-4000:]}"
+    time.sleep(0.3)  # the library is loaded at the workload's cuInit, right at its start
+    agent = run_profiling_agent(workload, receiver, "--duration", str(AGENT_SECONDS), "--no-gpu-metrics",
+                                "--no-cpu-profiling", "--pid", str(workload.pid), "--output-dir", str(out_dir),
+                                "--local-files", "on", "--console", "on", "--profiling-interval", "2")
     return {"out_dir": out_dir, "agent": agent, "pid": workload.pid, "requests": list(receiver.requests)}
 
 
