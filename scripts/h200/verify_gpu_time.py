@@ -30,6 +30,7 @@ Prints a results table and writes it as markdown to OUT.md.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import dataclasses
 import json
@@ -45,6 +46,7 @@ import threading
 import time
 import traceback
 from collections import Counter, defaultdict
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -154,7 +156,8 @@ def segments(seconds, segment_s):
                 x.add_(1)
             n += 100
         torch.cuda.synchronize()
-        print(json.dumps({"end": time.time_ns(), "seconds": time.perf_counter() - start, "rate": n / (time.perf_counter() - start)}), flush=True)
+        elapsed = time.perf_counter() - start
+        print(json.dumps({"end": time.time_ns(), "seconds": elapsed, "rate": n / elapsed}), flush=True)
 
 if __name__ == "__main__":
     if sys.argv[1] == "segments":
@@ -300,19 +303,43 @@ def child_env(inject: bool, debug_file: Path | None, bpf: bool) -> dict[str, str
     return env
 
 
+def program_command(args: list[str], inject: bool) -> list[str]:
+    command = [sys.executable, str(WORK / "program.py"), *args]
+    if inject:  # exactly what a user types: otel-gpu inject -- python program.py ...
+        command = [sys.executable, "-m", "otel_gpu", "inject", "--", *command]
+    return command
+
+
+def pinned_to(cpus: set[int] | None) -> Callable[[], None] | None:
+    """A preexec_fn that pins the child to ``cpus`` (None: no pinning)."""
+    return (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
+
+
+@contextlib.contextmanager
+def agent_apart() -> Iterator[set[int] | None]:
+    """Two CPUs for the workload processes and the others for this process (the agent), restored afterwards; None
+    (no pinning) on a machine with fewer than six CPUs."""
+    cpus = set(os.sched_getaffinity(0))
+    ordered = sorted(cpus)
+    workload = set(ordered[2:4]) if len(ordered) >= 6 else None
+    if workload:
+        os.sched_setaffinity(0, cpus - workload)
+    try:
+        yield workload
+    finally:
+        os.sched_setaffinity(0, cpus)
+
+
 def run_program(args: list[str], inject: bool, timeout_s: float, debug_file: Path | None = None,
                 bpf: bool = True, cpus: set[int] | None = None,
                 library: Path | None = None) -> subprocess.CompletedProcess[str]:
     """library: inject this file instead (a copy the agent neither discovers nor has probes on: injection alone)."""
-    command = [sys.executable, str(WORK / "program.py"), *args]
-    if inject:  # exactly what a user types: otel-gpu inject -- python program.py ...
-        command = [sys.executable, "-m", "otel_gpu", "inject", "--", *command]
-    pin = (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
+    command = program_command(args, inject)
     env = child_env(inject, debug_file, bpf)
     if library is not None:
         env["CUDA_INJECTION64_PATH"] = str(library)
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout_s, check=False,
-                          preexec_fn=pin)
+                          preexec_fn=pinned_to(cpus))
     if done.returncode != 0:
         raise RuntimeError(f"{' '.join(command[-4:])} exited {done.returncode}: {done.stderr[-1500:]}")
     return done
@@ -495,7 +522,8 @@ def step_known_variants(source: GPUTimeSource | None, lines: list[str], results:
             lines += ["", f"### known structure{label}: ERROR", "", "```", traceback.format_exc()[-3000:], "```"]
     best = min(VARIANTS, key=lambda label: float(results.pop("worst" + label, 9.0)))  # type: ignore[arg-type]
     CHOSEN.update(VARIANTS[best])
-    lines += ["", f"- overhead measured with the variant{best or ' (default)'}: {VARIANTS[best] or 'no extra settings'}"]
+    lines += ["", f"- overhead measured with the variant{best or ' (default)'}: "
+                  f"{VARIANTS[best] or 'no extra settings'}"]
 
 
 def accounting(source: WindowedSource, pid: int, unpaired: tuple[int, int], before: object) -> str:
@@ -542,10 +570,6 @@ def step_overhead(source: GPUTimeSource | None, lines: list[str], results: dict[
             if source is not None:
                 source.drain()
 
-    cpus = sorted(os.sched_getaffinity(0))
-    workload_cpus = set(cpus[2:4]) if len(cpus) >= 6 else None
-    if workload_cpus:
-        os.sched_setaffinity(0, set(cpus) - workload_cpus)
     drainer = threading.Thread(target=drain_loop, daemon=True)
     drainer.start()
     # inert: injected with a copy of the library that no agent attaches to (what injection alone costs)
@@ -559,20 +583,21 @@ def step_overhead(source: GPUTimeSource | None, lines: list[str], results: dict[
     cpu0 = resource.getrusage(resource.RUSAGE_SELF)
     wall0 = time.monotonic()
     try:
-        for loop, _, _, order, seconds in loops:
-            for mode in order:
-                done = run_program([loop, f"{seconds}", f"{int(seconds)}"], inject=mode == "injected", timeout_s=90,
-                                   bpf=bpf, cpus=workload_cpus, library=inert if mode == "inert" else None)
-                rounds[(loop, mode)].append(json.loads(done.stdout.strip().splitlines()[-1]))
+        with agent_apart() as workload_cpus:
+            for loop, _, _, order, seconds in loops:
+                for mode in order:
+                    done = run_program([loop, f"{seconds}", f"{int(seconds)}"], inject=mode == "injected",
+                                       timeout_s=90, bpf=bpf, cpus=workload_cpus,
+                                       library=inert if mode == "inert" else None)
+                    rounds[(loop, mode)].append(json.loads(done.stdout.strip().splitlines()[-1]))
     finally:
         stop.set()
         drainer.join()
-        os.sched_setaffinity(0, set(cpus))
     cpu1 = resource.getrusage(resource.RUSAGE_SELF)
     agent_cpu = (cpu1.ru_utime + cpu1.ru_stime - cpu0.ru_utime - cpu0.ru_stime) / (time.monotonic() - wall0)
 
-    lines += ["", ("### Overhead (rounds P I N N I P; injected = `otel-gpu inject` with the agent attached; N = injected "
-                   "with a library copy no agent attaches to)"
+    lines += ["", ("### Overhead (rounds P I N N I P; injected = `otel-gpu inject` with the agent attached; "
+                   "N = injected with a library copy no agent attaches to)"
                    if bpf else "### Overhead (injected = library in debug mode, no agent: no uprobe traps)"), "",
               (f"Workload processes pinned to CPUs {sorted(workload_cpus)}, the agent to the others. " if workload_cpus
                else "") + "A round's rate is the median of its one-second segments; loss from the medians of the "
@@ -614,34 +639,28 @@ def step_toggle(source: GPUTimeSource | None, lines: list[str], results: dict[st
     if source is None:
         return
     source.close()  # it would keep the library attached throughout
-    cpus = sorted(os.sched_getaffinity(0))
-    workload_cpus = set(cpus[2:4]) if len(cpus) >= 6 else None
-    if workload_cpus:
-        os.sched_setaffinity(0, set(cpus) - workload_cpus)
     count = int(os.environ.get("VERIFY_TOGGLE_PHASES", "16"))
-    command = [sys.executable, "-m", "otel_gpu", "inject", "--", sys.executable, str(WORK / "program.py"), "segments",
-               f"{8 + 3.1 * count + 4:.0f}", "0.25"]
-    pin = (lambda: os.sched_setaffinity(0, workload_cpus)) if workload_cpus else None
-    child = subprocess.Popen(command, env=child_env(True, None, True), stdout=subprocess.PIPE,
-                             stderr=subprocess.DEVNULL, text=True, preexec_fn=pin)
     phases: list[tuple[int, int, bool]] = []
-    try:
-        time.sleep(8.0)  # torch import, CUDA init, first segments
-        for k in range(count):
-            attached = k % 2 == 0
-            t0 = time.time_ns()
-            agent = WindowedSource(rescan_interval_s=0.2, full_rescan_s=0.5) if attached else None
-            if agent is not None:
-                agent.open()
-            time.sleep(3.0)
-            if agent is not None:
-                agent.close()
-            phases.append((t0, time.time_ns(), attached))
-        out, _ = child.communicate(timeout=120)
-    finally:
-        if child.poll() is None:
-            child.kill()
-        os.sched_setaffinity(0, set(cpus))
+    with agent_apart() as workload_cpus:
+        child = subprocess.Popen(program_command(["segments", f"{8 + 3.1 * count + 4:.0f}", "0.25"], inject=True),
+                                 env=child_env(True, None, True), stdout=subprocess.PIPE,
+                                 stderr=subprocess.DEVNULL, text=True, preexec_fn=pinned_to(workload_cpus))
+        try:
+            time.sleep(8.0)  # torch import, CUDA init, first segments
+            for k in range(count):
+                attached = k % 2 == 0
+                t0 = time.time_ns()
+                agent = WindowedSource(rescan_interval_s=0.2, full_rescan_s=0.5) if attached else None
+                if agent is not None:
+                    agent.open()
+                time.sleep(3.0)
+                if agent is not None:
+                    agent.close()
+                phases.append((t0, time.time_ns(), attached))
+            out, _ = child.communicate(timeout=120)
+        finally:
+            if child.poll() is None:
+                child.kill()
     rates: dict[bool, list[float]] = {True: [], False: []}
     for line in out.splitlines():
         seg = json.loads(line)
