@@ -11,7 +11,6 @@ import contextlib
 import dataclasses
 import logging
 import os
-import re
 import signal
 import threading
 import time
@@ -175,13 +174,8 @@ class Agent:
         The CPU sampler filters in the kernel; GPU-time records come from injected processes only, so they are
         filtered here, after the fact."""
         profiling = self.config.profiling
-        if not (profiling.pids or profiling.process_name or profiling.container_id):
-            return batch
-        name_re = re.compile(profiling.process_name) if profiling.process_name else None
         kept = tuple(p for p in batch.processes
-                     if (not profiling.pids or p.process.pid in profiling.pids)
-                     and (name_re is None or name_re.search(p.process.executable_name))
-                     and (not profiling.container_id or p.process.container_id.startswith(profiling.container_id)))
+                     if profiling.selects(p.process.pid, p.process.container_id, (p.process.executable_name,)))
         return dataclasses.replace(batch, processes=kept)
 
     def _destinations(self) -> str:

@@ -13,7 +13,7 @@ import argparse
 import os
 import re
 import urllib.parse
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -118,6 +118,14 @@ class ProfilingConfig:
     container_id: str = ""
     include_self: bool = False
     gpu_time: bool = True
+
+    def selects(self, pid: int, container_id: str, names: Iterable[str]) -> bool:
+        """Whether --pid, --container-id and --process-name (searched in any of ``names``) take in this process."""
+        if self.pids and pid not in self.pids:
+            return False
+        if self.container_id and not container_id.startswith(self.container_id):
+            return False
+        return not self.process_name or any(re.search(self.process_name, name) for name in names)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import threading
 import time
 from collections import defaultdict
@@ -39,7 +38,6 @@ class CPUProfileSource:
         self.config = config
         self._resolver = resolver
         self._symbolizer = symbolizer or Symbolizer()
-        self._name_re = re.compile(config.process_name) if config.process_name else None
         self._comms: dict[int, str] = {}  # pid -> name when first sampled; written by the sampler's event thread
         self._comms_lock = threading.Lock()
         self._sampler = sampler or CPUSampler(config.frequency_hz, pids=config.pids,
@@ -106,13 +104,10 @@ class CPUProfileSource:
         return ProcessInfo(pid=pid, executable_name=comm, service_name=comm)
 
     def _wanted(self, info: ProcessInfo, thread_names: set[str]) -> bool:
-        """The container and name filters: the name pattern may match the executable or any thread name."""
-        if self.config.container_id and not info.container_id.startswith(self.config.container_id):
-            return False
-        if self._name_re is not None:
-            names = {info.executable_name, self._comms.get(info.pid, "")} | thread_names
-            return any(self._name_re.search(name) for name in names if name)
-        return True
+        """The selection (pids are filtered in the kernel already): the name pattern may match the executable or any
+        thread name."""
+        names = {info.executable_name, self._comms.get(info.pid, "")} | thread_names
+        return self.config.selects(info.pid, info.container_id, (name for name in names if name))
 
     def _samples(self, pid: int, samples: list[RawSample]) -> tuple[Sample, ...]:
         stacks = sorted({s.user_stack for s in samples if s.user_stack})
