@@ -266,8 +266,8 @@ static void CUPTIAPI on_api(void *userdata, CUpti_CallbackDomain domain, CUpti_C
     }
     if (!atomic_load_explicit(&g_state.attached, memory_order_relaxed))
         return;
-    /* Outside a window the launch callbacks are on only so that CUPTI gives every launch its own correlation id
-     * while activity lingers: nothing to do but count the launch (its cost is charged by estimate.c). */
+    /* Outside a window the launch callbacks are on only while activity lingers (see sampler.c): nothing to do but
+     * count the launch (its cost is charged by estimate.c). */
     if (launch_kind != 0 && wait_kind == 0 && atomic_load_explicit(&g_state.window_id, memory_order_relaxed) == 0) {
         atomic_fetch_add_explicit(&g_state.outside_launches, 1, memory_order_relaxed);
         return;

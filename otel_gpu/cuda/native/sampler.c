@@ -15,11 +15,12 @@
  * in the next window record). A window's weight applies to its launches whenever their work arrives, so the
  * re-weighted totals stay unbiased under any queue lag.
  *
- * Correlation ids: CUPTI numbers only the calls it sees through an enabled callback; a launch made while its
- * callback is off gets no id of its own and its GPU work carries the last id handed out, possibly a sampled launch's
- * (an H200 showed one id on hundreds of launches). So the launch callbacks are on whenever any activity kind is:
- * switched on before the kinds at a window's open, off only after the kinds at the linger's end. Outside a window the
- * callback just counts the launch (the linger's cost, charged by estimate.c) and the sampled-id filter drops its work.
+ * Correlation ids: CUDA 13's CUPTI gives launches ids of their own only while the driver-API activity kind is on
+ * (activity.c switches it with the others unless OTEL_GPU_API_ACTIVITY=0); without it an H200 showed one id on
+ * hundreds of launches. The launch callbacks are on whenever any activity kind is: switched on before the kinds at a
+ * window's open, off only after the kinds at the linger's end (the configuration measured on the H200). Outside a
+ * window the callback just counts the launch (the linger's cost, charged by estimate.c) and the sampled-id filter
+ * drops its work.
  *
  * Blocking waits are recorded outside windows too (their callbacks stay on while attached): one wait in N, chosen
  * at random, with weight N; N doubles when recording waits costs more than half the budget and halves back when
@@ -300,13 +301,13 @@ int sampler_start(void)
 void sampler_stop_and_flush(void)
 {
     pthread_mutex_lock(&ctl_lock);
-    if (!stopped && g_settings.debug_stats)
-        fprintf(stderr, "otel-gpu: stats launch exits in windows: recorded %llu (entry id differed %llu), no entry %llu, "
-                "window changed %llu\n", (unsigned long long)atomic_load(&g_state.exits_recorded),
-                (unsigned long long)atomic_load(&g_state.exits_id_changed),
-                (unsigned long long)atomic_load(&g_state.exits_no_entry),
-                (unsigned long long)atomic_load(&g_state.exits_window_changed));
     if (!stopped) {
+        if (g_settings.debug_stats)
+            fprintf(stderr, "otel-gpu: stats launch exits in windows: recorded %llu (entry id differed %llu), "
+                    "no entry %llu, window changed %llu\n", (unsigned long long)atomic_load(&g_state.exits_recorded),
+                    (unsigned long long)atomic_load(&g_state.exits_id_changed),
+                    (unsigned long long)atomic_load(&g_state.exits_no_entry),
+                    (unsigned long long)atomic_load(&g_state.exits_window_changed));
         stopped = 1;
         atomic_store(&g_state.stopping, 1);
         if (atomic_load(&g_state.attached)) {
