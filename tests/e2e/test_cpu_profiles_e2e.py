@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import gzip
 import re
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -18,6 +17,7 @@ from opentelemetry.proto.collector.profiles.v1development.profiles_service_pb2 i
 from tests.conftest import NATIVE
 from tests.e2e.agent import run_profiling_agent
 from tests.exporters.receivers import GrpcProfilesReceiver
+from tests.gotool import needs_go, pprof_top
 from tests.profiles import pprof_proto
 from tests.profiles.pyroscope_rules import profile_type_ids
 
@@ -27,14 +27,6 @@ CHAIN_LIGHT = ("leaf_light", "busy_loop", "run", "main")
 AGENT_SECONDS = 6
 FREQUENCY_HZ = 499
 TOLERANCE = 0.10  # the heavy leaf's share of both leaves: 0.75 +- 10 % of 0.75
-
-
-def _go() -> str | None:
-    found = shutil.which("go")
-    if found:
-        return found
-    candidates = sorted(Path("/usr/lib").glob("go-*/bin/go"))
-    return str(candidates[-1]) if candidates else None
 
 
 @pytest.fixture(scope="module")
@@ -98,21 +90,14 @@ def test_pprof_files_have_the_full_chain_and_the_3_to_1_share(agent_run) -> None
 
 @pytest.mark.root
 @pytest.mark.backend
-@pytest.mark.skipif(_go() is None, reason="needs Debian's golang-go for `go tool pprof` (scripts/install-system.sh)")
+@needs_go
 def test_go_tool_pprof_top_shows_the_leaves_3_to_1(agent_run, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     # go tool pprof merges several profiles given on one command line
-    top = subprocess.run([str(_go()), "tool", "pprof", "-top", "-nodecount=30", "-unit=ms",
-                          f"-tagfocus=pid={agent_run['pid']}", *map(str, agent_run["files"])],
-                         capture_output=True, text=True, timeout=120, check=True,
-                         env={"HOME": str(tmp_path), "PATH": "/usr/bin:/bin", "PPROF_TMPDIR": str(tmp_path)})
-    flat: dict[str, float] = {}
-    for line in top.stdout.splitlines():
-        match = re.match(r"\s*([\d.]+)ms\s+[\d.]+%\s+[\d.]+%\s+[\d.]+ms\s+[\d.]+%\s+(\S+)", line)
-        if match:
-            flat[match.group(2)] = float(match.group(1))
-    assert "leaf_heavy" in flat and "leaf_light" in flat, top.stdout
-    assert abs(_share_heavy(flat["leaf_heavy"], flat["leaf_light"]) - 0.75) <= 0.75 * TOLERANCE, top.stdout
-    assert "Type: cpu" in top.stdout
+    output, rows = pprof_top(agent_run["files"], tmp_path, f"-tagfocus=pid={agent_run['pid']}")
+    flat = {name: ms for name, (ms, _) in rows.items() if ms}
+    assert "leaf_heavy" in flat and "leaf_light" in flat, output
+    assert abs(_share_heavy(flat["leaf_heavy"], flat["leaf_light"]) - 0.75) <= 0.75 * TOLERANCE, output
+    assert "Type: cpu" in output
 
 
 @pytest.mark.root

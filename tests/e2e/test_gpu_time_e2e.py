@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import subprocess
 import time
 from pathlib import Path
@@ -19,8 +18,8 @@ import pytest
 
 from tests.conftest import REPO
 from tests.e2e.agent import run_profiling_agent
-from tests.e2e.test_cpu_profiles_e2e import _go
 from tests.exporters.receivers import GrpcProfilesReceiver
+from tests.gotool import needs_go, pprof_top
 from tests.profiles import pprof_proto
 from tests.profiles.pyroscope_rules import profile_type_ids
 
@@ -48,27 +47,13 @@ def agent_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
     return {"out_dir": out_dir, "agent": agent, "pid": workload.pid, "requests": list(receiver.requests)}
 
 
-def _pprof_top(files: list[Path], tmp_path: Path, *extra: str) -> dict[str, tuple[float, float]]:
-    """Function -> (flat ms, cum ms) from `go tool pprof -top` over all files."""
-    top = subprocess.run([str(_go()), "tool", "pprof", "-top", "-nodecount=60", "-unit=ms", *extra,
-                          *map(str, files)], capture_output=True, text=True, timeout=120, check=True,
-                         env={"HOME": str(tmp_path), "PATH": "/usr/bin:/bin", "PPROF_TMPDIR": str(tmp_path)})
-    out: dict[str, tuple[float, float]] = {}
-    for line in top.stdout.splitlines():
-        match = re.match(r"\s*([\d.]+)(?:ms)?\s+[\d.]+%\s+[\d.]+%\s+([\d.]+)(?:ms)?\s+[\d.]+%\s+(.+?)\s*$", line)
-        if match:
-            out[match.group(3)] = (float(match.group(1)), float(match.group(2)))
-    assert out, top.stdout + top.stderr
-    return out
-
-
 @pytest.mark.root
 @pytest.mark.backend
-@pytest.mark.skipif(_go() is None, reason="needs Debian's golang-go for `go tool pprof` (scripts/install-system.sh)")
+@needs_go
 def test_go_tool_pprof_reads_kernels_under_their_launching_functions(agent_run, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     files = sorted(Path(agent_run["out_dir"]).glob("profile-gpu_time-*.pb.gz"))
     assert files, sorted(p.name for p in Path(agent_run["out_dir"]).iterdir())
-    top = _pprof_top(files, tmp_path, f"-tagfocus=pid={agent_run['pid']}")
+    _, top = pprof_top(files, tmp_path, f"-tagfocus=pid={agent_run['pid']}")
     matmul, relu = top["matmul_kernel"][0], top["relu_kernel"][0]
     assert matmul > 0 and relu > 0, top
     assert matmul / relu == pytest.approx(4.0, rel=0.15)  # the schedule's ratio, re-weighted from sampled windows
@@ -80,11 +65,11 @@ def test_go_tool_pprof_reads_kernels_under_their_launching_functions(agent_run, 
 
 @pytest.mark.root
 @pytest.mark.backend
-@pytest.mark.skipif(_go() is None, reason="needs Debian's golang-go for `go tool pprof` (scripts/install-system.sh)")
+@needs_go
 def test_go_tool_pprof_reads_waits_under_the_waiting_function(agent_run, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     files = sorted(Path(agent_run["out_dir"]).glob("profile-sync_wait-*.pb.gz"))
     assert files, sorted(p.name for p in Path(agent_run["out_dir"]).iterdir())
-    top = _pprof_top(files, tmp_path)
+    _, top = pprof_top(files, tmp_path)
     waited = top["[cuStreamSynchronize]"][0]
     assert waited > 0, top
     assert top["sync_point"][1] >= waited * 0.999, top

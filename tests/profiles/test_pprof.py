@@ -4,14 +4,13 @@
 from __future__ import annotations
 
 import gzip
-import re
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 
 from otel_gpu.profiles.pprof import encode_pprof, encode_pprof_raw
+from tests.gotool import go_binary, needs_go, pprof_top
 from tests.profiles import batches, pprof_proto
 
 
@@ -95,30 +94,16 @@ def test_sync_wait_batch_has_one_nanosecond_sample_type() -> None:
     assert pprof_proto.stacks(profile) == {("[cudaStreamSynchronize]", "cold_loop", "main"): [2_500_000]}
 
 
-def _go() -> str | None:
-    found = shutil.which("go")
-    if found:
-        return found
-    candidates = sorted(Path("/usr/lib").glob("go-*/bin/go"))
-    return str(candidates[-1]) if candidates else None
-
-
 @pytest.mark.backend
-@pytest.mark.skipif(_go() is None, reason="needs Debian's golang-go for `go tool pprof` (scripts/install-system.sh)")
+@needs_go
 def test_go_tool_pprof_reads_the_file(tmp_path: Path) -> None:
     path = tmp_path / "cpu.pb.gz"
     path.write_bytes(encode_pprof(batches.cpu_batch(frequency_hz=100)))
-    top = subprocess.run([str(_go()), "tool", "pprof", "-top", "-nodecount=20", str(path)], capture_output=True,
-                         text=True, timeout=120, check=True, env={"HOME": str(tmp_path), "PATH": "/usr/bin:/bin",
-                                                                  "PPROF_TMPDIR": str(tmp_path)})
-    flat = {}
-    for line in top.stdout.splitlines():
-        match = re.match(r"\s*([\d.]+)(ms|s)\s+[\d.]+%\s+[\d.]+%\s+[\d.]+(?:ms|s)\s+[\d.]+%\s+(\S+)", line)
-        if match:
-            flat[match.group(3)] = float(match.group(1)) * (1000 if match.group(2) == "s" else 1)
+    output, rows = pprof_top([path], tmp_path)
+    flat = {name: ms for name, (ms, _) in rows.items() if ms}
     # cpu/nanoseconds (the last sample type) is the default: 30 x 10 ms, 10 x 10 ms, ...
-    assert flat == {"hot_loop": 300.0, "main": 70.0, "cold_loop": 100.0, "ksys_write": 50.0}, top.stdout
-    assert "Type: cpu" in top.stdout
-    tags = subprocess.run([str(_go()), "tool", "pprof", "-tags", str(path)], capture_output=True, text=True,
+    assert flat == {"hot_loop": 300.0, "main": 70.0, "cold_loop": 100.0, "ksys_write": 50.0}, output
+    assert "Type: cpu" in output
+    tags = subprocess.run([str(go_binary()), "tool", "pprof", "-tags", str(path)], capture_output=True, text=True,
                           timeout=120, check=True, env={"HOME": str(tmp_path), "PATH": "/usr/bin:/bin"})
     assert "thread_name" in tags.stdout and "worker" in tags.stdout and "pid" in tags.stdout
