@@ -72,3 +72,19 @@ def test_fraction_is_bounded(estimate: ctypes.CDLL) -> None:
     assert estimate.fraction_for_budget(0.02, 0.0) == pytest.approx(0.2)
     assert estimate.fraction_for_budget(0.02, 1000.0) == pytest.approx(0.001)
     assert estimate.fraction_for_budget(0.02, 2.0) == pytest.approx(0.01)
+
+
+def test_idle_windows_leave_the_estimate_alone(estimate: ctypes.CDLL) -> None:
+    """Windows that open while the program launches nothing (an inference server between requests) say nothing about
+    what sampling costs: the estimate keeps its value, so the next burst is not sampled at the 20 % cap."""
+    estimate.estimate_update.argtypes = [ctypes.c_double, ctypes.POINTER(WindowCost)]
+    estimate.estimate_update.restype = ctypes.c_double
+    busy = WindowCost(20_000_000, 1_000_000, 1000, 0)  # 1000 launches: (1 ms + 10 ms prior) / 9 ms
+    s = estimate.estimate_update(0.0, ctypes.byref(busy))
+    assert s == pytest.approx(0.5 * 11 / 9)
+    for _ in range(50):
+        s_idle = estimate.estimate_update(s, ctypes.byref(WindowCost(20_000_000, 40_000, 0, 0)))  # a wait recorded
+        assert s_idle == s
+    assert estimate.fraction_for_budget(0.02, s) < 0.04
+    lingering = estimate.estimate_update(s, ctypes.byref(WindowCost(20_000_000, 0, 0, 500)))  # launches while lingering
+    assert lingering == pytest.approx(0.5 * s + 0.5 * 500 * 5_000 / 20_000_000)

@@ -25,6 +25,13 @@ double estimate_slowdown(const struct window_cost *c)
     return (in_window + lingering) / undisturbed;
 }
 
+double estimate_update(double previous, const struct window_cost *c)
+{
+    if (c->window_ns == 0 || (c->launches == 0 && c->linger_launches == 0))
+        return previous;
+    return 0.5 * previous + 0.5 * estimate_slowdown(c);
+}
+
 double fraction_for_budget(double budget, double slowdown)
 {
     double f = slowdown > 0.0 ? budget / slowdown : ESTIMATE_FRACTION_MAX;

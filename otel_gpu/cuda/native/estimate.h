@@ -24,6 +24,9 @@ struct window_cost {
 /* Slowdown of the program while sampling one window: extra time / undisturbed time (0.5 = 50 % slower). */
 double estimate_slowdown(const struct window_cost *c);
 
+/* The running estimate after one more window: halfway to the window's own, unless the window saw no launch at all
+ * (an idle spell says nothing about what sampling costs, and must not raise the fraction just before a burst). */
+double estimate_update(double previous, const struct window_cost *c);
 /* The fraction of time to sample so that fraction x slowdown stays within budget, bounded to [0.1 %, 20 %]. */
 double fraction_for_budget(double budget, double slowdown);
 
