@@ -409,9 +409,9 @@ def test_sampling_fraction_adapts_to_the_overhead_budget(injected_lib: Path, tmp
     run = run_workload(
         injected_lib,
         tmp_path,
-        [str(WORKLOAD), "--tiny", "8000000"],
+        [str(WORKLOAD), "--tiny", "16000000"],  # ~3 s: the fraction soon puts windows ~1 s apart
         extra_env={"OTEL_GPU_OVERHEAD_BUDGET": "0.2", "OTEL_GPU_WINDOW_MS": "1", "FAKE_CUDA_SCHEDULE": ""},
-    )  # no ground truth: 8 million lines
+    )  # no ground truth: 16 million lines
     windows = run.records.windows
     assert len(windows) >= 3
     prior_fraction = 0.2 / 1.0  # budget / the library's prior in-window slowdown
@@ -439,15 +439,21 @@ def test_every_wait_is_recorded_with_its_blocked_time(c_run: Run) -> None:
     waits = sorted((w for w in c_run.schedule_waits if w[5] >= attached_ns), key=lambda w: w[2])
     assert all(s.weight == 1 for s in syncs)  # the fake's waits are cheap to record: no subsampling
     kinds = {126: SYNC_STREAM, 17: SYNC_CONTEXT, 121: SYNC_EVENT, 278: SYNC_MEMCPY}
-    unmatched = list(syncs)
+    unmatched, missed = list(syncs), 0
     for cbid, _corr, enter, until, exit_ns, _begin in waits:
         # The library's entry/exit enclose the driver's own wait, which lasted until the awaited work ended.
         match = [s for s in unmatched if s.start_ns <= enter and s.end_ns >= exit_ns]
-        assert len(match) == 1, (cbid, enter)
-        assert match[0].cbid == cbid and match[0].kind == kinds[cbid]
-        assert match[0].end_ns - match[0].start_ns >= until - enter
-        unmatched.remove(match[0])
+        missed += not match
+        if match:
+            assert len(match) == 1, (cbid, enter)
+            assert match[0].cbid == cbid and match[0].kind == kinds[cbid]
+            assert match[0].end_ns - match[0].start_ns >= until - enter
+            unmatched.remove(match[0])
     assert len(unmatched) <= 1  # at most a wait that straddled the moment the agent attached
+    # CUPTI is finalized after each window's linger and taken again at once: a wait that begins before it is taken
+    # again goes unseen (the fake's next wait comes microseconds after a launch: at most one per finalize)
+    assert c_run.stats["finalizes"] >= 1 and c_run.stats["finalizes_outside_callbacks"] == 0
+    assert missed <= c_run.stats["finalizes"], (missed, c_run.stats["finalizes"])
     assert {s.kind for s in syncs} == {SYNC_STREAM, SYNC_CONTEXT, SYNC_EVENT, SYNC_MEMCPY}
 
 
@@ -699,6 +705,7 @@ def test_an_attached_uprobe_turns_the_library_on(injected_lib: Path, tmp_path: P
             "OTEL_GPU_DEBUG_FILE": str(debug),
             "OTEL_GPU_WINDOW_MS": "5",
             "OTEL_GPU_OVERHEAD_BUDGET": "0.5",
+            "FAKE_CUPTI_STATS": str(tmp_path / "cupti-stats.txt"),
         }
     )
     workload = subprocess.Popen(
@@ -741,6 +748,10 @@ def test_an_attached_uprobe_turns_the_library_on(injected_lib: Path, tmp_path: P
     assert [w.window_id for w in records.windows] == list(range(1, len(records.windows) + 1))
     assert second_session[0].elapsed_ns < first_session[-1].elapsed_ns  # a new session: totals restart
     assert second_session[0].covered_ns == second_session[0].end_ns - second_session[0].start_ns
+    # CUPTI was finalized (after lingers and at the detach), always from inside an API callback, and taken again
+    stats = dict(line.split() for line in (tmp_path / "cupti-stats.txt").read_text().splitlines())
+    assert int(stats["finalizes"]) >= 1 and stats["finalizes_outside_callbacks"] == "0"
+    assert int(stats["subscribes"]) >= int(stats["finalizes"])  # each finalize but a detach's is followed by one
 
 
 @pytest.mark.parametrize("python", _interpreters())
@@ -879,3 +890,4 @@ def test_wait_sampling_adapts_between_windows(injected_lib: Path, tmp_path: Path
     assert len(run.records.windows) <= 1  # the prior fraction (0.2 %) puts ~10 s between windows
     assert syncs and max(s.weight for s in syncs) >= 4
     assert len(syncs) < 8000 / 2  # most waits were left unrecorded, each recorded one standing for `weight`
+

@@ -12,7 +12,11 @@
  *   OTEL_GPU_WINDOW_MS         length of one sampling window in milliseconds (default 20)
  *   OTEL_GPU_API_ACTIVITY=0    leave CUPTI's driver-API activity kind off (default on, with the kernel/copy/set
  *                              kinds: without it CUDA 13's CUPTI gives many launches one correlation id)
- *   OTEL_GPU_DEBUG_STATS=1     diagnostics: one line on stderr at exit counting how launch exits in windows paired
+ *   OTEL_GPU_CUPTI_FINALIZE=0  keep CUPTI subscribed between windows instead of finalizing it after each (sampler.c)
+ *   OTEL_GPU_DEBUG_NO_WAITS=1, OTEL_GPU_DEBUG_NO_WINDOWS=1  diagnostics (scripts/h200/baton.py): never switch the
+ *                              wait callbacks on / never open a window
+ *   OTEL_GPU_DEBUG_STATS=1     diagnostics: lines on stderr at exit: how launch exits in windows paired, how often
+ *                              CUPTI was finalized and taken again
  *   OTEL_GPU_DEBUG_ALWAYS_ON=1 tests only: act as if an agent were attached
  *   OTEL_GPU_DEBUG_FILE        tests only: also append every fired record to this file (format in emit.c)
  */
@@ -144,6 +148,7 @@ static const char *resolve_cupti(void *lib)
     RESOLVE(get_result_string, "cuptiGetResultString");
     *(void **)(&g_cupti.subscribe_v2) = dlsym(lib, "cuptiSubscribe_v2"); /* CUDA 13; optional */
     *(void **)(&g_cupti.activity_get_num_dropped) = dlsym(lib, "cuptiActivityGetNumDroppedRecords"); /* optional */
+    *(void **)(&g_cupti.finalize) = dlsym(lib, "cuptiFinalize"); /* optional */
     return NULL;
 }
 
@@ -224,19 +229,55 @@ static void record_wait(CUpti_CallbackId cbid, const CUpti_CallbackData *cb, uin
     atomic_fetch_add(&g_state.wait_overhead_ns, monotonic_ns() - t0);
 }
 
+/* Called at an API exit when the controller asked for it: CUPTI's documented place for a dynamic detach. Only a
+ * finalized CUPTI lets go of the driver: after a window had the activity kinds on, a launch-bound PyTorch loop on an
+ * H200 stayed 22 % slower for as long as the subscription lasted, even with every kind and callback off again. */
+static void finalize_from_callback(void)
+{
+    int expected = FINALIZE_REQUESTED;
+    if (!atomic_compare_exchange_strong(&g_state.finalize, &expected, FINALIZE_RUNNING))
+        return;
+    uint64_t t0 = monotonic_ns();
+    CUptiResult rc = g_cupti.finalize();
+    atomic_fetch_add(&g_state.finalize_ns, monotonic_ns() - t0);
+    atomic_fetch_add(&g_state.finalizes, 1);
+    if (rc != CUPTI_SUCCESS) {
+        log_once("cuptiFinalize failed; CUPTI stays subscribed between windows (launch-bound programs run slower)");
+        atomic_store(&g_state.finalize, FINALIZE_NONE);
+        return;
+    }
+    atomic_store(&g_state.finalize, FINALIZE_DONE);
+    sampler_wake(); /* the controller subscribes again at once: waits between windows are recorded again */
+}
+
+static void on_driver_api(CUpti_CallbackId cbid, const CUpti_CallbackData *cb);
+
 static void CUPTIAPI on_api(void *userdata, CUpti_CallbackDomain domain, CUpti_CallbackId cbid, const void *data)
 {
     (void)userdata;
+    if (domain == CUPTI_CB_DOMAIN_DRIVER_API && cbid < CUPTI_DRIVER_TRACE_CBID_SIZE) {
+        const CUpti_CallbackData *cb = data;
+        on_driver_api(cbid, cb);
+        /* After this call's own record. At a synchronize's exit: the program's next wait, which CUPTI would not
+         * see while it is finalized and not yet taken again, usually comes an iteration later (a blocking copy is
+         * often followed by a synchronize at once). */
+        uint32_t wait_kind = g_cbid_class[cbid] >> CLASS_WAIT_SHIFT;
+        if (cb->callbackSite == CUPTI_API_EXIT &&
+            atomic_load_explicit(&g_state.finalize, memory_order_relaxed) == FINALIZE_REQUESTED &&
+            ((wait_kind != 0 && wait_kind != OTEL_GPU_SYNC_MEMCPY) || atomic_load(&g_state.finalize_at_any_exit)))
+            finalize_from_callback();
+        return;
+    }
     if (domain == CUPTI_CB_DOMAIN_RESOURCE && cbid == CUPTI_CBID_RESOURCE_CONTEXT_DESTROY_STARTING) {
         /* The context's records go with it: hand over what CUPTI holds (no lock: CUPTI's flush is thread-safe, and
          * the controller may be waiting on the driver this thread is in). */
         if (atomic_load(&g_state.attached))
             activity_drain(CONTEXT_DRAIN_NS);
-        return;
     }
-    if (domain != CUPTI_CB_DOMAIN_DRIVER_API || cbid >= CUPTI_DRIVER_TRACE_CBID_SIZE)
-        return;
-    const CUpti_CallbackData *cb = data;
+}
+
+static void on_driver_api(CUpti_CallbackId cbid, const CUpti_CallbackData *cb)
+{
     uint8_t cls = g_cbid_class[cbid];
     uint32_t wait_kind = cls >> CLASS_WAIT_SHIFT;
     uint32_t launch_kind = cls & CLASS_LAUNCH_MASK;
@@ -362,6 +403,10 @@ static void read_settings(void)
     g_settings.debug_stats = stats != NULL && strcmp(stats, "1") == 0;
     const char *api = getenv("OTEL_GPU_API_ACTIVITY");
     g_settings.api_activity = api == NULL || strcmp(api, "0") != 0;
+    g_settings.debug_no_waits = getenv("OTEL_GPU_DEBUG_NO_WAITS") != NULL;
+    g_settings.debug_no_windows = getenv("OTEL_GPU_DEBUG_NO_WINDOWS") != NULL;
+    const char *finalize = getenv("OTEL_GPU_CUPTI_FINALIZE");
+    g_settings.cupti_finalize = finalize == NULL || strcmp(finalize, "0") != 0;
 }
 
 /* A forked child has no controller thread and may have copied ctl_lock while held: the library goes inert there. */

@@ -35,6 +35,7 @@ struct cupti_api {
     CUptiResult (*get_timestamp)(uint64_t *);
     CUptiResult (*get_result_string)(CUptiResult, const char **);
     CUptiResult (*activity_get_num_dropped)(CUcontext, uint32_t, size_t *); /* optional */
+    CUptiResult (*finalize)(void); /* optional */
 };
 
 /* g_cbid_class[cbid]: low bits = enum otel_gpu_launch_kind (0 if not a launch), high bits = enum otel_gpu_sync_kind. */
@@ -52,6 +53,9 @@ struct inject_settings {
     int debug_always_on;       /* OTEL_GPU_DEBUG_ALWAYS_ON=1: behave as if an agent were attached (tests only) */
     int debug_stats;           /* OTEL_GPU_DEBUG_STATS=1: one line of launch-pairing counts on stderr at exit */
     int api_activity;          /* the driver-API activity kind is on with the others (OTEL_GPU_API_ACTIVITY=0: off) */
+    int debug_no_waits;        /* OTEL_GPU_DEBUG_NO_WAITS=1: diagnostics, never switch the wait callbacks on */
+    int debug_no_windows;      /* OTEL_GPU_DEBUG_NO_WINDOWS=1: diagnostics, attach but never open a window */
+    int cupti_finalize;        /* CUPTI is finalized after each window (OTEL_GPU_CUPTI_FINALIZE=0: never) */
 };
 extern struct inject_settings g_settings;
 
@@ -66,12 +70,17 @@ struct inject_state {
     _Atomic uint64_t outside_launches; /* launches seen outside a window (callbacks on for the linger) */
     _Atomic int attached;              /* an agent is attached (or the debug mode pretends so) */
     _Atomic int stopping;              /* the process is exiting */
+    _Atomic int finalize;              /* enum finalize_state: the controller asks, an API exit finalizes CUPTI */
+    _Atomic int finalize_at_any_exit;  /* 0: only a wait's exit takes a requested finalize up; 1: any exit */
+    _Atomic uint64_t finalizes, finalize_ns; /* how often, and how long the API exits spent in cuptiFinalize */
     /* Launch exits inside a window, by outcome (diagnostics, OTEL_GPU_DEBUG_STATS): recorded; no entry seen (the
      * callbacks came on during the call); the window changed during the call; recorded although CUPTI's id at the
      * exit differed from the one at the entry. */
     _Atomic uint64_t exits_recorded, exits_no_entry, exits_window_changed, exits_id_changed;
 };
 extern struct inject_state g_state;
+
+enum finalize_state { FINALIZE_NONE, FINALIZE_REQUESTED, FINALIZE_RUNNING, FINALIZE_DONE };
 
 /* inject.c */
 uint64_t now_ns(void);            /* CUPTI's timestamp clock */
@@ -87,6 +96,7 @@ int cbids_enable_waits(uint32_t enable);
 
 /* sampler.c */
 int sampler_start(void);
+void sampler_wake(void);
 void sampler_stop_and_flush(void);
 
 /* activity.c */

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * The controller thread. While an agent is attached (a probe semaphore is non-zero, or the debug mode), it holds a
- * CUPTI subscription (taken at attach, given back at detach) and opens
+ * CUPTI subscription (taken at attach, given back at detach; see "Letting go" for between windows) and opens
  * sampling windows of OTEL_GPU_WINDOW_MS at randomly jittered times: in a window the launch callbacks and the
  * kernel/memcpy/memset activity kinds are on, outside they are off (but for the linger, below), so the workload pays
  * CUPTI's per-launch cost only for a fraction f of wall time. f is chosen so that f x (slowdown inside a window) stays within the overhead budget;
@@ -22,7 +22,17 @@
  * window the callback just counts the launch (the linger's cost, charged by estimate.c) and the sampled-id filter
  * drops its work.
  *
- * Blocking waits are recorded outside windows too (their callbacks stay on while attached): one wait in N, chosen
+ * Letting go: once a window has had the activity kinds on, CUPTI keeps slowing every launch down after they and the
+ * callbacks are off again, for as long as it stays subscribed (an H200, scripts/h200/baton.py: a launch-bound PyTorch
+ * loop 22-24 % slower with windows; subscribed with the wait callbacks on but no window ever opened: +0.7 %). Only
+ * cuptiFinalize undoes it (+3.7 % with it). So at a linger's end (and at detach) every record is flushed and the next
+ * exit of a synchronize call, in whatever thread, finalizes CUPTI (CUPTI's documented place for it; any API exit
+ * after FINALIZE_PATIENCE_NS without one); the controller, woken by it, subscribes again at once. On the H200 the
+ * finalize took ~2.2 ms of the calling thread and subscribing again ~10 ms of the controller, during which waits that
+ * begin go unseen (the known program's stream waits: -3.6 %). OTEL_GPU_CUPTI_FINALIZE=0 keeps the subscription.
+ *
+ * Blocking waits are recorded outside windows too (their callbacks stay on while attached, but for the moments
+ * between a finalize and the next subscription): one wait in N, chosen
  * at random, with weight N; N doubles when recording waits costs more than half the budget and halves back when
  * it costs less than a quarter of that.
  */
@@ -44,6 +54,7 @@
 #define LINGER_POLL_MAX_NS 20000000ull   /* ... up to 20 ms */
 #define EXPIRE_EVERY_NS 100000000ull     /* how often the sampled-id filter is swept while lingering: 100 ms */
 #define WAIT_EVERY_MAX (1u << 20)
+#define FINALIZE_PATIENCE_NS 50000000ull /* a finalize waits this long for a wait's exit, then takes any: 50 ms */
 #define EXIT_DRAIN_NS 200000000ull       /* at exit, wait up to 200 ms for sampled launches' GPU work */
 
 static pthread_t controller;
@@ -78,18 +89,86 @@ static int agent_present(void)
     return g_settings.debug_always_on || emit_any_semaphore();
 }
 
-static int attach_locked(void)
+static int held;                   /* under ctl_lock: subscribed (a finalize may be pending) */
+static uint64_t finalize_asked_ns; /* monotonic: let_go_locked asked for a finalize */
+static uint64_t retakes, retake_ns; /* subscriptions taken (attach and after each finalize), their total time */
+
+/* A finalize an API exit has completed: CUPTI is no longer held. */
+static void settle_locked(void)
 {
-    if (cupti_take() != 0)
-        return -1;
-    /* Registered at every attach: another tool may have put its own buffer callbacks in since the last one. */
+    if (atomic_load(&g_state.finalize) == FINALIZE_DONE) {
+        atomic_store(&g_state.finalize, FINALIZE_NONE);
+        held = 0;
+    }
+}
+
+/* Whether this library holds CUPTI's subscription, after settling a finalize it asked for: one no API exit has taken
+ * up yet is called off (CUPTI stays subscribed), one in progress is waited for. */
+static int holding_locked(void)
+{
+    int expected = FINALIZE_REQUESTED;
+    if (atomic_compare_exchange_strong(&g_state.finalize, &expected, FINALIZE_NONE))
+        return held;
+    while (atomic_load(&g_state.finalize) == FINALIZE_RUNNING)
+        sched_yield();
+    settle_locked();
+    return held;
+}
+
+/* Subscribes (unless still subscribed), registers the activity buffers and switches the wait callbacks on: the state
+ * between windows. Registered at every take: another tool may have put its own buffer callbacks in since. */
+static int take_locked(void)
+{
+    uint64_t t0 = monotonic_ns();
+    if (!holding_locked()) {
+        if (cupti_take() != 0)
+            return -1;
+        held = 1;
+    }
+    cbids_enable_launches(0); /* a called-off finalize left them on */
     if (activity_init() != 0) {
         log_once("cannot register CUPTI activity buffers; GPU-time profiling is off while that fails");
         cupti_release();
+        held = 0;
         return -1;
     }
-    if (cbids_enable_waits(1) != 0)
+    if (!g_settings.debug_no_waits && cbids_enable_waits(1) != 0)
         log_once("some blocking-call callbacks could not be enabled");
+    retakes++;
+    retake_ns += monotonic_ns() - t0;
+    return 0;
+}
+
+/* Lets go of the driver once a window's sampled work is in: the activity kinds and launch callbacks off, then (CUPTI
+ * has a cuptiFinalize and OTEL_GPU_CUPTI_FINALIZE is not 0) every record handed over and a finalize asked for: the
+ * next synchronize exit of any thread performs it (or any API exit, see hurry_finalize_locked), and the controller
+ * subscribes again (wait_gap_locked). */
+static void let_go_locked(void)
+{
+    activity_enable(0);
+    cbids_enable_launches(0); /* after the kinds: no recorded launch goes without its own id */
+    if (g_settings.cupti_finalize && g_cupti.finalize != NULL) {
+        g_cupti.activity_flush_all(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
+        atomic_store(&g_state.finalize_at_any_exit, 0);
+        atomic_store(&g_state.finalize, FINALIZE_REQUESTED);
+        finalize_asked_ns = monotonic_ns();
+    }
+}
+
+/* A program that has not waited since the finalize was asked for: any API exit may take it up (launch callbacks on). */
+static void hurry_finalize_locked(void)
+{
+    if (atomic_load(&g_state.finalize) == FINALIZE_REQUESTED && !atomic_load(&g_state.finalize_at_any_exit) &&
+        monotonic_ns() - finalize_asked_ns >= FINALIZE_PATIENCE_NS) {
+        atomic_store(&g_state.finalize_at_any_exit, 1);
+        cbids_enable_launches(1);
+    }
+}
+
+static int attach_locked(void)
+{
+    if (take_locked() != 0)
+        return -1;
     atomic_store(&g_state.attached, 1);
     /* After the switch: every call that starts from now on is seen at entry and exit. */
     attach_start_ns = now_ns();
@@ -142,12 +221,10 @@ static void adapt_waits_locked(void)
 
 static void adapt_locked(uint64_t window_ns, uint64_t overhead_ns, uint64_t launches, uint64_t lingered)
 {
-    if (window_ns == 0)
-        return;
-    struct window_cost cost = {window_ns, overhead_ns, launches, lingered};
-    slowdown = 0.5 * slowdown + 0.5 * estimate_slowdown(&cost);
-    fraction = fraction_for_budget(g_settings.overhead_budget, slowdown);
     adapt_waits_locked();
+    struct window_cost cost = {window_ns, overhead_ns, launches, lingered};
+    slowdown = estimate_update(slowdown, &cost);
+    fraction = fraction_for_budget(g_settings.overhead_budget, slowdown);
 }
 
 static void close_window_locked(uint32_t flush_flag)
@@ -196,8 +273,7 @@ static int linger_check_locked(void)
         return 1;
     if (activity_outstanding() != 0)
         activity_expire(MAX_LAG_NS); /* counts what never came as dropped */
-    activity_enable(0);
-    cbids_enable_launches(0); /* after the kinds: no recorded launch goes without its own id */
+    let_go_locked();
     lingering = 0;
     linger_launches = atomic_exchange(&g_state.outside_launches, 0);
     return 0;
@@ -206,13 +282,17 @@ static int linger_check_locked(void)
 static void detach_locked(void)
 {
     close_window_locked(0);
-    cbids_enable_waits(0);
     atomic_store(&g_state.attached, 0);
-    activity_drain(EXIT_DRAIN_NS); /* bounded: the agent is gone, what has not come by then is lost */
-    activity_enable(0);
-    cbids_enable_launches(0);
     lingering = 0;
-    cupti_release();
+    if (!holding_locked())
+        return;
+    cbids_enable_waits(0);
+    activity_drain(EXIT_DRAIN_NS); /* bounded: the agent is gone, what has not come by then is lost */
+    let_go_locked();
+    if (atomic_load(&g_state.finalize) != FINALIZE_REQUESTED) {
+        cupti_release();
+        held = 0;
+    }
 }
 
 /* Sleeps up to duration_ns (ctl_lock held, released while waiting); returns non-zero when the library is stopping. */
@@ -223,7 +303,7 @@ static int sleep_locked(uint64_t duration_ns)
     uint64_t ns = (uint64_t)until.tv_nsec + duration_ns;
     until.tv_sec += (time_t)(ns / 1000000000u);
     until.tv_nsec = (long)(ns % 1000000000u);
-    while (!stopped) {
+    while (!stopped && atomic_load(&g_state.finalize) != FINALIZE_DONE) {
         int rc = pthread_cond_timedwait(&ctl_wake, &ctl_lock, &until);
         if (rc == ETIMEDOUT)
             break;
@@ -231,17 +311,22 @@ static int sleep_locked(uint64_t duration_ns)
     return stopped;
 }
 
+/* From an API exit that finalized CUPTI (no lock: the thread may hold driver locks the controller waits on). */
+void sampler_wake(void)
+{
+    pthread_cond_broadcast(&ctl_wake);
+}
+
 /* Sleeps the gap before the next window in slices, leaving early if the agent goes away; 0 = still attached.
  * While lingering, the slices are short and each ends with a flush and a look at what is still outstanding. */
 static int wait_gap_locked(uint64_t gap_ns)
 {
-    uint64_t poll = LINGER_POLL_MIN_NS, last_expire = monotonic_ns();
-    while (gap_ns > 0) {
+    uint64_t poll = LINGER_POLL_MIN_NS, last_expire = monotonic_ns(), end = last_expire + gap_ns, now;
+    while ((now = monotonic_ns()) < end) {
         uint64_t most = lingering ? poll : POLL_NS;
-        uint64_t slice = gap_ns < most ? gap_ns : most;
+        uint64_t slice = end - now < most ? end - now : most;
         if (sleep_locked(slice))
             return -1;
-        gap_ns -= slice;
         if (lingering) {
             poll = poll * 2 < LINGER_POLL_MAX_NS ? poll * 2 : LINGER_POLL_MAX_NS;
             if (linger_check_locked() && monotonic_ns() - last_expire >= EXPIRE_EVERY_NS) {
@@ -251,6 +336,11 @@ static int wait_gap_locked(uint64_t gap_ns)
         }
         if (!agent_present())
             return -1;
+        hurry_finalize_locked();
+        if (atomic_load(&g_state.finalize) == FINALIZE_DONE && take_locked() != 0) {
+            atomic_store(&g_state.attached, 0); /* logged; attached again when CUPTI can be taken */
+            return -1;
+        }
         adapt_waits_locked();
     }
     return 0;
@@ -261,6 +351,8 @@ static void *controller_main(void *arg)
     (void)arg;
     pthread_mutex_lock(&ctl_lock);
     while (!stopped) {
+        settle_locked(); /* a finalize asked for at detach may have happened since (sleep_locked wakes for it) */
+        hurry_finalize_locked();
         if (!atomic_load(&g_state.attached)) {
             if (!agent_present() || attach_locked() != 0) {
                 sleep_locked(POLL_NS);
@@ -272,6 +364,12 @@ static void *controller_main(void *arg)
         if (wait_gap_locked(gap_ns) != 0) {
             if (!stopped)
                 detach_locked();
+            continue;
+        }
+        if (g_settings.debug_no_windows)
+            continue;
+        if (!holding_locked() && take_locked() != 0) {
+            atomic_store(&g_state.attached, 0);
             continue;
         }
         uint64_t begin = monotonic_ns();
@@ -302,15 +400,21 @@ void sampler_stop_and_flush(void)
 {
     pthread_mutex_lock(&ctl_lock);
     if (!stopped) {
-        if (g_settings.debug_stats)
+        if (g_settings.debug_stats) {
             fprintf(stderr, "otel-gpu: stats launch exits in windows: recorded %llu (entry id differed %llu), "
                     "no entry %llu, window changed %llu\n", (unsigned long long)atomic_load(&g_state.exits_recorded),
                     (unsigned long long)atomic_load(&g_state.exits_id_changed),
                     (unsigned long long)atomic_load(&g_state.exits_no_entry),
                     (unsigned long long)atomic_load(&g_state.exits_window_changed));
+            uint64_t finalizes = atomic_load(&g_state.finalizes);
+            fprintf(stderr, "otel-gpu: stats CUPTI finalized %llu times (%.0f us each in an API exit), taken %llu times "
+                    "(%.0f us each)\n", (unsigned long long)finalizes,
+                    finalizes ? (double)atomic_load(&g_state.finalize_ns) / 1e3 / (double)finalizes : 0.0,
+                    (unsigned long long)retakes, retakes ? (double)retake_ns / 1e3 / (double)retakes : 0.0);
+        }
         stopped = 1;
         atomic_store(&g_state.stopping, 1);
-        if (atomic_load(&g_state.attached)) {
+        if (atomic_load(&g_state.attached) && holding_locked()) {
             close_window_locked(0);
             activity_drain(EXIT_DRAIN_NS);
         }

@@ -15,7 +15,8 @@
  * The driver-API kind produces no records here (the real one's are ignored by the library).
  *
  * FAKE_CUPTI_STATS=<path> writes counters at exit ("name value" lines): api_callbacks, resource_callbacks, records_produced,
- * records_delivered, records_dropped, records_lost, enable_calls, subscribes, stale_ids, api_records. One subscriber at a time, as the real CUPTI.
+ * records_delivered, records_dropped, records_lost, enable_calls, subscribes, stale_ids, api_records, finalizes,
+ * finalizes_outside_callbacks. One subscriber at a time, as the real CUPTI; cuptiFinalize drops everything it holds.
  */
 #include <dlfcn.h>
 #include <pthread.h>
@@ -54,7 +55,9 @@ static union any_record *pending;
 static size_t pending_count, pending_capacity;
 
 static _Atomic uint64_t api_callbacks, resource_callbacks, records_produced, records_delivered, records_dropped,
-    records_lost, enable_calls, subscribes, dropped_since_query, stale_ids, api_records;
+    records_lost, enable_calls, subscribes, dropped_since_query, stale_ids, api_records, finalizes,
+    finalizes_outside_callbacks;
+static _Thread_local int in_api_callback;
 static _Atomic uint32_t last_id; /* the last correlation id handed to a call seen through an enabled callback */
 
 static uint64_t realtime_ns(void)
@@ -136,7 +139,9 @@ static void invoke(struct fake_call *call, CUpti_ApiCallbackSite site)
         .correlationId = call->correlation_id,
     };
     atomic_fetch_add(&api_callbacks, 1);
+    in_api_callback = 1;
     callback(callback_userdata, CUPTI_CB_DOMAIN_DRIVER_API, call->cbid, &data);
+    in_api_callback = 0;
 }
 
 static int any_activity_on(void)
@@ -305,6 +310,28 @@ API CUptiResult CUPTIAPI cuptiUnsubscribe(CUpti_SubscriberHandle subscriber)
     for (uint32_t i = 0; i < CUPTI_DRIVER_TRACE_CBID_SIZE; i++)
         atomic_store(&enabled[i], 0);
     atomic_store(&context_destroy_enabled, 0);
+    return CUPTI_SUCCESS;
+}
+
+/* Everything CUPTI holds is gone: the subscriber and its callbacks, the activity kinds, the buffer callbacks, and
+ * the records not yet handed over (counted in records_lost). CUPTI's documentation asks for the call from an API
+ * callback's exit when other threads may be in CUDA; calls from anywhere else count in finalizes_outside_callbacks. */
+API CUptiResult CUPTIAPI cuptiFinalize(void)
+{
+    atomic_fetch_add(&finalizes, 1);
+    if (!in_api_callback)
+        atomic_fetch_add(&finalizes_outside_callbacks, 1);
+    cuptiUnsubscribe(NULL);
+    atomic_store(&kernel_on, 0);
+    atomic_store(&memcpy_on, 0);
+    atomic_store(&memset_on, 0);
+    atomic_store(&api_on, 0);
+    pthread_mutex_lock(&pending_lock);
+    atomic_fetch_add(&records_lost, pending_count);
+    pending_count = 0;
+    pthread_mutex_unlock(&pending_lock);
+    buffer_requested = NULL;
+    buffer_completed = NULL;
     return CUPTI_SUCCESS;
 }
 
@@ -492,11 +519,12 @@ __attribute__((destructor)) static void write_stats(void)
         return;
     fprintf(f, "api_callbacks %llu\nresource_callbacks %llu\nrecords_produced %llu\nrecords_delivered %llu\n"
                "records_dropped %llu\nrecords_lost %llu\nenable_calls %llu\nsubscribes %llu\nstale_ids %llu\n"
-            "api_records %llu\n",
+            "api_records %llu\nfinalizes %llu\nfinalizes_outside_callbacks %llu\n",
             (unsigned long long)api_callbacks, (unsigned long long)resource_callbacks,
             (unsigned long long)records_produced,
             (unsigned long long)records_delivered, (unsigned long long)records_dropped,
             (unsigned long long)records_lost, (unsigned long long)enable_calls, (unsigned long long)subscribes,
-            (unsigned long long)stale_ids, (unsigned long long)api_records);
+            (unsigned long long)stale_ids, (unsigned long long)api_records, (unsigned long long)finalizes,
+            (unsigned long long)finalizes_outside_callbacks);
     fclose(f);
 }
