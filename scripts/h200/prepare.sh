@@ -16,6 +16,8 @@ if [ ! -e .device/lib/libbpf.so.1 ]; then
   tmp=$(mktemp -d); (cd "$tmp" && apt-get download libbpf1 >/dev/null 2>&1 && dpkg -x libbpf1_*.deb x)
   cp -a "$tmp"/x/usr/lib/*/libbpf.so.1* .device/lib/; rm -rf "$tmp"
 fi
+# baton.py's mode E: an injection library that does nothing (what the driver's injection itself costs)
+echo 'int InitializeInjection(void) { return 1; }' | cc -x c -shared -fPIC -O2 -o .device/empty_inject.so -
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
   --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl \
   opentelemetry-api==1.45.2 opentelemetry-sdk==1.45.2 opentelemetry-semantic-conventions==0.66b2 \

@@ -5,7 +5,8 @@
     python3 scripts/h200/verify_gpu_time.py OUT.md        (scripts/h200/run.sh step "gpu_time"; about 3-5 minutes)
 
 Needs the built repository (otel_gpu/cuda/native/libotel_gpu_inject.so, otel_gpu/cuda/programs/gpu_time.bpf.o),
-libbpf.so.1 on LD_LIBRARY_PATH and the project's Python dependencies on PYTHONPATH. Steps:
+libbpf.so.1 on LD_LIBRARY_PATH and the project's Python dependencies on PYTHONPATH. VERIFY_STEPS=known (or
+overhead, or a comma list of name prefixes) runs only those steps. Steps:
 
 1. Reference run (no injection): a torch program with known structure - a bf16 matmul in function A, elementwise
    work (mul, add, relu) in B, a ``.item()`` in C - under torch.profiler: GPU time per kernel name per iteration.
@@ -193,6 +194,7 @@ class WindowedSource(GPUTimeSource):
         self.launch_kinds: Counter[tuple[int, str]] = Counter()  # (pid, launch kind) -> sampled launches received
         self.activity_kinds: Counter[tuple[int, str]] = Counter()  # (pid, activity kind) -> activities received
         self.launch_ids: dict[int, set[int]] = defaultdict(set)  # pid -> distinct correlation ids of launches
+        self.stream_syncs: dict[int, list[tuple[int, int]]] = defaultdict(list)  # pid -> (end, weight) per record
 
     def shared_ids(self, pid: int) -> int:
         """Sampled launches of pid that carried a correlation id another of its sampled launches also had."""
@@ -208,6 +210,8 @@ class WindowedSource(GPUTimeSource):
             self.launch_kinds[(record.pid, LAUNCH_KINDS.get(record.kind, str(record.kind)))] += 1
             self.launch_ids[record.pid].add(record.correlation_id)
             self.window_launch_times[(record.pid, record.window_id)].append(record.timestamp_ns)
+        elif isinstance(record, abi.Sync) and record.kind == abi.SYNC_STREAM:
+            self.stream_syncs[record.pid].append((record.end_ns, record.weight))
         elif isinstance(record, abi.Activity):
             self.activity_kinds[(record.pid, ACTIVITY_KINDS.get(record.kind, str(record.kind)))] += 1
         if isinstance(record, abi.Window):
@@ -448,6 +452,11 @@ def known_structure(source: GPUTimeSource | None, lines: list[str], results: dic
     # accuracy: per kernel name against torch.profiler (scaled to the iterations the windows account for)
     span = (counters.since_ns, counters.until_ns)
     iterations = sum(1 for t in measured["times"] if span[0] <= t <= span[1])
+    # C's .item() synchronizes the stream once per iteration: the re-weighted count of recorded stream waits should
+    # match (waits that began while CUPTI was finalized and not yet taken again are missing)
+    syncs = sum(w for end, w in measuring.stream_syncs[pid] if span[0] <= end <= span[1])
+    lines.append(f"- stream synchronizations: {syncs} counted (re-weighted) vs {iterations} iterations "
+                 f"({(syncs / max(1, iterations) - 1) * 100:+.2f} %)")
     lines += ["", (f"### Accuracy{label}: {iterations} iterations in the {(span[1] - span[0]) / 1e9:.1f} s the windows "
                    f"account for, sampling fraction {gpu.sampling_fraction:.4f}"), "",
               "| kernel | torch.profiler (ms) | otel-gpu (ms) | difference | sampling error (2 sigma) | "
@@ -709,6 +718,8 @@ def main(argv: list[str]) -> int:
     started = time.monotonic()
     steps = [("known structure and accuracy", step_known_variants), ("overhead", step_overhead),
              ("overhead, one process", step_toggle)]
+    chosen = os.environ.get("VERIFY_STEPS", "")  # e.g. "known": only the steps whose names start so
+    steps = [(name, step) for name, step in steps if not chosen or any(name.startswith(c) for c in chosen.split(","))]
     for name, step in steps:
         try:
             step(source, lines, results)

@@ -1,0 +1,163 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
+"""Launch-bound overhead with the machine's drift taken out: every process alive at once, one runs at a time.
+
+Run THERE (the H200 machine; `bash scripts/h200/run.sh baton`). Tiny-kernel PyTorch processes (x.add_(1), the loop
+verify_gpu_time.py times) in four modes, PER processes each, all pinned to the same two CPUs while the real agent
+(`otel-gpu run`, GPU metrics and GPU-time profiling) runs on the others throughout:
+
+  P  plain
+  E  CUDA_INJECTION64_PATH = a library whose InitializeInjection returns at once (the driver's injection alone)
+  N  our library, a copy the agent neither discovers nor probes (our library without an agent)
+  I  `otel-gpu inject`: our library with the agent attached (what a user runs)
+
+They take turns: in each cycle every process, in a random order, runs its loop for SLICE seconds while the others
+wait on a pipe (no CUDA calls), then reports launches per second. A mode's loss is the median over cycles of
+1 - (its median rate in the cycle) / (P's median rate in the cycle): paired within seconds, so the machine's drift
+between processes and minutes (72k-143k kernels/s seen within one process) hits every mode alike.
+
+Usage: baton.py REPORT.md [SECONDS]   (env: BATON_PER=3, BATON_SLICE=1.0, BATON_MODES=P,E,N,I)
+"""
+from __future__ import annotations
+
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+CHILD = r'''
+import json, sys, time
+import torch
+x = torch.zeros(1, device="cuda")
+for _ in range(20000):
+    x.add_(1)
+torch.cuda.synchronize()
+print("ready", flush=True)
+for line in sys.stdin:
+    seconds = float(line)
+    n, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        for _ in range(100):
+            x.add_(1)
+        n += 100
+    torch.cuda.synchronize()
+    print(json.dumps({"rate": n / (time.perf_counter() - start)}), flush=True)
+'''
+# mode -> (injected library: None / "empty" / "inert" / "agent", extra environment); BATON_MODES picks (default P,E,N,I)
+MODE_SETUP: dict[str, tuple[str | None, dict[str, str]]] = {
+    "P": (None, {}), "E": ("empty", {}), "N": ("inert", {}), "I": ("agent", {}),
+    # diagnostics (the library's OTEL_GPU_DEBUG_* knobs), all with the agent attached:
+    "W0": ("agent", {"OTEL_GPU_DEBUG_NO_WAITS": "1"}),  # no wait callbacks
+    "X": ("agent", {"OTEL_GPU_DEBUG_NO_WINDOWS": "1"}),  # subscribed with wait callbacks, never a window
+    "X0": ("agent", {"OTEL_GPU_DEBUG_NO_WINDOWS": "1", "OTEL_GPU_DEBUG_NO_WAITS": "1"}),  # subscribed only
+    "F": ("agent", {"OTEL_GPU_DEBUG_NO_WINDOWS": "1", "OTEL_GPU_DEBUG_NO_WAITS": "1", "OTEL_GPU_DEBUG_FINALIZE": "1"}),
+}
+MODES = tuple(os.environ.get("BATON_MODES", "P,E,N,I").split(","))
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) not in (2, 3):
+        print(__doc__)
+        return 2
+    out, seconds = Path(argv[1]), float(argv[2]) if len(argv) == 3 else 240.0
+    per, slice_s = int(os.environ.get("BATON_PER", "3")), float(os.environ.get("BATON_SLICE", "1.0"))
+    sys.path.insert(0, str(REPO))
+    from otel_gpu.cuda.inject import library_path
+
+    library = Path(str(library_path()))
+    empty = REPO / ".device" / "empty_inject.so"
+    cpus = sorted(os.sched_getaffinity(0))
+    workload, rest = set(cpus[2:4]), set(cpus) - set(cpus[2:4])
+    work = Path(tempfile.mkdtemp(prefix="otel-gpu-baton-"))
+    (work / "child.py").write_text(CHILD)
+    inert = work / "inert-copy.so"
+    inert.write_bytes(library.read_bytes())
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+    env.pop("CUDA_INJECTION64_PATH", None)
+    agent = subprocess.Popen([sys.executable, "-m", "otel_gpu", "run", "--no-cpu-profiling", "--duration",
+                              f"{seconds + 120:.0f}", "--output-dir", str(work / "agent"), "--console", "off"],
+                             env=env, stdout=subprocess.DEVNULL, stderr=open(work / "agent.err", "w"),
+                             preexec_fn=lambda: os.sched_setaffinity(0, rest))
+    time.sleep(3.0)
+    procs: list[tuple[str, subprocess.Popen[str]]] = []
+    for k in range(per):
+        for mode in MODES:
+            how, extra = MODE_SETUP[mode]
+            child_env = dict(env, OTEL_GPU_DEBUG_STATS="1", **extra)
+            command = [sys.executable, str(work / "child.py")]
+            if how == "empty":
+                child_env["CUDA_INJECTION64_PATH"] = str(empty)
+            elif how == "inert":
+                child_env["CUDA_INJECTION64_PATH"] = str(inert)
+            elif how == "agent":
+                command = [sys.executable, "-m", "otel_gpu", "inject", "--", *command]
+            procs.append((mode, subprocess.Popen(command, env=child_env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                                 stderr=open(work / f"{mode}{k}.err", "w"), text=True,
+                                                 preexec_fn=lambda: os.sched_setaffinity(0, workload))))
+    for mode, p in procs:
+        assert p.stdout is not None
+        line = p.stdout.readline()
+        if line.strip() != "ready":
+            print(f"a {mode} process did not start: {(work / 'agent.err').read_text()[-2000:]}")
+            return 1
+    time.sleep(5.0)  # the agent discovers and attaches to the I processes
+    cycles: list[dict[str, list[float]]] = []
+    per_process: dict[int, list[float]] = {i: [] for i in range(len(procs))}
+    end = time.monotonic() + seconds
+    rng = random.Random(7)
+    while time.monotonic() < end:
+        order = list(range(len(procs)))
+        rng.shuffle(order)
+        cycle: dict[str, list[float]] = {m: [] for m in MODES}
+        for i in order:
+            mode, p = procs[i]
+            assert p.stdin is not None and p.stdout is not None
+            p.stdin.write(f"{slice_s}\n")
+            p.stdin.flush()
+            rate = json.loads(p.stdout.readline())["rate"]
+            cycle[mode].append(rate)
+            per_process[i].append(rate)
+        cycles.append(cycle)
+    for _, p in procs:
+        assert p.stdin is not None
+        p.stdin.close()
+    for _, p in procs:
+        p.wait(timeout=60)
+    agent.terminate()
+    agent.wait(timeout=60)
+
+    lines = ["## Launch-bound overhead, processes taking turns (scripts/h200/baton.py)", "",
+             f"{len(procs)} tiny-kernel processes ({per} per mode) pinned to CPUs {sorted(workload)}, the agent "
+             f"(`otel-gpu run --no-cpu-profiling`) on the others; {len(cycles)} cycles of {slice_s} s slices, "
+             "each process once per cycle in a random order.", "",
+             "| mode | median kernels/s | per-process medians | loss vs P (median over cycles) | p25 / p75 of the cycle losses |",
+             "|---|---|---|---|---|"]
+    for mode in MODES:
+        rates = [r for c in cycles for r in c[mode]]
+        losses = sorted(1 - statistics.median(c[mode]) / statistics.median(c["P"]) for c in cycles)
+        q = statistics.quantiles(losses, n=4) if len(losses) >= 4 else [float("nan")] * 3
+        medians = [statistics.median(per_process[i]) for i, (m, _) in enumerate(procs) if m == mode]
+        lines.append(f"| {mode} | {statistics.median(rates):.0f} | {' / '.join(f'{v:.0f}' for v in medians)} | "
+                     f"{statistics.median(losses) * 100:+.2f} % | {q[0] * 100:+.2f} % / {q[2] * 100:+.2f} % |")
+    lines += ["", "The library's lines on stderr, processes with the agent attached:"]
+    for mode in MODES:
+        for k in range(per):
+            if MODE_SETUP[mode][0] == "agent":
+                text = (work / f"{mode}{k}.err").read_text().strip().splitlines()
+                lines.append(f"- {mode}{k}: {' | '.join(text[-3:]) if text else '(nothing on stderr)'}")
+    lines.append(f"- agent stderr tail: {' | '.join((work / 'agent.err').read_text().strip().splitlines()[-3:])}")
+    text = "\n".join(lines) + "\n"
+    print(text)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
