@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 # SPDX-License-Identifier: Apache-2.0
-"""Launch-bound overhead with the machine's drift taken out: every process alive at once, one runs at a time.
+"""Overhead with the machine's drift taken out: every process alive at once, one runs at a time.
 
 Run THERE (the H200 machine; `bash scripts/h200/run.sh baton`). Tiny-kernel PyTorch processes (x.add_(1), the loop
 verify_gpu_time.py times) in four modes, PER processes each, all pinned to the same two CPUs while the real agent
@@ -16,7 +16,8 @@ wait on a pipe (no CUDA calls), then reports launches per second. A mode's loss 
 1 - (its median rate in the cycle) / (P's median rate in the cycle): paired within seconds, so the machine's drift
 between processes and minutes (72k-143k kernels/s seen within one process) hits every mode alike.
 
-Usage: baton.py REPORT.md [SECONDS]   (env: BATON_PER=3, BATON_SLICE=1.0, BATON_MODES=P,E,N,I)
+Usage: baton.py REPORT.md [SECONDS]   (env: BATON_PER=3, BATON_SLICE=1.0, BATON_MODES=P,E,N,I, BATON_LOOP=tiny or
+matmul: 10 8192x8192 bf16 matmuls per step, the GPU-bound case)
 """
 from __future__ import annotations
 
@@ -34,18 +35,27 @@ REPO = Path(__file__).resolve().parents[2]
 CHILD = r'''
 import json, sys, time
 import torch
-x = torch.zeros(1, device="cuda")
-for _ in range(20000):
-    x.add_(1)
+if sys.argv[1] == "matmul":  # GPU-bound: 8192x8192 bf16 matmuls, 10 per step
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    def step():
+        for _ in range(10):
+            torch.mm(a, a)
+        return 10
+else:  # launch-bound: 100 tiny kernels per step
+    x = torch.zeros(1, device="cuda")
+    def step():
+        for _ in range(100):
+            x.add_(1)
+        return 100
+for _ in range(50):
+    step()
 torch.cuda.synchronize()
 print("ready", flush=True)
 for line in sys.stdin:
     seconds = float(line)
     n, start = 0, time.perf_counter()
     while time.perf_counter() - start < seconds:
-        for _ in range(100):
-            x.add_(1)
-        n += 100
+        n += step()
     torch.cuda.synchronize()
     print(json.dumps({"rate": n / (time.perf_counter() - start)}), flush=True)
 '''
@@ -61,12 +71,21 @@ MODE_SETUP: dict[str, tuple[str | None, dict[str, str]]] = {
 MODES = tuple(os.environ.get("BATON_MODES", "P,E,N,I").split(","))
 
 
+def cycle_losses(cycles: list[dict[str, list[float]]], mode: str) -> list[float]:
+    """Per cycle, 1 - (mode's median rate) / (plain's median rate), sorted."""
+    return sorted(1 - statistics.median(c[mode]) / statistics.median(c["P"]) for c in cycles)
+
+
 def main(argv: list[str]) -> int:
     if len(argv) not in (2, 3):
         print(__doc__)
         return 2
     out, seconds = Path(argv[1]), float(argv[2]) if len(argv) == 3 else 240.0
     per, slice_s = int(os.environ.get("BATON_PER", "3")), float(os.environ.get("BATON_SLICE", "1.0"))
+    loop = os.environ.get("BATON_LOOP", "tiny")
+    if loop not in ("tiny", "matmul"):
+        print(f"BATON_LOOP must be tiny or matmul, not {loop!r}")
+        return 2
     sys.path.insert(0, str(REPO))
     from otel_gpu.cuda.inject import library_path
 
@@ -90,7 +109,7 @@ def main(argv: list[str]) -> int:
         for mode in MODES:
             how, extra = MODE_SETUP[mode]
             child_env = dict(env, OTEL_GPU_DEBUG_STATS="1", **extra)
-            command = [sys.executable, str(work / "child.py")]
+            command = [sys.executable, str(work / "child.py"), loop]
             if how == "empty":
                 child_env["CUDA_INJECTION64_PATH"] = str(empty)
             elif how == "inert":
@@ -132,15 +151,16 @@ def main(argv: list[str]) -> int:
     agent.terminate()
     agent.wait(timeout=60)
 
-    lines = ["## Launch-bound overhead, processes taking turns (scripts/h200/baton.py)", "",
-             f"{len(procs)} tiny-kernel processes ({per} per mode) pinned to CPUs {sorted(workload)}, the agent "
+    what = "Launch-bound overhead (tiny kernels)" if loop == "tiny" else "GPU-bound overhead (large matmuls)"
+    lines = [f"## {what}, processes taking turns (scripts/h200/baton.py)", "",
+             f"{len(procs)} {loop} processes ({per} per mode) pinned to CPUs {sorted(workload)}, the agent "
              f"(`otel-gpu run --no-cpu-profiling`) on the others; {len(cycles)} cycles of {slice_s} s slices, "
              "each process once per cycle in a random order.", "",
-             "| mode | median kernels/s | per-process medians | loss vs P (median over cycles) | p25 / p75 of the cycle losses |",
+             f"| mode | median {'kernels' if loop == 'tiny' else 'matmuls'}/s | per-process medians | loss vs P (median over cycles) | p25 / p75 of the cycle losses |",
              "|---|---|---|---|---|"]
     for mode in MODES:
         rates = [r for c in cycles for r in c[mode]]
-        losses = sorted(1 - statistics.median(c[mode]) / statistics.median(c["P"]) for c in cycles)
+        losses = cycle_losses(cycles, mode)
         q = statistics.quantiles(losses, n=4) if len(losses) >= 4 else [float("nan")] * 3
         medians = [statistics.median(per_process[i]) for i, (m, _) in enumerate(procs) if m == mode]
         lines.append(f"| {mode} | {statistics.median(rates):.0f} | {' / '.join(f'{v:.0f}' for v in medians)} | "

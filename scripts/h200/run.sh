@@ -21,6 +21,8 @@ for step in "${steps[@]}"; do
     inject)   timeout 240 bash scripts/h200/inject_smoke.sh "$OUT" ;;
     gpu_time) timeout 560 python3 scripts/h200/verify_gpu_time.py "$OUT/h200-gpu-time.md" ;;
     baton)    timeout 560 python3 scripts/h200/baton.py "$OUT/h200-baton.md" "${BATON_SECONDS:-240}" ;;
+    baton_matmul) BATON_LOOP=matmul BATON_MODES=P,I timeout 560 python3 scripts/h200/baton.py \
+                "$OUT/h200-baton-matmul.md" "${BATON_SECONDS:-240}" ;;
     agent)    # the real agent on the real GPU for 30 s, every source on, under an injected torch load: local files
               python3 -m otel_gpu inject -- python3 -c 'import torch,time; a=torch.randn(8192,8192,device="cuda",dtype=torch.bfloat16); t=time.time()
 while time.time()-t<40: (a@a); torch.cuda.synchronize()' & load=$!

@@ -31,6 +31,7 @@ Prints a results table and writes it as markdown to OUT.md.
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import ctypes
 import dataclasses
@@ -195,6 +196,7 @@ class WindowedSource(GPUTimeSource):
         self.activity_kinds: Counter[tuple[int, str]] = Counter()  # (pid, activity kind) -> activities received
         self.launch_ids: dict[int, set[int]] = defaultdict(set)  # pid -> distinct correlation ids of launches
         self.stream_syncs: dict[int, list[tuple[int, int]]] = defaultdict(list)  # pid -> (end, weight) per record
+        self.window_spans: dict[int, list[tuple[int, int]]] = defaultdict(list)  # pid -> (start, end) per window
 
     def shared_ids(self, pid: int) -> int:
         """Sampled launches of pid that carried a correlation id another of its sampled launches also had."""
@@ -226,6 +228,7 @@ class WindowedSource(GPUTimeSource):
             self._last_totals[record.pid] = (record.covered_ns, record.elapsed_ns)
             length = max(1, record.end_ns - record.start_ns)
             self.open_us[record.pid].append(record.open_us)
+            self.window_spans[record.pid].append((record.start_ns, record.end_ns))
             self.per_window[record.pid].append(record.launches)
             times = self.window_launch_times.pop((record.pid, record.window_id), [])
             if times:
@@ -253,6 +256,25 @@ def sampling_error(source: WindowedSource, pid: int, mangled: str) -> float:
     mean_rate = total / elapsed
     var = sum((dela * (x / dcov - mean_rate)) ** 2 for dcov, dela, x in rows) * len(rows) / (len(rows) - 1)
     return math.sqrt(var) / total
+
+
+def rate_inside_windows(times: list[int], spans: list[tuple[int, int]], span: tuple[int, int]) -> tuple[float, float]:
+    """Iterations per second (by their start times) inside the sampling windows and outside them, within span: equal
+    when sampling does not slow the program down; a lower rate inside biases the re-weighted totals low by as much."""
+    spans = sorted((max(a, span[0]), min(b, span[1])) for a, b in spans if b > span[0] and a < span[1])
+    starts = [a for a, _ in spans]
+    inside = outside = 0
+    for t in times:
+        if not span[0] <= t <= span[1]:
+            continue
+        k = bisect.bisect_right(starts, t) - 1
+        if k >= 0 and t < spans[k][1]:
+            inside += 1
+        else:
+            outside += 1
+    covered = sum(b - a for a, b in spans)
+    uncovered = span[1] - span[0] - covered
+    return (inside / covered * 1e9 if covered else float("nan"), outside / uncovered * 1e9 if uncovered else float("nan"))
 
 
 def quantiles(values: list[float]) -> str:
@@ -457,6 +479,9 @@ def known_structure(source: GPUTimeSource | None, lines: list[str], results: dic
     syncs = sum(w for end, w in measuring.stream_syncs[pid] if span[0] <= end <= span[1])
     lines.append(f"- stream synchronizations: {syncs} counted (re-weighted) vs {iterations} iterations "
                  f"({(syncs / max(1, iterations) - 1) * 100:+.2f} %)")
+    inside, outside = rate_inside_windows(measured["times"], measuring.window_spans[pid], span)
+    lines.append(f"- iterations per second inside the sampling windows {inside:.1f}, outside {outside:.1f} "
+                 f"({(inside / outside - 1) * 100:+.2f} %: what sampling itself does to the program's pace)")
     lines += ["", (f"### Accuracy{label}: {iterations} iterations in the {(span[1] - span[0]) / 1e9:.1f} s the windows "
                    f"account for, sampling fraction {gpu.sampling_fraction:.4f}"), "",
               "| kernel | torch.profiler (ms) | otel-gpu (ms) | difference | sampling error (2 sigma) | "

@@ -66,3 +66,16 @@ def test_bookkeeping_of_two_windows(verify, tmp_path: Path) -> None:  # type: ig
     assert "(total 3)" in line and "launches sharing an id with another: 1" in line
     assert verify.quantiles([5, 1, 3]) == "1 / 3 / 5 / 5"
     assert verify.median([4, 1, 3, 2]) == 2.5
+
+
+def test_iteration_rate_inside_and_outside_windows(verify) -> None:  # type: ignore[no-untyped-def]
+    """A program slowed down inside the windows (one iteration per 2 s there, per 1 s outside) shows it."""
+    spans = [(10_000_000_000, 14_000_000_000), (30_000_000_000, 34_000_000_000)]  # 8 s of 40 inside
+    times = [t * 1_000_000_000 for t in range(0, 41)]  # outside: one per second
+    times = [t for t in times if not any(a <= t < b for a, b in spans)]
+    times += [a + k * 2_000_000_000 for a, _ in spans for k in range(2)]  # inside: one per 2 s
+    inside, outside = verify.rate_inside_windows(times, spans, (0, 40_000_000_000))
+    assert inside == pytest.approx(0.5) and outside == pytest.approx(33 / 32)
+    # windows reaching past the span count only within it
+    inside, _ = verify.rate_inside_windows(times, [(-5_000_000_000, 1_000_000_000)], (0, 40_000_000_000))
+    assert inside == pytest.approx(1.0)  # the iteration at 0 s, in the 1 s of window inside the span
