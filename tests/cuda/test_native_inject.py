@@ -432,11 +432,13 @@ def test_sampling_fraction_adapts_to_the_overhead_budget(injected_lib: Path, tmp
 # --- blocking waits ---------------------------------------------------------------------------------------------
 
 
-def test_every_wait_is_recorded_with_its_blocked_time(c_run: Run) -> None:
-    syncs = sorted(c_run.records.syncs, key=lambda s: s.start_ns)
-    first = c_run.records.windows[0]
+def _waits_missed(run: Run) -> int:
+    """Matches the fake driver's waits (begun after the agent attached) with the library's records: each recorded one
+    encloses the driver's wait, with its kind; returns how many were not recorded."""
+    syncs = sorted(run.records.syncs, key=lambda s: s.start_ns)
+    first = run.records.windows[0]
     attached_ns = first.end_ns - first.elapsed_ns  # the controller saw the agent: calls begun since are all watched
-    waits = sorted((w for w in c_run.schedule_waits if w[5] >= attached_ns), key=lambda w: w[2])
+    waits = sorted((w for w in run.schedule_waits if w[5] >= attached_ns), key=lambda w: w[2])
     assert all(s.weight == 1 for s in syncs)  # the fake's waits are cheap to record: no subsampling
     kinds = {126: SYNC_STREAM, 17: SYNC_CONTEXT, 121: SYNC_EVENT, 278: SYNC_MEMCPY}
     unmatched, missed = list(syncs), 0
@@ -450,11 +452,26 @@ def test_every_wait_is_recorded_with_its_blocked_time(c_run: Run) -> None:
             assert match[0].end_ns - match[0].start_ns >= until - enter
             unmatched.remove(match[0])
     assert len(unmatched) <= 1  # at most a wait that straddled the moment the agent attached
-    # CUPTI is finalized after each window's linger and taken again at once: a wait that begins before it is taken
-    # again goes unseen (the fake's next wait comes microseconds after a launch: at most one per finalize)
+    assert {s.kind for s in syncs} == {SYNC_STREAM, SYNC_CONTEXT, SYNC_EVENT, SYNC_MEMCPY}
+    return missed
+
+
+def test_every_wait_is_recorded_with_its_blocked_time(c_run: Run) -> None:
+    missed = _waits_missed(c_run)
+    # CUPTI is finalized after each window's linger, at a synchronize's exit, and taken again at once: a wait that
+    # begins before it is taken again goes unseen (here the next step's blocking copy, microseconds later: at most
+    # one per finalize)
     assert c_run.stats["finalizes"] >= 1 and c_run.stats["finalizes_outside_callbacks"] == 0
     assert missed <= c_run.stats["finalizes"], (missed, c_run.stats["finalizes"])
-    assert {s.kind for s in syncs} == {SYNC_STREAM, SYNC_CONTEXT, SYNC_EVENT, SYNC_MEMCPY}
+
+
+def test_without_finalize_no_wait_is_missed(injected_lib: Path, tmp_path: Path) -> None:
+    """OTEL_GPU_CUPTI_FINALIZE=0: CUPTI stays subscribed between windows, so every wait is recorded (and launch-bound
+    programs run slower on a real driver)."""
+    run = run_workload(injected_lib, tmp_path, [str(WORKLOAD), "--steps", "400", "--graph-every", "2"],
+                       extra_env={"OTEL_GPU_CUPTI_FINALIZE": "0"})
+    assert run.stats["finalizes"] == 0 and run.stats["subscribes"] == 1
+    assert _waits_missed(run) == 0
 
 
 # --- stacks -----------------------------------------------------------------------------------------------------
