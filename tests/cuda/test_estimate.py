@@ -18,6 +18,7 @@ class WindowCost(ctypes.Structure):
         ("own_ns", ctypes.c_uint64),
         ("launches", ctypes.c_uint64),
         ("linger_launches", ctypes.c_uint64),
+        ("finalize_ns", ctypes.c_uint64),
     ]
 
 
@@ -88,3 +89,13 @@ def test_idle_windows_leave_the_estimate_alone(estimate: ctypes.CDLL) -> None:
     assert estimate.fraction_for_budget(0.02, s) < 0.04
     lingering = estimate.estimate_update(s, ctypes.byref(WindowCost(20_000_000, 0, 0, 500)))  # launches while lingering
     assert lingering == pytest.approx(0.5 * s + 0.5 * 500 * 5_000 / 20_000_000)
+
+
+def test_the_finalize_after_a_window_is_charged_to_the_next(estimate: ctypes.CDLL) -> None:
+    """cuptiFinalize runs in one of the program's threads (2.0-2.4 ms each on an H200): that time counts as slowdown
+    like the library's own, so the budget covers it."""
+    base = WindowCost(20_000_000, 1_000_000, 100, 0, 0)
+    charged = WindowCost(20_000_000, 1_000_000, 100, 0, 2_200_000)
+    undisturbed = 20_000_000 - 1_000_000 - 100 * 10_000
+    assert estimate.estimate_slowdown(ctypes.byref(charged)) - estimate.estimate_slowdown(
+        ctypes.byref(base)) == pytest.approx(2_200_000 / undisturbed)

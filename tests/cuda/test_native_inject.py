@@ -432,21 +432,22 @@ def test_sampling_fraction_adapts_to_the_overhead_budget(injected_lib: Path, tmp
 # --- blocking waits ---------------------------------------------------------------------------------------------
 
 
-def _waits_missed(run: Run) -> int:
+def _waits_missed(run: Run) -> list[int]:
     """Matches the fake driver's waits (begun after the agent attached) with the library's records: each recorded one
-    encloses the driver's wait, with its kind; returns how many were not recorded."""
+    encloses the driver's wait, with its kind; returns the entry times of those not recorded."""
     syncs = sorted(run.records.syncs, key=lambda s: s.start_ns)
     first = run.records.windows[0]
     attached_ns = first.end_ns - first.elapsed_ns  # the controller saw the agent: calls begun since are all watched
     waits = sorted((w for w in run.schedule_waits if w[5] >= attached_ns), key=lambda w: w[2])
     assert all(s.weight == 1 for s in syncs)  # the fake's waits are cheap to record: no subsampling
     kinds = {126: SYNC_STREAM, 17: SYNC_CONTEXT, 121: SYNC_EVENT, 278: SYNC_MEMCPY}
-    unmatched, missed = list(syncs), 0
+    unmatched, missed = list(syncs), []
     for cbid, _corr, enter, until, exit_ns, _begin in waits:
         # The library's entry/exit enclose the driver's own wait, which lasted until the awaited work ended.
         match = [s for s in unmatched if s.start_ns <= enter and s.end_ns >= exit_ns]
-        missed += not match
-        if match:
+        if not match:
+            missed.append(enter)
+        else:
             assert len(match) == 1, (cbid, enter)
             assert match[0].cbid == cbid and match[0].kind == kinds[cbid]
             assert match[0].end_ns - match[0].start_ns >= until - enter
@@ -458,11 +459,13 @@ def _waits_missed(run: Run) -> int:
 
 def test_every_wait_is_recorded_with_its_blocked_time(c_run: Run) -> None:
     missed = _waits_missed(c_run)
-    # CUPTI is finalized after each window's linger, at a synchronize's exit, and taken again at once: a wait that
-    # begins before it is taken again goes unseen (here the next step's blocking copy, microseconds later: at most
-    # one per finalize)
+    # CUPTI is finalized after a window's linger, at a synchronize's exit, and taken again at once: a wait that begins
+    # before it is taken again goes unseen (here the next step's blocking copy or event wait, microseconds later;
+    # steps last 2.5 ms, so a few per finalize at most), never one inside a window
     assert c_run.stats["finalizes"] >= 1 and c_run.stats["finalizes_outside_callbacks"] == 0
-    assert missed <= c_run.stats["finalizes"], (missed, c_run.stats["finalizes"])
+    assert len(missed) <= 3 * c_run.stats["finalizes"], (missed, c_run.stats["finalizes"])
+    windows = c_run.records.windows
+    assert not [t for t in missed if any(w.start_ns <= t <= w.end_ns for w in windows)]
 
 
 def test_without_finalize_no_wait_is_missed(injected_lib: Path, tmp_path: Path) -> None:
@@ -471,7 +474,7 @@ def test_without_finalize_no_wait_is_missed(injected_lib: Path, tmp_path: Path) 
     run = run_workload(injected_lib, tmp_path, [str(WORKLOAD), "--steps", "400", "--graph-every", "2"],
                        extra_env={"OTEL_GPU_CUPTI_FINALIZE": "0"})
     assert run.stats["finalizes"] == 0 and run.stats["subscribes"] == 1
-    assert _waits_missed(run) == 0
+    assert _waits_missed(run) == []
 
 
 # --- stacks -----------------------------------------------------------------------------------------------------

@@ -9,6 +9,7 @@
  * undisturbed: cost / (window - cost). After a window closes, the activity kinds may stay on until the window's
  * sampled launches' GPU work has arrived ("linger"), and the launch callbacks with them (so that every launch gets
  * its own correlation id); launches then pay CUPTI's activity cost and an empty callback. The callback counts them.
+ * Then CUPTI is finalized in one of the program's threads (sampler.c): that time, measured, is charged too.
  */
 #include "estimate.h"
 
@@ -22,7 +23,7 @@ double estimate_slowdown(const struct window_cost *c)
     if (undisturbed < window * ESTIMATE_MIN_UNDISTURBED)
         undisturbed = window * ESTIMATE_MIN_UNDISTURBED; /* the work took at least this long undisturbed */
     double lingering = (double)c->linger_launches * (ESTIMATE_ACTIVITY_NS_PER_LAUNCH + ESTIMATE_EMPTY_CALLBACK_NS);
-    return (in_window + lingering) / undisturbed;
+    return (in_window + lingering + (double)c->finalize_ns) / undisturbed;
 }
 
 double estimate_update(double previous, const struct window_cost *c)

@@ -19,6 +19,7 @@ struct window_cost {
     uint64_t own_ns;    /* the library's own time in callbacks and buffer processing during the window */
     uint64_t launches;  /* launches recorded in the window */
     uint64_t linger_launches; /* after the window, while its late GPU work was awaited: launches (counted) */
+    uint64_t finalize_ns;     /* the program's time in cuptiFinalize after the previous window (measured) */
 };
 
 /* Slowdown of the program while sampling one window: extra time / undisturbed time (0.5 = 50 % slower). */

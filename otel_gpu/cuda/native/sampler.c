@@ -6,7 +6,8 @@
  * kernel/memcpy/memset activity kinds are on, outside they are off (but for the linger, below), so the workload pays
  * CUPTI's per-launch cost only for a fraction f of wall time. f is chosen so that f x (slowdown inside a window) stays within the overhead budget;
  * the in-window slowdown comes from estimate.c (the library's measured own time plus a prior for CUPTI's cost per
- * recorded launch, relative to the undisturbed time), and f is bounded to [0.1 %, 20 %].
+ * recorded launch and the program's time in the last CUPTI finalize, relative to the undisturbed time; windows
+ * without launches leave it alone), and f is bounded to [0.1 %, 20 %].
  * Each closed window fires otel_gpu:window with covered_ns/elapsed_ns, the fraction the agent re-weights by.
  *
  * Late GPU work: a GPU-bound program's launches run on the GPU long after the call (its queue can lag by seconds).
@@ -92,6 +93,7 @@ static int agent_present(void)
 static int held;                   /* under ctl_lock: subscribed (a finalize may be pending) */
 static uint64_t finalize_asked_ns; /* monotonic: let_go_locked asked for a finalize */
 static uint64_t retakes, retake_ns; /* subscriptions taken (attach and after each finalize), their total time */
+static uint64_t finalize_ns_charged; /* g_state.finalize_ns already charged to a window's cost */
 
 /* A finalize an API exit has completed: CUPTI is no longer held. */
 static void settle_locked(void)
@@ -222,7 +224,11 @@ static void adapt_waits_locked(void)
 static void adapt_locked(uint64_t window_ns, uint64_t overhead_ns, uint64_t launches, uint64_t lingered)
 {
     adapt_waits_locked();
-    struct window_cost cost = {window_ns, overhead_ns, launches, lingered};
+    /* the finalize after the previous window, in one of the program's threads */
+    uint64_t finalize_ns = atomic_load(&g_state.finalize_ns);
+    struct window_cost cost = {window_ns, overhead_ns, launches, lingered, finalize_ns - finalize_ns_charged};
+    if (launches != 0 || lingered != 0) /* an idle window is not counted (estimate_update): charge the next one */
+        finalize_ns_charged = finalize_ns;
     slowdown = estimate_update(slowdown, &cost);
     fraction = fraction_for_budget(g_settings.overhead_budget, slowdown);
 }
