@@ -156,7 +156,8 @@ def main(argv: list[str]) -> int:
              f"{len(procs)} {loop} processes ({per} per mode) pinned to CPUs {sorted(workload)}, the agent "
              f"(`otel-gpu run --no-cpu-profiling`) on the others; {len(cycles)} cycles of {slice_s} s slices, "
              "each process once per cycle in a random order.", "",
-             f"| mode | median {'kernels' if loop == 'tiny' else 'matmuls'}/s | per-process medians | loss vs P (median over cycles) | p25 / p75 of the cycle losses |",
+             f"| mode | median {'kernels' if loop == 'tiny' else 'matmuls'}/s | per-process medians | "
+             "loss vs P (median over cycles) | p25 / p75 of the cycle losses |",
              "|---|---|---|---|---|"]
     for mode in MODES:
         rates = [r for c in cycles for r in c[mode]]

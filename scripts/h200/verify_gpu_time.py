@@ -274,7 +274,8 @@ def rate_inside_windows(times: list[int], spans: list[tuple[int, int]], span: tu
             outside += 1
     covered = sum(b - a for a, b in spans)
     uncovered = span[1] - span[0] - covered
-    return (inside / covered * 1e9 if covered else float("nan"), outside / uncovered * 1e9 if uncovered else float("nan"))
+    nan = float("nan")
+    return (inside / covered * 1e9 if covered else nan, outside / uncovered * 1e9 if uncovered else nan)
 
 
 def quantiles(values: list[float]) -> str:

@@ -4,7 +4,6 @@ it loads without torch, its child program compiles, bad settings exit 2, and a c
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
@@ -12,16 +11,14 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "h200" / "baton.py"
+from tests import h200_scripts
+
+SCRIPT = h200_scripts.SCRIPTS / "baton.py"
 
 
 @pytest.fixture(scope="module")
 def baton():  # type: ignore[no-untyped-def]
-    spec = importlib.util.spec_from_file_location("baton", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return h200_scripts.load("baton")
 
 
 def test_the_child_program_compiles_and_every_default_mode_is_defined(baton) -> None:  # type: ignore[no-untyped-def]

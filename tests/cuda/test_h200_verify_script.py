@@ -6,7 +6,6 @@ and times, where launches fall in their windows, the accounting of every sampled
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -14,19 +13,16 @@ from pathlib import Path
 import pytest
 
 from otel_gpu.cuda import abi
+from tests import h200_scripts
 from tests.cuda.records import kernel, launch
 from tests.cuda.test_source_records import FakeSymbolizer
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "h200" / "verify_gpu_time.py"
+SCRIPT = h200_scripts.SCRIPTS / "verify_gpu_time.py"
 
 
 @pytest.fixture(scope="module")
 def verify():  # type: ignore[no-untyped-def]
-    spec = importlib.util.spec_from_file_location("verify_gpu_time", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return h200_scripts.load("verify_gpu_time")
 
 
 def test_without_arguments_it_prints_its_usage_and_exits_2() -> None:
