@@ -6,7 +6,8 @@
 
 Needs the built repository (otel_gpu/cuda/native/libotel_gpu_inject.so, otel_gpu/cuda/programs/gpu_time.bpf.o),
 libbpf.so.1 on LD_LIBRARY_PATH and the project's Python dependencies on PYTHONPATH. VERIFY_STEPS=known (or
-overhead, or a comma list of name prefixes) runs only those steps. Steps:
+overhead, or a comma list of name prefixes) runs only those steps; VERIFY_KNOWN_SECONDS (default 30) sets how long
+the measured run of step 2 lasts. Steps:
 
 1. Reference run (no injection): a torch program with known structure - a bf16 matmul in function A, elementwise
    work (mul, add, relu) in B, a ``.item()`` in C - under torch.profiler: GPU time per kernel name per iteration.
@@ -421,7 +422,9 @@ def known_structure(source: GPUTimeSource | None, lines: list[str], results: dic
     if bpf:
         measuring.drain()  # start from an empty interval
     stats_before = dataclasses.replace(measuring._joiner.stats)  # the joiner counts across runs: this run's part
-    done = run_program(["known", "30", str(run_json)], inject=True, timeout_s=240, debug_file=debug, bpf=bpf)
+    seconds = float(os.environ.get("VERIFY_KNOWN_SECONDS", "30"))  # the sampling error shrinks as 1/sqrt(seconds)
+    done = run_program(["known", f"{seconds:g}", str(run_json)], inject=True, timeout_s=seconds + 210,
+                       debug_file=debug, bpf=bpf)
     library_lines = [ln for ln in done.stderr.splitlines() if ln.startswith("otel-gpu: stats")]
     measured = json.loads(run_json.read_text())
     pid = measured["pid"]
