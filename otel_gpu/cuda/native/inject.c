@@ -393,20 +393,24 @@ static double env_double(const char *name, double fallback, double lo, double hi
     return value;
 }
 
+/* Whether the variable is set to exactly this value (the switches: "1" turns a default-off one on, "0" a default-on
+ * one off). */
+static int env_is(const char *name, const char *value)
+{
+    const char *text = getenv(name);
+    return text != NULL && strcmp(text, value) == 0;
+}
+
 static void read_settings(void)
 {
     g_settings.overhead_budget = env_double("OTEL_GPU_OVERHEAD_BUDGET", 0.02, 0.0001, 1.0);
     g_settings.window_ns = (uint64_t)(env_double("OTEL_GPU_WINDOW_MS", 20.0, 0.1, 10000.0) * 1e6);
-    const char *always = getenv("OTEL_GPU_DEBUG_ALWAYS_ON");
-    g_settings.debug_always_on = always != NULL && strcmp(always, "1") == 0;
-    const char *stats = getenv("OTEL_GPU_DEBUG_STATS");
-    g_settings.debug_stats = stats != NULL && strcmp(stats, "1") == 0;
-    const char *api = getenv("OTEL_GPU_API_ACTIVITY");
-    g_settings.api_activity = api == NULL || strcmp(api, "0") != 0;
-    g_settings.debug_no_waits = getenv("OTEL_GPU_DEBUG_NO_WAITS") != NULL;
-    g_settings.debug_no_windows = getenv("OTEL_GPU_DEBUG_NO_WINDOWS") != NULL;
-    const char *finalize = getenv("OTEL_GPU_CUPTI_FINALIZE");
-    g_settings.cupti_finalize = finalize == NULL || strcmp(finalize, "0") != 0;
+    g_settings.debug_always_on = env_is("OTEL_GPU_DEBUG_ALWAYS_ON", "1");
+    g_settings.debug_stats = env_is("OTEL_GPU_DEBUG_STATS", "1");
+    g_settings.debug_no_waits = env_is("OTEL_GPU_DEBUG_NO_WAITS", "1");
+    g_settings.debug_no_windows = env_is("OTEL_GPU_DEBUG_NO_WINDOWS", "1");
+    g_settings.api_activity = !env_is("OTEL_GPU_API_ACTIVITY", "0");
+    g_settings.cupti_finalize = !env_is("OTEL_GPU_CUPTI_FINALIZE", "0");
 }
 
 /* A forked child has no controller thread and may have copied ctl_lock while held: the library goes inert there. */

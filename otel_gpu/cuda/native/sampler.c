@@ -127,7 +127,7 @@ static int take_locked(void)
             return -1;
         held = 1;
     }
-    cbids_enable_launches(0); /* a called-off finalize left them on */
+    cbids_enable_launches(0); /* a called-off finalize may have left them on (hurry_finalize_locked) */
     if (activity_init() != 0) {
         log_once("cannot register CUPTI activity buffers; GPU-time profiling is off while that fails");
         cupti_release();
@@ -165,6 +165,16 @@ static void hurry_finalize_locked(void)
         atomic_store(&g_state.finalize_at_any_exit, 1);
         cbids_enable_launches(1);
     }
+}
+
+/* Takes CUPTI again if an API exit finalized it; 0 while held, -1 (detached, logged) when taking it fails. A finalize
+ * asked for but not yet performed is called off. */
+static int keep_holding_locked(void)
+{
+    if (holding_locked() || take_locked() == 0)
+        return 0;
+    atomic_store(&g_state.attached, 0); /* attached again when CUPTI can be taken */
+    return -1;
 }
 
 static int attach_locked(void)
@@ -343,10 +353,8 @@ static int wait_gap_locked(uint64_t gap_ns)
         if (!agent_present())
             return -1;
         hurry_finalize_locked();
-        if (atomic_load(&g_state.finalize) == FINALIZE_DONE && take_locked() != 0) {
-            atomic_store(&g_state.attached, 0); /* logged; attached again when CUPTI can be taken */
+        if (atomic_load(&g_state.finalize) == FINALIZE_DONE && keep_holding_locked() != 0)
             return -1;
-        }
         adapt_waits_locked();
     }
     return 0;
@@ -374,10 +382,8 @@ static void *controller_main(void *arg)
         }
         if (g_settings.debug_no_windows)
             continue;
-        if (!holding_locked() && take_locked() != 0) {
-            atomic_store(&g_state.attached, 0);
+        if (keep_holding_locked() != 0)
             continue;
-        }
         uint64_t begin = monotonic_ns();
         g_cupti.activity_flush_all(0); /* records of earlier windows that completed since */
         open_window_locked(begin);
@@ -401,6 +407,11 @@ int sampler_start(void)
     return rc;
 }
 
+static double mean_us(uint64_t total_ns, uint64_t count)
+{
+    return count ? (double)total_ns / 1e3 / (double)count : 0.0;
+}
+
 /* At exit: close an open window and hand everything CUPTI still holds to the probes. Runs once. */
 void sampler_stop_and_flush(void)
 {
@@ -415,8 +426,8 @@ void sampler_stop_and_flush(void)
             uint64_t finalizes = atomic_load(&g_state.finalizes);
             fprintf(stderr, "otel-gpu: stats CUPTI finalized %llu times (%.0f us each in an API exit), taken %llu times "
                     "(%.0f us each)\n", (unsigned long long)finalizes,
-                    finalizes ? (double)atomic_load(&g_state.finalize_ns) / 1e3 / (double)finalizes : 0.0,
-                    (unsigned long long)retakes, retakes ? (double)retake_ns / 1e3 / (double)retakes : 0.0);
+                    mean_us(atomic_load(&g_state.finalize_ns), finalizes), (unsigned long long)retakes,
+                    mean_us(retake_ns, retakes));
         }
         stopped = 1;
         atomic_store(&g_state.stopping, 1);
