@@ -51,8 +51,7 @@ def agent_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
 @pytest.mark.backend
 @needs_go
 def test_go_tool_pprof_reads_kernels_under_their_launching_functions(agent_run, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    files = sorted(Path(agent_run["out_dir"]).glob("profile-gpu_time-*.pb.gz"))
-    assert files, sorted(p.name for p in Path(agent_run["out_dir"]).iterdir())
+    files = _profile_files(Path(agent_run["out_dir"]), "gpu_time")
     _, top = pprof_top(files, tmp_path, f"-tagfocus=pid={agent_run['pid']}")
     matmul, relu = top["matmul_kernel"][0], top["relu_kernel"][0]
     assert matmul > 0 and relu > 0, top
@@ -67,12 +66,18 @@ def test_go_tool_pprof_reads_kernels_under_their_launching_functions(agent_run, 
 @pytest.mark.backend
 @needs_go
 def test_go_tool_pprof_reads_waits_under_the_waiting_function(agent_run, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    files = sorted(Path(agent_run["out_dir"]).glob("profile-sync_wait-*.pb.gz"))
-    assert files, sorted(p.name for p in Path(agent_run["out_dir"]).iterdir())
+    files = _profile_files(Path(agent_run["out_dir"]), "sync_wait")
     _, top = pprof_top(files, tmp_path)
     waited = top["[cuStreamSynchronize]"][0]
     assert waited > 0, top
     assert top["sync_point"][1] >= waited * 0.999, top
+
+
+def _profile_files(out_dir: Path, kind: str) -> list[Path]:
+    """The agent's local pprof files of one profile type; there is at least one."""
+    files = sorted(out_dir.glob(f"profile-{kind}-*.pb.gz"))
+    assert files, sorted(p.name for p in out_dir.iterdir())
+    return files
 
 
 def _file_total_ns(files: list[Path]) -> int:
@@ -106,8 +111,8 @@ def test_otlp_and_metrics_carry_the_same_gpu_time(agent_run) -> None:  # type: i
     types = {t for request in agent_run["requests"] for t in profile_type_ids(request)}
     assert {"gpu:gpu_time:nanoseconds:gpu:nanoseconds", "gpu_wait:sync_wait:nanoseconds:gpu_wait:nanoseconds"} <= types
     out_dir, pid = Path(agent_run["out_dir"]), agent_run["pid"]
-    gpu_ns = _file_total_ns(sorted(out_dir.glob("profile-gpu_time-*.pb.gz")))
-    wait_ns = _file_total_ns(sorted(out_dir.glob("profile-sync_wait-*.pb.gz")))
+    gpu_ns = _file_total_ns(_profile_files(out_dir, "gpu_time"))
+    wait_ns = _file_total_ns(_profile_files(out_dir, "sync_wait"))
     assert gpu_ns > 0 and wait_ns > 0
     # the counters and the profiles come from the same re-weighted records (rounding apart)
     assert _last_counter(out_dir, "nvidia.gpu.process.kernel.time", pid) * 1e9 == pytest.approx(gpu_ns, rel=0.01)
