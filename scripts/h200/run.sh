@@ -4,13 +4,7 @@
 # outputs, installs the wheels into /tmp/site, then runs the verification scripts named as arguments
 # (default: all). Results land in $OUT (the tool brings them back).
 set -uo pipefail
-top=$(cd "$(dirname "$0")/../.." && pwd)
-cd "$top"
-OUT=${OUT:-/tmp/otel-gpu-out}; mkdir -p "$OUT"
-cp -a .device/artifacts/. .
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-  || { echo "wheel install failed"; exit 1; }
-export PYTHONPATH="$top:/tmp/site" LD_LIBRARY_PATH="$top/.device/lib:${LD_LIBRARY_PATH:-}" PYTHONUNBUFFERED=1
+source "$(dirname "$0")/setup.sh" || exit 1
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 python3 -c 'import otel_gpu, pynvml, opentelemetry.sdk; print("python ok", otel_gpu.__version__)'
 steps=("$@"); [ ${#steps[@]} -eq 0 ] && steps=(nvml agent inject gpu_time)
