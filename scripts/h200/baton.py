@@ -87,7 +87,9 @@ def main(argv: list[str]) -> int:
         print(f"BATON_LOOP must be tiny or matmul, not {loop!r}")
         return 2
     sys.path.insert(0, str(REPO))
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
     from otel_gpu.cuda.inject import library_path
+    from verify_gpu_time import pinned_to, write_report
 
     library = Path(str(library_path()))
     empty = REPO / ".device" / "empty_inject.so"
@@ -102,7 +104,7 @@ def main(argv: list[str]) -> int:
     agent = subprocess.Popen([sys.executable, "-m", "otel_gpu", "run", "--no-cpu-profiling", "--duration",
                               f"{seconds + 120:.0f}", "--output-dir", str(work / "agent"), "--console", "off"],
                              env=env, stdout=subprocess.DEVNULL, stderr=open(work / "agent.err", "w"),
-                             preexec_fn=lambda: os.sched_setaffinity(0, rest))
+                             preexec_fn=pinned_to(rest))
     time.sleep(3.0)
     procs: list[tuple[str, subprocess.Popen[str]]] = []
     for k in range(per):
@@ -118,7 +120,7 @@ def main(argv: list[str]) -> int:
                 command = [sys.executable, "-m", "otel_gpu", "inject", "--", *command]
             procs.append((mode, subprocess.Popen(command, env=child_env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                                  stderr=open(work / f"{mode}{k}.err", "w"), text=True,
-                                                 preexec_fn=lambda: os.sched_setaffinity(0, workload))))
+                                                 preexec_fn=pinned_to(workload))))
     for mode, p in procs:
         assert p.stdout is not None
         line = p.stdout.readline()
@@ -173,10 +175,7 @@ def main(argv: list[str]) -> int:
                 text = (work / f"{mode}{k}.err").read_text().strip().splitlines()
                 lines.append(f"- {mode}{k}: {' | '.join(text[-3:]) if text else '(nothing on stderr)'}")
     lines.append(f"- agent stderr tail: {' | '.join((work / 'agent.err').read_text().strip().splitlines()[-3:])}")
-    text = "\n".join(lines) + "\n"
-    print(text)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(text)
+    write_report(out, lines)
     return 0
 
 

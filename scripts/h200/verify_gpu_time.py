@@ -759,11 +759,16 @@ def main(argv: list[str]) -> int:
         source.close()
     lines += ["", f"Total {time.monotonic() - started:.0f} s. Results: "
               + ", ".join(f"{k} {'PASS' if v is True else 'FAIL' if v is False else v}" for k, v in results.items())]
+    write_report(out, lines)
+    return 0
+
+
+def write_report(out: Path, lines: list[str]) -> None:
+    """The report on stdout and as markdown in ``out`` (the device tool brings $OUT back)."""
     text = "\n".join(lines) + "\n"
     print(text)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(text)
-    return 0
 
 
 if __name__ == "__main__":
