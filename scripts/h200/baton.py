@@ -107,51 +107,57 @@ def main(argv: list[str]) -> int:
                              preexec_fn=pinned_to(rest))
     time.sleep(3.0)
     procs: list[tuple[str, subprocess.Popen[str]]] = []
-    for k in range(per):
-        for mode in MODES:
-            how, extra = MODE_SETUP[mode]
-            child_env = dict(env, OTEL_GPU_DEBUG_STATS="1", **extra)
-            command = [sys.executable, str(work / "child.py"), loop]
-            if how == "empty":
-                child_env["CUDA_INJECTION64_PATH"] = str(empty)
-            elif how == "inert":
-                child_env["CUDA_INJECTION64_PATH"] = str(inert)
-            elif how == "agent":
-                command = [sys.executable, "-m", "otel_gpu", "inject", "--", *command]
-            procs.append((mode, subprocess.Popen(command, env=child_env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                                 stderr=open(work / f"{mode}{k}.err", "w"), text=True,
-                                                 preexec_fn=pinned_to(workload))))
-    for mode, p in procs:
-        assert p.stdout is not None
-        line = p.stdout.readline()
-        if line.strip() != "ready":
-            print(f"a {mode} process did not start: {(work / 'agent.err').read_text()[-2000:]}")
-            return 1
-    time.sleep(5.0)  # the agent discovers and attaches to the I processes
-    cycles: list[dict[str, list[float]]] = []
-    per_process: dict[int, list[float]] = {i: [] for i in range(len(procs))}
-    end = time.monotonic() + seconds
-    rng = random.Random(7)
-    while time.monotonic() < end:
-        order = list(range(len(procs)))
-        rng.shuffle(order)
-        cycle: dict[str, list[float]] = {m: [] for m in MODES}
-        for i in order:
-            mode, p = procs[i]
-            assert p.stdin is not None and p.stdout is not None
-            p.stdin.write(f"{slice_s}\n")
-            p.stdin.flush()
-            rate = json.loads(p.stdout.readline())["rate"]
-            cycle[mode].append(rate)
-            per_process[i].append(rate)
-        cycles.append(cycle)
-    for _, p in procs:
-        assert p.stdin is not None
-        p.stdin.close()
-    for _, p in procs:
-        p.wait(timeout=60)
-    agent.terminate()
-    agent.wait(timeout=60)
+    try:
+        for k in range(per):
+            for mode in MODES:
+                how, extra = MODE_SETUP[mode]
+                child_env = dict(env, OTEL_GPU_DEBUG_STATS="1", **extra)
+                command = [sys.executable, str(work / "child.py"), loop]
+                if how == "empty":
+                    child_env["CUDA_INJECTION64_PATH"] = str(empty)
+                elif how == "inert":
+                    child_env["CUDA_INJECTION64_PATH"] = str(inert)
+                elif how == "agent":
+                    command = [sys.executable, "-m", "otel_gpu", "inject", "--", *command]
+                procs.append((mode, subprocess.Popen(command, env=child_env, stdin=subprocess.PIPE,
+                                                     stdout=subprocess.PIPE, stderr=open(work / f"{mode}{k}.err", "w"),
+                                                     text=True, preexec_fn=pinned_to(workload))))
+        for mode, p in procs:
+            assert p.stdout is not None
+            line = p.stdout.readline()
+            if line.strip() != "ready":
+                print(f"a {mode} process did not start: {(work / 'agent.err').read_text()[-2000:]}")
+                return 1
+        time.sleep(5.0)  # the agent discovers and attaches to the I processes
+        cycles: list[dict[str, list[float]]] = []
+        per_process: dict[int, list[float]] = {i: [] for i in range(len(procs))}
+        end = time.monotonic() + seconds
+        rng = random.Random(7)
+        while time.monotonic() < end:
+            order = list(range(len(procs)))
+            rng.shuffle(order)
+            cycle: dict[str, list[float]] = {m: [] for m in MODES}
+            for i in order:
+                mode, p = procs[i]
+                assert p.stdin is not None and p.stdout is not None
+                p.stdin.write(f"{slice_s}\n")
+                p.stdin.flush()
+                rate = json.loads(p.stdout.readline())["rate"]
+                cycle[mode].append(rate)
+                per_process[i].append(rate)
+            cycles.append(cycle)
+    finally:  # also when a process failed to start: nothing is left running on the device
+        for _, p in procs:
+            if p.stdin is not None:
+                p.stdin.close()
+        give_up = time.monotonic() + 60
+        for _, p in procs:
+            try:
+                p.wait(timeout=max(1.0, give_up - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                p.kill()
+        agent.terminate()
+        agent.wait(timeout=60)
 
     what = "Launch-bound overhead (tiny kernels)" if loop == "tiny" else "GPU-bound overhead (large matmuls)"
     lines = [f"## {what}, processes taking turns (scripts/h200/baton.py)", "",
