@@ -57,6 +57,7 @@ sys.path.insert(0, str(REPO))
 
 from otel_gpu.cuda import abi
 from otel_gpu.cuda.inject import library_path
+from otel_gpu.cuda.join import pace_ratio
 from otel_gpu.cuda.source import GPUTimeSource
 from otel_gpu.errors import SourceUnavailable
 from otel_gpu.profiles.model import FrameKind
@@ -198,6 +199,7 @@ class WindowedSource(GPUTimeSource):
         self.launch_ids: dict[int, set[int]] = defaultdict(set)  # pid -> distinct correlation ids of launches
         self.stream_syncs: dict[int, list[tuple[int, int]]] = defaultdict(list)  # pid -> (end, weight) per record
         self.window_spans: dict[int, list[tuple[int, int]]] = defaultdict(list)  # pid -> (start, end) per window
+        self.last_window: dict[int, abi.Window] = {}  # pid -> its last window record (the pace totals)
 
     def shared_ids(self, pid: int) -> int:
         """Sampled launches of pid that carried a correlation id another of its sampled launches also had."""
@@ -230,6 +232,7 @@ class WindowedSource(GPUTimeSource):
             length = max(1, record.end_ns - record.start_ns)
             self.open_us[record.pid].append(record.open_us)
             self.window_spans[record.pid].append((record.start_ns, record.end_ns))
+            self.last_window[record.pid] = record
             self.per_window[record.pid].append(record.launches)
             times = self.window_launch_times.pop((record.pid, record.window_id), [])
             if times:
@@ -486,6 +489,13 @@ def known_structure(source: GPUTimeSource | None, lines: list[str], results: dic
     inside, outside = rate_inside_windows(measured["times"], measuring.window_spans[pid], span)
     lines.append(f"- iterations per second inside the sampling windows {inside:.1f}, outside {outside:.1f} "
                  f"({(inside / outside - 1) * 100:+.2f} %: what sampling itself does to the program's pace)")
+    last = measuring.last_window.get(pid)
+    if last is not None and last.window_waits and last.shadow_ns:
+        measured_pace = (last.shadow_waits / last.shadow_ns) / (last.window_waits / last.covered_ns)
+        lines.append(f"- the library's pace measure: waits per second in shadow windows over in windows "
+                     f"{measured_pace:.4f} ({last.shadow_waits} waits in {last.shadow_ns / 1e9:.2f} s of shadows, "
+                     f"{last.window_waits} in {last.covered_ns / 1e9:.2f} s of windows); the weights used "
+                     f"{pace_ratio(last):.4f} for the time outside windows")
     lines += ["", (f"### Accuracy{label}: {iterations} iterations in the {(span[1] - span[0]) / 1e9:.1f} s the windows "
                    f"account for, sampling fraction {gpu.sampling_fraction:.4f}"), "",
               "| kernel | torch.profiler (ms) | otel-gpu (ms) | difference | sampling error (2 sigma) | "

@@ -72,7 +72,7 @@ def _event(kind: int, pid: int, tid: int, payload: bytes, kstack: abi.KStackC | 
 
 
 def test_decode_launch_with_python_frames_and_short_payload() -> None:
-    launch = abi.LaunchC(abi_version=1, kind=abi.LAUNCH_KERNEL, correlation_id=77, cbid=307, window_id=3,
+    launch = abi.LaunchC(abi_version=abi.ABI_VERSION, kind=abi.LAUNCH_KERNEL, correlation_id=77, cbid=307, window_id=3,
                          timestamp_ns=1000, graph_exec=0)
     launch.stack.native_count = 2
     launch.stack.native[0] = 0x1111
@@ -104,12 +104,13 @@ def test_decode_activity_window_sync() -> None:
     assert isinstance(record, abi.Activity)
     assert (record.name, record.duration_ns, record.device_id, record.stream_id) == (name.decode(), 250, 1, 7)
 
-    window = abi.WindowC(abi_version=1, window_id=4, start_ns=0, end_ns=10, covered_ns=10, elapsed_ns=100,
-                         launches=3)
+    window = abi.WindowC(abi_version=abi.ABI_VERSION, window_id=4, start_ns=0, end_ns=10, covered_ns=10,
+                         elapsed_ns=100, launches=3, window_waits=5, shadow_waits=7, shadow_ns=11)
     record = abi.decode_event(_event(abi.EVENT_WINDOW, 10, 10, bytes(window)))
     assert isinstance(record, abi.Window) and (record.covered_ns, record.elapsed_ns) == (10, 100)
+    assert (record.window_waits, record.shadow_waits, record.shadow_ns) == (5, 7, 11)
 
-    sync = abi.SyncC(abi_version=1, kind=abi.SYNC_STREAM, cbid=126, start_ns=10, end_ns=510, weight=4)
+    sync = abi.SyncC(abi_version=abi.ABI_VERSION, kind=abi.SYNC_STREAM, cbid=126, start_ns=10, end_ns=510, weight=4)
     record = abi.decode_event(_event(abi.EVENT_SYNC, 10, 12, bytes(sync), abi.KStackC(bytes=-14)))
     assert isinstance(record, abi.Sync) and (record.blocked_ns, record.weight) == (500, 4)
     assert record.stack.kernel_native == ()
@@ -120,6 +121,6 @@ def test_decode_rejects_bad_records() -> None:
         abi.decode_event(b"\0" * 8)
     with pytest.raises(abi.DecodeError):
         abi.decode_event(_event(99, 1, 1, b""))
-    window = abi.WindowC(abi_version=2)
+    window = abi.WindowC(abi_version=abi.ABI_VERSION + 1)
     with pytest.raises(abi.DecodeError):
         abi.decode_event(_event(abi.EVENT_WINDOW, 1, 1, bytes(window)))

@@ -4,7 +4,7 @@ eBPF program and GPUTimeSource, with no agent-side shortcut.
 
 Two checks per run:
 - nothing lost: every record the library fired (its test-only debug file) comes out in the profiles, weighted by
-  its window (Δelapsed/Δcovered, recomputed here) - exactly, up to rounding to whole nanoseconds;
+  its window ((Δcovered + pace * (Δelapsed - Δcovered)) / Δcovered, recomputed here) - exactly, up to rounding to whole nanoseconds;
 - unbiased: the re-weighted totals match the fake driver's ground truth (FAKE_CUDA_SCHEDULE) over the time the
   windows account for, within the sampling error (measured <= 6 % per stack at f ~ 20 % over ~4 s: tolerance 15 %).
 """
@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 
 from otel_gpu.cuda import abi
+from otel_gpu.cuda.join import pace_ratio
 from otel_gpu.cuda.source import GPUTimeSource, ProcessCounters
 from otel_gpu.profiles.model import FrameKind, ProfileBatch
 
@@ -119,7 +120,11 @@ def _expected_from_debug(path: Path, source: RecordingSource, pid: int) -> tuple
     for kind, rec in records:
         if kind == 4 and rec.window_id >= first_window:
             covered, elapsed = rec.covered_ns - covered0, rec.elapsed_ns - elapsed0
-            last_weight = elapsed / covered if covered > 0 and elapsed >= covered else last_weight
+            pace = pace_ratio(abi.Window(pid, rec.window_id, rec.start_ns, rec.end_ns, rec.covered_ns, rec.elapsed_ns,
+                                         rec.launches, rec.dropped, rec.overhead_ns, rec.window_waits,
+                                         rec.shadow_waits, rec.shadow_ns))
+            last_weight = ((covered + pace * (elapsed - covered)) / covered if covered > 0 and elapsed >= covered
+                           else last_weight)
             weights[rec.window_id] = last_weight
             covered0, elapsed0 = rec.covered_ns, rec.elapsed_ns
     launches = {rec.correlation_id: rec for kind, rec in records if kind == 1 and rec.correlation_id >= first_launch}

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from otel_gpu.cuda import abi
-from otel_gpu.cuda.join import Joiner, WindowWeights
+from otel_gpu.cuda.join import PACE_PRIOR_WAITS, Joiner, WindowWeights, pace_ratio
 from tests.cuda.records import kernel, launch, window
 
 
@@ -91,6 +91,27 @@ def test_window_totals_restart_after_reattach() -> None:
     weights = WindowWeights()
     weights.add(window(10, 1, covered_ns=10, elapsed_ns=100))
     assert weights.add(window(10, 2, covered_ns=5, elapsed_ns=20))[0] == 4.0
+
+
+def test_time_outside_windows_counts_at_the_pace_the_program_keeps_there() -> None:
+    """A program that syncs every iteration runs 2 % slower in windows: 10,000 waits in 1 s of windows, 10,200 in
+    1 s of shadow windows. The time outside windows stands for 2 % more work (shrunk by the waits seen)."""
+    w = window(10, 1, covered_ns=10**9, elapsed_ns=10 * 10**9, window_waits=10_000, shadow_waits=10_200,
+               shadow_ns=10**9)
+    shrink = 10_000 / (10_000 + PACE_PRIOR_WAITS)
+    assert pace_ratio(w) == pytest.approx(1 + 0.02 * shrink)
+    assert WindowWeights().add(w)[0] == pytest.approx(1 + 9 * (1 + 0.02 * shrink))
+
+
+def test_pace_is_left_alone_without_waits_to_go_by() -> None:
+    """No waits (a program that never synchronizes), none in shadows yet, or a handful: weights stay time-based."""
+    assert pace_ratio(window(10, 1, covered_ns=10, elapsed_ns=100)) == 1.0
+    assert pace_ratio(window(10, 1, 10, 100, window_waits=50, shadow_waits=0, shadow_ns=10)) == 1.0
+    few = pace_ratio(window(10, 1, 10, 100, window_waits=2, shadow_waits=4, shadow_ns=10))  # measured 2x
+    assert 1.0 < few < 1.03
+    # and never more than 2x either way, however many waits say so
+    assert pace_ratio(window(10, 1, 10, 100, window_waits=10**6, shadow_waits=10**8, shadow_ns=10)) == 2.0
+    assert pace_ratio(window(10, 1, 10, 100, window_waits=10**8, shadow_waits=10**6, shadow_ns=10)) == 0.5
 
 
 def test_every_launch_recorded_gives_weight_one() -> None:

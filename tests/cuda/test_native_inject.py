@@ -23,6 +23,7 @@ from typing import TypeVar
 import pytest
 
 from otel_gpu.cuda import abi
+from otel_gpu.cuda.join import WindowWeights
 
 _S = TypeVar("_S", bound=ctypes.Structure)
 
@@ -914,4 +915,48 @@ def test_wait_sampling_adapts_between_windows(injected_lib: Path, tmp_path: Path
     assert len(run.records.windows) <= 1  # the prior fraction (0.2 %) puts ~10 s between windows
     assert syncs and max(s.weight for s in syncs) >= 4
     assert len(syncs) < 8000 / 2  # most waits were left unrecorded, each recorded one standing for `weight`
+
+
+
+# --- the program's pace inside and outside windows ----------------------------------------------------------------
+
+
+def _decoded(windows: list[Window], pid: int = 1) -> list[abi.Window]:
+    return [abi.Window(pid, w.window_id, w.start_ns, w.end_ns, w.covered_ns, w.elapsed_ns, w.launches, w.dropped,
+                       w.overhead_ns, w.window_waits, w.shadow_waits, w.shadow_ns, open_us=w.open_us) for w in windows]
+
+
+def test_windows_weigh_the_time_outside_them_at_the_pace_the_program_keeps_there(
+    injected_lib: Path, tmp_path: Path
+) -> None:
+    """Recording makes each driver call 800 us slower (FAKE_CUPTI_TRACE_COST_US) and the workload waits on its GPU
+    every step, so it runs about a third slower inside windows: weighted by time alone, windows miss the steps they
+    slowed down. The waits the library counts inside windows and inside the gaps' shadow windows measure that pace,
+    and WindowWeights puts the missing work back."""
+    run = run_workload(injected_lib, tmp_path, [str(WORKLOAD), "--steps", "1200", "--graph-every", "0"],
+                       extra_env={"FAKE_CUPTI_TRACE_COST_US": "800", "OTEL_GPU_OVERHEAD_BUDGET": "0.1"})
+    windows = run.records.windows
+    last = windows[-1]
+    # the waits that ended inside windows are counted there (every wait is recorded here: weight 1)
+    inside = sum(1 for s in run.records.syncs if any(w.start_ns <= s.end_ns <= w.end_ns for w in windows))
+    assert abs(last.window_waits - inside) <= len(windows), (last.window_waits, inside)
+    # the shadow windows' pace is the pace outside windows, by the fake driver's own account of its waits
+    attached = windows[0].end_ns - windows[0].elapsed_ns
+    exits = [w[4] for w in run.schedule_waits if attached <= w[4] <= last.end_ns]
+    exits_inside = sum(1 for t in exits if any(w.start_ns <= t <= w.end_ns for w in windows))
+    true_pace = ((len(exits) - exits_inside) / (last.elapsed_ns - last.covered_ns)) / (exits_inside / last.covered_ns)
+    assert last.shadow_ns > 0 and last.shadow_waits > 0
+    measured_pace = (last.shadow_waits / last.shadow_ns) / (last.window_waits / last.covered_ns)
+    assert true_pace > 1.15 and abs(measured_pace / true_pace - 1) < 0.15, (measured_pace, true_pace)
+    # re-weighted GPU time: by time alone short by the steps windows slowed; with the pace much nearer the truth
+    paced, by_time = WindowWeights(), window_weights(windows)
+    paced_weight = {w.window_id: paced.add(w)[0] for w in _decoded(windows)}
+    window_of = {la.correlation_id: la.window_id for la in run.records.launches}
+    kernels = [a for a in run.records.activities if a.name == b"matmul_kernel"]
+    truth = site_totals(run.stdout)["matmul_kernel"][1]
+    estimate_paced = sum((a.end_ns - a.start_ns) * paced_weight[window_of[a.correlation_id]] for a in kernels) / truth
+    estimate_by_time = sum((a.end_ns - a.start_ns) * by_time[window_of[a.correlation_id]] for a in kernels) / truth
+    assert estimate_by_time < 0.9, estimate_by_time
+    assert abs(estimate_paced - 1) < abs(estimate_by_time - 1) - 0.05, (estimate_paced, estimate_by_time)
+    assert 0.75 < estimate_paced < 1.25, estimate_paced
 

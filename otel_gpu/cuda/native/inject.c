@@ -329,8 +329,10 @@ static void on_driver_api(CUpti_CallbackId cbid, const CUpti_CallbackData *cb)
         }
         atomic_fetch_sub(&g_state.in_launch, 1);
     }
-    if (wait_kind != 0 && cb->correlationData != NULL && *cb->correlationData != 0)
+    if (wait_kind != 0 && cb->correlationData != NULL && *cb->correlationData != 0) {
+        atomic_fetch_add_explicit(&g_state.waits_seen, 1, memory_order_relaxed); /* the program's pace (sampler.c) */
         record_wait(cbid, cb, wait_kind);
+    }
     atomic_fetch_add_explicit(&g_state.overhead_ns, monotonic_ns() - t0, memory_order_relaxed);
 }
 

@@ -66,6 +66,7 @@ struct inject_state {
     _Atomic uint64_t overhead_ns;      /* time spent in the library's callbacks since the last window closed */
     _Atomic uint64_t wait_overhead_ns; /* time spent recording waits since the controller last looked */
     _Atomic uint32_t wait_sample_every; /* record one blocking wait in N (N >= 1); the record's weight is N */
+    _Atomic uint64_t waits_seen;       /* blocking waits that ended while attached (seen at entry and exit) */
     _Atomic uint32_t in_launch;        /* API callbacks currently recording a launch */
     _Atomic uint64_t outside_launches; /* launches seen outside a window (callbacks on for the linger) */
     _Atomic int attached;              /* an agent is attached (or the debug mode pretends so) */

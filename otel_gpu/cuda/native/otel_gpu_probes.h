@@ -36,7 +36,7 @@ typedef int32_t otel_s32;
 typedef uint64_t otel_u64;
 #endif
 
-#define OTEL_GPU_ABI_VERSION 1
+#define OTEL_GPU_ABI_VERSION 2
 #define OTEL_GPU_MAX_NATIVE_FRAMES 96
 #define OTEL_GPU_MAX_PYTHON_FRAMES 64
 #define OTEL_GPU_MAX_STRINGS 6144
@@ -137,6 +137,12 @@ struct otel_gpu_window {
     otel_u64 launches;       /* launches recorded in this window */
     otel_u64 dropped;        /* records the library could not emit (buffers full, names truncated) */
     otel_u64 overhead_ns;    /* time the library spent in its own callbacks during this window */
+    /* The program's pace inside windows against outside (totals since the library started): blocking waits that
+     * ended inside windows (over covered_ns), and inside shadow windows - stretches of the gaps between windows, as
+     * long as a window, where nothing but the waits is observed - over shadow_ns. */
+    otel_u64 window_waits;
+    otel_u64 shadow_waits;
+    otel_u64 shadow_ns;
 };
 
 #define OTEL_GPU_MAX_RECORD (sizeof(struct otel_gpu_sync) > sizeof(struct otel_gpu_launch) ? \

@@ -68,6 +68,11 @@ static uint64_t last_window_id;
 static uint64_t open_start_ns;
 static uint64_t attach_start_ns;
 static uint64_t covered_ns;
+/* The program's pace in and out of windows, by the blocking waits it ends (totals since attach; the window record
+ * carries them): observing launches slows a program that waits on the GPU every iteration, so windows see less of
+ * its work than their share of the time, and the agent corrects the weights by this ratio. */
+static uint64_t window_waits, waits_at_open;
+static uint64_t shadow_waits, shadow_ns;
 static uint32_t open_us; /* the open window's switch-on time */
 static uint64_t wait_period_start_ns;
 static double slowdown = PRIOR_SLOWDOWN;
@@ -186,6 +191,7 @@ static int attach_locked(void)
     attach_start_ns = now_ns();
     wait_period_start_ns = monotonic_ns();
     covered_ns = 0;
+    window_waits = shadow_waits = shadow_ns = 0;
     return 0;
 }
 
@@ -210,6 +216,7 @@ static void open_window_locked(uint64_t begin)
     open_us = (switched - begin) / 1000u < UINT32_MAX ? (uint32_t)((switched - begin) / 1000u) : UINT32_MAX;
     open_start_ns = now_ns();
     atomic_store_explicit(&g_state.window_id, ++last_window_id, memory_order_release);
+    waits_at_open = atomic_load(&g_state.waits_seen);
 }
 
 /* At most every 100 ms, from the gap's slices as well as at window ends (windows can be seconds apart while a
@@ -262,6 +269,7 @@ static void close_window_locked(uint32_t flush_flag)
     linger_launches = 0;
     atomic_store(&g_state.outside_launches, 0);
     covered_ns += end - open_start_ns;
+    window_waits += atomic_load(&g_state.waits_seen) - waits_at_open;
     struct otel_gpu_window rec = {
         .abi_version = OTEL_GPU_ABI_VERSION,
         .open_us = open_us,
@@ -273,6 +281,9 @@ static void close_window_locked(uint32_t flush_flag)
         .launches = atomic_load(&g_state.window_launches),
         .dropped = activity_take_dropped(),
         .overhead_ns = atomic_load(&g_state.overhead_ns),
+        .window_waits = window_waits,
+        .shadow_waits = shadow_waits,
+        .shadow_ns = shadow_ns,
     };
     emit_window(&rec);
     adapt_locked(end - open_start_ns, rec.overhead_ns, rec.launches, lingered);
@@ -333,13 +344,48 @@ void sampler_wake(void)
     pthread_cond_broadcast(&ctl_wake);
 }
 
+/* Subscribed with nothing but the wait callbacks on: how the program runs when no window observes it. */
+static int undisturbed_locked(void)
+{
+    return held && !lingering && atomic_load(&g_state.finalize) == FINALIZE_NONE;
+}
+
+/* The gap's shadow window: its last stretch as long as a window, counted only if it began and ended undisturbed
+ * (its start is as random as the gap's length, like a window's). */
+struct shadow {
+    uint64_t at, waits0, start_ns;
+    int counting;
+};
+
+static void shadow_step_locked(struct shadow *sh, uint64_t now)
+{
+    if (sh->at == 0 || now < sh->at)
+        return;
+    sh->at = 0;
+    sh->counting = undisturbed_locked();
+    sh->waits0 = atomic_load(&g_state.waits_seen);
+    sh->start_ns = now_ns();
+}
+
+static void shadow_end_locked(const struct shadow *sh)
+{
+    if (!sh->counting || !undisturbed_locked())
+        return;
+    shadow_waits += atomic_load(&g_state.waits_seen) - sh->waits0;
+    shadow_ns += now_ns() - sh->start_ns;
+}
+
 /* Sleeps the gap before the next window in slices, leaving early if the agent goes away; 0 = still attached.
  * While lingering, the slices are short and each ends with a flush and a look at what is still outstanding. */
 static int wait_gap_locked(uint64_t gap_ns)
 {
     uint64_t poll = LINGER_POLL_MIN_NS, last_expire = monotonic_ns(), end = last_expire + gap_ns, now;
+    struct shadow shadow = {.at = gap_ns > 2 * g_settings.window_ns ? end - g_settings.window_ns : 0};
     while ((now = monotonic_ns()) < end) {
+        shadow_step_locked(&shadow, now);
         uint64_t most = lingering ? poll : POLL_NS;
+        if (shadow.at != 0 && shadow.at - now < most)
+            most = shadow.at - now;
         uint64_t slice = end - now < most ? end - now : most;
         if (sleep_locked(slice))
             return -1;
@@ -357,6 +403,7 @@ static int wait_gap_locked(uint64_t gap_ns)
             return -1;
         adapt_waits_locked();
     }
+    shadow_end_locked(&shadow);
     return 0;
 }
 
@@ -428,6 +475,9 @@ void sampler_stop_and_flush(void)
                     "(%.0f us each)\n", (unsigned long long)finalizes,
                     mean_us(atomic_load(&g_state.finalize_ns), finalizes), (unsigned long long)retakes,
                     mean_us(retake_ns, retakes));
+            fprintf(stderr, "otel-gpu: stats waits ended in windows %llu in %.0f ms, in shadow windows %llu in %.0f ms\n",
+                    (unsigned long long)window_waits, (double)covered_ns / 1e6, (unsigned long long)shadow_waits,
+                    (double)shadow_ns / 1e6);
         }
         stopped = 1;
         atomic_store(&g_state.stopping, 1);

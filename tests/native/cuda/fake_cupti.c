@@ -17,6 +17,8 @@
  * FAKE_CUPTI_STATS=<path> writes counters at exit ("name value" lines): api_callbacks, resource_callbacks, records_produced,
  * records_delivered, records_dropped, records_lost, enable_calls, subscribes, stale_ids, api_records, finalizes,
  * finalizes_outside_callbacks. One subscriber at a time, as the real CUPTI; cuptiFinalize drops everything it holds.
+ * FAKE_CUPTI_TRACE_COST_US=<us>: each driver call entered while an activity kind is on spins that long first, as
+ * recording costs a real driver's launches (a program that waits every step then runs slower inside windows).
  */
 #include <dlfcn.h>
 #include <pthread.h>
@@ -149,8 +151,27 @@ static int any_activity_on(void)
     return atomic_load(&kernel_on) || atomic_load(&memcpy_on) || atomic_load(&memset_on);
 }
 
+/* FAKE_CUPTI_TRACE_COST_US in ns, read once (0: none). */
+static uint64_t trace_cost_ns(void)
+{
+    static _Atomic int64_t cost = -1;
+    int64_t c = atomic_load(&cost);
+    if (c < 0) {
+        const char *v = getenv("FAKE_CUPTI_TRACE_COST_US");
+        c = v && v[0] ? (int64_t)(strtod(v, NULL) * 1000.0) : 0;
+        atomic_store(&cost, c);
+    }
+    return (uint64_t)c;
+}
+
 static void on_enter(struct fake_call *call)
 {
+    uint64_t cost = trace_cost_ns();
+    if (cost != 0 && any_activity_on()) {
+        uint64_t until = realtime_ns() + cost;
+        while (realtime_ns() < until) {
+        }
+    }
     if (atomic_load(&api_on) || !any_activity_on()) {
         atomic_store(&last_id, call->correlation_id);
     } else if (atomic_load(&last_id) != 0) {
