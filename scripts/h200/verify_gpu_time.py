@@ -182,7 +182,6 @@ class WindowedSource(GPUTimeSource):
     def __init__(self, **kwargs: object) -> None:
         super().__init__(**kwargs)  # type: ignore[arg-type]
         self.raw: dict[tuple[int, int], Counter[str]] = defaultdict(Counter)  # (pid, window) -> kernel -> ns
-        self.raw_n: dict[tuple[int, int], Counter[str]] = defaultdict(Counter)  # (pid, window) -> kernel -> count
         self.window_launch_times: dict[tuple[int, int], list[int]] = defaultdict(list)  # (pid, window) -> exits
         self.positions: dict[int, list[int]] = defaultdict(lambda: [0] * 10)  # pid -> launches by tenth of window
         self.first_offsets: dict[int, list[int]] = defaultdict(list)  # pid -> first sampled launch - window start
@@ -200,6 +199,7 @@ class WindowedSource(GPUTimeSource):
         self.stream_syncs: dict[int, list[tuple[int, int]]] = defaultdict(list)  # pid -> (end, weight) per record
         self.window_spans: dict[int, list[tuple[int, int]]] = defaultdict(list)  # pid -> (start, end) per window
         self.last_window: dict[int, abi.Window] = {}  # pid -> its last window record (the pace totals)
+        self.executions: dict[int, Counter[str]] = defaultdict(Counter)  # pid -> kernel -> re-weighted executions
 
     def shared_ids(self, pid: int) -> int:
         """Sampled launches of pid that carried a correlation id another of its sampled launches also had."""
@@ -243,7 +243,7 @@ class WindowedSource(GPUTimeSource):
 
     def _add_work(self, work, weight):  # type: ignore[no-untyped-def]
         self.raw[(work.launch.pid, work.launch.window_id)][work.activity.name] += work.activity.duration_ns
-        self.raw_n[(work.launch.pid, work.launch.window_id)][work.activity.name] += 1
+        self.executions[work.launch.pid][work.activity.name] += weight  # re-weighted like the times
         super()._add_work(work, weight)
 
 
@@ -288,15 +288,6 @@ def quantiles(values: list[float]) -> str:
     ordered = sorted(values)
     pick = [ordered[min(len(ordered) - 1, int(q * len(ordered)))] for q in (0.1, 0.5, 0.9)] + [ordered[-1]]
     return " / ".join(f"{v:.0f}" for v in pick)
-
-
-def reweighted_counts(source: WindowedSource, pid: int) -> Counter[str]:
-    """Kernel (mangled name) -> number of executions estimated from the sampled ones, re-weighted like the times."""
-    counts: Counter[str] = Counter()
-    for wid, dcov, dela in source.window_deltas[pid]:
-        for name, n in source.raw_n.get((pid, wid), Counter()).items():
-            counts[name] += n * dela / dcov if dcov else 0
-    return counts
 
 
 def replay_debug_file(source: GPUTimeSource, path: Path, pid: int) -> int:
@@ -501,7 +492,7 @@ def known_structure(source: GPUTimeSource | None, lines: list[str], results: dic
               "| kernel | torch.profiler (ms) | otel-gpu (ms) | difference | sampling error (2 sigma) | "
               "executions: torch.profiler / otel-gpu (re-weighted) |",
               "|---|---|---|---|---|---|"]
-    counts = reweighted_counts(measuring, pid)
+    counts = measuring.executions[pid]
     per_iteration_n = {normalized(k): v / reference["iterations"] for k, v in reference.get("kernel_n", {}).items()}
     worst = 0.0
     grand_total = sum(kernel_total.values())
