@@ -50,7 +50,7 @@ def test_bookkeeping_of_two_windows(verify, tmp_path: Path) -> None:  # type: ig
     source.handle(kernel(10, 1, 40))
     source.handle(abi.Window(10, 2, 2000, 2100, 200, 2000, 1, 0, 0, open_us=9))
 
-    counts = verify.reweighted_counts(source, 10)
+    counts = source.executions[10]
     assert counts["_Z6matmulPfS_S_i"] == pytest.approx(30.0)  # 3 sampled executions x weight 10
     assert source.positions[10][2] == 1 and source.positions[10][9] == 1 and source.positions[10][5] == 1
     assert source.first_offsets[10] == [20, 50]
