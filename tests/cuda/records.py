@@ -38,3 +38,9 @@ def window(pid: int, window_id: int, covered_ns: int, elapsed_ns: int, launches:
 def sync(pid: int, blocked_ns: int, weight: int = 1, kind: int = abi.SYNC_STREAM, cbid: int = 126,
          stack_: abi.Stack | None = None, tid: int = 0) -> abi.Sync:
     return abi.Sync(pid, tid or pid, "worker", kind, cbid, 100, 100 + blocked_ns, weight, stack_ or stack(0x9000))
+
+
+def decoded_window(rec: abi.WindowC, pid: int) -> abi.Window:
+    """A window record as the library fired it (its C layout, e.g. from the debug file), decoded."""
+    fields = {name: getattr(rec, name) for name, _ in abi.WindowC._fields_ if name != "abi_version"}
+    return abi.Window(pid=pid, **fields)

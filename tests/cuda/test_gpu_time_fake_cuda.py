@@ -4,7 +4,8 @@ eBPF program and GPUTimeSource, with no agent-side shortcut.
 
 Two checks per run:
 - nothing lost: every record the library fired (its test-only debug file) comes out in the profiles, weighted by
-  its window ((Δcovered + pace * (Δelapsed - Δcovered)) / Δcovered, recomputed here) - exactly, up to rounding to whole nanoseconds;
+  its window (the agent's WindowWeights over the library's window records) - exactly, up to rounding to whole
+  nanoseconds;
 - unbiased: the re-weighted totals match the fake driver's ground truth (FAKE_CUDA_SCHEDULE) over the time the
   windows account for, within the sampling error (measured <= 6 % per stack at f ~ 20 % over ~4 s: tolerance 15 %).
 """
@@ -24,9 +25,10 @@ from pathlib import Path
 import pytest
 
 from otel_gpu.cuda import abi
-from otel_gpu.cuda.join import pace_ratio
+from otel_gpu.cuda.join import WindowWeights
 from otel_gpu.cuda.source import GPUTimeSource, ProcessCounters
 from otel_gpu.profiles.model import FrameKind, ProfileBatch
+from tests.cuda.records import decoded_window
 
 pytestmark = pytest.mark.root
 
@@ -110,31 +112,23 @@ def _debug_records(path: Path) -> list[tuple[int, ctypes.Structure]]:
 
 def _expected_from_debug(path: Path, source: RecordingSource, pid: int) -> tuple[Counter[str], Counter[str], int]:
     """(GPU ns by leaf, wait ns by sync cbid, records) that the library fired once the agent was attached, weighted
-    as the agent must (window weights recomputed here from the library's totals)."""
+    as the agent must (its WindowWeights fed the library's window records)."""
     records = _debug_records(path)
     first_launch = source.first_launch.get(pid, 1 << 32)
     first_sync = source.first_sync.get(pid, 1 << 64)
     first_window = source.windows[pid][0] if source.windows[pid] else 1 << 64  # another agent may have been first
-    weights: dict[int, float] = {}
-    last_weight, covered0, elapsed0 = 1.0, 0, 0
+    weights = WindowWeights()
     for kind, rec in records:
         if kind == 4 and rec.window_id >= first_window:
-            covered, elapsed = rec.covered_ns - covered0, rec.elapsed_ns - elapsed0
-            pace = pace_ratio(abi.Window(pid, rec.window_id, rec.start_ns, rec.end_ns, rec.covered_ns, rec.elapsed_ns,
-                                         rec.launches, rec.dropped, rec.overhead_ns, rec.window_waits,
-                                         rec.shadow_waits, rec.shadow_ns))
-            last_weight = ((covered + pace * (elapsed - covered)) / covered if covered > 0 and elapsed >= covered
-                           else last_weight)
-            weights[rec.window_id] = last_weight
-            covered0, elapsed0 = rec.covered_ns, rec.elapsed_ns
+            weights.add(decoded_window(rec, pid))
     launches = {rec.correlation_id: rec for kind, rec in records if kind == 1 and rec.correlation_id >= first_launch}
     gpu: Counter[str] = Counter()
     waits: Counter[str] = Counter()
     for kind, rec in records:
         if kind == 2 and rec.correlation_id in launches:
             leaf = rec.name.decode() if rec.kind == abi.ACTIVITY_KERNEL else f"kind{rec.kind}"
-            gpu[leaf] += (rec.end_ns - rec.start_ns) * weights.get(launches[rec.correlation_id].window_id,
-                                                                   last_weight)
+            weight = weights.weight(pid, launches[rec.correlation_id].window_id)
+            gpu[leaf] += (rec.end_ns - rec.start_ns) * (weights.latest(pid) if weight is None else weight)
         elif kind == 3 and rec.start_ns >= first_sync:
             waits[str(rec.cbid)] += (rec.end_ns - rec.start_ns) * max(rec.weight, 1)
     return gpu, waits, len(records)

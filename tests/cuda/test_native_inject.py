@@ -24,6 +24,7 @@ import pytest
 
 from otel_gpu.cuda import abi
 from otel_gpu.cuda.join import WindowWeights
+from tests.cuda.records import decoded_window
 
 _S = TypeVar("_S", bound=ctypes.Structure)
 
@@ -921,11 +922,6 @@ def test_wait_sampling_adapts_between_windows(injected_lib: Path, tmp_path: Path
 # --- the program's pace inside and outside windows ----------------------------------------------------------------
 
 
-def _decoded(windows: list[Window], pid: int = 1) -> list[abi.Window]:
-    return [abi.Window(pid, w.window_id, w.start_ns, w.end_ns, w.covered_ns, w.elapsed_ns, w.launches, w.dropped,
-                       w.overhead_ns, w.window_waits, w.shadow_waits, w.shadow_ns, open_us=w.open_us) for w in windows]
-
-
 def test_windows_weigh_the_time_outside_them_at_the_pace_the_program_keeps_there(
     injected_lib: Path, tmp_path: Path
 ) -> None:
@@ -950,7 +946,7 @@ def test_windows_weigh_the_time_outside_them_at_the_pace_the_program_keeps_there
     assert true_pace > 1.15 and abs(measured_pace / true_pace - 1) < 0.15, (measured_pace, true_pace)
     # re-weighted GPU time: by time alone short by the steps windows slowed; with the pace much nearer the truth
     paced, by_time = WindowWeights(), window_weights(windows)
-    paced_weight = {w.window_id: paced.add(w)[0] for w in _decoded(windows)}
+    paced_weight = {w.window_id: paced.add(decoded_window(w, 1))[0] for w in windows}
     window_of = {la.correlation_id: la.window_id for la in run.records.launches}
     kernels = [a for a in run.records.activities if a.name == b"matmul_kernel"]
     truth = site_totals(run.stdout)["matmul_kernel"][1]

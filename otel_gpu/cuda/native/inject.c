@@ -16,7 +16,7 @@
  *   OTEL_GPU_DEBUG_NO_WAITS=1, OTEL_GPU_DEBUG_NO_WINDOWS=1  diagnostics (scripts/h200/baton.py): never switch the
  *                              wait callbacks on / never open a window
  *   OTEL_GPU_DEBUG_STATS=1     diagnostics: lines on stderr at exit: how launch exits in windows paired, how often
- *                              CUPTI was finalized and taken again
+ *                              CUPTI was finalized and taken again, the waits ended in windows and in shadow windows
  *   OTEL_GPU_DEBUG_ALWAYS_ON=1 tests only: act as if an agent were attached
  *   OTEL_GPU_DEBUG_FILE        tests only: also append every fired record to this file (format in emit.c)
  */

@@ -51,7 +51,7 @@ struct inject_settings {
     double overhead_budget;    /* OTEL_GPU_OVERHEAD_BUDGET: allowed slowdown, fraction of wall time (0.02) */
     uint64_t window_ns;        /* OTEL_GPU_WINDOW_MS: length of one sampling window */
     int debug_always_on;       /* OTEL_GPU_DEBUG_ALWAYS_ON=1: behave as if an agent were attached (tests only) */
-    int debug_stats;           /* OTEL_GPU_DEBUG_STATS=1: one line of launch-pairing counts on stderr at exit */
+    int debug_stats;           /* OTEL_GPU_DEBUG_STATS=1: diagnostics lines on stderr at exit (sampler.c) */
     int api_activity;          /* the driver-API activity kind is on with the others (OTEL_GPU_API_ACTIVITY=0: off) */
     int debug_no_waits;        /* OTEL_GPU_DEBUG_NO_WAITS=1: diagnostics, never switch the wait callbacks on */
     int debug_no_windows;      /* OTEL_GPU_DEBUG_NO_WINDOWS=1: diagnostics, attach but never open a window */

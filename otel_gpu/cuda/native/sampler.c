@@ -8,7 +8,8 @@
  * the in-window slowdown comes from estimate.c (the library's measured own time plus a prior for CUPTI's cost per
  * recorded launch and the program's time in the last CUPTI finalize, relative to the undisturbed time; windows
  * without launches leave it alone), and f is bounded to [0.1 %, 20 %].
- * Each closed window fires otel_gpu:window with covered_ns/elapsed_ns, the fraction the agent re-weights by.
+ * Each closed window fires otel_gpu:window with covered_ns/elapsed_ns, the fraction the agent re-weights by, and the
+ * program's pace in and out of windows (the waits it ended in windows and in the gaps' shadow windows, below).
  *
  * Late GPU work: a GPU-bound program's launches run on the GPU long after the call (its queue can lag by seconds).
  * When a window closes the activity kinds stay on ("linger", polled with growing pauses of 1..20 ms) until every
