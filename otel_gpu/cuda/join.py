@@ -158,13 +158,20 @@ class Joiner:
 PACE_PRIOR_WAITS = 100  # waits seen in windows and in shadow windows at which the pace correction counts half
 
 
-def pace_ratio(window: Window) -> float:
-    """How much faster the program runs outside windows than inside: waits ended per second in the gaps' shadow
-    windows over waits per second in windows (totals since the library started), shrunk toward 1 while few waits
-    were seen and kept within [0.5, 2]; 1 for a program that does not wait."""
+def measured_pace(window: Window) -> float | None:
+    """Waits ended per second in the gaps' shadow windows over waits per second in windows (totals since the library
+    started); None until both have seen a wait."""
     if not (window.window_waits and window.shadow_waits and window.covered_ns and window.shadow_ns):
+        return None
+    return (window.shadow_waits / window.shadow_ns) / (window.window_waits / window.covered_ns)
+
+
+def pace_ratio(window: Window) -> float:
+    """How much faster the program runs outside windows than inside: :func:`measured_pace`, shrunk toward 1 while few
+    waits were seen and kept within [0.5, 2]; 1 for a program that does not wait."""
+    measured = measured_pace(window)
+    if measured is None:
         return 1.0
-    measured = (window.shadow_waits / window.shadow_ns) / (window.window_waits / window.covered_ns)
     seen = min(window.window_waits, window.shadow_waits)
     return min(2.0, max(0.5, 1.0 + (measured - 1.0) * seen / (seen + PACE_PRIOR_WAITS)))
 

@@ -57,7 +57,7 @@ sys.path.insert(0, str(REPO))
 
 from otel_gpu.cuda import abi
 from otel_gpu.cuda.inject import library_path
-from otel_gpu.cuda.join import pace_ratio
+from otel_gpu.cuda.join import measured_pace, pace_ratio
 from otel_gpu.cuda.source import GPUTimeSource
 from otel_gpu.errors import SourceUnavailable
 from otel_gpu.profiles.model import FrameKind
@@ -188,7 +188,6 @@ class WindowedSource(GPUTimeSource):
         self.open_us: dict[int, list[int]] = defaultdict(list)  # pid -> how long each window's switch-on took
         self.per_window: dict[int, list[int]] = defaultdict(list)  # pid -> sampled launches of each window
         self.window_deltas: dict[int, list[tuple[int, int, int]]] = defaultdict(list)  # pid -> (id, dcov, dela)
-        self._last_totals: dict[int, tuple[int, int]] = {}
         self.library_dropped: Counter[int] = Counter()  # pid -> records / timed-out launches the library lost
         self.windows: Counter[int] = Counter()  # pid -> windows closed
         self.sampled_launches: Counter[int] = Counter()  # pid -> launches recorded in windows
@@ -198,7 +197,7 @@ class WindowedSource(GPUTimeSource):
         self.launch_ids: dict[int, set[int]] = defaultdict(set)  # pid -> distinct correlation ids of launches
         self.stream_syncs: dict[int, list[tuple[int, int]]] = defaultdict(list)  # pid -> (end, weight) per record
         self.window_spans: dict[int, list[tuple[int, int]]] = defaultdict(list)  # pid -> (start, end) per window
-        self.last_window: dict[int, abi.Window] = {}  # pid -> its last window record (the pace totals)
+        self.last_window: dict[int, abi.Window] = {}  # pid -> its last window record (running totals, pace)
         self.executions: dict[int, Counter[str]] = defaultdict(Counter)  # pid -> kernel -> re-weighted executions
 
     def shared_ids(self, pid: int) -> int:
@@ -206,7 +205,8 @@ class WindowedSource(GPUTimeSource):
         return sum(n for (p, _), n in self.launch_kinds.items() if p == pid) - len(self.launch_ids.get(pid, ()))
 
     def fraction(self, pid: int) -> float:
-        covered, elapsed = self._last_totals.get(pid, (0, 0))
+        last = self.last_window.get(pid)
+        covered, elapsed = (last.covered_ns, last.elapsed_ns) if last else (0, 0)
         return covered / elapsed if elapsed else float("nan")
 
     def handle(self, record: abi.Record) -> None:
@@ -223,16 +223,16 @@ class WindowedSource(GPUTimeSource):
             self.library_dropped[record.pid] += record.dropped
             self.windows[record.pid] += 1
             self.sampled_launches[record.pid] += record.launches
-            covered0, elapsed0 = self._last_totals.get(record.pid, (0, 0))
+            last = self.last_window.get(record.pid)
+            covered0, elapsed0 = (last.covered_ns, last.elapsed_ns) if last else (0, 0)
             if record.elapsed_ns < elapsed0:
                 covered0, elapsed0 = 0, 0
             self.window_deltas[record.pid].append(
                 (record.window_id, record.covered_ns - covered0, record.elapsed_ns - elapsed0))
-            self._last_totals[record.pid] = (record.covered_ns, record.elapsed_ns)
+            self.last_window[record.pid] = record
             length = max(1, record.end_ns - record.start_ns)
             self.open_us[record.pid].append(record.open_us)
             self.window_spans[record.pid].append((record.start_ns, record.end_ns))
-            self.last_window[record.pid] = record
             self.per_window[record.pid].append(record.launches)
             times = self.window_launch_times.pop((record.pid, record.window_id), [])
             if times:
@@ -481,10 +481,10 @@ def known_structure(source: GPUTimeSource | None, lines: list[str], results: dic
     lines.append(f"- iterations per second inside the sampling windows {inside:.1f}, outside {outside:.1f} "
                  f"({(inside / outside - 1) * 100:+.2f} %: what sampling itself does to the program's pace)")
     last = measuring.last_window.get(pid)
-    if last is not None and last.window_waits and last.shadow_ns:
-        measured_pace = (last.shadow_waits / last.shadow_ns) / (last.window_waits / last.covered_ns)
+    pace = measured_pace(last) if last is not None else None
+    if last is not None and pace is not None:
         lines.append(f"- the library's pace measure: waits per second in shadow windows over in windows "
-                     f"{measured_pace:.4f} ({last.shadow_waits} waits in {last.shadow_ns / 1e9:.2f} s of shadows, "
+                     f"{pace:.4f} ({last.shadow_waits} waits in {last.shadow_ns / 1e9:.2f} s of shadows, "
                      f"{last.window_waits} in {last.covered_ns / 1e9:.2f} s of windows); the weights used "
                      f"{pace_ratio(last):.4f} for the time outside windows")
     lines += ["", (f"### Accuracy{label}: {iterations} iterations in the {(span[1] - span[0]) / 1e9:.1f} s the windows "
