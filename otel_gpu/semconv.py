@@ -71,6 +71,9 @@ OTEL_GPU_EXPORTER: Final = "otel_gpu.exporter"
 OTEL_GPU_REASON: Final = "otel_gpu.reason"
 OTEL_GPU_SIGNAL: Final = "otel_gpu.signal"
 OTEL_GPU_SAMPLING_FRACTION: Final = "otel_gpu.sampling_fraction"  # profile attribute: share of events measured
+# profile attribute: seconds of the interval in which another tool of a profiled program (torch.profiler, Nsight, ...)
+# held CUPTI, summed over processes: GPU time was not measured then (and not extrapolated into)
+OTEL_GPU_GPU_TIME_YIELDED: Final = "otel_gpu.gpu_time.yielded"
 
 # pprof sample label keys (pprof's own snake_case convention; Pyroscope keeps str labels as series labels)
 PPROF_LABEL_PID: Final = "pid"

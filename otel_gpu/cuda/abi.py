@@ -13,7 +13,7 @@ import struct
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
-ABI_VERSION = 2
+ABI_VERSION = 3
 MAX_NATIVE_FRAMES = 96
 MAX_PYTHON_FRAMES = 64
 MAX_STRINGS = 6144
@@ -76,7 +76,7 @@ class WindowC(ctypes.Structure):
     _fields_ = [
         ("abi_version", _u32), ("open_us", _u32), ("window_id", _u64), ("start_ns", _u64), ("end_ns", _u64),
         ("covered_ns", _u64), ("elapsed_ns", _u64), ("launches", _u64), ("dropped", _u64), ("overhead_ns", _u64),
-        ("window_waits", _u64), ("shadow_waits", _u64), ("shadow_ns", _u64),
+        ("window_waits", _u64), ("shadow_waits", _u64), ("shadow_ns", _u64), ("yielded_ns", _u64), ("yields", _u64),
     ]
 
 
@@ -212,6 +212,10 @@ class Window:
     window_waits: int = 0
     shadow_waits: int = 0
     shadow_ns: int = 0
+    # time another tool of the program (torch.profiler, ...) held CUPTI so that no window could open, and how many
+    # times the library stepped aside (totals since the library started; covered/elapsed restart after each)
+    yielded_ns: int = 0
+    yields: int = 0
     open_us: int = 0  # how long switching the library's callbacks and activity on took when the window opened
 
 
@@ -229,7 +233,7 @@ _SYNC_HEAD = struct.Struct("<IIiIQQQ")
 _STACK_HEAD = struct.Struct("<IIII")
 _PYTHON_FRAME = struct.Struct("<IIII")
 _ACTIVITY_HEAD = struct.Struct("<IIQQIIIIQBBB")
-_WINDOW = struct.Struct("<IIQQQQQQQQQQQ")
+_WINDOW = struct.Struct("<IIQQQQQQQQQQQQQ")
 _EVENT_SIZE = _EVENT.size
 _KSTACK_SIZE = ctypes.sizeof(KStackC)
 _NATIVE_OFFSET = StackC.native.offset

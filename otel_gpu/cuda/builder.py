@@ -148,7 +148,8 @@ class ProfileAccumulator:
         return sum(sum(group.values()) for group in groups)
 
     def build(self, start_unix_nano: int, duration_nano: int, processes: Mapping[int, ProcessInfo],
-              sampling_fraction: float = 1.0) -> ProfileBatch:
+              sampling_fraction: float = 1.0,
+              attributes: tuple[tuple[str, str | int | float], ...] = ()) -> ProfileBatch:
         """The batch of everything added (values rounded to integers), then start over.
 
         ``processes`` names each pid; a pid missing there gets a bare ProcessInfo with its pid.
@@ -165,4 +166,4 @@ class ProfileAccumulator:
                 profiles.append(ProcessProfile(info, samples))
         self._values.clear()
         return ProfileBatch(self.profile_type, start_unix_nano, duration_nano, tuple(profiles),
-                            sampling_fraction=sampling_fraction)
+                            sampling_fraction=sampling_fraction, attributes=attributes)

@@ -191,12 +191,14 @@ class WindowWeights:
     def __init__(self, max_windows: int = 4096) -> None:
         self.max_windows = max_windows
         self._weights: dict[int, OrderedDict[int, float]] = {}
-        self._last: dict[int, tuple[int, int, float]] = {}  # pid -> (covered, elapsed, weight)
+        self._last: dict[int, tuple[int, int, float, int]] = {}  # pid -> (covered, elapsed, weight, yields)
 
     def add(self, window: Window) -> tuple[float, int, int]:
         """Record ``window``; returns (weight, covered delta ns, elapsed delta ns)."""
-        covered0, elapsed0, last_weight = self._last.get(window.pid, (0, 0, 1.0))
-        if window.elapsed_ns < elapsed0 or window.covered_ns < covered0:  # the library re-attached: totals restart
+        covered0, elapsed0, last_weight, yields0 = self._last.get(window.pid, (0, 0, 1.0, 0))
+        # the library re-attached, or took CUPTI back from another tool: its totals restart (the time in between
+        # stands for nothing: it is reported as yielded, not extrapolated into)
+        if window.elapsed_ns < elapsed0 or window.covered_ns < covered0 or window.yields != yields0:
             covered0, elapsed0 = 0, 0
         covered = window.covered_ns - covered0
         elapsed = window.elapsed_ns - elapsed0
@@ -204,7 +206,7 @@ class WindowWeights:
             weight = last_weight if covered <= 0 else 1.0
         else:
             weight = (covered + pace_ratio(window) * (elapsed - covered)) / covered
-        self._last[window.pid] = (window.covered_ns, window.elapsed_ns, weight)
+        self._last[window.pid] = (window.covered_ns, window.elapsed_ns, weight, window.yields)
         windows = self._weights.setdefault(window.pid, OrderedDict())
         windows[window.window_id] = weight
         while len(windows) > self.max_windows:
@@ -218,7 +220,7 @@ class WindowWeights:
 
     def latest(self, pid: int) -> float:
         """The weight of the process's last closed window (1.0 before any): for work whose window never closed."""
-        return self._last.get(pid, (0, 0, 1.0))[2]
+        return self._last.get(pid, (0, 0, 1.0, 0))[2]
 
     def forget_process(self, pid: int) -> None:
         self._weights.pop(pid, None)

@@ -57,12 +57,14 @@ class ProcessCounters:
     until_ns: int = 0  # end of the last closed window
     covered_ns: int = 0  # time inside sampling windows seen by the agent; covered/elapsed = sampling fraction
     elapsed_ns: int = 0
+    yielded_ns: int = 0  # the library's running total of time left to another CUPTI user (torch.profiler, ...)
 
 
 @dataclass(slots=True)
 class _Interval:
     covered_ns: int = 0
     elapsed_ns: int = 0
+    yielded_ns: int = 0  # time another CUPTI user held CUPTI in profiled processes (summed over processes)
 
 
 class GPUTimeSource:
@@ -272,6 +274,9 @@ class GPUTimeSource:
         if not counters.since_ns or elapsed == window.elapsed_ns:  # first window, or the library re-attached
             counters.since_ns = window.end_ns - window.elapsed_ns
         counters.until_ns = max(counters.until_ns, window.end_ns)
+        if window.yielded_ns > counters.yielded_ns:  # the library stepped aside for another CUPTI user meanwhile
+            self._interval.yielded_ns += window.yielded_ns - counters.yielded_ns
+            counters.yielded_ns = window.yielded_ns
         if window.dropped:
             selfmetrics.count(semconv.SELF_DROPPED.name, window.dropped, otel_gpu__reason="injected_library",
                               otel_gpu__signal="profiles")
@@ -308,7 +313,9 @@ class GPUTimeSource:
             processes = {pid: info for pid, info in self._processes.items()}
             fraction = (self._interval.covered_ns / self._interval.elapsed_ns) if self._interval.elapsed_ns else 1.0
             start, duration = self._interval_start_ns, max(0, now_ns - self._interval_start_ns)
-            gpu = self._gpu.build(start, duration, processes, fraction)
+            yielded = ((semconv.OTEL_GPU_GPU_TIME_YIELDED, self._interval.yielded_ns / 1e9),) \
+                if self._interval.yielded_ns else ()
+            gpu = self._gpu.build(start, duration, processes, fraction, yielded)
             sync = self._sync.build(start, duration, processes, 1.0)
             self._interval = _Interval()
             self._interval_start_ns = now_ns

@@ -7,6 +7,7 @@ import sys
 import threading
 from typing import TextIO
 
+from otel_gpu import semconv
 from otel_gpu.profiles.model import ProfileBatch, Sample
 
 _STACK_DEPTH = 6  # frames shown per stack, leaf first
@@ -29,6 +30,9 @@ def summarize(batch: ProfileBatch, top_n: int = 10, width: int = 120) -> str:
               f"{len(batch.processes)} processes, {batch.sample_count} stacks, total {_value(total, batch)} {unit}")
     if batch.sampling_fraction < 1.0:
         header += f" (estimated from {batch.sampling_fraction:.0%} of events)"
+    yielded = dict(batch.attributes).get(semconv.OTEL_GPU_GPU_TIME_YIELDED)
+    if yielded:
+        header += f"; not measured for {yielded:.1f} s while another tool (torch.profiler, ...) held CUPTI"
     lines = [header]
     for (pid, name, frames), value in sorted(rows.items(), key=lambda item: -item[1])[:top_n]:
         share = 100.0 * value / total if total else 0.0

@@ -93,6 +93,15 @@ def test_window_totals_restart_after_reattach() -> None:
     assert weights.add(window(10, 2, covered_ns=5, elapsed_ns=20))[0] == 4.0
 
 
+def test_window_totals_restart_after_another_tool_had_cupti() -> None:
+    """The library took CUPTI back from torch.profiler: its totals restart even when the new ones are already larger
+    than the old (a short first session), and the yielded time is never extrapolated into."""
+    weights = WindowWeights()
+    weights.add(window(10, 1, covered_ns=10, elapsed_ns=100))
+    assert weights.add(window(10, 2, covered_ns=20, elapsed_ns=400, yielded_ns=3 * 10**9, yields=1)) == (20.0, 20, 400)
+    assert weights.add(window(10, 3, covered_ns=30, elapsed_ns=500, yielded_ns=3 * 10**9, yields=1))[0] == 10.0
+
+
 def test_time_outside_windows_counts_at_the_pace_the_program_keeps_there() -> None:
     """A program that syncs every iteration runs 2 % slower in windows: 10,000 waits in 1 s of windows, 10,200 in
     1 s of shadow windows. The time outside windows stands for 2 % more work (shrunk by the waits seen)."""

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from otel_gpu import selfmetrics, semconv
+from otel_gpu import semconv
 from otel_gpu.cuda import abi
 from otel_gpu.cuda.source import GPUTimeSource
 from otel_gpu.procfs import ProcessResolver
@@ -73,6 +74,20 @@ def test_weighted_totals_per_stack(proc: Path) -> None:
     counters = {c.info.pid: c for c in source.process_counters()}
     assert counters[10].kernel_time_ns == 500 * 10 + 40 * 2 + 700
     assert counters[10].launches == 30
+
+
+def test_time_left_to_another_cupti_user_is_stated_in_the_profile(proc: Path) -> None:
+    source, _ = _source(proc)
+    source.handle(window(10, 1, covered_ns=100, elapsed_ns=1000))
+    source.handle(window(10, 2, covered_ns=50, elapsed_ns=500, yielded_ns=2_500_000_000, yields=1))  # taken back
+    source.handle(launch(10, 1, window=2))
+    source.handle(kernel(10, 1, 500))
+    gpu, _ = source.drain()
+    assert dict(gpu.attributes) == {semconv.OTEL_GPU_GPU_TIME_YIELDED: 2.5}
+    assert _totals(gpu) and sum(_totals(gpu).values()) == 500 * 10  # the restarted totals: weight 500 / 50
+    source.handle(window(10, 3, covered_ns=100, elapsed_ns=1000, yielded_ns=2_500_000_000, yields=1))
+    gpu, _ = source.drain()
+    assert gpu.attributes == ()  # nothing yielded in this interval
 
 
 def test_work_of_an_open_window_waits_for_it_then_settles(proc: Path) -> None:

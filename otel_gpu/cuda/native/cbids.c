@@ -129,6 +129,31 @@ static const CUpti_CallbackId graph_cbids[] = {
     CUPTI_DRIVER_TRACE_CBID_cuGraphLaunch_ptsz,
 };
 
+/* Calls that create, instantiate or run a CUDA graph. CUPTI must not be finalized (and subscribed again) in a
+ * process that uses graphs: PyTorch's profiler stopped tearing CUPTI down when CUDA graphs are in use after crashes
+ * on the re-initialisation, and an H200 crashed a torch.compile(mode="reduce-overhead") program with XID 31 under the
+ * finalizing library. Their callbacks stay on while subscribed (they are rare: capture and instantiation happen
+ * once, a graph launch stands for many kernels), so the library learns of the first graph before it finalizes. */
+static const CUpti_CallbackId graph_use_cbids[] = {
+    CUPTI_DRIVER_TRACE_CBID_cuGraphLaunch,
+    CUPTI_DRIVER_TRACE_CBID_cuGraphLaunch_ptsz,
+    CUPTI_DRIVER_TRACE_CBID_cuGraphInstantiate,
+    CUPTI_DRIVER_TRACE_CBID_cuGraphInstantiate_v2,
+    CUPTI_DRIVER_TRACE_CBID_cuGraphInstantiateWithFlags,
+    CUPTI_DRIVER_TRACE_CBID_cuGraphInstantiateWithParams,
+    CUPTI_DRIVER_TRACE_CBID_cuGraphInstantiateWithParams_ptsz,
+    CUPTI_DRIVER_TRACE_CBID_cuStreamBeginCapture,
+    CUPTI_DRIVER_TRACE_CBID_cuStreamBeginCapture_ptsz,
+    CUPTI_DRIVER_TRACE_CBID_cuStreamBeginCapture_v2,
+    CUPTI_DRIVER_TRACE_CBID_cuStreamBeginCapture_v2_ptsz,
+    CUPTI_DRIVER_TRACE_CBID_cuStreamBeginCaptureToGraph,
+    CUPTI_DRIVER_TRACE_CBID_cuStreamBeginCaptureToGraph_ptsz,
+    CUPTI_DRIVER_TRACE_CBID_cuGraphUpload,
+    CUPTI_DRIVER_TRACE_CBID_cuGraphUpload_ptsz,
+    CUPTI_DRIVER_TRACE_CBID_cuGraphExecUpdate,
+    CUPTI_DRIVER_TRACE_CBID_cuGraphExecUpdate_v2,
+};
+
 struct wait_cbid {
     CUpti_CallbackId cbid;
     enum otel_gpu_sync_kind kind;
@@ -170,6 +195,8 @@ void cbids_init(void)
         g_cbid_class[graph_cbids[i]] |= OTEL_GPU_LAUNCH_GRAPH;
     for (size_t i = 0; i < COUNT(wait_cbids); i++)
         g_cbid_class[wait_cbids[i].cbid] |= (uint8_t)(wait_cbids[i].kind << CLASS_WAIT_SHIFT);
+    for (size_t i = 0; i < COUNT(graph_use_cbids); i++)
+        g_cbid_class[graph_use_cbids[i]] |= CLASS_GRAPH_USE;
 }
 
 /* Turns the callbacks of every launch-like call on or off (the sampling window's switch). */
@@ -178,8 +205,8 @@ int cbids_enable_launches(uint32_t enable)
     int failed = 0;
     for (CUpti_CallbackId cbid = 0; cbid < CUPTI_DRIVER_TRACE_CBID_SIZE; cbid++) {
         uint8_t cls = g_cbid_class[cbid];
-        /* Blocking calls stay on while an agent is attached; everything else follows the window. */
-        if ((cls & CLASS_LAUNCH_MASK) == 0 || (cls >> CLASS_WAIT_SHIFT) != 0)
+        /* Blocking calls and graph use stay on while subscribed; everything else follows the window. */
+        if ((cls & CLASS_LAUNCH_MASK) == 0 || (cls >> CLASS_WAIT_SHIFT) != 0 || (!enable && (cls & CLASS_GRAPH_USE)))
             continue;
         if (g_cupti.enable_callback(enable, g_subscriber, CUPTI_CB_DOMAIN_DRIVER_API, cbid) != CUPTI_SUCCESS)
             failed++;
@@ -192,6 +219,16 @@ int cbids_enable_waits(uint32_t enable)
     int failed = 0;
     for (size_t i = 0; i < COUNT(wait_cbids); i++)
         if (g_cupti.enable_callback(enable, g_subscriber, CUPTI_CB_DOMAIN_DRIVER_API, wait_cbids[i].cbid) !=
+            CUPTI_SUCCESS)
+            failed++;
+    return failed;
+}
+
+int cbids_enable_graph_watch(uint32_t enable)
+{
+    int failed = 0;
+    for (size_t i = 0; i < COUNT(graph_use_cbids); i++)
+        if (g_cupti.enable_callback(enable, g_subscriber, CUPTI_CB_DOMAIN_DRIVER_API, graph_use_cbids[i]) !=
             CUPTI_SUCCESS)
             failed++;
     return failed;

@@ -12,7 +12,9 @@
  *   OTEL_GPU_WINDOW_MS         length of one sampling window in milliseconds (default 20)
  *   OTEL_GPU_API_ACTIVITY=0    leave CUPTI's driver-API activity kind off (default on, with the kernel/copy/set
  *                              kinds: without it CUDA 13's CUPTI gives many launches one correlation id)
- *   OTEL_GPU_CUPTI_FINALIZE=0  keep CUPTI subscribed between windows instead of finalizing it after each (sampler.c)
+ *   OTEL_GPU_CUPTI_FINALIZE=0  keep CUPTI subscribed between windows instead of finalizing it after each (sampler.c);
+ *                              never finalized either once the process uses CUDA graphs (cbids.c)
+ *   OTEL_GPU_DEBUG_FINALIZE_WITH_GRAPHS=1  diagnostics: finalize even with graphs in use (the crash-prone control)
  *   OTEL_GPU_DEBUG_NO_WAITS=1, OTEL_GPU_DEBUG_NO_WINDOWS=1  diagnostics (scripts/h200/baton.py): never switch the
  *                              wait callbacks on / never open a window
  *   OTEL_GPU_DEBUG_STATS=1     diagnostics: lines on stderr at exit: how launch exits in windows paired, how often
@@ -232,9 +234,19 @@ static void record_wait(CUpti_CallbackId cbid, const CUpti_CallbackData *cb, uin
 /* Called at an API exit when the controller asked for it: CUPTI's documented place for a dynamic detach. Only a
  * finalized CUPTI lets go of the driver: after a window had the activity kinds on, a launch-bound PyTorch loop on an
  * H200 stayed 22 % slower for as long as the subscription lasted, even with every kind and callback off again. */
+int may_finalize(void)
+{
+    return g_settings.cupti_finalize && g_cupti.finalize != NULL &&
+           (!atomic_load(&g_state.graphs_seen) || g_settings.finalize_with_graphs);
+}
+
 static void finalize_from_callback(void)
 {
     int expected = FINALIZE_REQUESTED;
+    if (!may_finalize()) { /* a graph came since the finalize was asked for: CUPTI stays subscribed */
+        atomic_compare_exchange_strong(&g_state.finalize, &expected, FINALIZE_NONE);
+        return;
+    }
     if (!atomic_compare_exchange_strong(&g_state.finalize, &expected, FINALIZE_RUNNING))
         return;
     uint64_t t0 = monotonic_ns();
@@ -252,11 +264,25 @@ static void finalize_from_callback(void)
 
 static void on_driver_api(CUpti_CallbackId cbid, const CUpti_CallbackData *cb);
 
+/* At the entry of a call that captures, instantiates or runs a CUDA graph: from now on CUPTI stays subscribed (a
+ * finalize asked for and not yet performed is called off; sampler.c switches the hurried launch callbacks off). */
+static void note_graph_use(void)
+{
+    atomic_fetch_add_explicit(&g_state.graph_calls, 1, memory_order_relaxed);
+    if (atomic_load_explicit(&g_state.graphs_seen, memory_order_relaxed) || g_settings.finalize_with_graphs)
+        return;
+    atomic_store(&g_state.graphs_seen, 1);
+    int expected = FINALIZE_REQUESTED;
+    atomic_compare_exchange_strong(&g_state.finalize, &expected, FINALIZE_NONE);
+}
+
 static void CUPTIAPI on_api(void *userdata, CUpti_CallbackDomain domain, CUpti_CallbackId cbid, const void *data)
 {
     (void)userdata;
     if (domain == CUPTI_CB_DOMAIN_DRIVER_API && cbid < CUPTI_DRIVER_TRACE_CBID_SIZE) {
         const CUpti_CallbackData *cb = data;
+        if ((g_cbid_class[cbid] & CLASS_GRAPH_USE) && cb->callbackSite == CUPTI_API_ENTER)
+            note_graph_use();
         on_driver_api(cbid, cb);
         /* After this call's own record. At a synchronize's exit: the program's next wait, which CUPTI would not
          * see while it is finalized and not yet taken again, usually comes an iteration later (a blocking copy is
@@ -413,6 +439,7 @@ static void read_settings(void)
     g_settings.debug_no_windows = env_is("OTEL_GPU_DEBUG_NO_WINDOWS", "1");
     g_settings.api_activity = !env_is("OTEL_GPU_API_ACTIVITY", "0");
     g_settings.cupti_finalize = !env_is("OTEL_GPU_CUPTI_FINALIZE", "0");
+    g_settings.finalize_with_graphs = env_is("OTEL_GPU_DEBUG_FINALIZE_WITH_GRAPHS", "1");
 }
 
 /* A forked child has no controller thread and may have copied ctl_lock while held: the library goes inert there. */
@@ -457,6 +484,7 @@ __attribute__((visibility("default"))) int InitializeInjection(void)
         fprintf(stderr, "otel-gpu: cannot start the sampling thread; GPU-time profiling is off for this process\n");
         return 0;
     }
+    coexist_init(); /* after the controller: a wrapper may need it at once */
     pthread_atfork(NULL, NULL, on_fork_child);
     atexit(at_exit);
     return 1;

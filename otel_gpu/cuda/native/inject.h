@@ -4,6 +4,7 @@
  * CUDA_INJECTION64_PATH. Only InitializeInjection is exported; everything here is hidden.
  *
  *   inject.c    InitializeInjection, loading CUPTI through dlopen/dlsym, the API callback, exit handling
+ *   coexist.c   stepping aside when another tool of the program (torch.profiler, ...) starts using CUPTI
  *   cbids.c     which driver-API callback ids are launches and which are blocking waits
  *   sampler.c   the controller thread: time windows sized to the overhead budget, sampled waits
  *   activity.c  CUPTI activity buffers, the sampled-correlation filter, conversion to probe records
@@ -38,8 +39,10 @@ struct cupti_api {
     CUptiResult (*finalize)(void); /* optional */
 };
 
-/* g_cbid_class[cbid]: low bits = enum otel_gpu_launch_kind (0 if not a launch), high bits = enum otel_gpu_sync_kind. */
-#define CLASS_LAUNCH_MASK 0x0f
+/* g_cbid_class[cbid]: low 3 bits = enum otel_gpu_launch_kind (0 if not a launch), bit 3 = the call creates or runs a
+ * CUDA graph, high bits = enum otel_gpu_sync_kind. */
+#define CLASS_LAUNCH_MASK 0x07
+#define CLASS_GRAPH_USE 0x08
 #define CLASS_WAIT_SHIFT 4
 
 extern struct cupti_api g_cupti;
@@ -56,6 +59,8 @@ struct inject_settings {
     int debug_no_waits;        /* OTEL_GPU_DEBUG_NO_WAITS=1: diagnostics, never switch the wait callbacks on */
     int debug_no_windows;      /* OTEL_GPU_DEBUG_NO_WINDOWS=1: diagnostics, attach but never open a window */
     int cupti_finalize;        /* CUPTI is finalized after each window (OTEL_GPU_CUPTI_FINALIZE=0: never) */
+    int finalize_with_graphs;  /* OTEL_GPU_DEBUG_FINALIZE_WITH_GRAPHS=1: finalize even once graphs are in use (the
+                                * crash-prone behaviour, kept as a control for scripts/h200/do_no_harm.py) */
 };
 extern struct inject_settings g_settings;
 
@@ -74,6 +79,9 @@ struct inject_state {
     _Atomic int finalize;              /* enum finalize_state: the controller asks, an API exit finalizes CUPTI */
     _Atomic int finalize_at_any_exit;  /* 0: only a wait's exit takes a requested finalize up; 1: any exit */
     _Atomic uint64_t finalizes, finalize_ns; /* how often, and how long the API exits spent in cuptiFinalize */
+    _Atomic int graphs_seen;           /* the process has captured, instantiated or launched a CUDA graph: never
+                                        * finalize CUPTI again (cbids.c) */
+    _Atomic uint64_t graph_calls;      /* graph calls seen (diagnostics) */
     /* Launch exits inside a window, by outcome (diagnostics, OTEL_GPU_DEBUG_STATS): recorded; no entry seen (the
      * callbacks came on during the call); the window changed during the call; recorded although CUPTI's id at the
      * exit differed from the one at the entry. */
@@ -82,6 +90,16 @@ struct inject_state {
 extern struct inject_state g_state;
 
 enum finalize_state { FINALIZE_NONE, FINALIZE_REQUESTED, FINALIZE_RUNNING, FINALIZE_DONE };
+
+/* Another tool's use of CUPTI, as seen through coexist.c's wrappers. */
+struct foreign_state {
+    _Atomic int aside;               /* the library has let go of CUPTI for another tool (sampler_step_aside) */
+    _Atomic uintptr_t subscriber;    /* the other tool's subscriber handle, 0 when it holds none */
+    _Atomic uint64_t kinds;          /* activity kinds the other tool has enabled (bit per CUpti_ActivityKind < 64) */
+    _Atomic uint64_t last_call_ns;   /* monotonic: its last CUPTI call */
+};
+extern struct foreign_state g_foreign;
+#define FOREIGN_QUIET_NS 2000000000ull /* taken back after the other tool has been quiet this long: 2 s */
 
 /* inject.c */
 uint64_t now_ns(void);            /* CUPTI's timestamp clock */
@@ -94,9 +112,21 @@ void cupti_release(void);         /* unsubscribe (at detach) */
 void cbids_init(void);
 int cbids_enable_launches(uint32_t enable);
 int cbids_enable_waits(uint32_t enable);
+int cbids_enable_graph_watch(uint32_t enable);
+
+/* Whether CUPTI may be finalized now: it has a cuptiFinalize, OTEL_GPU_CUPTI_FINALIZE is not 0, and no CUDA graph has
+ * been seen (or the debug control says finalize anyway). */
+int may_finalize(void);
+
+/* coexist.c */
+void coexist_init(void);
+void coexist_rescan(void);
+int coexist_foreign_done(uint64_t now_monotonic_ns);
+uint64_t coexist_slots_patched(void);
 
 /* sampler.c */
 int sampler_start(void);
+void sampler_step_aside(void);
 void sampler_wake(void);
 void sampler_stop_and_flush(void);
 

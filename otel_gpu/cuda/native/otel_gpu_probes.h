@@ -36,7 +36,7 @@ typedef int32_t otel_s32;
 typedef uint64_t otel_u64;
 #endif
 
-#define OTEL_GPU_ABI_VERSION 2
+#define OTEL_GPU_ABI_VERSION 3
 #define OTEL_GPU_MAX_NATIVE_FRAMES 96
 #define OTEL_GPU_MAX_PYTHON_FRAMES 64
 #define OTEL_GPU_MAX_STRINGS 6144
@@ -143,6 +143,11 @@ struct otel_gpu_window {
     otel_u64 window_waits;
     otel_u64 shadow_waits;
     otel_u64 shadow_ns;
+    /* Time another tool of the program (torch.profiler, ...) held CUPTI and no window could open, and how many times
+     * the library stepped aside for one (totals since the library started; ABI 3). The covered/elapsed totals start
+     * again when the library takes CUPTI back, so that time is never extrapolated into. */
+    otel_u64 yielded_ns;
+    otel_u64 yields;
 };
 
 #define OTEL_GPU_MAX_RECORD (sizeof(struct otel_gpu_sync) > sizeof(struct otel_gpu_launch) ? \

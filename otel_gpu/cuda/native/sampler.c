@@ -97,6 +97,8 @@ static int agent_present(void)
 }
 
 static int held;                   /* under ctl_lock: subscribed (a finalize may be pending) */
+static uint64_t yielded_ns, yields; /* time CUPTI was left to another tool, and how often (window record) */
+static uint64_t aside_since_ns;     /* monotonic: the library stepped aside */
 static uint64_t finalize_asked_ns; /* monotonic: let_go_locked asked for a finalize */
 static uint64_t retakes, retake_ns; /* subscriptions taken (attach and after each finalize), their total time */
 static uint64_t finalize_ns_charged; /* g_state.finalize_ns already charged to a window's cost */
@@ -142,6 +144,8 @@ static int take_locked(void)
     }
     if (!g_settings.debug_no_waits && cbids_enable_waits(1) != 0)
         log_once("some blocking-call callbacks could not be enabled");
+    if (cbids_enable_graph_watch(1) != 0)
+        log_once("some CUDA graph callbacks could not be enabled");
     retakes++;
     retake_ns += monotonic_ns() - t0;
     return 0;
@@ -155,7 +159,7 @@ static void let_go_locked(void)
 {
     activity_enable(0);
     cbids_enable_launches(0); /* after the kinds: no recorded launch goes without its own id */
-    if (g_settings.cupti_finalize && g_cupti.finalize != NULL) {
+    if (may_finalize()) {
         g_cupti.activity_flush_all(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
         atomic_store(&g_state.finalize_at_any_exit, 0);
         atomic_store(&g_state.finalize, FINALIZE_REQUESTED);
@@ -163,9 +167,13 @@ static void let_go_locked(void)
     }
 }
 
-/* A program that has not waited since the finalize was asked for: any API exit may take it up (launch callbacks on). */
+/* A program that has not waited since the finalize was asked for: any API exit may take it up (launch callbacks on).
+ * A graph call that called the finalize off leaves them on: off again here, unless a window or linger wants them. */
 static void hurry_finalize_locked(void)
 {
+    if (atomic_load(&g_state.finalize) == FINALIZE_NONE && atomic_exchange(&g_state.finalize_at_any_exit, 0) &&
+        held && !lingering && atomic_load(&g_state.window_id) == 0)
+        cbids_enable_launches(0);
     if (atomic_load(&g_state.finalize) == FINALIZE_REQUESTED && !atomic_load(&g_state.finalize_at_any_exit) &&
         monotonic_ns() - finalize_asked_ns >= FINALIZE_PATIENCE_NS) {
         atomic_store(&g_state.finalize_at_any_exit, 1);
@@ -285,6 +293,8 @@ static void close_window_locked(uint32_t flush_flag)
         .window_waits = window_waits,
         .shadow_waits = shadow_waits,
         .shadow_ns = shadow_ns,
+        .yielded_ns = yielded_ns,
+        .yields = yields,
     };
     emit_window(&rec);
     adapt_locked(end - open_start_ns, rec.overhead_ns, rec.launches, lingered);
@@ -315,6 +325,7 @@ static void detach_locked(void)
     if (!holding_locked())
         return;
     cbids_enable_waits(0);
+    cbids_enable_graph_watch(0);
     activity_drain(EXIT_DRAIN_NS); /* bounded: the agent is gone, what has not come by then is lost */
     let_go_locked();
     if (atomic_load(&g_state.finalize) != FINALIZE_REQUESTED) {
@@ -397,8 +408,9 @@ static int wait_gap_locked(uint64_t gap_ns)
                 last_expire = monotonic_ns();
             }
         }
-        if (!agent_present())
+        if (!agent_present() || atomic_load(&g_foreign.aside))
             return -1;
+        coexist_rescan();
         hurry_finalize_locked();
         if (atomic_load(&g_state.finalize) == FINALIZE_DONE && keep_holding_locked() != 0)
             return -1;
@@ -415,6 +427,15 @@ static void *controller_main(void *arg)
     while (!stopped) {
         settle_locked(); /* a finalize asked for at detach may have happened since (sleep_locked wakes for it) */
         hurry_finalize_locked();
+        coexist_rescan();
+        if (atomic_load(&g_foreign.aside)) {
+            if (!coexist_foreign_done(monotonic_ns())) {
+                sleep_locked(POLL_NS);
+                continue;
+            }
+            yielded_ns += monotonic_ns() - aside_since_ns;
+            atomic_store(&g_foreign.aside, 0); /* attached again below while an agent is there: totals restart */
+        }
         if (!atomic_load(&g_state.attached)) {
             if (!agent_present() || attach_locked() != 0) {
                 sleep_locked(POLL_NS);
@@ -460,6 +481,38 @@ static double mean_us(uint64_t total_ns, uint64_t count)
     return count ? (double)total_ns / 1e3 / (double)count : 0.0;
 }
 
+/* From a coexist.c wrapper, in the thread of another tool that starts using CUPTI: lets go of everything before that
+ * tool's call goes on. The open window is closed and recorded, sampled work still running is counted as dropped, our
+ * activity kinds and callbacks go off, what CUPTI holds for us is flushed to our buffers, and the subscription is
+ * given up (no finalize: the other tool is about to use CUPTI, and graphs may be in use). */
+void sampler_step_aside(void)
+{
+    pthread_mutex_lock(&ctl_lock);
+    if (!atomic_load(&g_foreign.aside) && !stopped) {
+        int was_attached = atomic_load(&g_state.attached);
+        close_window_locked(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
+        atomic_store(&g_state.attached, 0);
+        lingering = 0;
+        if (holding_locked()) {
+            activity_enable(0);
+            cbids_enable_launches(0);
+            cbids_enable_waits(0);
+            cbids_enable_graph_watch(0);
+            g_cupti.activity_flush_all(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
+            activity_expire(0); /* what never came is counted as dropped in the next window record */
+            cupti_release();
+            held = 0;
+        }
+        aside_since_ns = monotonic_ns();
+        yields++;
+        atomic_store(&g_foreign.aside, 1);
+        if (was_attached)
+            log_once("another tool in this program started using CUPTI (torch.profiler, Nsight, ...); GPU-time "
+                     "profiling steps aside until it is done");
+    }
+    pthread_mutex_unlock(&ctl_lock);
+}
+
 /* At exit: close an open window and hand everything CUPTI still holds to the probes. Runs once. */
 void sampler_stop_and_flush(void)
 {
@@ -476,6 +529,9 @@ void sampler_stop_and_flush(void)
                     "(%.0f us each)\n", (unsigned long long)finalizes,
                     mean_us(atomic_load(&g_state.finalize_ns), finalizes), (unsigned long long)retakes,
                     mean_us(retake_ns, retakes));
+            fprintf(stderr, "otel-gpu: stats CUDA graph calls %llu, graphs in use %d (CUPTI %s finalized since)\n",
+                    (unsigned long long)atomic_load(&g_state.graph_calls), atomic_load(&g_state.graphs_seen),
+                    may_finalize() ? "still" : "no longer");
             fprintf(stderr, "otel-gpu: stats waits ended in windows %llu in %.0f ms, in shadow windows %llu in %.0f ms\n",
                     (unsigned long long)window_waits, (double)covered_ns / 1e6, (unsigned long long)shadow_waits,
                     (double)shadow_ns / 1e6);

@@ -368,16 +368,22 @@ CUresult CUDAAPI cuGraphAddKernelNode(CUgraphNode *node, CUgraph graph, const CU
 
 CUresult CUDAAPI cuGraphInstantiate(CUgraphExec *exec, CUgraph graph, unsigned long long flags)
 {
-    (void)flags;
+    struct {
+        CUgraphExec *exec;
+        CUgraph graph;
+        unsigned long long flags;
+    } p = {exec, graph, flags};
+    struct fake_call call;
+    begin(&call, CUPTI_DRIVER_TRACE_CBID_cuGraphInstantiateWithFlags, "cuGraphInstantiateWithFlags", NULL, &p);
     struct CUgraphExec_st *e = calloc(1, sizeof(*e));
     if (e == NULL)
-        return CUDA_ERROR_OUT_OF_MEMORY;
+        return end(&call, CUDA_ERROR_OUT_OF_MEMORY);
     pthread_mutex_lock(&gpu_lock);
     e->id = next_graph_id++;
     pthread_mutex_unlock(&gpu_lock);
     e->graph = *graph;
     *exec = e;
-    return CUDA_SUCCESS;
+    return end(&call, CUDA_SUCCESS);
 }
 
 CUresult CUDAAPI cuGraphLaunch(CUgraphExec exec, CUstream stream)

@@ -16,7 +16,11 @@
  *
  * FAKE_CUPTI_STATS=<path> writes counters at exit ("name value" lines): api_callbacks, resource_callbacks, records_produced,
  * records_delivered, records_dropped, records_lost, enable_calls, subscribes, stale_ids, api_records, finalizes,
- * finalizes_outside_callbacks. One subscriber at a time, as the real CUPTI; cuptiFinalize drops everything it holds.
+ * finalizes_outside_callbacks, graph_faults. One subscriber at a time, as the real CUPTI; cuptiFinalize drops everything it holds.
+ * CUDA graphs and cuptiFinalize, as PyTorch's profiler found and an H200 showed (XID 31 in a torch.compile
+ * "reduce-overhead" program): a graph whose kernels ran while a kernel activity kind was on is instrumented by that
+ * CUPTI; once CUPTI has been finalized and subscribed again, every kernel of that graph that runs counts as a GPU
+ * fault (graph_faults), the use of the freed instrumentation the real driver reports as XID 31.
  * FAKE_CUPTI_TRACE_COST_US=<us>: each driver call entered while an activity kind is on spins that long first, as
  * recording costs a real driver's launches (a program that waits every step then runs slower inside windows).
  */
@@ -58,8 +62,11 @@ static size_t pending_count, pending_capacity;
 
 static _Atomic uint64_t api_callbacks, resource_callbacks, records_produced, records_delivered, records_dropped,
     records_lost, enable_calls, subscribes, dropped_since_query, stale_ids, api_records, finalizes,
-    finalizes_outside_callbacks;
+    finalizes_outside_callbacks, graph_faults;
 static _Thread_local int in_api_callback;
+#define MAX_GRAPHS 1024
+static _Atomic uint32_t generation;           /* cuptiFinalize calls so far: each starts a new CUPTI */
+static _Atomic uint32_t instrumented[MAX_GRAPHS]; /* graph id -> 1 + the generation that instrumented it, 0: never */
 static _Atomic uint32_t last_id; /* the last correlation id handed to a call seen through an enabled callback */
 
 static uint64_t realtime_ns(void)
@@ -201,6 +208,13 @@ static void on_exit_(struct fake_call *call)
 
 static void on_work(const struct fake_work *w)
 {
+    if (w->kind == FAKE_WORK_KERNEL && w->graph_id != 0 && w->graph_id < MAX_GRAPHS) {
+        uint32_t by = atomic_load(&instrumented[w->graph_id]), now = atomic_load(&generation) + 1;
+        if (by != 0 && by != now && subscribed)
+            atomic_fetch_add(&graph_faults, 1);
+        else if (by == 0 && atomic_load(&kernel_on))
+            atomic_store(&instrumented[w->graph_id], now);
+    }
     union any_record r;
     memset(&r, 0, sizeof(r));
     switch (w->kind) {
@@ -340,6 +354,7 @@ API CUptiResult CUPTIAPI cuptiUnsubscribe(CUpti_SubscriberHandle subscriber)
 API CUptiResult CUPTIAPI cuptiFinalize(void)
 {
     atomic_fetch_add(&finalizes, 1);
+    atomic_fetch_add(&generation, 1);
     if (!in_api_callback)
         atomic_fetch_add(&finalizes_outside_callbacks, 1);
     cuptiUnsubscribe(NULL);
@@ -540,12 +555,12 @@ __attribute__((destructor)) static void write_stats(void)
         return;
     fprintf(f, "api_callbacks %llu\nresource_callbacks %llu\nrecords_produced %llu\nrecords_delivered %llu\n"
                "records_dropped %llu\nrecords_lost %llu\nenable_calls %llu\nsubscribes %llu\nstale_ids %llu\n"
-            "api_records %llu\nfinalizes %llu\nfinalizes_outside_callbacks %llu\n",
+            "api_records %llu\nfinalizes %llu\nfinalizes_outside_callbacks %llu\ngraph_faults %llu\n",
             (unsigned long long)api_callbacks, (unsigned long long)resource_callbacks,
             (unsigned long long)records_produced,
             (unsigned long long)records_delivered, (unsigned long long)records_dropped,
             (unsigned long long)records_lost, (unsigned long long)enable_calls, (unsigned long long)subscribes,
             (unsigned long long)stale_ids, (unsigned long long)api_records, (unsigned long long)finalizes,
-            (unsigned long long)finalizes_outside_callbacks);
+            (unsigned long long)finalizes_outside_callbacks, (unsigned long long)graph_faults);
     fclose(f);
 }

@@ -20,6 +20,11 @@
  *   handlers in a copy of the process whose sampling thread does not exist); the parent waits for each.
  *   --take-cupti subscribes to CUPTI (OTEL_GPU_CUPTI_PATH) itself before cuInit, like a profiler would, and prints
  *   "took_cupti <CUptiResult>".
+ *   --graph-from STEP instantiates the graph only at step STEP and launches it every 2 steps from then on.
+ *   --profiler-lib PATH loads PATH (libfake_profiler.so: a profiler linked against CUPTI, like torch.profiler) before
+ *   cuInit; with --profile-at STEP it runs a profiling session over steps STEP .. STEP + --profile-steps (10) - 1,
+ *   repeated every --profile-every steps (0: once), printing "profiler_start <CUptiResult>" and
+ *   "profiler_kernels <recorded> expected <launched>" per session.
  *   --side-stream runs relu_kernel on a stream of its own and launches it before matmul_kernel in forward: with
  *   --lagged-pace-us only the main stream lags, the side stream keeps up (as a copy or communication stream does).
  *   --tiny N replaces the training loop by a launch-bound one: N launches of "tiny_kernel" (100 ns), waiting every 1000.
@@ -212,6 +217,49 @@ static void subscribe_to_cupti(void)
     fflush(stdout);
 }
 
+static long kernels_launched(void)
+{
+    long n = 0;
+    for (size_t i = 0; i < sizeof(sites) / sizeof(sites[0]); i++)
+        n += (long)sites[i].count;
+    return n;
+}
+
+/* The program's own profiler (--profiler-lib): one session from start to stop. */
+static int (*profiler_start)(void);
+static long (*profiler_stop)(void);
+static long session_kernels0;
+
+static void load_profiler(const char *path)
+{
+    void *lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    profiler_start = lib ? (int (*)(void))dlsym(lib, "fake_profiler_start") : NULL;
+    profiler_stop = lib ? (long (*)(void))dlsym(lib, "fake_profiler_stop") : NULL;
+    if (profiler_start == NULL || profiler_stop == NULL) {
+        fprintf(stderr, "workload: cannot load %s: %s\n", path, dlerror());
+        exit(1);
+    }
+}
+
+NOINLINE void profile_session(int step, int at, int every, int length)
+{
+    if (profiler_start == NULL || at < 0 || step < at)
+        return;
+    int offset = every > 0 ? (step - at) % every : step - at;
+    if (offset == 0) {
+        printf("profiler_start %d\n", profiler_start());
+        session_kernels0 = kernels_launched();
+    } else if (offset == length) {
+        drain();
+        long expected = kernels_launched() - session_kernels0;
+        printf("profiler_kernels %ld expected %ld\n", profiler_stop(), expected);
+    }
+    fflush(stdout);
+}
+
+static CUgraph built_graph;
+static int graph_from = -1; /* --graph-from STEP: instantiate the graph only then, and launch it every 2 steps */
+
 static void setup(void)
 {
     CUdevice device;
@@ -241,14 +289,17 @@ static void setup(void)
         CUgraphNode node;
         CHECK(cuGraphAddKernelNode(&node, graph, NULL, 0, &params));
     }
-    CHECK(cuGraphInstantiate(&graph_exec, graph, 0));
+    built_graph = graph;
+    if (graph_from < 0)
+        CHECK(cuGraphInstantiate(&graph_exec, graph, 0));
 }
 
 int main(int argc, char **argv)
 {
     int steps = 200, graph_every = 4, exit_at = -1, init = 1;
     long tiny_launches = 0, lag_pace_us = 0;
-    int skip_exit_handlers = 0, fork_children = 0, take_cupti = 0;
+    int skip_exit_handlers = 0, fork_children = 0, take_cupti = 0, profile_at = -1, profile_every = 0,
+        profile_steps = 10;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--steps") == 0 && i + 1 < argc)
             steps = atoi(argv[++i]);
@@ -260,6 +311,16 @@ int main(int argc, char **argv)
             tiny_launches = atol(argv[++i]);
         else if (strcmp(argv[i], "--lagged-pace-us") == 0 && i + 1 < argc)
             lag_pace_us = atol(argv[++i]);
+        else if (strcmp(argv[i], "--graph-from") == 0 && i + 1 < argc)
+            graph_from = atoi(argv[++i]);
+        else if (strcmp(argv[i], "--profiler-lib") == 0 && i + 1 < argc)
+            load_profiler(argv[++i]);
+        else if (strcmp(argv[i], "--profile-at") == 0 && i + 1 < argc)
+            profile_at = atoi(argv[++i]);
+        else if (strcmp(argv[i], "--profile-every") == 0 && i + 1 < argc)
+            profile_every = atoi(argv[++i]);
+        else if (strcmp(argv[i], "--profile-steps") == 0 && i + 1 < argc)
+            profile_steps = atoi(argv[++i]);
         else if (strcmp(argv[i], "--side-stream") == 0)
             side_stream = 1;
         else if (strcmp(argv[i], "--take-cupti") == 0)
@@ -272,7 +333,8 @@ int main(int argc, char **argv)
             init = 0;
         else {
             fprintf(stderr, "usage: %s [--steps N] [--graph-every K] [--exit-at STEP] [--no-init] [--tiny N] [--skip-exit-handlers]"
-                            " [--lagged-pace-us US] [--side-stream] [--fork-children] [--take-cupti]\n",
+                            " [--lagged-pace-us US] [--side-stream] [--fork-children] [--take-cupti]"
+                            " [--graph-from STEP] [--profiler-lib PATH --profile-at STEP [--profile-every K] [--profile-steps N]]\n",
                     argv[0]);
             return 2;
         }
@@ -290,6 +352,11 @@ int main(int argc, char **argv)
     if (lag_pace_us > 0)
         lagged_loop(steps, graph_every, lag_pace_us);
     for (int step = 0; step < steps && lag_pace_us == 0; step++) {
+        profile_session(step, profile_at, profile_every, profile_steps);
+        if (step == graph_from) {
+            CHECK(cuGraphInstantiate(&graph_exec, built_graph, 0));
+            graph_every = 2;
+        }
         train_step(step, graph_every, exit_at);
         if (fork_children && step % 5 == 0) {
             pid_t child = fork();
