@@ -73,8 +73,17 @@ def run_injected(command: Sequence[str], environ: Mapping[str, str] | None = Non
     if path is None:
         err.write(f"otel-gpu: {PACKAGED_LIBRARY} is missing; build it with `make build`\n")
         return 1
-    env = injected_environment(os.environ if environ is None else environ, path, overhead_budget)
-    err.write(container_instructions(path))
+    base = os.environ if environ is None else environ
+    other = base.get(INJECTION_VARIABLE, "")
+    if other and Path(other).name != LIBRARY_NAME:
+        # Nsight Systems (and other CUPTI tools) inject themselves the same way; the driver loads one library, so
+        # taking the variable would take their tool away: theirs stays, and this command runs without GPU-time data.
+        err.write(f"otel-gpu: {INJECTION_VARIABLE} already names {other} (Nsight Systems or another CUDA tool); "
+                  f"leaving it: GPU-time profiling is off for this command\n")
+        env = dict(base)
+    else:
+        env = injected_environment(base, path, overhead_budget)
+        err.write(container_instructions(path))
     if overhead_budget is not None:
         err.write(f"otel-gpu: overhead budget {overhead_budget * 100:g} % (elsewhere: set "
                   f"{BUDGET_VARIABLE}={env[BUDGET_VARIABLE]} where the workload starts)\n")

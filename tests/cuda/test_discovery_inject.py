@@ -128,3 +128,19 @@ def test_inject_rejects_a_bad_overhead_budget_naming_the_flag(value: str) -> Non
                           capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 2
     assert "--overhead-budget" in done.stderr and value in done.stderr
+
+
+def test_inject_leaves_another_tools_injection_in_place(packaged: Path, tmp_path: Path) -> None:
+    """Nsight Systems injects its own library through the same variable: the driver loads one, so theirs stays."""
+    out = tmp_path / "seen"
+    nsys = "/opt/nvidia/nsight-systems/target-linux-x64/libToolsInjection64.so"
+    script = f"import os; open({str(out)!r}, 'w').write(os.environ['CUDA_INJECTION64_PATH'])"
+    err = io.StringIO()
+    code = inject.run_injected([sys.executable, "-c", script], stderr=err,
+                               environ={"PATH": os.environ.get("PATH", ""), "CUDA_INJECTION64_PATH": nsys})
+    assert code == 0 and out.read_text() == nsys
+    assert "GPU-time profiling is off for this command" in err.getvalue()
+    # our own library named already (a nested `otel-gpu inject`) is simply kept
+    code = inject.run_injected([sys.executable, "-c", script], stderr=io.StringIO(),
+                               environ={"PATH": os.environ.get("PATH", ""), "CUDA_INJECTION64_PATH": str(packaged)})
+    assert code == 0 and out.read_text() == str(packaged)
