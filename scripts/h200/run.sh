@@ -17,6 +17,15 @@ for step in "${steps[@]}"; do
     baton)    timeout 560 python3 scripts/h200/baton.py "$OUT/h200-baton.md" "${BATON_SECONDS:-240}" ;;
     baton_matmul) BATON_LOOP=matmul BATON_MODES=P,I timeout 560 python3 scripts/h200/baton.py \
                 "$OUT/h200-baton-matmul.md" "${BATON_SECONDS:-240}" ;;
+    facts)    # how the workload's own CUPTI users reach CUPTI (coexist.c needs them to import it through a GOT)
+              site=$(python3 -c 'import torch, os; print(os.path.dirname(torch.__file__))')
+              python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)'
+              for f in "$site"/lib/*.so*; do
+                n=$(readelf -rW "$f" 2>/dev/null | grep -cE ' cupti(Subscribe|ActivityEnable|ActivityRegisterCallbacks|Finalize)')
+                [ "$n" != 0 ] && { echo "$f: $n CUPTI relocations"; readelf -rW "$f" | grep -E ' cupti' | awk '{print $3, $5}' | sort -u | head -30; readelf -dW "$f" | grep -i 'NEEDED.*cupti'; }
+              done
+              grep -rn "TEARDOWN_CUPTI" "$site" --include=*.py | head -5 ;;
+    harm)     timeout 580 python3 scripts/h200/do_no_harm.py "$OUT/h200-do-no-harm.md" ;;
     agent)    # the real agent on the real GPU for 30 s, every source on, under an injected torch load: local files
               python3 -m otel_gpu inject -- python3 -c 'import torch,time; a=torch.randn(8192,8192,device="cuda",dtype=torch.bfloat16); t=time.time()
 while time.time()-t<40: (a@a); torch.cuda.synchronize()' & load=$!
