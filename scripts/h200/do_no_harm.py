@@ -298,7 +298,9 @@ MODE_SETUP: dict[str, tuple[bool, bool, dict[str, str]]] = {
     "agent": (True, True, {}),
     "agent_old": (True, True, {"OTEL_GPU_DEBUG_FINALIZE_WITH_GRAPHS": "1"}),
 }
-WORKLOAD_ENV = {"async_alloc": {"PYTORCH_CUDA_ALLOC_CONF": "backend:cudaMallocAsync"}}
+WORKLOAD_ENV = {"async_alloc": {"PYTORCH_CUDA_ALLOC_CONF": "backend:cudaMallocAsync"},
+                # the library's exit lines say how often it stepped aside for torch.profiler, and whether graphs were seen
+                "profiler": {"OTEL_GPU_DEBUG_STATS": "1"}, "compile_reduce_overhead": {"OTEL_GPU_DEBUG_STATS": "1"}}
 # deterministic cuBLAS (a fixed workspace per stream), so that equal inputs give equal bytes in every process
 DETERMINISTIC_ENV = {"CUBLAS_WORKSPACE_CONFIG": ":4096:8"}
 # Each cell also spends 8-20 s outside its timed loop (importing torch, compiling, warming up, exiting): with 4 s

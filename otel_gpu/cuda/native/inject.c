@@ -480,11 +480,11 @@ __attribute__((visibility("default"))) int InitializeInjection(void)
         fprintf(stderr, "otel-gpu: cannot open OTEL_GPU_DEBUG_FILE; debug records are not written\n");
     cbids_init();
     stack_init();
+    coexist_init(); /* before the controller, which rescans for objects loaded later */
     if (sampler_start() != 0) {
         fprintf(stderr, "otel-gpu: cannot start the sampling thread; GPU-time profiling is off for this process\n");
         return 0;
     }
-    coexist_init(); /* after the controller: a wrapper may need it at once */
     pthread_atfork(NULL, NULL, on_fork_child);
     atexit(at_exit);
     return 1;

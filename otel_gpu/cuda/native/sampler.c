@@ -103,6 +103,15 @@ static uint64_t finalize_asked_ns; /* monotonic: let_go_locked asked for a final
 static uint64_t retakes, retake_ns; /* subscriptions taken (attach and after each finalize), their total time */
 static uint64_t finalize_ns_charged; /* g_state.finalize_ns already charged to a window's cost */
 
+/* Patches objects loaded since the last look (coexist.c), without ctl_lock: dl_iterate_phdr takes the loader's lock,
+ * and a thread that holds it (a library's constructor) may call a wrapper that waits for ctl_lock. */
+static void rescan_unlocked(void)
+{
+    pthread_mutex_unlock(&ctl_lock);
+    coexist_rescan();
+    pthread_mutex_lock(&ctl_lock);
+}
+
 /* A finalize an API exit has completed: CUPTI is no longer held. */
 static void settle_locked(void)
 {
@@ -410,7 +419,7 @@ static int wait_gap_locked(uint64_t gap_ns)
         }
         if (!agent_present() || atomic_load(&g_foreign.aside))
             return -1;
-        coexist_rescan();
+        rescan_unlocked();
         hurry_finalize_locked();
         if (atomic_load(&g_state.finalize) == FINALIZE_DONE && keep_holding_locked() != 0)
             return -1;
@@ -427,7 +436,7 @@ static void *controller_main(void *arg)
     while (!stopped) {
         settle_locked(); /* a finalize asked for at detach may have happened since (sleep_locked wakes for it) */
         hurry_finalize_locked();
-        coexist_rescan();
+        rescan_unlocked();
         if (atomic_load(&g_foreign.aside)) {
             if (!coexist_foreign_done(monotonic_ns())) {
                 sleep_locked(POLL_NS);
@@ -532,6 +541,9 @@ void sampler_stop_and_flush(void)
             fprintf(stderr, "otel-gpu: stats CUDA graph calls %llu, graphs in use %d (CUPTI %s finalized since)\n",
                     (unsigned long long)atomic_load(&g_state.graph_calls), atomic_load(&g_state.graphs_seen),
                     may_finalize() ? "still" : "no longer");
+            fprintf(stderr, "otel-gpu: stats stepped aside for another CUPTI user %llu times (%.0f ms), %llu GOT slots "
+                    "of CUPTI imports watched\n", (unsigned long long)yields, (double)yielded_ns / 1e6,
+                    (unsigned long long)coexist_slots_patched());
             fprintf(stderr, "otel-gpu: stats waits ended in windows %llu in %.0f ms, in shadow windows %llu in %.0f ms\n",
                     (unsigned long long)window_waits, (double)covered_ns / 1e6, (unsigned long long)shadow_waits,
                     (double)shadow_ns / 1e6);
