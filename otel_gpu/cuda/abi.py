@@ -77,6 +77,7 @@ class WindowC(ctypes.Structure):
         ("abi_version", _u32), ("open_us", _u32), ("window_id", _u64), ("start_ns", _u64), ("end_ns", _u64),
         ("covered_ns", _u64), ("elapsed_ns", _u64), ("launches", _u64), ("dropped", _u64), ("overhead_ns", _u64),
         ("window_waits", _u64), ("shadow_waits", _u64), ("shadow_ns", _u64), ("yielded_ns", _u64), ("yields", _u64),
+        ("aside_since_ns", _u64),
     ]
 
 
@@ -216,6 +217,7 @@ class Window:
     # times the library stepped aside (totals since the library started; covered/elapsed restart after each)
     yielded_ns: int = 0
     yields: int = 0
+    aside_since_ns: int = 0  # non-zero in the record of the moment the library stepped aside (CUPTI clock, unix ns)
     open_us: int = 0  # how long switching the library's callbacks and activity on took when the window opened
 
 
@@ -233,7 +235,7 @@ _SYNC_HEAD = struct.Struct("<IIiIQQQ")
 _STACK_HEAD = struct.Struct("<IIII")
 _PYTHON_FRAME = struct.Struct("<IIII")
 _ACTIVITY_HEAD = struct.Struct("<IIQQIIIIQBBB")
-_WINDOW = struct.Struct("<IIQQQQQQQQQQQQQ")
+_WINDOW = struct.Struct("<IIQQQQQQQQQQQQQQ")
 _EVENT_SIZE = _EVENT.size
 _KSTACK_SIZE = ctypes.sizeof(KStackC)
 _NATIVE_OFFSET = StackC.native.offset

@@ -58,6 +58,8 @@ class ProcessCounters:
     covered_ns: int = 0  # time inside sampling windows seen by the agent; covered/elapsed = sampling fraction
     elapsed_ns: int = 0
     yielded_ns: int = 0  # the library's running total of time left to another CUPTI user (torch.profiler, ...)
+    aside_since_ns: int = 0  # the library stepped aside then and is not back yet (CUPTI clock, unix ns), else 0
+    aside_counted_ns: int = 0  # of that stretch, what drains have already counted as yielded
 
 
 @dataclass(slots=True)
@@ -274,9 +276,7 @@ class GPUTimeSource:
         if not counters.since_ns or elapsed == window.elapsed_ns:  # first window, or the library re-attached
             counters.since_ns = window.end_ns - window.elapsed_ns
         counters.until_ns = max(counters.until_ns, window.end_ns)
-        if window.yielded_ns > counters.yielded_ns:  # the library stepped aside for another CUPTI user meanwhile
-            self._interval.yielded_ns += window.yielded_ns - counters.yielded_ns
-            counters.yielded_ns = window.yielded_ns
+        self._account_yielded(counters, window)
         if window.dropped:
             selfmetrics.count(semconv.SELF_DROPPED.name, window.dropped, otel_gpu__reason="injected_library",
                               otel_gpu__signal="profiles")
@@ -287,6 +287,23 @@ class GPUTimeSource:
             else:
                 still.append((work, age))
         self._pending = still
+
+    def _account_yielded(self, counters: ProcessCounters, window: abi.Window) -> None:
+        """Time the library left CUPTI to another tool of the program: stated per interval, never extrapolated into.
+        While it is away, each drain counts the time so far; its next record's total settles the rest."""
+        if window.aside_since_ns:  # the library steps aside now
+            counters.aside_since_ns, counters.aside_counted_ns = window.aside_since_ns, 0
+        elif window.yielded_ns > counters.yielded_ns:  # back: its total covers the whole stretch
+            self._interval.yielded_ns += max(0, window.yielded_ns - counters.yielded_ns - counters.aside_counted_ns)
+            counters.aside_since_ns = counters.aside_counted_ns = 0
+        counters.yielded_ns = window.yielded_ns
+
+    def _count_aside(self, now_ns: int) -> None:
+        for counters in self._counters.values():
+            if counters.aside_since_ns:
+                so_far = max(0, now_ns - counters.aside_since_ns)
+                self._interval.yielded_ns += max(0, so_far - counters.aside_counted_ns)
+                counters.aside_counted_ns = max(so_far, counters.aside_counted_ns)
 
     def _account(self, work: GPUWork) -> None:
         weight = self._weights.weight(work.launch.pid, work.launch.window_id)
@@ -313,6 +330,7 @@ class GPUTimeSource:
             processes = {pid: info for pid, info in self._processes.items()}
             fraction = (self._interval.covered_ns / self._interval.elapsed_ns) if self._interval.elapsed_ns else 1.0
             start, duration = self._interval_start_ns, max(0, now_ns - self._interval_start_ns)
+            self._count_aside(now_ns)
             yielded = ((semconv.OTEL_GPU_GPU_TIME_YIELDED, self._interval.yielded_ns / 1e9),) \
                 if self._interval.yielded_ns else ()
             gpu = self._gpu.build(start, duration, processes, fraction, yielded)

@@ -299,7 +299,7 @@ MODE_SETUP: dict[str, tuple[bool, bool, dict[str, str]]] = {
     "agent_old": (True, True, {"OTEL_GPU_DEBUG_FINALIZE_WITH_GRAPHS": "1"}),
 }
 WORKLOAD_ENV = {"async_alloc": {"PYTORCH_CUDA_ALLOC_CONF": "backend:cudaMallocAsync"},
-                # the library's exit lines say how often it stepped aside for torch.profiler, and whether graphs were seen
+                # the library's exit lines: how often it stepped aside for torch.profiler, whether it saw graphs
                 "profiler": {"OTEL_GPU_DEBUG_STATS": "1"}, "compile_reduce_overhead": {"OTEL_GPU_DEBUG_STATS": "1"}}
 # deterministic cuBLAS (a fixed workspace per stream), so that equal inputs give equal bytes in every process
 DETERMINISTIC_ENV = {"CUBLAS_WORKSPACE_CONFIG": ":4096:8"}
@@ -750,7 +750,8 @@ def main(argv: list[str]) -> int:
               f"Command: `{' '.join(shlex.quote(a) for a in argv)}` with {settings}; "
               f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}.",
               f"{pinning}; agent mode: `otel-gpu run` for {AGENT_RUN_S:g} s, {AGENT_PAUSE_S:g} s apart, from the "
-              "workload's CUDA initialisation to its exit. XIDs: the agent's hw.errors{error.type=xid} files and its log, and new `NVRM: Xid` lines "
+              "workload's CUDA initialisation to its exit. XIDs: the agent's hw.errors{error.type=xid} files and its "
+              "log, and new `NVRM: Xid` lines "
               "in the kernel log. loops/s is informational (not judged).", "",
               f"GPU and driver: {versions()}."]
     cells: list[Cell] = []

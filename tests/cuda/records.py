@@ -30,9 +30,10 @@ def memcpy(pid: int, corr: int, duration_ns: int, nbytes: int, copy_kind: int = 
 
 
 def window(pid: int, window_id: int, covered_ns: int, elapsed_ns: int, launches: int = 0, window_waits: int = 0,
-           shadow_waits: int = 0, shadow_ns: int = 0, yielded_ns: int = 0, yields: int = 0) -> abi.Window:
+           shadow_waits: int = 0, shadow_ns: int = 0, yielded_ns: int = 0, yields: int = 0,
+           aside_since_ns: int = 0) -> abi.Window:
     return abi.Window(pid, window_id, 0, 0, covered_ns, elapsed_ns, launches, 0, 0, window_waits, shadow_waits,
-                      shadow_ns, yielded_ns, yields)
+                      shadow_ns, yielded_ns, yields, aside_since_ns)
 
 
 def sync(pid: int, blocked_ns: int, weight: int = 1, kind: int = abi.SYNC_STREAM, cbid: int = 126,

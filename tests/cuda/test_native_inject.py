@@ -525,6 +525,9 @@ def test_the_programs_own_profiler_gets_cupti_and_every_kernel(injected_lib: Pat
     windows = run.records.windows
     # windows before the first session, and again after the library took CUPTI back from each session
     assert {w.yields for w in windows} == {0, 1, 2}, sorted({w.yields for w in windows})
+    # the record of each moment the library stepped aside says so
+    aside = [w for w in windows if w.aside_since_ns]
+    assert [w.yields for w in aside] == [0, 1] and all(w.start_ns <= w.aside_since_ns for w in aside)
     back = [w for w in windows if w.yields == 1]
     # each session plus the 2 s of quiet before CUPTI is taken back is stated, and not extrapolated into: the
     # re-weighting totals restart after it
@@ -803,7 +806,8 @@ def test_an_attached_uprobe_turns_the_library_on(injected_lib: Path, tmp_path: P
         }
     )
     workload = subprocess.Popen(
-        [str(WORKLOAD), "--steps", "1800", "--graph-every", "0"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        [str(WORKLOAD), "--steps", "1800", "--graph-every", "0"], env=env, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True
     )
     try:
         time.sleep(0.5)  # the library is loaded and idle: no agent yet

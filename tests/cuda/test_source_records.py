@@ -3,13 +3,13 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
 
 from otel_gpu import selfmetrics, semconv
-from otel_gpu import semconv
 from otel_gpu.cuda import abi
 from otel_gpu.cuda.source import GPUTimeSource
 from otel_gpu.procfs import ProcessResolver
@@ -88,6 +88,23 @@ def test_time_left_to_another_cupti_user_is_stated_in_the_profile(proc: Path) ->
     source.handle(window(10, 3, covered_ns=100, elapsed_ns=1000, yielded_ns=2_500_000_000, yields=1))
     gpu, _ = source.drain()
     assert gpu.attributes == ()  # nothing yielded in this interval
+
+
+def test_time_while_the_library_is_still_aside_is_stated_at_each_drain(proc: Path) -> None:
+    """torch keeps its profiler's CUPTI subscription (TEARDOWN_CUPTI=0): the library may stay aside for good. Each
+    interval states the time so far; the record of its return settles the rest without counting anything twice."""
+    source, _ = _source(proc)
+    source.handle(window(10, 1, covered_ns=100, elapsed_ns=1000))
+    source.handle(window(10, 2, covered_ns=100, elapsed_ns=1200, aside_since_ns=time.time_ns() - 3 * 10**9))
+    gpu, _ = source.drain()
+    first = dict(gpu.attributes)[semconv.OTEL_GPU_GPU_TIME_YIELDED]
+    assert 3.0 <= first < 4.0
+    gpu, _ = source.drain()
+    second = dict(gpu.attributes).get(semconv.OTEL_GPU_GPU_TIME_YIELDED, 0.0)
+    assert second < 1.0
+    source.handle(window(10, 3, covered_ns=50, elapsed_ns=500, yielded_ns=10 * 10**9, yields=1))  # back after 10 s
+    gpu, _ = source.drain()
+    assert dict(gpu.attributes)[semconv.OTEL_GPU_GPU_TIME_YIELDED] == pytest.approx(10.0 - first - second, abs=1e-6)
 
 
 def test_work_of_an_open_window_waits_for_it_then_settles(proc: Path) -> None:

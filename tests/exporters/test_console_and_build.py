@@ -3,10 +3,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import io
 from pathlib import Path
 
 from otel_gpu import config as config_module
+from otel_gpu import semconv
 from otel_gpu.exporters import (
     ConsoleProfileExporter,
     FilesProfileExporter,
@@ -32,6 +34,12 @@ def test_summary_of_gpu_time_states_the_sampling_fraction() -> None:
     text = summarize(batches.gpu_batch())
     assert "gpu_time" in text.splitlines()[0] and "25% of events" in text
     assert "75.0%" in text and "gemm_kernel(float*, int) <- hot_loop <- main" in text
+
+
+def test_summary_of_gpu_time_states_the_time_another_tool_held_cupti() -> None:
+    batch = dataclasses.replace(batches.gpu_batch(), attributes=((semconv.OTEL_GPU_GPU_TIME_YIELDED, 12.5),))
+    assert "not measured for 12.5 s while another tool" in summarize(batch).splitlines()[0]
+    assert "not measured" not in summarize(batches.gpu_batch())
 
 
 def test_console_exporter_writes_to_its_stream() -> None:

@@ -148,6 +148,8 @@ struct otel_gpu_window {
      * again when the library takes CUPTI back, so that time is never extrapolated into. */
     otel_u64 yielded_ns;
     otel_u64 yields;
+    otel_u64 aside_since_ns; /* non-zero only in the record fired as the library steps aside: from this time on
+                              * another tool holds CUPTI, until a record with a larger yields says the library is back */
 };
 
 #define OTEL_GPU_MAX_RECORD (sizeof(struct otel_gpu_sync) > sizeof(struct otel_gpu_launch) ? \

@@ -99,6 +99,7 @@ static int agent_present(void)
 static int held;                   /* under ctl_lock: subscribed (a finalize may be pending) */
 static uint64_t yielded_ns, yields; /* time CUPTI was left to another tool, and how often (window record) */
 static uint64_t aside_since_ns;     /* monotonic: the library stepped aside */
+static uint64_t aside_clock_ns;     /* CUPTI clock: set only while the record that says so is fired */
 static uint64_t finalize_asked_ns; /* monotonic: let_go_locked asked for a finalize */
 static uint64_t retakes, retake_ns; /* subscriptions taken (attach and after each finalize), their total time */
 static uint64_t finalize_ns_charged; /* g_state.finalize_ns already charged to a window's cost */
@@ -268,6 +269,26 @@ static void adapt_locked(uint64_t window_ns, uint64_t overhead_ns, uint64_t laun
     fraction = fraction_for_budget(g_settings.overhead_budget, slowdown);
 }
 
+/* A window record with the running totals; launches, overhead and the switch-on time are the caller's. */
+static struct otel_gpu_window window_record_locked(uint64_t id, uint64_t start, uint64_t end)
+{
+    return (struct otel_gpu_window){
+        .abi_version = OTEL_GPU_ABI_VERSION,
+        .window_id = id,
+        .start_ns = start,
+        .end_ns = end,
+        .covered_ns = covered_ns,
+        .elapsed_ns = end - attach_start_ns,
+        .dropped = activity_take_dropped(),
+        .window_waits = window_waits,
+        .shadow_waits = shadow_waits,
+        .shadow_ns = shadow_ns,
+        .yielded_ns = yielded_ns,
+        .yields = yields,
+        .aside_since_ns = aside_clock_ns,
+    };
+}
+
 static void close_window_locked(uint32_t flush_flag)
 {
     uint64_t id = atomic_exchange(&g_state.window_id, 0);
@@ -288,23 +309,10 @@ static void close_window_locked(uint32_t flush_flag)
     atomic_store(&g_state.outside_launches, 0);
     covered_ns += end - open_start_ns;
     window_waits += atomic_load(&g_state.waits_seen) - waits_at_open;
-    struct otel_gpu_window rec = {
-        .abi_version = OTEL_GPU_ABI_VERSION,
-        .open_us = open_us,
-        .window_id = id,
-        .start_ns = open_start_ns,
-        .end_ns = end,
-        .covered_ns = covered_ns,
-        .elapsed_ns = end - attach_start_ns,
-        .launches = atomic_load(&g_state.window_launches),
-        .dropped = activity_take_dropped(),
-        .overhead_ns = atomic_load(&g_state.overhead_ns),
-        .window_waits = window_waits,
-        .shadow_waits = shadow_waits,
-        .shadow_ns = shadow_ns,
-        .yielded_ns = yielded_ns,
-        .yields = yields,
-    };
+    struct otel_gpu_window rec = window_record_locked(id, open_start_ns, end);
+    rec.open_us = open_us;
+    rec.launches = atomic_load(&g_state.window_launches);
+    rec.overhead_ns = atomic_load(&g_state.overhead_ns);
     emit_window(&rec);
     adapt_locked(end - open_start_ns, rec.overhead_ns, rec.launches, lingered);
 }
@@ -499,7 +507,16 @@ void sampler_step_aside(void)
     pthread_mutex_lock(&ctl_lock);
     if (!atomic_load(&g_foreign.aside) && !stopped) {
         int was_attached = atomic_load(&g_state.attached);
-        close_window_locked(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
+        /* The last record before the gap says so (aside_since_ns): the agent counts the time from then on as not
+         * measured until the library is back. An empty window when none is open. */
+        aside_clock_ns = now_ns();
+        if (atomic_load(&g_state.window_id) != 0) {
+            close_window_locked(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
+        } else if (was_attached) {
+            struct otel_gpu_window rec = window_record_locked(++last_window_id, aside_clock_ns, aside_clock_ns);
+            emit_window(&rec);
+        }
+        aside_clock_ns = 0;
         atomic_store(&g_state.attached, 0);
         lingering = 0;
         if (holding_locked()) {
