@@ -254,10 +254,28 @@ def _range(low: float, high: float) -> Callable[[Any], str | None]:
 def _url(value: Any) -> str | None:
     if not value:
         return None
-    parsed = urllib.parse.urlparse(str(value))
+    try:
+        parsed = urllib.parse.urlparse(str(value))
+        parsed.port  # noqa: B018 - raises ValueError for a port that is not a number in 0..65535
+    except ValueError as exc:
+        return f"is not a valid URL ({exc})"
     if parsed.scheme not in ("http", "https") or not parsed.netloc:
         return "must be an http:// or https:// URL"
+    if parsed.username is not None or parsed.password is not None:
+        # a password in a URL ends up in logs and name lookups; credentials have flags of their own
+        return ("must not hold a user or password (OTLP: --otlp-headers 'Authorization=Basic ...'; Pyroscope: "
+                "--pyroscope-user and --pyroscope-password)")
+    if not parsed.hostname:
+        return "needs a host name"
     return None
+
+
+_USERINFO = re.compile(r"(^|//)[^/@\s]*@")
+
+
+def redacted(value: Any) -> Any:
+    """``value`` with the user and password of a URL in it masked (``http://***@host``); other values as they are."""
+    return _USERINFO.sub(r"\1***@", value) if isinstance(value, str) and "@" in value else value
 
 
 def _regex(value: Any) -> str | None:
@@ -446,7 +464,7 @@ def load(args: argparse.Namespace | None = None, environ: Mapping[str, str] | No
             continue
         message = _check(option, value)
         if message:
-            problems.append(f"{origin}: {value!r} {message}")
+            problems.append(f"{origin}: {redacted(value)!r} {message}")
             continue
         parsed[path] = value
 
@@ -567,6 +585,7 @@ def _render(value: Any, option: Option) -> Any:
         if isinstance(value, tuple):
             return ",".join(f"{k}=***" for k, _ in value)
         return "***"
+    value = redacted(value)
     if isinstance(value, tuple) and value and isinstance(value[0], tuple):
         return ",".join(f"{k}={v}" for k, v in value)
     if isinstance(value, tuple):

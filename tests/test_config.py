@@ -112,6 +112,24 @@ def test_bad_configuration_exits_2_naming_each_flag() -> None:
     assert result.stdout == ""
 
 
+def test_passwords_in_urls_are_refused_and_never_shown() -> None:
+    for command in ("config", "run"):
+        result = _run(command, "--otlp-endpoint", "http://u:SECRET@127.0.0.1:4317",
+                      env={"OTEL_GPU_PYROSCOPE_URL": "https://me:hunter2@pyroscope:4040"})
+        assert result.returncode == 2, result.stderr
+        assert "SECRET" not in result.stdout + result.stderr and "hunter2" not in result.stdout + result.stderr
+        assert "--otlp-endpoint" in result.stderr and "OTEL_GPU_PYROSCOPE_URL" in result.stderr
+        assert "http://***@127.0.0.1:4317" in result.stderr and "must not hold a user or password" in result.stderr
+    assert config.redacted("u:SECRET@host:4317") == "***@host:4317" and config.redacted(7) == 7
+
+
+@pytest.mark.parametrize("url", ["https://[::1", "http://127.0.0.1:notaport", "http://127.0.0.1:99999", "http://:4317"])
+def test_malformed_endpoints_exit_2_naming_the_flag(url: str) -> None:
+    result = _run("run", "--otlp-endpoint", url)
+    assert result.returncode == 2, result.stderr
+    assert "flag --otlp-endpoint" in result.stderr and "Traceback" not in result.stderr
+
+
 def test_config_command_shows_the_precedence_result(tmp_path: Path) -> None:
     file = _yaml(tmp_path, {"metrics": {"export_interval_s": 30, "prometheus_port": 9400}})
     result = _run("config", "--config", file, "--prometheus-port", "9500",

@@ -42,6 +42,7 @@ _MAX_NOTES_BYTES = 1 << 16  # build-id notes sit in the first notes of a file; n
 _MAX_NAME_BYTES = 1 << 20  # a longer "name" is a corrupt string table
 _NAME_CACHE_ENTRIES = 1024  # resolved names kept per file
 _NAME_CACHE_BYTES = 256 * 1024  # what the name cache is counted as in size_bytes (C++ names average ~200 bytes)
+_MAX_ENTRY_BYTES = 256  # a program or section header entry larger than this is a corrupt header (they are 56 / 64)
 _MAX_SIZE = 0xFFFFFFFF  # sizes are stored in 32 bits: a bigger one is clamped (no function is 4 GiB long)
 _get_first = itemgetter(0)
 _Read = Callable[[int, int], bytes]  # (offset, size) -> at most size bytes
@@ -80,9 +81,13 @@ class _Source:
             raise
 
     def read(self, offset: int, size: int) -> bytes:
-        """Up to ``size`` bytes at ``offset`` (fewer at the end of the file); raises OSError."""
-        if offset < 0 or size <= 0:
+        """Up to ``size`` bytes at ``offset`` (fewer at the end of the file); raises OSError.
+
+        Offsets and sizes come from the file itself, which any process on the node may have written: both are clamped
+        to the file's size (an offset near 2**64 would overflow ``pread``, a size of gigabytes would be allocated)."""
+        if offset < 0 or size <= 0 or offset >= self.size:
             return b""
+        size = min(size, self.size - offset)
         if self._image is not None:
             return self._image[offset:offset + size]
         if self._fd < 0:
@@ -276,7 +281,7 @@ class ElfSymbols:
 
 def _program_headers(read: _Read, phoff: int, phentsize: int, phnum: int) -> list[tuple[int, int, int, int]]:
     """(p_type, p_offset, p_vaddr, p_filesz) of each program header."""
-    if not phoff or not phnum or phentsize < _PHDR.size:
+    if not phoff or not phnum or not _PHDR.size <= phentsize <= _MAX_ENTRY_BYTES:
         return []
     data = read(phoff, phnum * phentsize)
     out = []
@@ -287,7 +292,7 @@ def _program_headers(read: _Read, phoff: int, phentsize: int, phnum: int) -> lis
 
 
 def _section_headers(read: _Read, shoff: int, shentsize: int, shnum: int) -> list[tuple[int, ...]]:
-    if not shoff or not shnum or shentsize < _SHDR.size:
+    if not shoff or not shnum or not _SHDR.size <= shentsize <= _MAX_ENTRY_BYTES:
         return []
     data = read(shoff, shnum * shentsize)
     return [_SHDR.unpack_from(data, i * shentsize) for i in range(min(shnum, len(data) // shentsize))]

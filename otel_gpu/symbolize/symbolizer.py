@@ -57,6 +57,7 @@ class _Process:
         self.frames: dict[tuple[int, bool], Frame] = {}  # (address, is_leaf)
         self.perf_map: PerfMap | None = None
         self.perf_map_checked = False
+        self.perf_map_capped = False  # counted once: its perf map is larger than the symbolizer reads
         self.refreshed = False
 
     def set_entries(self, entries: list[MapEntry]) -> None:
@@ -301,7 +302,7 @@ class Symbolizer:
             except OSError as exc:  # gone between stat and open (the process exited): try the next path
                 _logger.debug("cannot open %s: %s", candidate, exc)
                 continue
-            except (ElfError, ValueError) as exc:
+            except Exception as exc:  # noqa: BLE001 - any process may map any file: a parser failure costs its symbols
                 _logger.debug("cannot read symbols of %s: %s", entry.path, exc)
                 selfmetrics.count(semconv.SELF_ERRORS.name, otel_gpu__source=SOURCE, otel_gpu__reason="unreadable_elf")
                 elf = None
@@ -363,12 +364,17 @@ class Symbolizer:
             except OSError:
                 continue
             current = process.perf_map
-            if current is not None and current.path == path and current.identity == (stat.st_mtime_ns, stat.st_size):
-                return current
             try:
-                process.perf_map = PerfMap(path)
+                if current is not None and current.path == path:
+                    current.refresh()  # what was appended since the last look, nothing when nothing was
+                else:
+                    process.perf_map = PerfMap(path)
             except OSError:
                 continue
+            if process.perf_map is not None and process.perf_map.truncated and not process.perf_map_capped:
+                process.perf_map_capped = True
+                selfmetrics.count(semconv.SELF_ERRORS.name, otel_gpu__source=SOURCE,
+                                  otel_gpu__reason="perf_map_too_large")
             return process.perf_map
         return process.perf_map
 

@@ -4,6 +4,7 @@ on generated files with huge symbol tables (memory held and resolution, against 
 
 from __future__ import annotations
 
+import random
 import shutil
 import subprocess
 import tracemalloc
@@ -167,3 +168,54 @@ def test_names_stay_readable_after_the_file_is_deleted(tmp_path: Path) -> None:
     assert elf.lookup(value + 1) == ("leaf_heavy", 1)
     elf.close()
     assert elf.lookup(functions["leaf_light"][0]) == ("", 0)  # closed: the function is still found, unnamed
+
+
+def _header(**fields: int) -> bytes:
+    """A 64-bit little-endian ELF header with the given e_* fields (the rest 0)."""
+    values = {"phoff": 0, "shoff": 0, "phentsize": 0, "phnum": 0, "shentsize": 0, "shnum": 0} | fields
+    return elf_module._EHDR.pack(b"\x7fELF\x02\x01\x01" + b"\0" * 9, 3, 62, 1, 0, values["phoff"], values["shoff"],
+                                 0, 64, values["phentsize"], values["phnum"], values["shentsize"], values["shnum"], 0)
+
+
+@pytest.mark.parametrize("fields", [
+    {"shoff": (1 << 64) - 1, "shentsize": 64, "shnum": 10},  # issue 10: OverflowError blinded the CPU profiler
+    {"phoff": (1 << 64) - 8, "phentsize": 56, "phnum": 3},
+    {"shoff": 64, "shentsize": 65535, "shnum": 65535},  # 4 GiB of "section headers" asked for
+    {"phoff": 64, "phentsize": 65535, "phnum": 65535},
+])
+def test_hostile_header_fields_cost_the_file_its_symbols_only(tmp_path: Path, fields: dict[str, int]) -> None:
+    path = tmp_path / "hostile"
+    path.write_bytes(_header(**fields) + b"\0" * 4096)
+    tracemalloc.start()
+    try:
+        elf = ElfSymbols(str(path))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert elf.symbol_count == 0 and elf.lookup(0x1000) is None
+    assert peak < 1 << 20
+
+
+def test_mutated_real_binaries_raise_only_elf_errors(tmp_path: Path) -> None:
+    """Random bytes written over a real binary's headers (the issue's "random bytes after the ELF magic"): every
+    parse ends in symbols or an ElfError, never another exception, within bounded memory."""
+    original = Path(shutil.which("true") or "/bin/true").read_bytes()
+    rng = random.Random(10)
+    path = tmp_path / "mutant"
+    tracemalloc.start()
+    try:
+        for _ in range(300):
+            data = bytearray(original)
+            for _ in range(rng.randrange(1, 24)):
+                at = rng.randrange(4, 64) if rng.random() < 0.6 else rng.randrange(4, min(len(data), 4096))
+                data[at] = rng.randrange(256)
+            if rng.random() < 0.2:
+                data[4:] = rng.randbytes(len(data) - 4)
+            path.write_bytes(bytes(data))
+            try:
+                ElfSymbols(str(path)).lookup(0x1000)
+            except ElfError:
+                pass
+        assert tracemalloc.get_traced_memory()[1] < 64 << 20
+    finally:
+        tracemalloc.stop()

@@ -152,6 +152,37 @@ def test_perf_map_names_jit_frames(tmp_path: Path) -> None:
     assert frames[2].address == 0x7F0000003000 and "0x7f0000003000" in frames[2].function
 
 
+def test_perf_map_reads_only_what_was_appended(tmp_path: Path) -> None:
+    path = tmp_path / "perf-2.map"
+    path.write_text("1000 10 a\n2000 10 b\n3000 10 half-writ")  # the last line is still being written
+    perf_map = PerfMap(str(path))
+    assert len(perf_map) == 2 and perf_map.lookup(0x3005) is None
+    read_before = perf_map._read_bytes
+    with path.open("a") as handle:
+        handle.write("ten\n0500 10 earlier\n")
+    assert perf_map.refresh() and len(perf_map) == 4
+    assert perf_map.lookup(0x3005) == "half-written" and perf_map.lookup(0x505) == "earlier"
+    assert perf_map._read_bytes - read_before == len("3000 10 half-written\n0500 10 earlier\n")
+    assert not perf_map.refresh()  # nothing new: nothing read
+    path.unlink()
+    path.write_text("4000 10 replaced\n")  # a new file of the same name (a new process with the same pid)
+    assert perf_map.refresh() and len(perf_map) == 1 and perf_map.lookup(0x1005) is None
+
+
+def test_perf_map_is_read_up_to_its_cap(tmp_path: Path) -> None:
+    """Any process chooses its perf map's size: 50,000 lines (1.4 MB) read with a 64 KiB cap."""
+    path = tmp_path / "perf-3.map"
+    path.write_text("".join(f"{0x10000 + 16 * i:x} 10 jitted_function_{i}\n" for i in range(50_000)))
+    perf_map = PerfMap(str(path), max_bytes=64 << 10)
+    assert perf_map.truncated and 0 < len(perf_map) < 3000
+    assert perf_map.lookup(0x10005) == "jitted_function_0"
+    assert perf_map.lookup(0x10000 + 16 * 49_999) is None  # past the cap: unnamed
+    assert not perf_map.refresh()
+    garbage = tmp_path / "perf-4.map"
+    garbage.write_bytes(b"x" * (200 << 10))  # no newline at all
+    assert len(PerfMap(str(garbage), max_bytes=1 << 20)) == 0
+
+
 def test_perf_map_parser(tmp_path: Path) -> None:
     path = tmp_path / "perf-1.map"
     path.write_text("1000 10 a\nnot a line\n2000 0 b with spaces\n")
