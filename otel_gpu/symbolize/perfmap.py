@@ -40,7 +40,6 @@ class PerfMap:
         if self._file != (stat.st_dev, stat.st_ino) or stat.st_size < self._read_bytes:
             self._file, self._read_bytes = (stat.st_dev, stat.st_ino), 0
             self._starts, self._ends, self._names = [], [], []
-            self.truncated = False
         self.truncated = stat.st_size > self.max_bytes
         want = min(stat.st_size, self.max_bytes) - self._read_bytes
         if want <= 0:

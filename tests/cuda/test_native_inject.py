@@ -536,7 +536,7 @@ def test_the_programs_own_profiler_gets_cupti_and_every_kernel(injected_lib: Pat
     assert run.stats["graph_faults"] == 0
 
 
-def test_without_hooks_a_profiler_that_took_cupti_first_is_left_alone(injected_lib: Path, tmp_path: Path) -> None:
+def test_a_profiler_running_from_the_first_step_records_every_kernel(injected_lib: Path, tmp_path: Path) -> None:
     argv = [str(WORKLOAD), "--steps", "300", "--graph-every", "0", "--profiler-lib", str(PROFILER),
             "--profile-at", "0", "--profile-steps", "250"]
     run = run_workload(injected_lib, tmp_path, argv)

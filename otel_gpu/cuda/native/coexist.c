@@ -250,13 +250,13 @@ uint64_t coexist_slots_patched(void)
 
 void coexist_init(void)
 {
+    /* dl_iterate_phdr's dlpi_addr is the load bias; dladdr's dli_fbase the lowest mapped address: equal for
+     * shared objects, whose first segment starts at 0. */
     Dl_info self, cupti;
     if (dladdr((void *)coexist_init, &self) != 0)
         own_base = (uintptr_t)self.dli_fbase;
     if (dladdr(*(void **)&g_cupti.subscribe, &cupti) != 0)
         cupti_base = (uintptr_t)cupti.dli_fbase;
-    /* dl_iterate_phdr's dlpi_addr is the load bias; dladdr's dli_fbase the lowest mapped address: equal for
-     * shared objects, whose first segment starts at 0. */
     add_hook("cuptiSubscribe", (void *)w_subscribe, *(void **)&g_cupti.subscribe);
     add_hook("cuptiSubscribe_v2", (void *)w_subscribe_v2, *(void **)&g_cupti.subscribe_v2);
     add_hook("cuptiUnsubscribe", (void *)w_unsubscribe, *(void **)&g_cupti.unsubscribe);

@@ -231,15 +231,15 @@ static void record_wait(CUpti_CallbackId cbid, const CUpti_CallbackData *cb, uin
     atomic_fetch_add(&g_state.wait_overhead_ns, monotonic_ns() - t0);
 }
 
-/* Called at an API exit when the controller asked for it: CUPTI's documented place for a dynamic detach. Only a
- * finalized CUPTI lets go of the driver: after a window had the activity kinds on, a launch-bound PyTorch loop on an
- * H200 stayed 22 % slower for as long as the subscription lasted, even with every kind and callback off again. */
 int may_finalize(void)
 {
     return g_settings.cupti_finalize && g_cupti.finalize != NULL &&
            (!atomic_load(&g_state.graphs_seen) || g_settings.finalize_with_graphs);
 }
 
+/* Called at an API exit when the controller asked for it: CUPTI's documented place for a dynamic detach. Only a
+ * finalized CUPTI lets go of the driver: after a window had the activity kinds on, a launch-bound PyTorch loop on an
+ * H200 stayed 22 % slower for as long as the subscription lasted, even with every kind and callback off again. */
 static void finalize_from_callback(void)
 {
     int expected = FINALIZE_REQUESTED;

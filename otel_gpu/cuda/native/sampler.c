@@ -99,7 +99,6 @@ static int agent_present(void)
 static int held;                   /* under ctl_lock: subscribed (a finalize may be pending) */
 static uint64_t yielded_ns, yields; /* time CUPTI was left to another tool, and how often (window record) */
 static uint64_t aside_since_ns;     /* monotonic: the library stepped aside */
-static uint64_t aside_clock_ns;     /* CUPTI clock: set only while the record that says so is fired */
 static uint64_t finalize_asked_ns; /* monotonic: let_go_locked asked for a finalize */
 static uint64_t retakes, retake_ns; /* subscriptions taken (attach and after each finalize), their total time */
 static uint64_t finalize_ns_charged; /* g_state.finalize_ns already charged to a window's cost */
@@ -269,7 +268,8 @@ static void adapt_locked(uint64_t window_ns, uint64_t overhead_ns, uint64_t laun
     fraction = fraction_for_budget(g_settings.overhead_budget, slowdown);
 }
 
-/* A window record with the running totals; launches, overhead and the switch-on time are the caller's. */
+/* A window record with the running totals; launches, overhead, the switch-on time and aside_since_ns are the
+ * caller's. */
 static struct otel_gpu_window window_record_locked(uint64_t id, uint64_t start, uint64_t end)
 {
     return (struct otel_gpu_window){
@@ -285,11 +285,11 @@ static struct otel_gpu_window window_record_locked(uint64_t id, uint64_t start, 
         .shadow_ns = shadow_ns,
         .yielded_ns = yielded_ns,
         .yields = yields,
-        .aside_since_ns = aside_clock_ns,
     };
 }
 
-static void close_window_locked(uint32_t flush_flag)
+/* aside_from_ns: 0, or (stepping aside) the CUPTI time from which another tool holds CUPTI, for the record. */
+static void close_window_locked(uint32_t flush_flag, uint64_t aside_from_ns)
 {
     uint64_t id = atomic_exchange(&g_state.window_id, 0);
     if (id == 0)
@@ -313,6 +313,7 @@ static void close_window_locked(uint32_t flush_flag)
     rec.open_us = open_us;
     rec.launches = atomic_load(&g_state.window_launches);
     rec.overhead_ns = atomic_load(&g_state.overhead_ns);
+    rec.aside_since_ns = aside_from_ns;
     emit_window(&rec);
     adapt_locked(end - open_start_ns, rec.overhead_ns, rec.launches, lingered);
 }
@@ -336,7 +337,7 @@ static int linger_check_locked(void)
 
 static void detach_locked(void)
 {
-    close_window_locked(0);
+    close_window_locked(0, 0);
     atomic_store(&g_state.attached, 0);
     lingering = 0;
     if (!holding_locked())
@@ -475,7 +476,7 @@ static void *controller_main(void *arg)
         open_window_locked(begin);
         sleep_locked(g_settings.window_ns);
         if (!stopped)
-            close_window_locked(0);
+            close_window_locked(0, 0);
     }
     pthread_mutex_unlock(&ctl_lock);
     return NULL;
@@ -509,14 +510,14 @@ void sampler_step_aside(void)
         int was_attached = atomic_load(&g_state.attached);
         /* The last record before the gap says so (aside_since_ns): the agent counts the time from then on as not
          * measured until the library is back. An empty window when none is open. */
-        aside_clock_ns = now_ns();
+        uint64_t now = now_ns();
         if (atomic_load(&g_state.window_id) != 0) {
-            close_window_locked(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
+            close_window_locked(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED, now);
         } else if (was_attached) {
-            struct otel_gpu_window rec = window_record_locked(++last_window_id, aside_clock_ns, aside_clock_ns);
+            struct otel_gpu_window rec = window_record_locked(++last_window_id, now, now);
+            rec.aside_since_ns = now;
             emit_window(&rec);
         }
-        aside_clock_ns = 0;
         atomic_store(&g_state.attached, 0);
         lingering = 0;
         if (holding_locked()) {
@@ -568,7 +569,7 @@ void sampler_stop_and_flush(void)
         stopped = 1;
         atomic_store(&g_state.stopping, 1);
         if (atomic_load(&g_state.attached) && holding_locked()) {
-            close_window_locked(0);
+            close_window_locked(0, 0);
             activity_drain(EXIT_DRAIN_NS);
         }
         pthread_cond_broadcast(&ctl_wake);
