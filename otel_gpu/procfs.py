@@ -4,6 +4,11 @@
 Shared by every source that reports per process (GPU process metrics, CPU and GPU-time profiles).
 Takes its filesystem root as a parameter so tests can point it at a fake tree. A process that exits
 mid-read yields ``None`` (or partial identity), never an exception.
+
+Every process on the node writes part of what is read here (its name, its environment, the cgroup paths it was
+put in), so each file is read up to a cap and parsed without trusting it: any bytes, any length. An environment
+or cgroup file past its cap is counted in ``otel_gpu.source.errors`` (source ``procfs``, reason ``environ_too_large``
+or ``cgroup_too_large``); the worst a process can do is blank its own identity.
 """
 
 from __future__ import annotations
@@ -15,10 +20,23 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 
+from otel_gpu import selfmetrics, semconv
+
+SOURCE = "procfs"
+# caps on what is read of each file (bytes): far above what the kernel writes for any real process
+MAX_STAT_BYTES = 4096  # 52 numbers and a name of at most 64 bytes
+MAX_COMM_BYTES = 256  # 16 bytes (64 for kernel threads)
+MAX_STATUS_BYTES = 64 << 10  # about 1.5 KiB, the per-CPU and per-group lines grow with the machine
+MAX_CGROUP_BYTES = 64 << 10  # one line per hierarchy, each path at most PATH_MAX
+MAX_ENVIRON_BYTES = 1 << 20  # limited by the stack (a quarter of RLIMIT_STACK: 2 MiB by default), rarely over 64 KiB
+MAX_SERVICE_NAME_CHARS = 256  # a longer OTEL_SERVICE_NAME is cut here
+_READ_CHUNK_BYTES = 64 << 10
+
 # 64 hex digits: docker, containerd (cri-containerd-<id>.scope, /<id>), cri-o (crio-<id>.scope), podman (libpod-<id>)
 _CONTAINER_RE = re.compile(r"(?:^|[/-])([0-9a-f]{64})(?:\.scope)?(?:/|$)")
 # kubepods/burstable/pod<uid>/... (cgroupfs) or kubepods-burstable-pod<uid_with_underscores>.slice (systemd)
 _POD_RE = re.compile(r"pod([0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12})")
+_SERVICE_NAME_PREFIX = b"OTEL_SERVICE_NAME="
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,6 +50,57 @@ class ProcessInfo:
     pod_uid: str = ""
     service_name: str = ""
     start_time_ticks: int = 0
+
+
+def read_capped(path: str | os.PathLike[str], max_bytes: int) -> tuple[bytes, bool]:
+    """(at most ``max_bytes`` of the file at ``path``, whether it holds more); raises OSError.
+
+    Read in chunks, so a file of any size (or one that never ends) costs at most ``max_bytes`` of memory; opened
+    non-blocking so a FIFO put where a file is expected cannot stall the reader."""
+    chunks: list[bytes] = []
+    total = 0
+    more = False
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+    try:
+        while True:
+            try:
+                chunk = os.read(fd, min(_READ_CHUNK_BYTES, max_bytes - total) or 1)
+            except BlockingIOError:
+                break
+            if not chunk:
+                break
+            if total == max_bytes:  # one byte past the cap: there is more
+                more = True
+                break
+            chunks.append(chunk)
+            total += len(chunk)
+    finally:
+        os.close(fd)
+    return b"".join(chunks), more
+
+
+def parse_stat_start_time(stat: bytes) -> int:
+    """The start time in clock ticks since boot (field 22) in the text of /proc/PID/stat; 0 when it has none.
+
+    Fields are counted after the last ``)``: the name before it is the process's own choice (spaces, parentheses,
+    any bytes)."""
+    fields = stat[stat.rfind(b")") + 2:].split()
+    try:
+        return max(0, int(fields[19]))
+    except (IndexError, ValueError):
+        return 0
+
+
+def parse_namespace_pid(status: bytes) -> int | None:
+    """The pid inside the process's innermost pid namespace (last number of ``NSpid:``) in /proc/PID/status."""
+    for line in status.splitlines():
+        if line.startswith(b"NSpid:"):
+            numbers = line[6:].split()
+            try:
+                return int(numbers[-1]) if numbers and numbers[-1].isdigit() else None
+            except ValueError:
+                return None
+    return None
 
 
 def parse_cgroup(text: str) -> tuple[str, str]:
@@ -49,6 +118,26 @@ def parse_cgroup(text: str) -> tuple[str, str]:
             if match:
                 pod_uid = match.group(1).replace("_", "-")
     return container_id, pod_uid
+
+
+def parse_service_name(environ: bytes) -> str:
+    """The value of ``OTEL_SERVICE_NAME`` in the NUL-separated text of /proc/PID/environ ("" when unset), cut to
+    :data:`MAX_SERVICE_NAME_CHARS` characters."""
+    if environ.startswith(_SERVICE_NAME_PREFIX):
+        start = len(_SERVICE_NAME_PREFIX)
+    else:
+        start = environ.find(b"\0" + _SERVICE_NAME_PREFIX)  # found in place: the environment is not copied
+        if start < 0:
+            return ""
+        start += 1 + len(_SERVICE_NAME_PREFIX)
+    end = environ.find(b"\0", start, start + 4 * MAX_SERVICE_NAME_CHARS)
+    value = environ[start:end if end >= 0 else start + 4 * MAX_SERVICE_NAME_CHARS]
+    return value.decode(errors="replace")[:MAX_SERVICE_NAME_CHARS]
+
+
+def _text(data: bytes) -> str:
+    """/proc text as str: names are bytes chosen by the process (any encoding), never an error."""
+    return data.decode(errors="replace")
 
 
 class ProcessResolver:
@@ -88,49 +177,41 @@ class ProcessResolver:
     def thread_name(self, pid: int, tid: int) -> str:
         """The name of thread ``tid`` of ``pid``, or "" when it is gone."""
         try:
-            return (self._root / str(pid) / "task" / str(tid) / "comm").read_text().strip()
+            return _text(read_capped(self._root / str(pid) / "task" / str(tid) / "comm", MAX_COMM_BYTES)[0]).strip()
         except OSError:
             return ""
 
     def _start_time(self, pid: int) -> int | None:
         try:
-            stat = (self._root / str(pid) / "stat").read_text()
+            stat, _ = read_capped(self._root / str(pid) / "stat", MAX_STAT_BYTES)
         except OSError:
             return None
-        # field 22 (starttime), counted after the parenthesised comm which may hold spaces
-        fields = stat[stat.rfind(")") + 2:].split()
-        try:
-            return int(fields[19])
-        except (IndexError, ValueError):
-            return 0
+        return parse_stat_start_time(stat)
 
     def _read(self, pid: int, start: int) -> ProcessInfo | None:
         base = self._root / str(pid)
         try:
-            comm = (base / "comm").read_text().strip()
+            comm = _text(read_capped(base / "comm", MAX_COMM_BYTES)[0]).strip()
         except OSError:
             return None
         try:
-            exe_path = os.readlink(base / "exe")
+            exe_path = _text(os.readlink(os.fsencode(base / "exe")))  # any bytes: exported, so made valid UTF-8
         except OSError:
             exe_path = ""
         exe_path = exe_path.removesuffix(" (deleted)")
         name = os.path.basename(exe_path) if exe_path else comm
-        try:
-            container_id, pod_uid = parse_cgroup((base / "cgroup").read_text())
-        except OSError:
-            container_id, pod_uid = "", ""
-        service = self._service_name(base) or name
+        container_id, pod_uid = parse_cgroup(_text(self._capped(base / "cgroup", MAX_CGROUP_BYTES, "cgroup")))
+        service = parse_service_name(self._capped(base / "environ", MAX_ENVIRON_BYTES, "environ")) or name
         return ProcessInfo(pid=pid, executable_name=name, executable_path=exe_path, container_id=container_id,
                            pod_uid=pod_uid, service_name=service, start_time_ticks=start)
 
     @staticmethod
-    def _service_name(base: Path) -> str:
+    def _capped(path: Path, max_bytes: int, what: str) -> bytes:
+        """Up to ``max_bytes`` of ``path`` (b"" when unreadable); a longer file is counted as ``<what>_too_large``."""
         try:
-            environ = (base / "environ").read_bytes()
+            data, more = read_capped(path, max_bytes)
         except OSError:
-            return ""
-        for entry in environ.split(b"\0"):
-            if entry.startswith(b"OTEL_SERVICE_NAME="):
-                return entry.split(b"=", 1)[1].decode(errors="replace")
-        return ""
+            return b""
+        if more:
+            selfmetrics.count(semconv.SELF_ERRORS.name, otel_gpu__source=SOURCE, otel_gpu__reason=f"{what}_too_large")
+        return data

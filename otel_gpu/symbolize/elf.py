@@ -16,6 +16,7 @@ from __future__ import annotations
 import bisect
 import heapq
 import os
+import stat
 import struct
 import weakref
 from array import array
@@ -38,7 +39,9 @@ _STT_FUNC = 2
 _STT_GNU_IFUNC = 10
 _NT_GNU_BUILD_ID = 3
 _CHUNK_BYTES = 16384 * _SYM.size  # symbols read (and sorted) per pread: 384 KiB
-_MAX_NOTES_BYTES = 1 << 16  # build-id notes sit in the first notes of a file; never read more than this
+_MAX_NOTES_BYTES = 1 << 16  # build-id notes sit in the first notes of a file; never read more than this in all
+_MAX_BUILD_ID_BYTES = 64  # 20 (SHA-1) or 16 (MD5, UUID) in practice; a longer "build id" is a corrupt note
+_MAX_TABLE_BYTES = 128 << 20  # symbol tables read per file: 5.6 M entries (libtorch_cpu.so has 1 M, 25 MB)
 _MAX_NAME_BYTES = 1 << 20  # a longer "name" is a corrupt string table
 _NAME_CACHE_ENTRIES = 1024  # resolved names kept per file
 _NAME_CACHE_BYTES = 256 * 1024  # what the name cache is counted as in size_bytes (C++ names average ~200 bytes)
@@ -72,13 +75,17 @@ class _Source:
             self.size = len(image)
             self._closer = None
             return
-        self._fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        self._fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)  # a FIFO in its place: never wait
         self._closer = weakref.finalize(self, os.close, self._fd)
         try:
-            self.size = os.fstat(self._fd).st_size
+            found = os.fstat(self._fd)
         except OSError:
             self.close()
             raise
+        if not stat.S_ISREG(found.st_mode):
+            self.close()
+            raise ElfError(f"{path}: not a regular file")
+        self.size = found.st_size
 
     def read(self, offset: int, size: int) -> bytes:
         """Up to ``size`` bytes at ``offset`` (fewer at the end of the file); raises OSError.
@@ -200,7 +207,7 @@ class ElfSymbols:
                     break
                 if len(found) < want or want >= _MAX_NAME_BYTES:
                     break  # end of the file or a corrupt table: keep what was read
-                want *= 8
+                want = min(want * 8, _MAX_NAME_BYTES)
         except OSError:
             return ""
         return found.decode(errors="replace")
@@ -215,39 +222,43 @@ class ElfSymbols:
             raise ElfError(f"{self.path}: not an ELF file")
         if ident[4] != 2 or ident[5] != 1:
             raise ElfError(f"{self.path}: only 64-bit little-endian ELF is supported")
+        notes = _Notes(read)
         for p_type, p_offset, p_vaddr, p_filesz in _program_headers(read, phoff, phentsize, phnum):
             if p_type == _PT_LOAD:
                 self.segments.append(Segment(p_offset, p_vaddr, p_filesz))
             elif p_type == _PT_NOTE and not self.build_id:
-                self.build_id = _build_id(read(p_offset, min(p_filesz, _MAX_NOTES_BYTES)))
+                self.build_id = notes.build_id(p_offset, p_filesz)
         sections = _section_headers(read, shoff, shentsize, shnum)
         starts, sizes, name_at = array("Q"), array("I"), array(self._name_at.typecode)
         runs: list[tuple[int, int]] = []  # [begin, end) of each chunk's entries, each sorted by address
+        budget = _MAX_TABLE_BYTES
         for kind in (_SHT_SYMTAB, _SHT_DYNSYM):  # .symtab first: it has the local functions too
-            for section in sections:
-                if section[1] == kind and section[6] < len(sections):
-                    self.has_symtab = self.has_symtab or kind == _SHT_SYMTAB
-                    strtab = sections[section[6]]
-                    self._read_symbols(section[4], section[5], strtab[4], strtab[5], starts, sizes, name_at, runs)
-        if not self.build_id:
-            for section in sections:
-                if section[1] == _SHT_NOTE:
-                    self.build_id = _build_id(read(section[4], min(section[5], _MAX_NOTES_BYTES)))
-                    if self.build_id:
-                        break
+            # a file has at most one table of each kind: a corrupt one listing the same table 65,535 times is read once
+            section = next((s for s in sections if s[1] == kind and s[6] < len(sections)), None)
+            if section is not None:
+                self.has_symtab = self.has_symtab or kind == _SHT_SYMTAB
+                strtab = sections[section[6]]
+                budget -= self._read_symbols(section[4], section[5], strtab[4], strtab[5], budget, starts, sizes,
+                                             name_at, runs)
+        for section in sections:
+            if self.build_id or not notes.budget:
+                break
+            if section[1] == _SHT_NOTE:
+                self.build_id = notes.build_id(section[4], section[5])
         self._store(starts, sizes, name_at, runs)
 
-    def _read_symbols(self, offset: int, size: int, str_offset: int, str_size: int, starts: array[int],
-                      sizes: array[int], name_at: array[int], runs: list[tuple[int, int]]) -> None:
-        """Append the function symbols of one symbol table, chunk by chunk, each chunk sorted by address (stable)."""
+    def _read_symbols(self, offset: int, size: int, str_offset: int, str_size: int, max_bytes: int,
+                      starts: array[int], sizes: array[int], name_at: array[int], runs: list[tuple[int, int]]) -> int:
+        """Append the function symbols of one symbol table (its first ``max_bytes`` at most), chunk by chunk, each
+        chunk sorted by address (stable); returns the bytes of table read."""
         file_size = self._source.size
         if offset + size > file_size or str_offset + str_size > file_size or size % _SYM.size:
-            return  # a section that is not in the file (e.g. NOBITS in a debug-only file)
-        position, end = offset, offset + size
+            return 0  # a section that is not in the file (e.g. NOBITS in a debug-only file)
+        position, end = offset, offset + min(size, max_bytes // _SYM.size * _SYM.size)
         while position < end:
             data = self._source.read(position, min(_CHUNK_BYTES, end - position))
             if not data or len(data) % _SYM.size:
-                return  # the file shrank under us: keep what was read
+                break  # the file shrank under us: keep what was read
             position += len(data)
             found = [(value, sym_size, str_offset + name_off)
                      for name_off, info, _other, shndx, value, sym_size in _SYM.iter_unpack(data)
@@ -261,6 +272,7 @@ class ElfSymbols:
                 name_at.append(name)
             if found:
                 runs.append((begin, len(starts)))
+        return position - offset
 
     def _store(self, starts: array[int], sizes: array[int], name_at: array[int], runs: list[tuple[int, int]]) -> None:
         """Merge the sorted chunks by address (first symbol wins at an address, the largest size kept)."""
@@ -298,6 +310,23 @@ def _section_headers(read: _Read, shoff: int, shentsize: int, shnum: int) -> lis
     return [_SHDR.unpack_from(data, i * shentsize) for i in range(min(shnum, len(data) // shentsize))]
 
 
+class _Notes:
+    """Reads note blocks looking for the build id, at most :data:`_MAX_NOTES_BYTES` in all (a corrupt file may list
+    thousands of note segments or sections over the same bytes)."""
+
+    def __init__(self, read: _Read) -> None:
+        self._read = read
+        self.budget = _MAX_NOTES_BYTES
+
+    def build_id(self, offset: int, size: int) -> str:
+        """The GNU build id in the notes at [offset, offset + size) of the file, or ""."""
+        size = min(size, self.budget)
+        if size <= 0:
+            return ""
+        self.budget -= size
+        return _build_id(self._read(offset, size))
+
+
 def _build_id(notes: bytes) -> str:
     """The GNU build id (lowercase hex) in a block of ELF notes, or ""."""
     offset, end = 0, len(notes)
@@ -306,7 +335,7 @@ def _build_id(notes: bytes) -> str:
         name_start = offset + _NOTE.size
         desc_start = name_start + (namesz + 3) // 4 * 4
         if note_type == _NT_GNU_BUILD_ID and notes[name_start:name_start + namesz].rstrip(b"\0") == b"GNU":
-            return notes[desc_start:desc_start + descsz].hex()
+            return notes[desc_start:desc_start + descsz].hex() if descsz <= _MAX_BUILD_ID_BYTES else ""
         offset = desc_start + (descsz + 3) // 4 * 4
     return ""
 
@@ -319,9 +348,10 @@ def read_build_id(path: str) -> str:
         if len(header) < _EHDR.size or header[:4] != b"\x7fELF" or header[4] != 2 or header[5] != 1:
             raise ElfError(f"{path}: not a 64-bit little-endian ELF file")
         fields = _EHDR.unpack(header)
+        notes = _Notes(source.read)
         for p_type, p_offset, _vaddr, p_filesz in _program_headers(source.read, fields[5], fields[9], fields[10]):
             if p_type == _PT_NOTE:
-                found = _build_id(source.read(p_offset, min(p_filesz, _MAX_NOTES_BYTES)))
+                found = notes.build_id(p_offset, p_filesz)
                 if found:
                     return found
         return ""

@@ -1,15 +1,25 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Kernel symbols from /proc/kallsyms (text symbols of the kernel and its modules)."""
+"""Kernel symbols from /proc/kallsyms (text symbols of the kernel and its modules).
+
+The kernel writes the file, but its path is a setting and module names come from whoever loads modules, so it is
+parsed like any outside input: read up to :data:`MAX_KALLSYMS_BYTES`, a line up to :data:`_MAX_LINE_BYTES`, and a
+line that is not ``HEX TYPE NAME [MODULE]`` skipped."""
 
 from __future__ import annotations
 
 import bisect
+import io
 import logging
 from array import array
+from collections.abc import Iterator
 
 _logger = logging.getLogger(__name__)
 
-_TEXT_TYPES = frozenset("tTwW")
+MAX_KALLSYMS_BYTES = 128 << 20  # a kernel with many modules shows ~300,000 lines, 15 MiB
+_MAX_LINE_BYTES = 4096  # names are at most KSYM_NAME_LEN (512) bytes, modules MODULE_NAME_LEN (56)
+_MAX_MODULES = 0xFFFF  # module numbers are kept in 16 bits; symbols of further modules keep no module name
+_TEXT_TYPES = frozenset((b"t", b"T", b"w", b"W"))
+_HEX_DIGITS = b"0123456789abcdefABCDEF"
 
 
 class KernelSymbols:
@@ -18,14 +28,15 @@ class KernelSymbols:
     Kept compact (about 10 MB for 200,000 symbols): addresses in an array, names and modules in one byte string
     each, decoded only when looked up."""
 
-    def __init__(self, path: str = "/proc/kallsyms") -> None:
+    def __init__(self, path: str = "/proc/kallsyms", text: bytes | None = None) -> None:
+        """Read the file at ``path``, or the in-memory ``text`` (then ``path`` only names it)."""
         self.path = path
         self._starts = array("Q")
         self._name_ends = array("I")
         self._names = b""
         self._module_ids = array("H")
         self._modules: list[str] = [""]
-        self._load()
+        self._load(text)
 
     @property
     def available(self) -> bool:
@@ -41,27 +52,27 @@ class KernelSymbols:
         name = self._names[begin:self._name_ends[index]].decode(errors="replace")
         return name, address - self._starts[index], self._modules[self._module_ids[index]]
 
-    def _load(self) -> None:
+    def _load(self, text: bytes | None) -> None:
         """Read the file straight into arrays (no per-symbol tuples: the peak stays near the kept size), then
         order by (address, name, module) when the file is not already in that order."""
         starts, name_ends, module_ids, names = array("Q"), array("I"), array("H"), bytearray()
         module_index: dict[str, int] = {"": 0}
         try:
-            with open(self.path, encoding="ascii", errors="replace") as handle:
-                for line in handle:
+            with io.BytesIO(text) if text is not None else open(self.path, "rb") as handle:
+                for line in _lines(handle):
                     parts = line.split()
-                    if len(parts) < 3 or parts[1] not in _TEXT_TYPES:
+                    if len(parts) < 3 or parts[1] not in _TEXT_TYPES or not _is_hex64(parts[0]):
                         continue
                     address = int(parts[0], 16)
                     if address:
-                        module = parts[3].strip("[]") if len(parts) > 3 else ""
-                        if module not in module_index:
+                        module = parts[3].strip(b"[]").decode("ascii", errors="replace") if len(parts) > 3 else ""
+                        if module not in module_index and len(self._modules) < _MAX_MODULES:
                             module_index[module] = len(self._modules)
                             self._modules.append(module)
                         starts.append(address)
-                        names += parts[2].encode()
+                        names += parts[2]
                         name_ends.append(len(names))
-                        module_ids.append(module_index[module])
+                        module_ids.append(module_index.get(module, 0))
         except OSError as exc:
             _logger.warning("kernel frames stay unsymbolized: cannot read %s: %s", self.path, exc.strerror)
             return
@@ -95,3 +106,24 @@ class KernelSymbols:
             self._name_ends.append(len(sorted_names))
             self._module_ids.append(module_ids[index])
         self._names = bytes(sorted_names)
+
+
+def _lines(handle: io.BufferedIOBase) -> Iterator[bytes]:
+    """The lines of ``handle`` in its first :data:`MAX_KALLSYMS_BYTES`, each at most :data:`_MAX_LINE_BYTES` long
+    (the rest of a longer line is skipped)."""
+    read = 0
+    cut = False  # the previous piece was the start of a longer line
+    while read < MAX_KALLSYMS_BYTES:
+        line = handle.readline(_MAX_LINE_BYTES)
+        if not line:
+            return
+        read += len(line)
+        whole = line.endswith(b"\n")
+        if not cut:
+            yield line
+        cut = not whole
+
+
+def _is_hex64(field: bytes) -> bool:
+    """True for 1 to 16 hex digits (int() would also take signs, "_" and "0x")."""
+    return 0 < len(field) <= 16 and not field.strip(_HEX_DIGITS)

@@ -9,11 +9,14 @@ the last look, whole lines) and only up to :data:`MAX_PERF_MAP_BYTES`: the symbo
 from __future__ import annotations
 
 import bisect
+import errno
 import heapq
 import os
+import stat as stat_module
 
 MAX_PERF_MAP_BYTES = 8 << 20  # ~150,000 JIT symbols of typical length; a bigger map is read up to here
 _MAX_LINE_BYTES = 1 << 16  # a "line" longer than this without a newline is garbage: skipped
+_MAX_NAME_CHARS = 4096  # a longer name is cut (a Python frame is "py::function:/path", PATH_MAX at most)
 
 
 class PerfMap:
@@ -35,23 +38,30 @@ class PerfMap:
 
     def refresh(self) -> bool:
         """Read the whole lines appended since the last read (the file again from its start when it was replaced or
-        shrank), up to ``max_bytes`` in all; True when symbols were added. Raises OSError."""
-        stat = os.stat(self.path)
-        if self._file != (stat.st_dev, stat.st_ino) or stat.st_size < self._read_bytes:
-            self._file, self._read_bytes = (stat.st_dev, stat.st_ino), 0
-            self._starts, self._ends, self._names = [], [], []
-        self.truncated = stat.st_size > self.max_bytes
-        want = min(stat.st_size, self.max_bytes) - self._read_bytes
-        if want <= 0:
-            return False
-        with open(self.path, "rb") as handle:
-            handle.seek(self._read_bytes)
-            data = handle.read(want)
+        shrank), up to ``max_bytes`` in all; True when symbols were added. Raises OSError.
+
+        Only a regular file is read, never through a symbolic link (the process that owns the name could point it at
+        any file the agent may read) and never blocking (a FIFO in its place would stall the drain)."""
+        fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOFOLLOW)
+        try:
+            stat = os.fstat(fd)
+            if not stat_module.S_ISREG(stat.st_mode):
+                raise OSError(errno.EINVAL, "not a regular file", self.path)
+            if self._file != (stat.st_dev, stat.st_ino) or stat.st_size < self._read_bytes:
+                self._file, self._read_bytes = (stat.st_dev, stat.st_ino), 0
+                self._starts, self._ends, self._names = [], [], []
+            self.truncated = stat.st_size > self.max_bytes
+            want = min(stat.st_size, self.max_bytes) - self._read_bytes
+            if want <= 0:
+                return False
+            data = os.pread(fd, want, self._read_bytes)
+        finally:
+            os.close(fd)
         whole = data.rfind(b"\n") + 1
         if whole == 0 and len(data) >= _MAX_LINE_BYTES:
             whole = len(data)  # no line ends in it: skip it rather than read it again every time
         self._read_bytes += whole
-        return self._add(_parse(data[:whole]))
+        return self._add(parse_perf_map(data[:whole]))
 
     def lookup(self, address: int) -> str | None:
         """The name of the JIT symbol covering ``address``, or None."""
@@ -64,7 +74,7 @@ class PerfMap:
         if not entries:
             return False
         entries.sort()
-        merged = list(heapq.merge(zip(self._starts, self._ends, self._names),
+        merged = list(heapq.merge(zip(self._starts, self._ends, self._names, strict=True),
                                   ((start, start + max(size, 1), name) for start, size, name in entries)))
         self._starts = [e[0] for e in merged]
         self._ends = [e[1] for e in merged]
@@ -72,14 +82,19 @@ class PerfMap:
         return True
 
 
-def _parse(data: bytes) -> list[tuple[int, int, str]]:
+def parse_perf_map(data: bytes) -> list[tuple[int, int, str]]:
+    """(start, size, name) of each well-formed ``START SIZE NAME`` line (hex numbers of at most 64 bits)."""
     entries = []
-    for line in data.decode("utf-8", errors="replace").splitlines():
-        parts = line.split(" ", 2)
-        if len(parts) != 3:
+    for line in data.split(b"\n"):
+        parts = line.rstrip(b"\r").split(b" ", 2)
+        if len(parts) != 3 or not _is_hex64(parts[0]) or not _is_hex64(parts[1]):
             continue
-        try:
-            entries.append((int(parts[0], 16), int(parts[1], 16), parts[2]))
-        except ValueError:
-            continue
+        entries.append((int(parts[0], 16), int(parts[1], 16), parts[2][:4 * _MAX_NAME_CHARS].decode(
+            "utf-8", errors="replace")[:_MAX_NAME_CHARS]))
     return entries
+
+
+def _is_hex64(field: bytes) -> bool:
+    """True for 1 to 16 hex digits, with or without 0x (int() would also take signs, "_" and other forms)."""
+    digits = field[2:] if field[:2] in (b"0x", b"0X") else field
+    return 0 < len(digits) <= 16 and not digits.strip(b"0123456789abcdefABCDEF")

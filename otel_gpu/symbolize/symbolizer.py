@@ -27,12 +27,12 @@ import threading
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 
-from otel_gpu import selfmetrics, semconv
+from otel_gpu import procfs, selfmetrics, semconv
 from otel_gpu.profiles.model import Frame, FrameKind, Mapping
 from otel_gpu.symbolize.demangle import Demangler
 from otel_gpu.symbolize.elf import ElfError, ElfSymbols
 from otel_gpu.symbolize.kallsyms import KernelSymbols
-from otel_gpu.symbolize.maps import MapEntry, read_maps
+from otel_gpu.symbolize.maps import MapEntry, read_maps, read_maps_capped
 from otel_gpu.symbolize.perfmap import PerfMap
 
 _logger = logging.getLogger(__name__)
@@ -58,10 +58,11 @@ class _Process:
         self.perf_map: PerfMap | None = None
         self.perf_map_checked = False
         self.perf_map_capped = False  # counted once: its perf map is larger than the symbolizer reads
+        self.maps_capped = False  # counted once: its maps file is larger than the symbolizer reads
         self.refreshed = False
 
     def set_entries(self, entries: list[MapEntry]) -> None:
-        self.entries = [e for e in entries if e.executable or e.file_backed]
+        self.entries = sorted((e for e in entries if e.executable or e.file_backed), key=_start_of)  # bisected
         self.starts = [e.start for e in self.entries]
 
     def find(self, address: int) -> MapEntry | None:
@@ -101,9 +102,10 @@ class Symbolizer:
     def remember(self, pid: int) -> bool:
         """Snapshot the mappings of ``pid`` while it runs, and read now the symbols of executable files that could
         not be read once it exits (deleted files, files seen only through its mount namespace). False when gone."""
-        entries = read_maps(pid, self._proc)
-        if entries is None:
+        found = read_maps_capped(pid, self._proc)
+        if found is None:
             return False
+        entries, capped = found
         start_ticks = _start_ticks(self._proc, pid)
         with self._lock:
             process = self._processes.get(pid)
@@ -114,6 +116,7 @@ class Symbolizer:
                     self._processes.popitem(last=False)
             else:
                 process.set_entries(entries)
+            self._count_capped_maps(process, capped)
             for entry in process.entries:
                 if entry.executable and entry.file_backed and not self._reopenable(entry):
                     self._file_for(process, entry)
@@ -150,9 +153,10 @@ class Symbolizer:
         with self._lock:
             process = self._processes.get(pid)
             if process is None:
-                entries = read_maps(pid, self._proc)
-                process = _Process(pid, entries or [])
+                found = read_maps_capped(pid, self._proc)
+                process = _Process(pid, found[0] if found is not None else [])
                 self._processes[pid] = process
+                self._count_capped_maps(process, found is not None and found[1])
             process.refreshed = False  # re-read the maps at most once per call (a library loaded meanwhile)
             process.perf_map_checked = False
             raw: list[list[_Resolved]] = []
@@ -220,9 +224,10 @@ class Symbolizer:
         entry = process.find(address)
         if entry is None and not process.refreshed:
             process.refreshed = True
-            fresh = read_maps(process.pid, self._proc)  # a library loaded after the snapshot
+            fresh = read_maps_capped(process.pid, self._proc)  # a library loaded after the snapshot
             if fresh is not None:
-                process.set_entries(fresh)
+                process.set_entries(fresh[0])
+                self._count_capped_maps(process, fresh[1])
                 entry = process.find(address)
         if entry is not None and entry.path == "[vdso]":
             return self._resolve_vdso(entry, address, leaf)
@@ -260,7 +265,7 @@ class Symbolizer:
         if name:
             kind = FrameKind.PYTHON if name.startswith("py::") else FrameKind.NATIVE
             return Frame(self._demangler.demangle(name), kind, address, system_name=name)
-        label = entry.path if entry is not None and entry.path else "unknown"
+        label = _exported(entry.path) if entry is not None and entry.path else "unknown"
         return Frame(f"[{label.strip('[]')}] 0x{address:x}", FrameKind.NATIVE, address)
 
     def _file_for(self, process: _Process, entry: MapEntry) -> tuple[ElfSymbols | None, Mapping]:
@@ -278,7 +283,8 @@ class Symbolizer:
         if known is not None and elf is None:
             mapping = known[1]
         else:
-            mapping = Mapping(entry.start, entry.end, entry.offset, entry.path, elf.build_id if elf is not None else "")
+            mapping = Mapping(entry.start, entry.end, entry.offset, _exported(entry.path),
+                              elf.build_id if elf is not None else "")
         process.files[entry.start] = (key if elf is not None else None, mapping)
         return elf, mapping
 
@@ -342,12 +348,19 @@ class Symbolizer:
                 continue
             try:
                 debug = ElfSymbols(path)
-            except (OSError, ElfError, ValueError) as exc:
+            except Exception as exc:  # noqa: BLE001 - a parser failure costs the debug file only
                 _logger.debug("cannot read debug file %s: %s", path, exc)
                 continue
             if debug.build_id == elf.build_id and debug.symbol_count >= elf.symbol_count:
                 elf.add_symbols_from(debug)
                 return
+
+    @staticmethod
+    def _count_capped_maps(process: _Process, capped: bool) -> None:
+        """Count once per process that its maps file is past the cap (mappings past it give unnamed frames)."""
+        if capped and not process.maps_capped:
+            process.maps_capped = True
+            selfmetrics.count(semconv.SELF_ERRORS.name, otel_gpu__source=SOURCE, otel_gpu__reason="maps_too_large")
 
     def _perf_map_name(self, process: _Process, address: int) -> str | None:
         perf_map = self._perf_map(process)
@@ -359,9 +372,7 @@ class Symbolizer:
         process.perf_map_checked = True  # once per call: JIT maps grow while the process runs
         ns_pid = _namespace_pid(self._proc, process.pid)
         for path in (f"{self._proc}/{process.pid}/root/tmp/perf-{ns_pid}.map", f"/tmp/perf-{process.pid}.map"):
-            try:
-                stat = os.stat(path)
-            except OSError:
+            if not os.path.exists(path):
                 continue
             current = process.perf_map
             try:
@@ -377,6 +388,16 @@ class Symbolizer:
                                   otel_gpu__reason="perf_map_too_large")
             return process.perf_map
         return process.perf_map
+
+
+def _exported(path: str) -> str:
+    """``path`` as valid UTF-8 for profiles: a file name may hold any bytes, kept in a :class:`MapEntry` as lone
+    surrogates (so the file can be opened) that no encoder of the profile would take."""
+    return path.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+
+
+def _start_of(entry: MapEntry) -> int:
+    return entry.start
 
 
 def _descriptor_budget() -> int:
@@ -401,20 +422,16 @@ def _read_own_vdso() -> ElfSymbols | None:
 def _start_ticks(proc_root: str, pid: int) -> int:
     """The start time of ``pid`` in clock ticks since boot (field 22 of /proc/PID/stat), 0 when unreadable."""
     try:
-        with open(f"{proc_root}/{pid}/stat", encoding="ascii", errors="replace") as handle:
-            stat = handle.read()
-        return int(stat[stat.rfind(")") + 2:].split()[19])
-    except (OSError, ValueError, IndexError):
+        return procfs.parse_stat_start_time(procfs.read_capped(f"{proc_root}/{pid}/stat", procfs.MAX_STAT_BYTES)[0])
+    except OSError:
         return 0
 
 
 def _namespace_pid(proc_root: str, pid: int) -> int:
     """The pid of ``pid`` inside its own pid namespace (the number in its perf map file name)."""
     try:
-        with open(f"{proc_root}/{pid}/status", encoding="ascii", errors="replace") as handle:
-            for line in handle:
-                if line.startswith("NSpid:"):
-                    return int(line.split()[-1])
-    except (OSError, ValueError):
-        pass
-    return pid
+        status, _ = procfs.read_capped(f"{proc_root}/{pid}/status", procfs.MAX_STATUS_BYTES)
+    except OSError:
+        return pid
+    found = procfs.parse_namespace_pid(status)
+    return found if found is not None else pid

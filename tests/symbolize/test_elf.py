@@ -4,8 +4,10 @@ on generated files with huge symbol tables (memory held and resolution, against 
 
 from __future__ import annotations
 
+import os
 import random
 import shutil
+import struct
 import subprocess
 import tracemalloc
 from collections.abc import Iterator
@@ -219,3 +221,83 @@ def test_mutated_real_binaries_raise_only_elf_errors(tmp_path: Path) -> None:
         assert tracemalloc.get_traced_memory()[1] < 64 << 20
     finally:
         tracemalloc.stop()
+
+
+class _CountingRead:
+    """Counts the bytes an ElfSymbols reads from its file."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.bytes = 0
+        original = elf_module._Source.read
+
+        def read(source: elf_module._Source, offset: int, size: int) -> bytes:
+            data = original(source, offset, size)
+            self.bytes += len(data)
+            return data
+        monkeypatch.setattr(elf_module._Source, "read", read)
+
+
+def test_a_symbol_table_listed_many_times_is_read_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A file may have one .symtab and one .dynsym; one listing the same 24 KB table 3,000 times asked for 72 MB of
+    reads and 3 M symbols (a 1 MB table listed 65,535 times: 2.7 G symbols, the agent out of memory)."""
+    path = tmp_path / "repeated"
+    write_elf(path, [Symbol(f"f{i}", 0x1000 + 16 * i, 16) for i in range(1000)])
+    data = bytearray(path.read_bytes())
+    shoff, shnum = elf_module._EHDR.unpack_from(data)[6], elf_module._EHDR.unpack_from(data)[12]
+    headers = [bytes(data[shoff + 64 * i:shoff + 64 * (i + 1)]) for i in range(shnum)]
+    new_shoff = len(data)
+    data += b"".join(headers) + headers[2] * 3000  # section 2 is .symtab (linked to 3, .strtab)
+    struct.pack_into("<Q", data, 40, new_shoff)
+    struct.pack_into("<H", data, 60, shnum + 3000)
+    counter = _CountingRead(monkeypatch)
+    elf = ElfSymbols("repeated", image=bytes(data))
+    assert elf.symbol_count == 1000 and elf.lookup(0x1000 + 16 * 7 + 3) == ("f7", 3)
+    assert counter.bytes < 2 * len(data)
+
+
+def test_note_segments_are_searched_up_to_a_budget(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """5,000 note segments over the same 60 KiB of notes without a build id: read once, not 300 MB (and 25 M notes
+    parsed) as when each segment was read on its own."""
+    phnum, notes = 5000, struct.pack("<III", 0, 0, 1) * 5000
+    phoff = 64
+    notes_offset = phoff + 56 * phnum
+    phdr = elf_module._PHDR.pack(elf_module._PT_NOTE, 4, notes_offset, 0, 0, len(notes), len(notes), 4)
+    data = _header(phoff=phoff, phentsize=56, phnum=phnum) + phdr * phnum + notes
+    counter = _CountingRead(monkeypatch)
+    elf = ElfSymbols("notes", image=data)
+    assert elf.build_id == "" and counter.bytes <= 64 + 56 * phnum + elf_module._MAX_NOTES_BYTES
+    path = tmp_path / "notes"
+    path.write_bytes(data)
+    counter.bytes = 0
+    assert read_build_id(str(path)) == "" and counter.bytes <= 64 + 56 * phnum + elf_module._MAX_NOTES_BYTES
+
+
+def test_build_ids_of_corrupt_length_are_ignored() -> None:
+    def note(desc: bytes) -> bytes:
+        return struct.pack("<III", 4, len(desc), 3) + b"GNU\0" + desc + bytes(-len(desc) % 4)
+    assert elf_module._build_id(note(bytes(range(20)))) == bytes(range(20)).hex()
+    assert elf_module._build_id(note(bytes(1000))) == ""  # a 2,000-character "build id" would name debug files
+    assert elf_module._build_id(struct.pack("<III", 4, 0xFFFFFFFF, 3) + b"GNU\0") == ""
+
+
+@pytest.mark.timeout(60)
+def test_a_fifo_in_place_of_a_binary_is_refused_without_waiting(tmp_path: Path) -> None:
+    """A process controls what its mapped paths point to by the time the agent opens them: opening a FIFO for
+    reading would wait for a writer forever (here: the test's timeout)."""
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    with pytest.raises(ElfError, match="not a regular file"):
+        ElfSymbols(str(fifo))
+    with pytest.raises(ElfError):
+        read_build_id(str(fifo))
+
+
+def test_symbol_tables_are_read_up_to_a_budget(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Any process may map a file with a table of billions of symbols: past the budget its functions stay unnamed
+    (the budget here is 100 entries instead of 5.6 M, the first being the null symbol)."""
+    path = tmp_path / "big"
+    write_elf(path, [Symbol(f"f{i}", 0x1000 + 16 * i, 16) for i in range(500)])
+    monkeypatch.setattr(elf_module, "_MAX_TABLE_BYTES", 100 * elf_module._SYM.size + 7)
+    elf = ElfSymbols(str(path))
+    assert elf.symbol_count == 99 and elf.lookup(0x1000 + 16 * 98) == ("f98", 0)
+    assert elf.lookup(0x1000 + 16 * 99) is None

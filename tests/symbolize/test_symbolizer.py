@@ -13,12 +13,13 @@ from pathlib import Path
 
 import pytest
 
+from otel_gpu import selfmetrics, semconv
 from otel_gpu.profiles.model import FrameKind
 from otel_gpu.symbolize.demangle import Demangler
 from otel_gpu.symbolize.elf import ElfSymbols
 from otel_gpu.symbolize.kallsyms import KernelSymbols
-from otel_gpu.symbolize.maps import parse_maps, read_maps
-from otel_gpu.symbolize.perfmap import PerfMap
+from otel_gpu.symbolize.maps import MAX_MAPS_BYTES, parse_maps, read_maps, read_maps_capped
+from otel_gpu.symbolize.perfmap import MAX_PERF_MAP_BYTES, PerfMap
 from otel_gpu.symbolize.symbolizer import Symbolizer
 from tests.conftest import NATIVE
 
@@ -345,3 +346,131 @@ def test_kernel_symbols_out_of_order_and_at_one_address(tmp_path: Path) -> None:
     assert symbols.lookup(0xFFFFFFFF81000201) == ("later", 1, "")
     assert symbols.lookup(0xFFFFFFFFC0000005) == ("mod_a", 5, "mymod")
     assert symbols.lookup(0xFFFFFFFFC0000105) == ("mod_b", 5, "mymod")
+
+
+def _errors(reason: str) -> float:
+    return selfmetrics.total(semconv.SELF_ERRORS.name, otel_gpu__source="symbolizer", otel_gpu__reason=reason)
+
+
+def _jit_process(tmp_path: Path, pid: int) -> tuple[Path, Path]:
+    """A fake /proc with one process whose only mapping is anonymous executable memory (JIT code), and where its
+    perf map goes (the copy of /tmp seen through its root)."""
+    proc = tmp_path / "proc"
+    (proc / str(pid) / "root" / "tmp").mkdir(parents=True)
+    (proc / str(pid) / "maps").write_text("7f0000000000-7f0100000000 rwxp 00000000 00:00 0 \n")
+    return proc, proc / str(pid) / "root" / "tmp" / f"perf-{pid}.map"
+
+
+def test_a_perf_map_past_the_cap_is_read_up_to_it_and_counted_once(tmp_path: Path) -> None:
+    proc, perf_map = _jit_process(tmp_path, 900003)
+    line_bytes = len(f"{0x7F0000000000:x} 10 jitted_0000000\n")
+    lines = MAX_PERF_MAP_BYTES // line_bytes + 1000
+    perf_map.write_text("".join(f"{0x7F0000000000 + 16 * i:x} 10 jitted_{i:07}\n" for i in range(lines)))
+    first, last = 0x7F0000000000 + 5, 0x7F0000000000 + 16 * (lines - 1) + 5
+    before = _errors("perf_map_too_large")
+    symbolizer = Symbolizer(proc_root=str(proc))
+    (frames,) = symbolizer.user_stacks(900003, [[first, last]])
+    assert frames[0].function == "jitted_0000000"
+    assert frames[1].function == f"[unknown] 0x{last:x}"  # past the cap: unnamed, as any unknown JIT frame
+    assert _errors("perf_map_too_large") - before == 1
+    symbolizer.user_stacks(900003, [[first + 16]])  # looked at again on the next drain: not counted again
+    assert _errors("perf_map_too_large") - before == 1
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("kind", ["symlink", "fifo"])
+def test_a_perf_map_that_is_not_a_regular_file_is_not_read(tmp_path: Path, kind: str) -> None:
+    """The process names its perf map: a symbolic link to a file only root may read would put that file's lines in
+    the profiles, a FIFO would make the drain wait for a writer forever (here: the test's timeout)."""
+    proc, perf_map = _jit_process(tmp_path, 900004)
+    secret = tmp_path / "root-only"
+    secret.write_text("7f0000001000 100 secret_from_another_file\n")
+    if kind == "symlink":
+        perf_map.symlink_to(secret)
+    else:
+        os.mkfifo(perf_map)
+    (frames,) = Symbolizer(proc_root=str(proc)).user_stacks(900004, [[0x7F0000001010]])
+    assert frames[0].function == "[unknown] 0x7f0000001010"
+
+
+def test_a_maps_file_past_the_cap_is_read_up_to_it_and_counted_once(tmp_path: Path) -> None:
+    """A process chooses how many mappings it has and how long their paths are (65,530 of PATH_MAX: 268 MB)."""
+    proc = tmp_path / "proc"
+    (proc / "900005").mkdir(parents=True)
+    line = "7f0000000000-7f0000001000 r-xp 00000000 fd:01 12345 /" + "x" * 4000 + "\n"
+    (proc / "900005" / "maps").write_text(line * (MAX_MAPS_BYTES // len(line) + 10))
+    found = read_maps_capped(900005, str(proc))
+    assert found is not None and found[1] and len(found[0]) == MAX_MAPS_BYTES // len(line)  # whole lines only
+    before = _errors("maps_too_large")
+    symbolizer = Symbolizer(proc_root=str(proc))
+    assert symbolizer.remember(900005)
+    symbolizer.user_stacks(900005, [[0x10]])  # not in any mapping: the maps are read again, not counted again
+    assert _errors("maps_too_large") - before == 1
+
+
+def test_maps_lines_end_at_newlines_only() -> None:
+    """A path may hold any byte but "\\n" (the kernel writes it as \\012): a form feed in a file name must not start a
+    made-up mapping."""
+    entries = parse_maps("7f00-7f01 r-xp 00000000 08:02 17 /tmp/a\x0c7f00-ffff r-xp 00000000 08:02 18 /usr/lib/x.so\n"
+                         "7f02-7f03 r-xp 00000000 08:02 19 /tmp/b\u2028c\n")
+    assert [(e.start, e.path) for e in entries] == [
+        (0x7F00, "/tmp/a\x0c7f00-ffff r-xp 00000000 08:02 18 /usr/lib/x.so"), (0x7F02, "/tmp/b\u2028c")]
+
+
+def test_kallsyms_lines_that_are_not_symbols_are_skipped(tmp_path: Path) -> None:
+    """int() raised on a bad address and array() on one past 64 bits: kernel frames for every process were lost."""
+    path = tmp_path / "kallsyms"
+    path.write_bytes(b"zz T not_hex\n-10 T negative\n1_0 T underscore\n1ffffffffffffffff T past_64_bits\n"
+                     b"ffffffff81000100 T good\t[mod\xff]\n" + b"ffffffff81000200 T " + b"n" * 100_000 + b"\n"
+                     b"ffffffff81000300 t after_a_long_line\n")
+    symbols = KernelSymbols(str(path))
+    assert symbols.lookup(0xFFFFFFFF81000105) == ("good", 5, "mod\ufffd")
+    assert symbols.lookup(0xFFFFFFFF81000301) == ("after_a_long_line", 1, "")
+    name, _, _ = symbols.lookup(0xFFFFFFFF81000201) or ("", 0, "")
+    assert set(name) == {"n"} and len(name) < 5000  # a line is read up to a bound
+    frames = Symbolizer(kallsyms_path=str(path)).kernel_stack([0xFFFFFFFF81000105])
+    assert frames[0].function == "good"
+
+
+def test_a_parser_failure_costs_that_file_its_symbols_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 10: an OverflowError from one process's mapped file ended every drain. Any parser failure now costs
+    that file's names (counted as unreadable_elf); the next process's frames, in the same call, are named."""
+    hostile = tmp_path / "hostile"
+    hostile.write_bytes(b"\x7fELF\x02\x01\x01" + bytes(1000))
+    real = WORKLOADS / "cpu_3to1"
+    elf = ElfSymbols(str(real))
+    vaddr = next(start for start, name in elf.symbols() if name == "leaf_heavy") + 4
+    segment = next(s for s in elf.segments if s.vaddr <= vaddr < s.vaddr + s.file_size)
+    proc = tmp_path / "proc"
+    for pid, path, offset in ((900020, hostile, 0), (900021, real, segment.offset)):
+        (proc / str(pid)).mkdir(parents=True)
+        (proc / str(pid) / "maps").write_text(
+            f"555555554000-555555600000 r-xp {offset:08x} fd:01 {path.stat().st_ino} {path}\n")
+    parse = ElfSymbols._parse
+
+    def failing_parse(self: ElfSymbols) -> None:
+        if self.path.endswith("hostile"):
+            raise OverflowError("Python int too large to convert to C ssize_t")  # what pread raised
+        parse(self)
+    monkeypatch.setattr(ElfSymbols, "_parse", failing_parse)
+    before = _errors("unreadable_elf")
+    symbolizer = Symbolizer(proc_root=str(proc))
+    (bad,) = symbolizer.user_stacks(900020, [[0x555555554010]])
+    (good,) = symbolizer.user_stacks(900021, [[0x555555554000 + vaddr - segment.vaddr]])
+    assert bad[0].function == "hostile+0x10" and bad[0].mapping is not None
+    assert good[0].function == "leaf_heavy"
+    assert _errors("unreadable_elf") - before == 1
+
+
+def test_paths_that_are_not_utf8_are_exported_readable(tmp_path: Path) -> None:
+    """A mapped file's name may hold any byte but "/" and NUL: the frame and mapping keep it readable (U+FFFD), never
+    as lone surrogates that the OTLP encoder refuses (for the whole batch)."""
+    proc = tmp_path / "proc"
+    (proc / "900022").mkdir(parents=True)
+    (proc / "900022" / "maps").write_bytes(b"555555554000-555555600000 r-xp 00001000 fd:01 99 /gone/app-\xff\n"
+                                           b"7f0000000000-7f0000001000 r-xp 00000000 00:00 0 [anon:jit-\xfe]\n")
+    (file_frame, anon_frame) = Symbolizer(proc_root=str(proc)).user_stacks(900022, [[0x555555554010],
+                                                                                       [0x7F0000000010]])
+    assert file_frame[0].function == "app-\ufffd+0x1010"
+    assert file_frame[0].mapping is not None and file_frame[0].mapping.path == "/gone/app-\ufffd"
+    assert anon_frame[0].function == "[anon:jit-\ufffd] 0x7f0000000010"

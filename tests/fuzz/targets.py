@@ -1,0 +1,244 @@
+# SPDX-License-Identifier: Apache-2.0
+"""One fuzz target per parser of outside input, and the seeds each starts from.
+
+A target takes the bytes a hostile process could put in front of the agent and runs the parser the way the agent
+does. The only exceptions a parser may raise are the ones its caller handles (``ElfError``
+for an ELF file, nothing for the others); anything else, and any broken invariant (an ``AssertionError`` here), is a
+crash. Seeds come from real files on this machine where they are safe to copy (ELF binaries, /proc/self/maps,
+stat, status, cgroup, /proc/kallsyms) and from small hand-written examples where the real file may hold secrets
+(environ).
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from otel_gpu import procfs
+from otel_gpu.symbolize import elf as elf_module
+from otel_gpu.symbolize import kallsyms, maps, perfmap, symbolizer
+
+REPO = Path(__file__).resolve().parents[2]
+_HEX = frozenset("0123456789abcdef")
+scratch = Path(tempfile.gettempdir())  # where the perf map target writes its file (the runner sets its own)
+
+
+def elf(data: bytes) -> None:
+    """A whole ELF file: headers, load segments, notes (build id), .symtab/.dynsym and their string tables."""
+    try:
+        symbols = elf_module.ElfSymbols("<fuzz>", image=data)
+    except elf_module.ElfError:
+        return
+    starts = list(symbols._starts)
+    assert starts == sorted(starts), "symbols out of order"
+    assert len(starts) * elf_module._SYM.size <= 2 * len(data), "more symbols than the file holds"
+    assert len(symbols.build_id) <= 2 * elf_module._MAX_BUILD_ID_BYTES and set(symbols.build_id) <= _HEX
+    for start in starts[:64]:
+        found = symbols.lookup(start)
+        assert found is not None and found[1] == 0 and len(found[0]) <= elf_module._MAX_NAME_BYTES
+    for segment in symbols.segments[:16]:
+        symbols.vaddr_of(segment.offset)
+    assert symbols.size_bytes >= 0
+    symbols.close()
+
+
+def elf_notes(data: bytes) -> None:
+    """A block of ELF notes, searched for the GNU build id."""
+    found = elf_module._build_id(data)
+    assert len(found) <= 2 * elf_module._MAX_BUILD_ID_BYTES and set(found) <= _HEX
+
+
+def perf_map(data: bytes) -> None:
+    """A JIT perf map, read in two steps (what a process writes between two drains is appended), with a small cap so
+    the cut at the cap is reached too."""
+    path = scratch / f"perf-{os.getpid()}.map"
+    half = len(data) // 2
+    path.write_bytes(data[:half])
+    found = perfmap.PerfMap(str(path), max_bytes=_PERF_MAP_CAP_BYTES)
+    with path.open("ab") as handle:
+        handle.write(data[half:])
+    found.refresh()
+    assert found._read_bytes <= found.max_bytes and len(found) <= data.count(b"\n") + 1
+    for start, end, name in zip(found._starts[:64], found._ends[:64], found._names[:64], strict=True):
+        assert 0 <= start < end <= 2 << 64 and len(name) <= perfmap._MAX_NAME_CHARS
+        assert found.lookup(start) is not None
+
+
+def proc_maps(data: bytes) -> None:
+    """/proc/PID/maps (the paths are the process's choice), then the lookups the symbolizer does on it."""
+    entries = maps.parse_maps(data.decode("utf-8", errors="surrogateescape"))
+    process = symbolizer._Process(1, entries)
+    for entry in process.entries[:64]:
+        assert "\n" not in entry.path
+        found = process.find(entry.start)
+        assert found is None or found.start <= entry.start < found.end
+
+
+def stat(data: bytes) -> None:
+    """/proc/PID/stat (the name in it is the process's choice: any 16 bytes, parentheses included)."""
+    assert procfs.parse_stat_start_time(data) >= 0
+
+
+def status(data: bytes) -> None:
+    """/proc/PID/status, searched for the pid in the process's own pid namespace."""
+    found = procfs.parse_namespace_pid(data)
+    assert found is None or found >= 0
+
+
+def cgroup(data: bytes) -> None:
+    """/proc/PID/cgroup, searched for a container id and a Kubernetes pod uid."""
+    container_id, pod_uid = procfs.parse_cgroup(data.decode(errors="replace"))
+    assert container_id == "" or (len(container_id) == 64 and set(container_id) <= _HEX)
+    assert pod_uid == "" or (len(pod_uid) == 36 and set(pod_uid) <= _HEX | {"-"})
+
+
+def environ(data: bytes) -> None:
+    """/proc/PID/environ, searched for OTEL_SERVICE_NAME."""
+    assert len(procfs.parse_service_name(data)) <= procfs.MAX_SERVICE_NAME_CHARS
+
+
+def kernel_symbols(data: bytes) -> None:
+    """/proc/kallsyms (or the file the setting points at)."""
+    symbols = kallsyms.KernelSymbols("<fuzz>", text=data)
+    starts = list(symbols._starts)
+    assert starts == sorted(starts), "kernel symbols out of order"
+    for address in starts[:64]:
+        found = symbols.lookup(address)
+        assert found is not None and found[1] == 0
+
+
+# the slowest first, so that a run of a fixed number of inputs each, a few at a time, ends soonest
+TARGETS: dict[str, Callable[[bytes], None]] = {
+    "kallsyms": kernel_symbols, "proc_maps": proc_maps, "perf_map": perf_map, "elf": elf, "cgroup": cgroup,
+    "environ": environ, "elf_notes": elf_notes, "status": status, "stat": stat,
+}
+# libFuzzer's -max_len per target: room for many lines or a small binary, small enough to stay fast (the parsers
+# work line by line or table by table, so length adds time, not new paths)
+MAX_LEN = {"elf": 64 << 10, "proc_maps": 16 << 10}
+DEFAULT_MAX_LEN = 8 << 10
+_PERF_MAP_CAP_BYTES = 4 << 10  # below MAX_LEN: the cut at the cap is reached too
+
+
+# --- seeds -----------------------------------------------------------------------------------------------------------
+
+def seeds(target: str) -> Iterator[bytes]:
+    """Starting inputs for ``target``: real files of this machine where safe, hand-written examples otherwise."""
+    yield from _SEEDS[target]()
+
+
+def _read(path: str, limit: int) -> bytes:
+    try:
+        return procfs.read_capped(path, limit)[0]
+    except OSError:
+        return b""
+
+
+def _elf_seeds() -> Iterator[bytes]:
+    candidates = [REPO / "tests/native/workloads" / name for name in ("cpu_3to1", "cpu_3to1_stripped",
+                                                                       "libuprobe_target.so")]
+    for folder in ("/usr/bin", "/usr/lib/x86_64-linux-gnu"):
+        try:
+            candidates += sorted(Path(folder).iterdir())[:400]
+        except OSError:
+            continue
+    small = []
+    for path in candidates:
+        try:
+            size = path.stat().st_size
+            if path.is_file() and 0 < size <= MAX_LEN["elf"] and path.read_bytes()[:6] == b"\x7fELF\x02\x01":
+                small.append((size, path))
+        except OSError:
+            continue
+    for _, path in sorted(small)[:12]:
+        yield path.read_bytes()
+    yield _synthetic_elf()
+
+
+def _synthetic_elf() -> bytes:
+    from tests.symbolize.elfgen import Symbol, write_elf
+    path = Path(tempfile.mkdtemp()) / "synthetic"
+    write_elf(path, [Symbol(f"function_{i}", 0x1000 + 0x40 * i, 0x40) for i in range(16)]
+              + [Symbol("data", 0x9000, 8, kind=1), Symbol("undefined", 0, 0, shndx=0)])
+    data = path.read_bytes()
+    path.unlink()
+    path.parent.rmdir()
+    return data
+
+
+def _note(name: bytes, kind: int, desc: bytes) -> bytes:
+    def padded(value: bytes) -> bytes:
+        return value + b"\0" * (-len(value) % 4)
+    return struct.pack("<III", len(name), len(desc), kind) + padded(name) + padded(desc)
+
+
+def _note_seeds() -> Iterator[bytes]:
+    yield _note(b"GNU\0", 3, bytes(range(20)))
+    yield _note(b"GNU\0", 1, bytes(16)) + _note(b"GNU\0", 3, bytes(range(8)))  # ABI tag first, as in most binaries
+    yield _note(b"Go\0", 4, b"go-build-id") + _note(b"GNU\0", 3, bytes(range(16)))
+
+
+def _perf_map_seeds() -> Iterator[bytes]:
+    yield b"7f0000001000 100 py::compute:/app/model.py\n7f0000002000 80 LazyCompile:*render app.js:3\n"
+    yield "".join(f"{0x7F0000000000 + 0x40 * i:x} 40 jitted_{i} with spaces\n" for i in range(150)).encode()
+    yield b"0x1000 0x10 a\r\n2000 0 zero-size\n1000 10 overlaps a\nnot a line\n"
+
+
+def _proc_seeds(name: str) -> Callable[[], Iterator[bytes]]:
+    def found() -> Iterator[bytes]:
+        for pid in ("self", "1"):
+            data = _read(f"/proc/{pid}/{name}", MAX_LEN.get(f"proc_{name}", DEFAULT_MAX_LEN))
+            if data:
+                yield data
+    return found
+
+
+def _maps_seeds() -> Iterator[bytes]:
+    yield from _proc_seeds("maps")()
+    yield (b"00400000-00452000 r-xp 00000000 08:02 173521 /usr/bin/dbus daemon\n"
+           b"7f1c-7f1d r-xp 00001000 08:02 17 /tmp/x (deleted)\n7ffd-7ffe rw-p 00000000 00:00 0 [stack]\n"
+           b"7f00-7f01 r-xp 00000000 00:00 0 /memfd:jit\\012x (deleted)\n")
+
+
+def _stat_seeds() -> Iterator[bytes]:
+    yield from _proc_seeds("stat")()
+    yield b"4242 (a) b) (c) S 1 4242 4242 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 987654 1000 10 0 0 0 0 0\n"
+
+
+def _status_seeds() -> Iterator[bytes]:
+    yield from _proc_seeds("status")()
+    yield b"Name:\tpython\nTgid:\t4242\nPid:\t4242\nNSpid:\t4242\t17\t1\nNSsid:\t1\n"
+
+
+def _cgroup_seeds() -> Iterator[bytes]:
+    yield from _proc_seeds("cgroup")()
+    container = "3f" * 32
+    yield f"0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod1a2b3c4d_0000_1111_2222_333344445555" \
+          f".slice/cri-containerd-{container}.scope\n".encode()
+    yield f"12:cpu,cpuacct:/kubepods/besteffort/pod1a2b3c4d-0000-1111-2222-333344445555/{container}\n" \
+          f"0::/system.slice/docker-{container}.scope\n".encode()
+
+
+def _environ_seeds() -> Iterator[bytes]:
+    yield b"PATH=/usr/bin:/bin\0HOME=/root\0OTEL_SERVICE_NAME=trainer\0LANG=C.UTF-8\0"
+    yield b"OTEL_SERVICE_NAME=\xff\xfeodd bytes\0OTEL_SERVICE_NAME=second\0"
+    yield b"A=" + b"x" * 2000 + b"\0OTEL_SERVICE_NAME=" + b"y" * 600
+
+
+def _kallsyms_seeds() -> Iterator[bytes]:
+    data = _read("/proc/kallsyms", 256 << 10)
+    lines = data.splitlines(keepends=True)
+    if lines:
+        yield b"".join(lines[:150])
+        yield b"".join(line for line in lines if b"[" in line)[:DEFAULT_MAX_LEN]
+    yield (b"ffffffff81000000 T _stext\nffffffff81000100 t helper\nffffffff81000200 D some_data\n"
+           b"ffffffffc0000000 t mod_fn\t[mymod]\nffffffff81000000 T srso_alias\n0000000000000000 T hidden\n")
+
+
+_SEEDS: dict[str, Callable[[], Iterator[bytes]]] = {
+    "elf": _elf_seeds, "elf_notes": _note_seeds, "perf_map": _perf_map_seeds, "proc_maps": _maps_seeds,
+    "stat": _stat_seeds, "status": _status_seeds, "cgroup": _cgroup_seeds, "environ": _environ_seeds,
+    "kallsyms": _kallsyms_seeds,
+}

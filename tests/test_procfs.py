@@ -1,0 +1,165 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Process identity from /proc, with what a process controls in it made hostile: a name that is not UTF-8, an
+environment past the read cap, FIFOs where files should be, names with parentheses and spaces."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tracemalloc
+from pathlib import Path
+
+import pytest
+
+from otel_gpu import procfs, selfmetrics, semconv
+from otel_gpu.procfs import ProcessResolver
+
+_STAT_TAIL = "S 1 4242 4242 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 987654 1000 10\n"
+
+
+def _fake_process(root: Path, pid: int = 4242, **files: bytes) -> Path:
+    base = root / str(pid)
+    base.mkdir(parents=True)
+    contents = {"stat": f"{pid} (worker) {_STAT_TAIL}".encode(), "comm": b"worker\n", "cgroup": b"0::/\n",
+                "environ": b"PATH=/bin\0"} | files
+    for name, data in contents.items():
+        (base / name).write_bytes(data)
+    return base
+
+
+def _errors(reason: str) -> float:
+    return selfmetrics.total(semconv.SELF_ERRORS.name, otel_gpu__source=procfs.SOURCE, otel_gpu__reason=reason)
+
+
+def test_a_name_that_is_not_utf8_costs_nothing() -> None:
+    """Any process may name itself with any 15 bytes (prctl PR_SET_NAME): /proc/PID/stat and comm then hold bytes
+    that are not UTF-8. Reading them as UTF-8 raised, and with it every drain of the CPU profiler."""
+    script = ("import ctypes, sys; ctypes.CDLL(None).prctl(15, b'bad\\xff\\xfe(x) y', 0, 0, 0); "
+              "print('ready', flush=True); sys.stdin.read()")
+    process = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    try:
+        assert process.stdout is not None and process.stdout.readline() == b"ready\n"
+        resolver = ProcessResolver()
+        info = resolver.info(process.pid)
+        thread = resolver.thread_name(process.pid, process.pid)
+    finally:
+        process.kill()
+        process.wait()
+    assert info is not None and info.start_time_ticks > 0
+    assert thread == "bad\ufffd\ufffd(x) y"
+
+
+def test_fake_tree_identity(tmp_path: Path) -> None:
+    container = "ab" * 32
+    _fake_process(tmp_path, stat=f"4242 (a) b) (c) {_STAT_TAIL}".encode(), comm=b"\xff\xfe\n",
+                  cgroup=f"0::/system.slice/docker-{container}.scope\n".encode(),
+                  environ=b"A=1\0OTEL_SERVICE_NAME=trainer\xff\0B=2\0")
+    info = ProcessResolver(str(tmp_path)).info(4242)
+    assert info is not None
+    assert info.start_time_ticks == 987654  # counted after the last ")": the name is the process's choice
+    assert info.executable_name == "\ufffd\ufffd" and info.container_id == container
+    assert info.service_name == "trainer\ufffd"
+
+
+def test_environ_is_read_up_to_its_cap(tmp_path: Path) -> None:
+    """The environment is as large as the process makes it; only the first MAX_ENVIRON_BYTES are read, in bounded
+    memory, and a larger one is counted."""
+    big = b"OTEL_SERVICE_NAME=" + b"s" * 1000 + b"\0" + b"X=" + b"x" * (8 << 20) + b"\0"
+    _fake_process(tmp_path, environ=big)
+    before = _errors("environ_too_large")
+    tracemalloc.start()
+    try:
+        info = ProcessResolver(str(tmp_path)).info(4242)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert info is not None and info.service_name == "s" * procfs.MAX_SERVICE_NAME_CHARS
+    assert peak < 3 * procfs.MAX_ENVIRON_BYTES  # the cap read and joined, not the 8 MiB the process wrote
+    assert _errors("environ_too_large") - before == 1
+
+
+def test_a_service_name_past_the_cap_is_not_seen(tmp_path: Path) -> None:
+    _fake_process(tmp_path, environ=b"X=" + b"x" * procfs.MAX_ENVIRON_BYTES + b"\0OTEL_SERVICE_NAME=late\0")
+    info = ProcessResolver(str(tmp_path)).info(4242)
+    assert info is not None and info.service_name == "worker"  # the executable's name, as when it is unset
+
+
+def test_cgroup_is_read_up_to_its_cap(tmp_path: Path) -> None:
+    container = "cd" * 32
+    _fake_process(tmp_path, cgroup=f"0::/docker/{container}\n".encode() + b"1:x:/" + b"y" * (1 << 20) + b"\n")
+    before = _errors("cgroup_too_large")
+    info = ProcessResolver(str(tmp_path)).info(4242)
+    assert info is not None and info.container_id == container
+    assert _errors("cgroup_too_large") - before == 1
+
+
+@pytest.mark.timeout(60)
+def test_fifos_in_place_of_proc_files_never_block(tmp_path: Path) -> None:
+    """The fake tree stands for any path a process could swap: opening a FIFO for reading would wait for a writer
+    forever (here: the test's timeout)."""
+    base = _fake_process(tmp_path)
+    for name in ("environ", "cgroup"):
+        (base / name).unlink()
+        os.mkfifo(base / name)
+    info = ProcessResolver(str(tmp_path)).info(4242)
+    assert info is not None and info.service_name == "worker" and info.container_id == ""
+    data, more = procfs.read_capped(base / "environ", 100)
+    assert data == b"" and not more
+
+
+def test_read_capped(tmp_path: Path) -> None:
+    path = tmp_path / "file"
+    path.write_bytes(b"x" * 200_000)
+    assert procfs.read_capped(path, 200_000) == (b"x" * 200_000, False)
+    assert procfs.read_capped(path, 150_000) == (b"x" * 150_000, True)
+    with pytest.raises(OSError):
+        procfs.read_capped(tmp_path / "missing", 10)
+
+
+@pytest.mark.parametrize(("stat", "start"), [
+    (b"1 (init) S 0 1 1 0 -1 4194560 1 0 0 0 0 0 0 0 20 0 1 0 42 100 1\n", 42),
+    (b"1 () ) S 0 1 1 0 -1 4194560 1 0 0 0 0 0 0 0 20 0 1 0 43 100 1\n", 43),  # ")" inside the name
+    (b"1 (x) S 0 1 1 0 -1 4194560 1 0 0 0 0 0 0 0 20 0 1 0 -5 100 1\n", 0),
+    (b"1 (x) S 0 1 1 0 -1 4194560 1 0 0 0 0 0 0 0 20 0 1 0 " + b"9" * 5000 + b"\n", 0),  # int() refuses >4300 digits
+    (b"1 (x) S", 0),
+    (b"", 0),
+])
+def test_parse_stat_start_time(stat: bytes, start: int) -> None:
+    assert procfs.parse_stat_start_time(stat) == start
+
+
+@pytest.mark.parametrize(("status", "pid"), [
+    (b"Name:\tx\nNSpid:\t4242\t17\t1\n", 1),
+    (b"Name:\tx\nNSpid:\t4242\n", 4242),
+    (b"NSpid:\n", None),
+    (b"NSpid:\t-3\n", None),
+    (b"NSpid:\t" + b"9" * 5000 + b"\n", None),
+    (b"Name:\tx\n", None),
+])
+def test_parse_namespace_pid(status: bytes, pid: int | None) -> None:
+    assert procfs.parse_namespace_pid(status) == pid
+
+
+def test_parse_cgroup_finds_container_and_pod() -> None:
+    container = "3f" * 32
+    text = (f"0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod1a2b3c4d_0000_1111_2222_333344445555"
+            f".slice/cri-containerd-{container}.scope\n")
+    assert procfs.parse_cgroup(text) == (container, "1a2b3c4d-0000-1111-2222-333344445555")
+    assert procfs.parse_cgroup("0::/" + "a" * 65 + "\n") == ("", "")  # 65 hex digits are no container id
+
+
+def test_an_executable_path_that_is_not_utf8_is_exported_readable(tmp_path: Path) -> None:
+    """A file name may hold any byte but "/" and NUL; the path as os.readlink gives it (lone surrogates for bytes that
+    are not UTF-8) made the OTLP encoder raise for the whole batch."""
+    binary = os.fsdecode(bytes(tmp_path) + b"/sleep-\xff")
+    Path(binary).write_bytes(Path("/bin/sleep").read_bytes())
+    os.chmod(binary, 0o755)
+    process = subprocess.Popen([binary, "30"])
+    try:
+        info = ProcessResolver().info(process.pid)
+    finally:
+        process.kill()
+        process.wait()
+    assert info is not None and info.executable_name == "sleep-\ufffd"
+    assert info.executable_path.encode() == bytes(tmp_path) + b"/sleep-\xef\xbf\xbd"
