@@ -19,7 +19,7 @@ from types import FrameType
 from typing import Any
 
 from otel_gpu import selfmetrics, semconv
-from otel_gpu.config import AgentConfig
+from otel_gpu.config import EXIT_CONFIG_ERROR, AgentConfig
 from otel_gpu.errors import SourceUnavailable
 from otel_gpu.procfs import ProcessResolver
 from otel_gpu.profiles.model import ProfileBatch
@@ -27,6 +27,12 @@ from otel_gpu.resource import agent_resource
 from otel_gpu.symbolize.symbolizer import Symbolizer
 
 _logger = logging.getLogger(__name__)
+
+# What stopping may spend sending what is still queued to backends, all of them together. Local files are written
+# at once; a backend that hangs gets this long, then what is left is dropped and counted. A second SIGINT or
+# SIGTERM ends the agent at once.
+SHUTDOWN_TIMEOUT_S = 5.0
+_LAST_METRICS_S = 1.0
 
 
 class Agent:
@@ -37,6 +43,8 @@ class Agent:
         self._stop = threading.Event()
         self._resolver = ProcessResolver()
         self._symbolizer: Symbolizer | None = None
+        self._shutdown_deadline = 0.0  # monotonic; set when the loop ends
+        self._signals = 0  # SIGINT and SIGTERM received: the first stops, the second ends the process at once
 
     def _shared_symbolizer(self) -> Symbolizer:
         """One symbolizer (and one symbol cache) for the CPU and GPU-time sources; it is thread-safe."""
@@ -51,7 +59,12 @@ class Agent:
         config = self.config
         self._install_signal_handlers()
         if config.write_files:
-            os.makedirs(config.output.dir, exist_ok=True)
+            try:
+                os.makedirs(config.output.dir, exist_ok=True)
+            except OSError as exc:  # validation looked, but the folder can still be refused (a race, a quota)
+                _logger.error("cannot create the output folder %s (--output-dir): %s", config.output.dir,
+                              exc.strerror or exc)
+                return EXIT_CONFIG_ERROR
         with contextlib.ExitStack() as cleanup:
             pipeline = self._start_metrics(cleanup)
             gpu = self._start_gpu(cleanup, pipeline)
@@ -64,10 +77,16 @@ class Agent:
                 selfmetrics.set_gauge(semconv.SELF_SOURCE_UP.name, 1 if up else 0, otel_gpu__source=source_name)
             _logger.info("otel-gpu running: gpu metrics %s, cpu profiling %s, gpu-time profiling %s; %s",
                          "on" if gpu else "off", "on" if "cpu_profiler" in names else "off",
-                         "on" if "gpu_time" in names else "off", self._destinations())
+                         "on" if "gpu_time" in names else "off", self._destinations(pipeline.prometheus_address))
             self._loop(profilers, exporters)
-            _logger.info("otel-gpu stopping")
+            self._shutdown_deadline = time.monotonic() + SHUTDOWN_TIMEOUT_S
+            _logger.info("otel-gpu stopping (sending what is queued for at most %g s; a second signal stops at "
+                         "once)", SHUTDOWN_TIMEOUT_S)
         return 0
+
+    def _shutdown_left_s(self) -> float:
+        """Seconds left of the shutdown budget, shared by every exporter that still sends."""
+        return max(0.0, self._shutdown_deadline - time.monotonic())
 
     # --- parts -----------------------------------------------------------------------------------------------------
 
@@ -75,7 +94,8 @@ class Agent:
         from otel_gpu.metrics.pipeline import MetricsPipeline
 
         pipeline = MetricsPipeline(self.config, agent_resource(self.config))
-        cleanup.callback(pipeline.shutdown)
+        # at least a moment, whatever the profile exporters left: the last line of metrics.jsonl is local and quick
+        cleanup.callback(lambda: pipeline.shutdown(max(_LAST_METRICS_S, self._shutdown_left_s())))
         return pipeline
 
     def _start_gpu(self, cleanup: contextlib.ExitStack, pipeline) -> object | None:  # type: ignore[no-untyped-def]
@@ -117,7 +137,7 @@ class Agent:
 
         exporters = build_profile_exporters(self.config)
         for exporter in reversed(exporters):
-            cleanup.callback(exporter.shutdown)
+            cleanup.callback(lambda exporter=exporter: exporter.shutdown(self._shutdown_left_s()))
         return exporters
 
     # --- loop ------------------------------------------------------------------------------------------------------
@@ -178,13 +198,15 @@ class Agent:
                      if profiling.selects(p.process.pid, p.process.container_id, (p.process.executable_name,)))
         return dataclasses.replace(batch, processes=kept)
 
-    def _destinations(self) -> str:
+    def _destinations(self, prometheus_address: tuple[str, int] | None) -> str:
+        """Where data goes, for the start-up line; the Prometheus endpoint only when it really listens."""
         config = self.config
         parts = []
         if (target := config.otlp.metrics_target()) is not None:
             parts.append(f"metrics -> OTLP {target[0]} {target[1]}")
-        if config.metrics.prometheus_port:
-            parts.append(f"Prometheus scrape on :{config.metrics.prometheus_port}/metrics")
+        if prometheus_address is not None:
+            host, port = prometheus_address
+            parts.append(f"Prometheus scrape on {f'[{host}]' if ':' in host else host}:{port}/metrics")
         if (target := config.otlp.profiles_target()) is not None:
             parts.append(f"profiles -> OTLP {target[0]} {target[1]}")
         if config.pyroscope.url:
@@ -198,7 +220,14 @@ class Agent:
             return
 
         def handler(signum: int, frame: FrameType | None) -> None:
-            self._stop.set()
+            self._signals += 1
+            if self._signals == 1:
+                self._stop.set()
+                return
+            # whoever sends a second signal does not want to wait for the flush
+            _logger.warning("second %s: stopping now; what is still queued is lost", signal.Signals(signum).name)
+            logging.shutdown()
+            os._exit(128 + signum)
 
         previous: dict[int, Callable[..., object] | int | None] = {}
         for sig in (signal.SIGTERM, signal.SIGINT):

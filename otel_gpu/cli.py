@@ -80,6 +80,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"  - {problem}", file=sys.stderr)
         return config.EXIT_CONFIG_ERROR
     if args.command == "config":
+        for warning in cfg.warnings:
+            print(f"otel-gpu: warning: {warning}", file=sys.stderr)
         sys.stdout.write(yaml.safe_dump(config.effective(cfg), sort_keys=False))
         return 0
 
@@ -87,6 +89,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     from otel_gpu.agent import Agent
 
     _log.configure(cfg.log_level)
+    for warning in cfg.warnings:
+        logging.getLogger("otel_gpu.config").warning("%s", warning)
     try:
         return Agent(cfg).run()
     except KeyboardInterrupt:

@@ -10,6 +10,7 @@ Standard OpenTelemetry variables (``OTEL_EXPORTER_OTLP_*``, ``OTEL_RESOURCE_ATTR
 from __future__ import annotations
 
 import argparse
+import difflib
 import os
 import re
 import urllib.parse
@@ -21,6 +22,8 @@ from typing import Any
 import yaml
 
 EXIT_CONFIG_ERROR = 2
+MAX_CONFIG_FILE_BYTES = 1 << 20  # a configuration file is a page of YAML; /dev/zero or a log file is a mistake
+PID_MAX = 1 << 22  # PID_MAX_LIMIT: no process id on Linux is larger
 
 _PROTOCOLS = ("grpc", "http/protobuf")
 _LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -46,9 +49,10 @@ class OTLPConfig:
     protocol: str = "grpc"
     metrics_protocol: str = ""
     profiles_protocol: str = ""
-    headers: tuple[tuple[str, str], ...] = ()
-    metrics_headers: tuple[tuple[str, str], ...] = ()
-    profiles_headers: tuple[tuple[str, str], ...] = ()
+    # secrets: left out of repr(), so that no log line or error message that shows a config object shows them
+    headers: tuple[tuple[str, str], ...] = field(default=(), repr=False)
+    metrics_headers: tuple[tuple[str, str], ...] = field(default=(), repr=False)
+    profiles_headers: tuple[tuple[str, str], ...] = field(default=(), repr=False)
     certificate: str = ""
     insecure: bool = False
     compression: str = "gzip"
@@ -136,7 +140,7 @@ class PyroscopeConfig:
     api: str = "otlp"
     tenant_id: str = ""
     basic_auth_user: str = ""
-    basic_auth_password: str = ""
+    basic_auth_password: str = field(default="", repr=False)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -167,6 +171,7 @@ class AgentConfig:
     profiling: ProfilingConfig = field(default_factory=ProfilingConfig)
     pyroscope: PyroscopeConfig = field(default_factory=PyroscopeConfig)
     output: OutputConfig = field(default_factory=OutputConfig)
+    warnings: tuple[str, ...] = field(default=(), compare=False)  # things worth saying that do not stop the agent
 
     @property
     def has_backend(self) -> bool:
@@ -237,13 +242,6 @@ def _millis_to_s(text: str) -> float:
     return float(text) / 1000.0
 
 
-def _positive(limit: str) -> Callable[[Any], str | None]:
-    def check(value: Any) -> str | None:
-        return None if value > 0 else f"must be greater than 0 ({limit})"
-
-    return check
-
-
 def _range(low: float, high: float) -> Callable[[Any], str | None]:
     def check(value: Any) -> str | None:
         return None if low <= value <= high else f"must be between {low:g} and {high:g}"
@@ -290,6 +288,14 @@ def _port(value: Any) -> str | None:
     return None if 0 <= value <= 65535 else "must be between 0 (off) and 65535"
 
 
+def _pid(value: Any) -> str | None:
+    return None if 0 < value <= PID_MAX else f"is not a process id (1 to {PID_MAX})"
+
+
+def _not_empty(value: Any) -> str | None:
+    return None if str(value).strip() else "must name a folder"
+
+
 OPTIONS: tuple[Option, ...] = (
     Option("duration_s", "--duration", "stop after this many seconds (0: run until interrupted)", float,
            env=("OTEL_GPU_DURATION",), check=_range(0, 10**9)),
@@ -327,7 +333,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("otlp.compression", "--otlp-compression", "OTLP compression", str,
            env=("OTEL_EXPORTER_OTLP_COMPRESSION",), choices=("gzip", "none")),
     Option("otlp.timeout_s", "--otlp-timeout", "OTLP request timeout in seconds", float,
-           env=("OTEL_GPU_OTLP_TIMEOUT",), check=_positive("seconds")),
+           env=("OTEL_GPU_OTLP_TIMEOUT",), check=_range(0.001, 3600)),
     # metrics
     Option("metrics.export_interval_s", "--metric-export-interval",
            "seconds between metric collections and exports (env OTEL_METRIC_EXPORT_INTERVAL is in ms)", float,
@@ -343,7 +349,7 @@ OPTIONS: tuple[Option, ...] = (
            env=("OTEL_GPU_GPU_PER_PROCESS",), boolean=True),
     Option("gpu.collection_timeout_s", "--gpu-collection-timeout",
            "seconds a GPU's readings may take before the cycle goes on without them", float,
-           env=("OTEL_GPU_GPU_COLLECTION_TIMEOUT",), check=_positive("seconds")),
+           env=("OTEL_GPU_GPU_COLLECTION_TIMEOUT",), check=_range(0.001, 3600)),
     # profiling
     Option("profiling.enabled", "--cpu-profiling", "sample CPU stacks with eBPF", _bool,
            env=("OTEL_GPU_PROFILING_ENABLED",), boolean=True),
@@ -351,8 +357,9 @@ OPTIONS: tuple[Option, ...] = (
            env=("OTEL_GPU_PROFILING_FREQUENCY_HZ",), check=_range(1, 10000)),
     Option("profiling.interval_s", "--profiling-interval", "seconds between profile reports", float,
            env=("OTEL_GPU_PROFILING_INTERVAL",), check=_range(1, 3600)),
-    Option("profiling.pids", "--pid", "profile only this process (repeatable)", int,
-           env=("OTEL_GPU_PROFILING_PIDS",), repeatable=True),
+    Option("profiling.pids", "--pid",
+           "profile only this process (repeatable; it must be running when the agent starts)", int,
+           env=("OTEL_GPU_PROFILING_PIDS",), repeatable=True, check=_pid),
     Option("profiling.process_name", "--process-name", "profile only processes whose name matches this regex",
            str, env=("OTEL_GPU_PROFILING_PROCESS_NAME",), check=_regex),
     Option("profiling.container_id", "--container-id", "profile only processes of this container (id prefix)",
@@ -375,7 +382,7 @@ OPTIONS: tuple[Option, ...] = (
            env=("OTEL_GPU_PYROSCOPE_PASSWORD",), secret=True),
     # output
     Option("output.dir", "--output-dir", "folder for local metric and profile files", str,
-           env=("OTEL_GPU_OUTPUT_DIR",)),
+           env=("OTEL_GPU_OUTPUT_DIR",), check=_not_empty),
     Option("output.files", "--local-files", "write local files (auto: only when no backend is configured)", str,
            env=("OTEL_GPU_OUTPUT_FILES",), choices=_TRISTATE),
     Option("output.console", "--console", "print the terminal summary each interval (auto: only without backend)",
@@ -450,6 +457,7 @@ def load(args: argparse.Namespace | None = None, environ: Mapping[str, str] | No
         raw = getattr(args, _dest(option), None) if args is not None else None
         if raw is not None:
             values[option.path] = (raw, f"flag {option.flag}")
+    warnings = _unknown_variables(environ)
 
     parsed: dict[str, Any] = {}
     for path, (raw, origin) in values.items():
@@ -457,20 +465,24 @@ def load(args: argparse.Namespace | None = None, environ: Mapping[str, str] | No
         try:
             value = _parse(option, raw)
         except (ValueError, TypeError) as exc:
-            problems.append(f"{origin}: {exc}{_allowed(option)}")
+            if option.secret:  # the text at fault may be the secret itself ("Authorization: Bearer ...")
+                problems.append(f"{origin}: {_SECRET_FORMAT.get(option.parse, 'is not valid')} (not shown here: it "
+                                "may hold a secret)")
+            else:
+                problems.append(f"{origin}: {exc}{_allowed(option)}")
             continue
         if option.choices and value not in option.choices:
             problems.append(f"{origin}: {value!r} is not allowed{_allowed(option)}")
             continue
-        message = _check(option, value)
-        if message:
-            problems.append(f"{origin}: {redacted(value)!r} {message}")
+        failed = _check(option, value)
+        if failed:
+            problems.append(f"{origin}: {redacted(failed[0])!r} {failed[1]}")
             continue
         parsed[path] = value
 
     if problems:
         raise ConfigError(problems)
-    config = _build(parsed, config_file)
+    config = _build(parsed, config_file, warnings)
     problems.extend(_cross_checks(config))
     if problems:
         raise ConfigError(problems)
@@ -484,18 +496,46 @@ class _Converted:
         self.parse, self.raw = parse, raw
 
 
+def _unknown_variables(environ: Mapping[str, str]) -> tuple[str, ...]:
+    """A warning for each ``OTEL_GPU_*`` variable nobody reads (a typo is otherwise silently ignored)."""
+    known = {name for option in OPTIONS for name in option.env if name.startswith("OTEL_GPU_")}
+    known |= _OTHER_VARIABLES
+    warnings = []
+    for name in sorted(environ):
+        if not name.startswith("OTEL_GPU_") or name in known or name.startswith(_LIBRARY_DEBUG_PREFIX):
+            continue
+        close = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.8)
+        hint = f"; did you mean {close[0]}?" if close else ""
+        warnings.append(f"environment variable {name} is not an otel-gpu setting and is ignored{hint}")
+    return tuple(warnings)
+
+
+# Read by someone other than the option table: --config's variable, the library `otel-gpu inject` loads into a
+# workload (cuda/native/inject.c, emit.c; its OTEL_GPU_DEBUG_* switches are for development) and scripts/h200.
+_OTHER_VARIABLES = frozenset({
+    "OTEL_GPU_CONFIG_FILE", "OTEL_GPU_OVERHEAD_BUDGET", "OTEL_GPU_WINDOW_MS", "OTEL_GPU_CUPTI_PATH",
+    "OTEL_GPU_CUPTI_FINALIZE", "OTEL_GPU_API_ACTIVITY", "OTEL_GPU_INJECT_LIB", "OTEL_GPU_CUDA_GRAPHS",
+})
+_LIBRARY_DEBUG_PREFIX = "OTEL_GPU_DEBUG_"
+_SCALAR = (str, int, float, bool)
+_SECRET_FORMAT: dict[Parser, str] = {_pairs: "is not a list of key=value pairs (k1=v1,k2=v2)"}
+
+
 def _parse(option: Option, raw: Any) -> Any:
     if isinstance(raw, _Converted):
         return raw.parse(raw.raw)
     if option.repeatable:
-        items = raw if isinstance(raw, list | tuple) else [p for p in str(raw).split(",") if p.strip()]
-        return tuple(option.parse(str(item).strip()) for item in items)
+        items = raw if isinstance(raw, list | tuple) else [p for p in _scalar(raw).split(",") if p.strip()]
+        return tuple(option.parse(_scalar(item).strip()) for item in items)
     if option.boolean and isinstance(raw, bool):
         return raw
     if option.parse in (int, float) and isinstance(raw, bool):
         raise ValueError(f"{raw!r} is not a number")
+    if option.parse is int and isinstance(raw, float) and not raw.is_integer():
+        raise ValueError(f"{raw!r} is not a whole number")
     if isinstance(raw, Mapping) and option.parse is _pairs:
-        return _pairs(raw)  # type: ignore[arg-type]
+        return _pairs({_scalar(k): _scalar(v) for k, v in raw.items()})  # type: ignore[arg-type]
+    _scalar(raw)
     try:
         return option.parse(raw if not isinstance(raw, int | float) or option.parse not in (str,) else str(raw))
     except ValueError as exc:
@@ -504,16 +544,25 @@ def _parse(option: Option, raw: Any) -> Any:
         raise
 
 
-def _check(option: Option, value: Any) -> str | None:
+def _scalar(raw: Any) -> str:
+    """``raw`` as text when it is one plain value; a YAML list, mapping or null where one value belongs is refused
+    (``str()`` of it would be accepted as, say, a folder name, and of a nest of YAML aliases would never finish)."""
+    if raw is None:
+        raise ValueError("needs a value")
+    if not isinstance(raw, _SCALAR):
+        raise ValueError(f"needs a single value, not a {type(raw).__name__}")
+    return str(raw)
+
+
+def _check(option: Option, value: Any) -> tuple[Any, str] | None:
+    """(the value at fault, what is wrong with it), or None; for a repeatable option the first bad item."""
     if option.check is None:
         return None
-    if option.repeatable:
-        for item in value:
-            message = option.check(item)
-            if message:
-                return message
-        return None
-    return option.check(value)
+    for item in value if option.repeatable else (value,):
+        message = option.check(item)
+        if message:
+            return item, message
+    return None
 
 
 def _allowed(option: Option) -> str:
@@ -524,12 +573,27 @@ def _allowed(option: Option) -> str:
 
 def _read_yaml(path: str, problems: list[str]) -> dict[str, tuple[Any, str]]:
     try:
-        data = yaml.safe_load(Path(path).read_text()) or {}
+        with open(path, "rb") as file:
+            raw = file.read(MAX_CONFIG_FILE_BYTES + 1)
     except OSError as exc:
-        problems.append(f"flag --config: cannot read {path!r}: {exc.strerror}")
+        problems.append(f"flag --config: cannot read {path!r}: {exc.strerror or exc}")
         return {}
-    except yaml.YAMLError as exc:
-        problems.append(f"flag --config: {path!r} is not valid YAML: {exc}")
+    if len(raw) > MAX_CONFIG_FILE_BYTES:
+        problems.append(f"flag --config: {path!r} is larger than {MAX_CONFIG_FILE_BYTES} bytes; is it the right file?")
+        return {}
+    try:
+        data = yaml.safe_load(raw.decode("utf-8")) or {}
+    except UnicodeDecodeError as exc:
+        problems.append(f"flag --config: {path!r} is not UTF-8 text (byte {exc.start}: {exc.reason})")
+        return {}
+    except yaml.YAMLError as exc:  # where and what only: PyYAML's own message quotes the line, maybe a password
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problems.append(f"flag --config: {path!r} is not valid YAML{where}: "
+                        f"{getattr(exc, 'problem', None) or type(exc).__name__}")
+        return {}
+    except RecursionError:
+        problems.append(f"flag --config: {path!r} nests too deeply to be a configuration")
         return {}
     if not isinstance(data, dict):
         problems.append(f"flag --config: {path!r} must hold a mapping of options")
@@ -551,8 +615,8 @@ def _read_yaml(path: str, problems: list[str]) -> dict[str, tuple[Any, str]]:
     return out
 
 
-def _build(parsed: Mapping[str, Any], config_file: str) -> AgentConfig:
-    top: dict[str, Any] = {"config_file": config_file}
+def _build(parsed: Mapping[str, Any], config_file: str, warnings: tuple[str, ...] = ()) -> AgentConfig:
+    top: dict[str, Any] = {"config_file": config_file, "warnings": warnings}
     grouped: dict[str, dict[str, Any]] = {name: {} for name in _GROUPS}
     for path, value in parsed.items():
         if "." in path:
@@ -571,7 +635,62 @@ def _cross_checks(config: AgentConfig) -> list[str]:
         problems.append(f"flag --otlp-certificate: {config.otlp.certificate!r} is not a readable file")
     if config.pyroscope.basic_auth_password and not config.pyroscope.basic_auth_user:
         problems.append("flag --pyroscope-password: needs --pyroscope-user as well")
+    if config.write_files and (message := output_dir_problem(config.output.dir)):
+        problems.append(f"flag --output-dir: {config.output.dir!r} {message}")
+    for pid in config.profiling.pids:
+        if not os.path.exists(f"/proc/{pid}"):
+            # A filter that can never match would run an agent that profiles nothing, silently; say so at once.
+            problems.append(f"flag --pid: no process {pid} is running (the agent sees the processes of its own PID "
+                            "namespace; use hostPID in a container)")
     return problems
+
+
+# Kernel file systems: nothing written there is a file (and a folder made under cgroup2 is a new cgroup).
+_KERNEL_FILE_SYSTEMS = frozenset({"proc", "sysfs", "cgroup", "cgroup2", "debugfs", "tracefs", "securityfs", "bpf",
+                                  "devpts", "configfs", "pstore", "efivarfs", "fusectl", "binfmt_misc", "mqueue"})
+
+
+def output_dir_problem(directory: str) -> str | None:
+    """Why files cannot go to ``directory`` (it or a folder above is a file, a kernel file system, read-only,
+    not writable), or None. Creates nothing: the folder is made when the agent starts."""
+    path = Path(os.path.abspath(directory))
+    existing = path
+    while not os.path.exists(existing):  # the nearest folder that is already there decides
+        if os.path.islink(existing):
+            return f"is under {str(existing)!r}, a link that leads nowhere"
+        existing = existing.parent
+    if not os.path.isdir(existing):
+        return "is a file" if existing == path else f"is under {str(existing)!r}, which is a file"
+    file_system = _file_system_type(existing)
+    if file_system in _KERNEL_FILE_SYSTEMS:
+        return f"is on the kernel's {file_system} file system, which holds no files"
+    try:
+        read_only = bool(os.statvfs(existing).f_flag & os.ST_RDONLY)
+    except OSError:
+        read_only = False
+    if read_only:
+        return f"is on a read-only file system ({str(existing)!r})"
+    if not os.access(existing, os.W_OK | os.X_OK):
+        return f"cannot be written: {str(existing)!r} is not writable for this user"
+    return None
+
+
+def _file_system_type(path: Path) -> str:
+    """The type of the file system that holds ``path``, from the longest mount point above it ("" when unknown)."""
+    try:
+        lines = Path("/proc/self/mounts").read_text(errors="replace").splitlines()
+    except OSError:
+        return ""
+    resolved, best, kind = str(path.resolve()), "", ""
+    for line in lines:
+        fields = line.split()
+        if len(fields) < 3:
+            continue
+        mount_point = fields[1].replace("\\040", " ")
+        inside = resolved == mount_point or resolved.startswith(mount_point.rstrip("/") + "/")
+        if inside and len(mount_point) >= len(best):
+            best, kind = mount_point, fields[2]
+    return kind
 
 
 def _get(config: Any, path: str) -> Any:

@@ -1,12 +1,29 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Agent wiring that has no other home: GPU-time profiles obey the same process filters as CPU profiles."""
+"""Agent wiring that has no other home: GPU-time profiles obey the same process filters as CPU profiles; the
+start-up line names only endpoints that listen; stopping is bounded and a second signal ends it at once; secrets
+never show in logs or self-metrics."""
 
 from __future__ import annotations
 
+import base64
+import contextlib
+import os
+import queue
+import signal
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
 from otel_gpu.agent import Agent
-from otel_gpu.config import AgentConfig, ProfilingConfig
+from otel_gpu.config import EXIT_CONFIG_ERROR, AgentConfig, GPUConfig, OutputConfig, ProfilingConfig
 from otel_gpu.procfs import ProcessInfo
 from otel_gpu.profiles.model import Frame, ProcessProfile, ProfileBatch, Sample, gpu_time_profile_type
+from tests.conftest import REPO, agent_command
 
 
 def _batch() -> ProfileBatch:
@@ -30,3 +47,147 @@ def test_gpu_time_batches_obey_pid_name_and_container_filters() -> None:
     assert _kept(process_name="^pyth") == [10]
     assert _kept(container_id="def") == [11]
     assert _kept(pids=(10,), container_id="def") == []
+
+
+# --- the agent as a process: start-up line, stopping with a backend that hangs, a second signal ---------------------
+
+QUIET_RUN = ("--no-cpu-profiling", "--no-gpu-metrics", "--no-gpu-time-profiling", "--console", "off",
+             "--local-files", "off")
+
+
+class _AgentProcess:
+    """``otel-gpu run`` in a subprocess whose log lines are read as they come."""
+
+    def __init__(self, *args: str) -> None:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+        self.process = subprocess.Popen(agent_command("run", *QUIET_RUN, *args), stderr=subprocess.PIPE, text=True,
+                                        cwd=REPO, env=env)
+        self.lines: queue.Queue[str] = queue.Queue()
+        self.log: list[str] = []
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.process.stderr is not None
+        for line in self.process.stderr:
+            self.lines.put(line)
+
+    def wait_for_line(self, text: str, timeout_s: float = 60.0) -> str:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                line = self.lines.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                break
+            self.log.append(line)
+            if text in line:
+                return line
+        raise AssertionError(f"no line with {text!r} within {timeout_s:g} s; so far: {''.join(self.log)}")
+
+    def finish(self, timeout_s: float) -> int:
+        """The exit code, or an AssertionError when the process is still running after ``timeout_s``."""
+        try:
+            return self.process.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+            raise AssertionError(f"still running {timeout_s:g} s later") from None
+        finally:
+            while not self.lines.empty():
+                self.log.append(self.lines.get())
+
+
+@contextlib.contextmanager
+def _hanging_backend() -> Iterator[int]:
+    """A port that takes connections and never answers them."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(64)
+        yield int(sock.getsockname()[1])
+
+
+def test_a_taken_prometheus_port_is_not_announced() -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        agent = _AgentProcess("--duration", "0.5", "--prometheus-port", str(port), "--prometheus-host", "127.0.0.1")
+        error = agent.wait_for_line("--prometheus-port")
+        running = agent.wait_for_line("otel-gpu running")
+        assert agent.finish(60) == 0
+    assert "ERROR" in error and f"127.0.0.1:{port}" in error
+    assert "Prometheus" not in running and "no destination" in running
+
+
+def test_a_prometheus_port_that_listens_is_announced_with_its_address() -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    agent = _AgentProcess("--duration", "0.5", "--prometheus-port", str(port), "--prometheus-host", "127.0.0.1")
+    running = agent.wait_for_line("otel-gpu running")
+    assert agent.finish(60) == 0
+    assert f"Prometheus scrape on 127.0.0.1:{port}/metrics" in running
+
+
+def test_stopping_with_a_backend_that_hangs_ends() -> None:
+    with _hanging_backend() as port:
+        # each export may take 300 s; stopping must not wait for that
+        agent = _AgentProcess("--otlp-endpoint", f"http://127.0.0.1:{port}", "--otlp-timeout", "300",
+                              "--metric-export-interval", "0.2")
+        agent.wait_for_line("otel-gpu running")
+        time.sleep(1)  # an export is under way by now
+        agent.process.send_signal(signal.SIGTERM)
+        # generous: this checks that stopping ends, not how fast (the limit is agent.SHUTDOWN_TIMEOUT_S)
+        assert agent.finish(120) == 0, "".join(agent.log)
+    assert any("otel-gpu stopping" in line for line in agent.log)
+
+
+def test_a_second_signal_ends_the_agent_at_once() -> None:
+    with _hanging_backend() as port:
+        agent = _AgentProcess("--otlp-endpoint", f"http://127.0.0.1:{port}", "--otlp-timeout", "300",
+                              "--metric-export-interval", "0.2")
+        agent.wait_for_line("otel-gpu running")
+        time.sleep(1)
+        agent.process.send_signal(signal.SIGTERM)
+        agent.wait_for_line("otel-gpu stopping")  # the last export now waits on the backend
+        agent.process.send_signal(signal.SIGTERM)
+        code = agent.finish(120)
+    assert code == 128 + signal.SIGTERM, "".join(agent.log)
+    assert any("second SIGTERM: stopping now" in line for line in agent.log)
+
+
+def test_an_output_folder_that_cannot_be_made_is_a_configuration_error(tmp_path: Path) -> None:
+    (tmp_path / "a-file").write_text("in the way")
+    config = AgentConfig(output=OutputConfig(dir=str(tmp_path / "a-file" / "sub"), files="on", console="off"),
+                         gpu=GPUConfig(enabled=False), profiling=ProfilingConfig(enabled=False, gpu_time=False))
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        assert Agent(config).run() == EXIT_CONFIG_ERROR  # validated earlier, but a folder can vanish or turn
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])
+def test_secrets_never_show_in_logs_at_any_level_or_in_self_metrics(tmp_path: Path, protocol: str) -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]  # nothing listens here: every export fails and is logged
+    secrets = ("HEADERSECRET", "METRICSSECRET", "PYROSCOPESECRET")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    env["OTEL_EXPORTER_OTLP_METRICS_HEADERS"] = "x-api-key=METRICSSECRET"
+    result = subprocess.run(
+        agent_command("run", "--log-level", "debug", "--duration", "2", "--no-cpu-profiling", "--no-gpu-metrics",
+                      "--no-gpu-time-profiling", "--console", "on", "--local-files", "on", "--output-dir",
+                      str(tmp_path), "--metric-export-interval", "0.2", "--otlp-timeout", "0.5",
+                      "--otlp-endpoint", f"http://127.0.0.1:{port}", "--otlp-protocol", protocol,
+                      "--otlp-headers", "authorization=Bearer HEADERSECRET", "--pyroscope-url",
+                      f"http://127.0.0.1:{port}", "--pyroscope-user", "me", "--pyroscope-password", "PYROSCOPESECRET"),
+        capture_output=True, text=True, timeout=120, cwd=REPO, env=env)
+    assert result.returncode == 0, result.stderr
+    assert "is failing" in result.stderr  # the failure was logged, so there was a chance to leak
+    self_metrics = (tmp_path / "metrics.jsonl").read_text()
+    assert "otel_gpu.export.failures" in self_metrics
+    basic = base64.b64encode(b"me:PYROSCOPESECRET").decode()
+    for secret in (*secrets, basic):
+        for where, text in (("stdout", result.stdout), ("stderr", result.stderr), ("metrics.jsonl", self_metrics)):
+            assert secret not in text, f"{secret} in {where}"

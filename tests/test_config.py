@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -137,3 +138,132 @@ def test_config_command_shows_the_precedence_result(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     shown = yaml.safe_load(result.stdout)
     assert shown["metrics"]["prometheus_port"] == 9500 and shown["metrics"]["export_interval_s"] == 20.0
+
+
+@pytest.mark.parametrize(("make_dir", "expected"), [
+    (lambda tmp: str(tmp / "a-file" / "sub"), "which is a file"),
+    (lambda tmp: str(tmp / "a-file"), "is a file"),
+    (lambda tmp: "/proc/otel-gpu-data", "proc file system"),
+    (lambda tmp: "", "must name a folder"),
+], ids=["under-a-file", "a-file", "under-proc", "empty"])
+def test_unusable_output_folders_exit_2_naming_the_flag(tmp_path: Path, make_dir: Callable[[Path], str],
+                                                        expected: str) -> None:
+    (tmp_path / "a-file").write_text("not a folder")
+    for command in ("config", "run"):
+        result = _run(command, "--output-dir", make_dir(tmp_path), "--duration", "1")
+        assert result.returncode == 2, result.stderr
+        assert "flag --output-dir" in result.stderr and expected in result.stderr, result.stderr
+        assert "Traceback" not in result.stderr
+
+
+def test_output_folder_on_a_read_only_mount_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    real_statvfs = os.statvfs
+
+    def read_only(path: str | os.PathLike[str]) -> os.statvfs_result:
+        got = real_statvfs(path)
+        return os.statvfs_result((*got[:8], got.f_flag | os.ST_RDONLY, got.f_namemax))
+
+    monkeypatch.setattr(os, "statvfs", read_only)
+    with pytest.raises(config.ConfigError) as caught:
+        _load(["--output-dir", str(tmp_path / "new" / "folder")])
+    assert caught.value.problems == [f"flag --output-dir: {str(tmp_path / 'new' / 'folder')!r} is on a read-only "
+                                     f"file system ({str(tmp_path)!r})"]
+    # the folder is only checked when files are written: a backend-only agent does not care
+    assert _load(["--output-dir", str(tmp_path), "--local-files", "off"]).output.dir == str(tmp_path)
+
+
+def test_a_writable_output_folder_is_accepted_and_not_created_by_validation(tmp_path: Path) -> None:
+    cfg = _load(["--output-dir", str(tmp_path / "not" / "yet")])
+    assert cfg.output.dir == str(tmp_path / "not" / "yet") and not (tmp_path / "not").exists()
+
+
+@pytest.mark.parametrize(("pid", "expected"), [("-4", "is not a process id"), ("0", "is not a process id"),
+                                               ("4194305", "is not a process id"),
+                                               ("999999", "no process 999999 is running")])
+def test_pids_that_cannot_be_profiled_exit_2_naming_the_flag(pid: str, expected: str) -> None:
+    if pid == "999999" and Path("/proc/999999").exists():
+        pytest.skip("a process 999999 happens to exist")
+    result = _run("run", "--pid", pid, "--duration", "1")
+    assert result.returncode == 2, result.stderr
+    assert "flag --pid" in result.stderr and expected in result.stderr and "Traceback" not in result.stderr
+    assert _load(["--pid", str(os.getpid())]).profiling.pids == (os.getpid(),)
+
+
+@pytest.mark.parametrize(("content", "expected"), [
+    (b"log_level: \xff\xfe\n", "is not UTF-8"),
+    (b"metrics: [unclosed\n", "is not valid YAML at line 2"),
+    (b"- just\n- a list\n", "must hold a mapping"),
+    (b"output:\n  dir: [1, 2]\n", "needs a single value, not a list"),
+    (b"output:\n  dir:\n", "needs a value"),
+    (b"profiling:\n  frequency_hz: 1.5\n", "1.5 is not a whole number"),
+    (b"a: " + b"[" * 100_000 + b"]" * 100_000 + b"\n", "nests too deeply"),
+    (b"# " + b"x" * (2 << 20) + b"\n", "is larger than"),  # a log file given by mistake
+])
+def test_malformed_config_files_exit_2_naming_the_flag(tmp_path: Path, content: bytes, expected: str) -> None:
+    path = tmp_path / "agent.yaml"
+    path.write_bytes(content)
+    result = _run("config", "--config", str(path))
+    assert result.returncode == 2, result.stderr
+    assert "flag --" in result.stderr and expected in result.stderr, result.stderr  # --config, or the key's flag
+    assert "Traceback" not in result.stderr and result.stdout == ""
+
+
+def test_a_nest_of_yaml_aliases_is_refused_without_expanding_it(tmp_path: Path) -> None:
+    lines = ["a0: &a0 [x, x, x, x, x, x, x, x, x]"]
+    lines += [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]" for i in range(1, 30)]
+    lines += ["output:", "  dir: *a29"]  # str() of it would be 9**30 items long
+    path = tmp_path / "agent.yaml"
+    path.write_text("\n".join(lines) + "\n")
+    result = _run("config", "--config", str(path))
+    assert result.returncode == 2 and "needs a single value, not a list" in result.stderr
+
+
+def test_config_objects_do_not_show_secrets() -> None:
+    cfg = _load(["--otlp-headers", "authorization=Bearer topsecret", "--pyroscope-user", "me",
+                 "--pyroscope-password", "hunter2"], {"OTEL_EXPORTER_OTLP_PROFILES_HEADERS": "x-key=k3y"})
+    assert cfg.otlp.headers_for("profiles") == {"authorization": "Bearer topsecret", "x-key": "k3y"}
+    shown = repr(cfg)
+    assert "topsecret" not in shown and "hunter2" not in shown and "k3y" not in shown
+    assert "basic_auth_user='me'" in shown  # the rest is there as before
+
+
+def test_secrets_stay_hidden_in_problems() -> None:
+    result = _run("config", "--otlp-headers", "Authorization: Bearer topsecret")  # a colon where '=' belongs
+    assert result.returncode == 2 and "flag --otlp-headers" in result.stderr
+    assert "topsecret" not in result.stderr
+
+
+def test_a_yaml_error_does_not_quote_the_line(tmp_path: Path) -> None:
+    path = tmp_path / "agent.yaml"
+    path.write_text('pyroscope:\n  basic_auth_password: "hunter2\n')  # the quote is never closed
+    result = _run("config", "--config", str(path))
+    assert result.returncode == 2 and "is not valid YAML" in result.stderr
+    assert "hunter2" not in result.stderr
+
+
+def test_misspelled_otel_gpu_variables_are_named_with_the_closest_known_one() -> None:
+    cfg = _load([], {"OTEL_GPU_OUTPUT_DIRR": "/x", "OTEL_GPU_PROFILNG_PIDS": "1", "OTEL_GPU_NONSENSE_THING": "1",
+                     "OTEL_GPU_OVERHEAD_BUDGET": "0.05", "OTEL_GPU_DEBUG_STATS": "1", "OTEL_GPU_LOG_LEVEL": "info",
+                     "OTEL_SOMETHING_ELSE": "1"})
+    assert cfg.warnings == (
+        "environment variable OTEL_GPU_NONSENSE_THING is not an otel-gpu setting and is ignored",
+        "environment variable OTEL_GPU_OUTPUT_DIRR is not an otel-gpu setting and is ignored; did you mean "
+        "OTEL_GPU_OUTPUT_DIR?",
+        "environment variable OTEL_GPU_PROFILNG_PIDS is not an otel-gpu setting and is ignored; did you mean "
+        "OTEL_GPU_PROFILING_PIDS?",
+    )
+    assert cfg.output.dir == config.OutputConfig().dir  # ignored, as the warning says
+    for command in ("config", "run"):
+        result = _run(command, "--duration", "0.1", "--no-cpu-profiling", "--no-gpu-metrics",
+                      "--no-gpu-time-profiling", "--console", "off", "--local-files", "off",
+                      env={"OTEL_GPU_PYROSCOPE_PASWORD": "hunter2"})
+        assert result.returncode == 0, result.stderr
+        assert "OTEL_GPU_PYROSCOPE_PASWORD" in result.stderr and "OTEL_GPU_PYROSCOPE_PASSWORD?" in result.stderr
+        assert "hunter2" not in result.stderr  # names only, never values
+
+
+@pytest.mark.parametrize("value", ["inf", "nan", "0", "-1"])
+def test_timeouts_are_finite_and_positive(value: str) -> None:
+    with pytest.raises(config.ConfigError) as caught:
+        _load(["--otlp-timeout", value, "--gpu-collection-timeout", value])
+    assert [p.split(":")[0] for p in caught.value.problems] == ["flag --otlp-timeout", "flag --gpu-collection-timeout"]

@@ -3,11 +3,13 @@
 
 The folder is kept within ``max_files`` profile files and ``max_bytes`` of them by removing the oldest first;
 other files in the folder (metrics, anything else) are never touched. Writing is local and quick, so it happens
-on the caller's thread; a file is written under a temporary name and renamed, so readers never see half a file.
+on the caller's thread; a file is written under a temporary name and renamed, so readers never see half a file,
+and a write that fails (a full disk) removes its temporary file.
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import os
@@ -57,6 +59,8 @@ class FilesProfileExporter:
             temporary.write_bytes(encode_pprof(batch))
             os.replace(temporary, path)
         except OSError as exc:
+            with contextlib.suppress(OSError):  # a full disk must not fill up further with half-written files
+                temporary.unlink(missing_ok=True)
             selfmetrics.count(semconv.SELF_EXPORT_FAILURES.name, otel_gpu__exporter=self.name,
                               otel_gpu__signal=SIGNAL_PROFILES)
             selfmetrics.count(semconv.SELF_DROPPED.name, otel_gpu__reason=REASON_WRITE_ERROR,

@@ -5,7 +5,8 @@
 plus the one being sent) would pass ``max_bytes``, the oldest payloads are dropped first, so a long outage keeps
 the newest data. Every drop is counted in ``otel_gpu.dropped`` (``otel_gpu.reason``: ``queue_full``,
 ``too_large``, ``rejected``, ``shutdown``) and every failed attempt in ``otel_gpu.export.failures``.
-An outage is logged once when it starts and once when it ends, never per attempt.
+An outage is logged once when it starts and once when it ends, never per attempt. The backoff belongs to the
+outage, not to a payload: evicting the payload being retried neither resets it nor lets the next one go out early.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ REASON_QUEUE_FULL = "queue_full"
 REASON_TOO_LARGE = "too_large"
 REASON_REJECTED = "rejected"
 REASON_SHUTDOWN = "shutdown"
+_JOIN_SLACK_S = 0.25  # time for the sender to notice shutdown's deadline; past it, shutdown drops what is left itself
 
 
 class Outcome(enum.Enum):
@@ -95,6 +97,8 @@ class RetryQueue:
         self._deadline = 0.0  # monotonic time by which shutdown gives up on what is left
         self._outage_failures = 0
         self._outage_dropped = 0
+        self._attempt = 0  # failed attempts in this outage: the backoff's exponent
+        self._retry_at = 0.0  # monotonic time before which nothing is sent
         self.sent = 0  # payloads delivered (for tests and logs)
         self._thread = threading.Thread(target=self._run, name=f"otel-gpu-export-{name}", daemon=True)
         self._thread.start()
@@ -136,7 +140,7 @@ class RetryQueue:
                 self._closing = True
                 self._deadline = time.monotonic() + max(0.0, timeout_s)
             self._cond.notify_all()
-        self._thread.join(max(0.0, self._deadline - time.monotonic()) + 1.0)
+        self._thread.join(max(0.0, self._deadline - time.monotonic()) + _JOIN_SLACK_S)
         with self._cond:
             if not self._thread.is_alive():
                 return
@@ -193,8 +197,9 @@ class RetryQueue:
 
     def _deliver(self, payload: Payload) -> None:
         """Send ``payload`` until it is delivered, refused, abandoned, or shutdown's deadline passes."""
-        attempt = 0
         while True:
+            if not self._wait_for_retry_time(payload):
+                return
             try:
                 result = self._send(payload)
             except Exception as exc:  # loop boundary: a transport bug must not kill the sender thread
@@ -217,21 +222,24 @@ class RetryQueue:
             if self._outage_failures == 1:
                 _logger.warning("%s: backend unavailable (%s); retrying with backoff, keeping at most %d bytes",
                                 self.name, result.detail, self._max_bytes)
-            delay_s = max(self._backoff.delay_s(attempt, self._rng), min(result.retry_after_s, self._backoff.max_s))
-            attempt += 1
-            with self._cond:
-                wake = time.monotonic() + delay_s
-                if self._closing:
-                    wake = min(wake, self._deadline)
-                while not payload.abandoned and time.monotonic() < wake:
-                    self._cond.wait(wake - time.monotonic())
-                    if self._closing:
-                        wake = min(wake, self._deadline)
+            delay_s = max(self._backoff.delay_s(self._attempt, self._rng),
+                          min(result.retry_after_s, self._backoff.max_s))
+            self._attempt += 1
+            self._retry_at = time.monotonic() + delay_s
+
+    def _wait_for_retry_time(self, payload: Payload) -> bool:
+        """Wait out the outage's backoff; False when ``payload`` was abandoned or shutdown's deadline came first."""
+        with self._cond:
+            while True:
                 if payload.abandoned:
-                    return
-                if self._closing and time.monotonic() >= self._deadline:
+                    return False
+                now = time.monotonic()
+                if now >= self._retry_at:
+                    return True
+                if self._closing and now >= self._deadline:
                     self._give_up_on_shutdown(payload)
-                    return
+                    return False
+                self._cond.wait((min(self._retry_at, self._deadline) if self._closing else self._retry_at) - now)
 
     def _give_up_on_shutdown(self, payload: Payload) -> None:
         """Inside the lock: the backend stayed down past shutdown's deadline; count what will never be sent."""
@@ -250,3 +258,4 @@ class RetryQueue:
             _logger.info("%s: backend reachable again after %d failed attempts; %d payloads dropped meanwhile",
                          self.name, self._outage_failures, dropped)
         self._outage_failures = 0
+        self._attempt = 0

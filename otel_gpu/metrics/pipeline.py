@@ -6,19 +6,23 @@
     metrics.jsonl                  OTLP/JSON lines under ``output.dir`` (the local default)
     terminal table                 printed each interval (the local default)
 
-Every push exporter is wrapped in :class:`CountingExporter`, which turns results into self-metrics
-(``otel_gpu.export.failures``, ``otel_gpu.dropped``) and logs one line when a destination starts failing and one
-when it recovers. Temporality is cumulative for every instrument kind, so a backend that comes back simply
-continues the series. Exporters are built from explicit arguments taken from the config object.
+Every push exporter is wrapped in :class:`CountingExporter`, which sends on a thread of its own (collection never
+waits on an export), turns results into self-metrics (``otel_gpu.export.failures``, ``otel_gpu.dropped``) and logs
+one line when a destination starts failing, saying why (refused, unknown host, no answer), and one when it
+recovers. Temporality is cumulative for every instrument kind, so a backend that comes back simply continues the
+series. Exporters are built from explicit arguments taken from the config object.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import socket
 import sys
 import threading
+import time
 import urllib.parse
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -44,52 +48,113 @@ from otel_gpu.metrics.self_instruments import SELF_METER_NAME, register_self_ins
 _logger = logging.getLogger(__name__)
 
 SIGNAL = "metrics"
+REASON_SUPERSEDED = "superseded"  # a newer collection replaced it while the previous one was still being sent
+REASON_SHUTDOWN = "shutdown"
 _SHUTDOWN_GRACE_S = 5.0
 
 
 class CountingExporter(MetricExporter):
-    """Wraps a push exporter: counts failures and dropped points, logs once per outage, never raises."""
+    """Wraps a push exporter: sends on a thread of its own, counts failures and dropped points, logs once per
+    outage, never raises.
 
-    def __init__(self, inner: MetricExporter, name: str, destination: str, failure_hint: str = "") -> None:
+    ``export()`` only hands the collection over, so a backend that hangs or is down never delays the next
+    collection. While one collection is being sent the next one waits; a newer one replaces a waiting one (the
+    temporality is cumulative, so the newer holds everything the older did) and the replaced points are counted as
+    dropped (``superseded``).
+    """
+
+    def __init__(self, inner: MetricExporter, name: str, destination: str,
+                 diagnose: Callable[[], str] | None = None) -> None:
         super().__init__(preferred_temporality=CUMULATIVE_EVERYWHERE)
         self.inner = inner
         self.name = name
         self.destination = destination
-        self.failure_hint = failure_hint or "the exporter reported a failure"
         self.failures_in_outage = 0
-        self._lock = threading.Lock()
+        self._diagnose = diagnose or (lambda: "the exporter reported a failure")
+        self._cond = threading.Condition()
+        self._waiting: tuple[MetricsData, float] | None = None  # (collection, export timeout in ms)
+        self._sending = False
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name=f"otel-gpu-metrics-{name}", daemon=True)
+        self._thread.start()
 
     def export(self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: Any) -> MetricExportResult:
+        with self._cond:
+            if self._closed:
+                return MetricExportResult.FAILURE
+            if self._waiting is not None:
+                selfmetrics.count(semconv.SELF_DROPPED.name, _count_points(self._waiting[0]),
+                                  otel_gpu__reason=REASON_SUPERSEDED, otel_gpu__signal=SIGNAL)
+            self._waiting = (metrics_data, timeout_millis)
+            self._cond.notify_all()
+        return MetricExportResult.SUCCESS
+
+    def force_flush(self, timeout_millis: float = 10_000) -> bool:
+        """Wait until every collection handed over has been sent (or ``timeout_millis`` passes)."""
+        deadline = time.monotonic() + timeout_millis / 1000.0
+        with self._cond:
+            idle = self._cond.wait_for(lambda: self._waiting is None and not self._sending,
+                                       max(0.0, deadline - time.monotonic()))
+        return idle and self.inner.force_flush(max(0.0, deadline - time.monotonic()) * 1000.0)
+
+    def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
+        """Send what is waiting within the timeout, then stop the exporter, which cancels a send still running.
+
+        The SDK's reader passes the time left as ``timeout`` (milliseconds)."""
+        timeout_s = float(kwargs.get("timeout", timeout_millis)) / 1000.0
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        self._thread.join(max(0.0, timeout_s))
+        with self._cond:
+            if self._waiting is not None:
+                selfmetrics.count(semconv.SELF_DROPPED.name, _count_points(self._waiting[0]),
+                                  otel_gpu__reason=REASON_SHUTDOWN, otel_gpu__signal=SIGNAL)
+                self._waiting = None
+        try:
+            self.inner.shutdown(timeout_millis=0)
+        except Exception:  # shutdown boundary: the others must still stop
+            _logger.exception("shutting down the %s metrics exporter failed", self.name)
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while self._waiting is None and not self._closed:
+                    self._cond.wait()
+                if self._waiting is None:
+                    return  # closed and everything sent
+                (metrics_data, timeout_millis), self._waiting = self._waiting, None
+                self._sending = True
+            try:
+                self._send(metrics_data, timeout_millis)
+            finally:
+                with self._cond:
+                    self._sending = False
+                    self._cond.notify_all()
+
+    def _send(self, metrics_data: MetricsData, timeout_millis: float) -> None:
+        reason = ""
         try:
             result = self.inner.export(metrics_data, timeout_millis=timeout_millis)
-            reason = getattr(self.inner, "last_error", "") or self.failure_hint
-        except Exception as exc:  # noqa: BLE001 - export boundary: a raising exporter must not stop the reader thread
+            reason = getattr(self.inner, "last_error", "")
+        except Exception as exc:  # noqa: BLE001 - export boundary: a raising exporter must not stop the thread
             result, reason = MetricExportResult.FAILURE, f"{type(exc).__name__}: {exc}"
-        with self._lock:
-            if result is MetricExportResult.SUCCESS:
-                if self.failures_in_outage:
-                    _logger.info("metrics export to %s (%s) recovered after %d failed exports", self.name,
-                                 self.destination, self.failures_in_outage)
-                    self.failures_in_outage = 0
-                return result
-            self.failures_in_outage += 1
-            first = self.failures_in_outage == 1
+        if result is MetricExportResult.SUCCESS:
+            if self.failures_in_outage:
+                _logger.info("metrics export to %s (%s) recovered after %d failed exports", self.name,
+                             self.destination, self.failures_in_outage)
+                self.failures_in_outage = 0
+            return
+        self.failures_in_outage += 1
         selfmetrics.count(semconv.SELF_EXPORT_FAILURES.name, otel_gpu__exporter=self.name, otel_gpu__signal=SIGNAL)
         selfmetrics.count(semconv.SELF_DROPPED.name, _count_points(metrics_data), otel_gpu__reason="export_failed",
                           otel_gpu__signal=SIGNAL)
-        if first:
+        if self.failures_in_outage == 1:
+            if not reason:
+                reason = "cancelled at shutdown" if self._closed else self._diagnose()
             _logger.warning("metrics export to %s (%s) is failing (%s); counting failures in %s and logging again "
-                            "when it recovers", self.name, self.destination, reason, semconv.SELF_EXPORT_FAILURES.name)
-        return result
-
-    def force_flush(self, timeout_millis: float = 10_000) -> bool:
-        return self.inner.force_flush(timeout_millis)
-
-    def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
-        try:
-            self.inner.shutdown(timeout_millis=timeout_millis)
-        except Exception:  # shutdown boundary: the others must still stop
-            _logger.exception("shutting down the %s metrics exporter failed", self.name)
+                            "when it recovers", self.name, self.destination, reason,
+                            semconv.SELF_EXPORT_FAILURES.name)
 
 
 def _count_points(metrics_data: MetricsData) -> int:
@@ -97,6 +162,33 @@ def _count_points(metrics_data: MetricsData) -> int:
                for resource_metrics in metrics_data.resource_metrics
                for scope_metrics in resource_metrics.scope_metrics
                for metric in scope_metrics.metrics)
+
+
+def diagnose_connection(url: str, protocol: str, timeout_s: float) -> str:
+    """Why ``url`` gave no successful answer, in words: refused, unknown host, silent, or up but not speaking OTLP.
+
+    One TCP connection attempt (at most 2 s), made once per outage on the exporter's thread; the SDK's exporters
+    report only "failure"."""
+    parsed = urllib.parse.urlparse(url if "://" in url else f"//{url}")
+    host = parsed.hostname or ""
+    try:
+        port = parsed.port or (443 if parsed.scheme == "https" else 80)
+    except ValueError:
+        return f"{url} has no usable port"
+    probe_s = min(timeout_s, 2.0)
+    try:
+        with socket.create_connection((host, port), timeout=probe_s):
+            pass
+    except ConnectionRefusedError:
+        return f"connection refused by {host}:{port}: nothing listens there"
+    except socket.gaierror as exc:
+        return f"cannot resolve the host name {host!r}: {exc.strerror or exc}"
+    except TimeoutError:
+        return f"no answer from {host}:{port} within {probe_s:g} s"
+    except OSError as exc:
+        return f"cannot connect to {host}:{port}: {exc.strerror or exc}"
+    return (f"{host}:{port} takes connections but gave no successful answer within {timeout_s:g} s; check that it "
+            f"takes OTLP {protocol}")
 
 
 def build_otlp_exporter(otlp: OTLPConfig) -> tuple[MetricExporter, str, str] | None:
@@ -171,9 +263,9 @@ class MetricsPipeline:
         built = build_otlp_exporter(config.otlp)
         if built is not None:
             exporter, name, url = built
-            hint = (f"no successful answer within {config.otlp.timeout_s:g} s; check that {url} is up and takes "
-                    f"OTLP {'gRPC' if name == 'otlp_grpc' else 'HTTP/protobuf'}")
-            self.exporters.append(CountingExporter(exporter, name, url, hint))
+            protocol = "gRPC" if name == "otlp_grpc" else "HTTP/protobuf"
+            self.exporters.append(CountingExporter(
+                exporter, name, url, lambda: diagnose_connection(url, protocol, config.otlp.timeout_s)))
         for counting in self.exporters:
             readers.append(PeriodicExportingMetricReader(counting, export_interval_millis=interval_ms,
                                                          export_timeout_millis=timeout_ms))
@@ -191,13 +283,15 @@ class MetricsPipeline:
         """Collect and export now (tests, and a last export before exit)."""
         return self._provider.force_flush(timeout_millis=timeout_s * 1000.0)
 
-    def shutdown(self) -> None:
-        """Export once more, stop the readers and the Prometheus server. Bounded by the OTLP timeout plus 5 s."""
+    def shutdown(self, timeout_s: float | None = None) -> None:
+        """Export once more, stop the readers and the Prometheus server. The exports get ``timeout_s`` in all
+        (default: the OTLP timeout plus 5 s); a send still running then is cancelled and its points counted."""
         with self._shutdown_lock:
             if self._closed:
                 return
             self._closed = True
-        timeout_s = self.config.otlp.timeout_s + _SHUTDOWN_GRACE_S
+        if timeout_s is None:
+            timeout_s = self.config.otlp.timeout_s + _SHUTDOWN_GRACE_S
         try:
             self._provider.shutdown(timeout_millis=timeout_s * 1000.0)
         except Exception as exc:  # noqa: BLE001 - shutdown boundary: the HTTP server must still stop

@@ -1,11 +1,14 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Local pprof files: names, contents, oldest-first clean-up by count and bytes, and an unwritable folder."""
+"""Local pprof files: names, contents, oldest-first clean-up by count and bytes, an unwritable folder, a full disk."""
 
 from __future__ import annotations
 
 import dataclasses
+import errno
 import os
 from pathlib import Path
+
+import pytest
 
 from otel_gpu import selfmetrics, semconv
 from otel_gpu.exporters import FilesProfileExporter
@@ -70,3 +73,21 @@ def _check_unwritable(directory: Path) -> None:
     assert exporter.export(batches.cpu_batch()) is False
     assert selfmetrics.total(semconv.SELF_DROPPED.name, otel_gpu__reason="write_error") == 2
     assert selfmetrics.total(semconv.SELF_EXPORT_FAILURES.name, otel_gpu__exporter="files") == 2
+
+
+def test_a_full_disk_leaves_no_temporary_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def half_written(self: Path, data: bytes) -> int:  # what a write on a full file system does
+        with open(self, "wb") as out:
+            out.write(data[:10])
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(self))
+
+    selfmetrics.reset()
+    exporter = FilesProfileExporter(str(tmp_path))
+    monkeypatch.setattr(Path, "write_bytes", half_written)
+    for i in range(3):
+        assert exporter.export(_batch_at(i)) is False
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+    assert selfmetrics.total(semconv.SELF_DROPPED.name, otel_gpu__reason="write_error") == 3
+    monkeypatch.undo()  # space again: files are written as before
+    assert exporter.export(_batch_at(3)) is True
+    assert [p.name for p in tmp_path.iterdir()] == [profile_file_name(_batch_at(3), 4)]

@@ -86,6 +86,28 @@ def test_outage_keeps_the_byte_bound_drops_oldest_and_recovers(caplog: pytest.Lo
     assert "7 payloads dropped" in recovered[0].getMessage()
 
 
+def test_evicting_the_payload_being_retried_keeps_the_backoff() -> None:
+    attempts: list[int] = []
+
+    class RecordingBackoff(Backoff):
+        def delay_s(self, attempt: int, rng: random.Random) -> float:
+            attempts.append(attempt)
+            return 0.01
+
+    backend = FakeBackend()
+    backend.down.set()
+    queue = RetryQueue("t", backend.send, max_bytes=100, backoff=RecordingBackoff())
+    queue.put(Payload(b"a" * 100))
+    assert backend.wait(lambda: backend.attempts >= 1)
+    for body in (b"b", b"c", b"d"):  # each evicts the one being retried: a full queue during an outage
+        queue.put(Payload(body * 100))
+        seen = len(attempts)
+        assert backend.wait(lambda seen=seen: len(attempts) >= seen + 2)
+    queue.shutdown(0.0)
+    assert _dropped("queue_full") == 3
+    assert attempts == sorted(attempts) and len(set(attempts)) == len(attempts), attempts  # never back to 0
+
+
 def test_refused_payload_is_dropped_and_counted_without_retry() -> None:
     backend = FakeBackend()
     backend.refuse = True

@@ -1,8 +1,10 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The metrics pipeline against real receivers: an OTLP gRPC server, the Prometheus endpoint, a backend outage."""
+"""The metrics pipeline against real receivers: an OTLP gRPC server, the Prometheus endpoint, a backend outage,
+a backend that refuses connections and one that takes them and never answers."""
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import http.server
 import logging
@@ -210,6 +212,64 @@ def test_backend_down_then_back_counts_failures_logs_once_and_recovers(caplog: p
             server.stop(0)
     assert len([r for r in caplog.records if "is failing" in r.getMessage()]) == 1
     assert len([r for r in caplog.records if "recovered after" in r.getMessage()]) == 1
+
+
+@contextlib.contextmanager
+def _silent_backend() -> Iterator[int]:
+    """A port that takes connections and never answers them: a backend that hangs."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(64)
+        yield int(sock.getsockname()[1])
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])
+def test_a_refused_connection_is_reported_as_refused(protocol: str, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING, logger="otel_gpu.metrics.pipeline")
+    port = free_port()  # nothing listens: every connection is refused
+    config = AgentConfig(otlp=OTLPConfig(endpoint=f"http://127.0.0.1:{port}", protocol=protocol, timeout_s=0.5),
+                         metrics=MetricsConfig(export_interval_s=0.2), output=QUIET)
+    pipeline = MetricsPipeline(config, RESOURCE)
+    SimReadings(pipeline.meter("otel_gpu.gpu"), gpus=1)
+    try:
+        failing = wait_until(lambda: [r.getMessage() for r in caplog.records if "is failing" in r.getMessage()], 30,
+                             "the line that says the export fails")
+    finally:
+        pipeline.shutdown()
+    assert f"connection refused by 127.0.0.1:{port}" in failing[0], failing[0]
+
+
+def test_collection_keeps_its_interval_while_an_export_hangs() -> None:
+    with _silent_backend() as port:
+        pipeline = MetricsPipeline(_grpc_config(port, timeout_s=600), RESOURCE)
+        collections: list[int] = []
+        pipeline.meter("test").create_observable_gauge(
+            "test.collections", callbacks=[lambda options: collections.append(1) or []])
+        SimReadings(pipeline.meter("otel_gpu.gpu"), gpus=1)
+        try:
+            # the first export hangs for up to 600 s; collections go on every 0.2 s regardless
+            wait_until(lambda: len(collections) >= 5, 60, "five collections while the first export hangs")
+            wait_until(lambda: selfmetrics.total(semconv.SELF_DROPPED.name, otel_gpu__reason="superseded") > 0, 30,
+                       "collections that never went out counted as dropped")
+        finally:
+            pipeline.shutdown(timeout_s=1.0)
+
+
+def test_shutdown_with_a_hanging_backend_ends_within_its_timeout() -> None:
+    with _silent_backend() as port:
+        pipeline = MetricsPipeline(_grpc_config(port, timeout_s=600), RESOURCE)
+        SimReadings(pipeline.meter("otel_gpu.gpu"), gpus=1)
+        sending = pipeline.exporters[0]
+        wait_until(lambda: sending._sending, 30, "an export that hangs")
+        stopped = threading.Event()
+
+        def stop() -> None:
+            pipeline.shutdown(timeout_s=1.0)
+            stopped.set()
+
+        threading.Thread(target=stop, daemon=True).start()
+        # generous: this checks that shutdown ends, not how fast; without the bound it would wait 600 s
+        assert stopped.wait(120), "shutdown is still waiting for a backend that never answers"
 
 
 def test_prometheus_endpoint_serves_prometheus_names_and_stops_on_shutdown() -> None:
