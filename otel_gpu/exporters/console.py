@@ -32,7 +32,8 @@ def summarize(batch: ProfileBatch, top_n: int = 10, width: int = 120) -> str:
         header += f" (estimated from {batch.sampling_fraction:.0%} of events)"
     yielded = dict(batch.attributes).get(semconv.OTEL_GPU_GPU_TIME_YIELDED)
     if yielded:
-        header += f"; not measured for {yielded:.1f} s while another tool (torch.profiler, ...) held CUPTI"
+        header += (f"; not measured for {yielded:.1f} s while another tool (torch.profiler, ...) held CUPTI or "
+                   "the library stood aside for a program's CUDA graphs")
     lines = [header]
     for (pid, name, frames), value in sorted(rows.items(), key=lambda item: -item[1])[:top_n]:
         share = 100.0 * value / total if total else 0.0

@@ -17,7 +17,8 @@ wait on a pipe (no CUDA calls), then reports launches per second. A mode's loss 
 between processes and minutes (72k-143k kernels/s seen within one process) hits every mode alike.
 
 Usage: baton.py REPORT.md [SECONDS]   (env: BATON_PER=3, BATON_SLICE=1.0, BATON_MODES=P,E,N,I, BATON_LOOP=tiny or
-matmul: 10 8192x8192 bf16 matmuls per step, the GPU-bound case)
+matmul: 10 8192x8192 bf16 matmuls per step, the GPU-bound case; graph: replays of a captured 10-kernel CUDA graph;
+mixed: one replay and 20 eager kernels per step)
 """
 from __future__ import annotations
 
@@ -41,6 +42,23 @@ if sys.argv[1] == "matmul":  # GPU-bound: 8192x8192 bf16 matmuls, 10 per step
         for _ in range(10):
             torch.mm(a, a)
         return 10
+elif sys.argv[1] in ("graph", "mixed"):  # a captured graph of 10 tiny kernels replayed (mixed: + 20 eager ones)
+    x = torch.zeros(1, device="cuda")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        x.add_(1)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(10):
+            x.add_(1)
+    eager = 20 if sys.argv[1] == "mixed" else 0
+    def step():
+        graph.replay()
+        for _ in range(eager):
+            x.add_(1)
+        return 10 + eager
 else:  # launch-bound: 100 tiny kernels per step
     x = torch.zeros(1, device="cuda")
     def step():
@@ -67,6 +85,7 @@ MODE_SETUP: dict[str, tuple[str | None, dict[str, str]]] = {
     "X": ("agent", {"OTEL_GPU_DEBUG_NO_WINDOWS": "1"}),  # subscribed with wait callbacks, never a window
     "X0": ("agent", {"OTEL_GPU_DEBUG_NO_WINDOWS": "1", "OTEL_GPU_DEBUG_NO_WAITS": "1"}),  # subscribed only
     "F": ("agent", {"OTEL_GPU_DEBUG_NO_WINDOWS": "1", "OTEL_GPU_DEBUG_NO_WAITS": "1", "OTEL_GPU_DEBUG_FINALIZE": "1"}),
+    "S": ("agent", {"OTEL_GPU_CUDA_GRAPHS": "sample"}),  # graph programs sampled whatever CUPTI's lasting cost
 }
 MODES = tuple(os.environ.get("BATON_MODES", "P,E,N,I").split(","))
 
@@ -83,8 +102,8 @@ def main(argv: list[str]) -> int:
     out, seconds = Path(argv[1]), float(argv[2]) if len(argv) == 3 else 240.0
     per, slice_s = int(os.environ.get("BATON_PER", "3")), float(os.environ.get("BATON_SLICE", "1.0"))
     loop = os.environ.get("BATON_LOOP", "tiny")
-    if loop not in ("tiny", "matmul"):
-        print(f"BATON_LOOP must be tiny or matmul, not {loop!r}")
+    if loop not in ("tiny", "matmul", "graph", "mixed"):
+        print(f"BATON_LOOP must be tiny, matmul, graph or mixed, not {loop!r}")
         return 2
     sys.path.insert(0, str(REPO))
     sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -159,12 +178,14 @@ def main(argv: list[str]) -> int:
         agent.terminate()
         agent.wait(timeout=60)
 
-    what = "Launch-bound overhead (tiny kernels)" if loop == "tiny" else "GPU-bound overhead (large matmuls)"
+    what = {"tiny": "Launch-bound overhead (tiny kernels)", "matmul": "GPU-bound overhead (large matmuls)",
+            "graph": "CUDA graph replays (10 tiny kernels each)",
+            "mixed": "CUDA graph replays beside eager launches (10 + 20 tiny kernels per step)"}[loop]
     lines = [f"## {what}, processes taking turns (scripts/h200/baton.py)", "",
              f"{len(procs)} {loop} processes ({per} per mode) pinned to CPUs {sorted(workload)}, the agent "
              f"(`otel-gpu run --no-cpu-profiling`) on the others; {len(cycles)} cycles of {slice_s} s slices, "
              "each process once per cycle in a random order.", "",
-             f"| mode | median {'kernels' if loop == 'tiny' else 'matmuls'}/s | per-process medians | "
+             f"| mode | median {'matmuls' if loop == 'matmul' else 'kernels'}/s | per-process medians | "
              "loss vs P (median over cycles) | p25 / p75 of the cycle losses |",
              "|---|---|---|---|---|"]
     for mode in MODES:

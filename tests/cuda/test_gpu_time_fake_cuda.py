@@ -73,7 +73,8 @@ def _run(tmp_path: Path, command: list[str]) -> Run:
           REPO / "otel_gpu" / "cuda" / "programs" / "gpu_time.bpf.o")
     debug, schedule = tmp_path / "debug.bin", tmp_path / "schedule.txt"
     env = dict(os.environ, CUDA_INJECTION64_PATH=str(LIBRARY), OTEL_GPU_CUPTI_PATH=str(FAKES / "libcupti.so"),
-               FAKE_CUDA_SCHEDULE=str(schedule), OTEL_GPU_DEBUG_FILE=str(debug), OTEL_GPU_OVERHEAD_BUDGET="0.05")
+               FAKE_CUDA_SCHEDULE=str(schedule), OTEL_GPU_DEBUG_FILE=str(debug), OTEL_GPU_OVERHEAD_BUDGET="0.05",
+               OTEL_GPU_DEBUG_GRAPH_PROBE_EVERY_MS="10")  # the workload's graphs: launch rate looked at 5 times first
     source = RecordingSource(rescan_interval_s=0.05, full_rescan_s=0.05)
     source.open()
     try:

@@ -33,7 +33,7 @@ def test_usage_and_a_bad_loop_exit_2(tmp_path: Path) -> None:
     env = dict(os.environ, BATON_LOOP="conv")
     done = subprocess.run([sys.executable, str(SCRIPT), str(tmp_path / "r.md")], capture_output=True, text=True,
                           timeout=60, check=False, env=env)
-    assert done.returncode == 2 and "BATON_LOOP must be tiny or matmul" in done.stdout
+    assert done.returncode == 2 and "BATON_LOOP must be tiny, matmul, graph or mixed" in done.stdout
 
 
 def test_cycle_losses_pair_each_mode_with_plain_of_the_same_cycle(baton) -> None:  # type: ignore[no-untyped-def]
@@ -41,3 +41,9 @@ def test_cycle_losses_pair_each_mode_with_plain_of_the_same_cycle(baton) -> None
     cycles = [{"P": [100.0, 100.0, 100.0], "I": [90.0, 90.0, 95.0]}, {"P": [50.0, 40.0, 60.0], "I": [45.0, 44.0, 46.0]}]
     assert baton.cycle_losses(cycles, "I") == pytest.approx([0.10, 0.10])
     assert baton.cycle_losses(cycles, "P") == [0.0, 0.0]
+
+
+def test_cupti_residue_script_prints_usage_and_exits_2() -> None:
+    script = SCRIPT.parent / "cupti_residue.py"
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 2 and "Usage: cupti_residue.py REPORT.md" in done.stdout

@@ -128,6 +128,10 @@ def run_workload(
             "OTEL_GPU_DEBUG_FILE": str(debug),
             "OTEL_GPU_WINDOW_MS": "5",
             "OTEL_GPU_OVERHEAD_BUDGET": "0.5",  # the fake's launches are cheap: windows cover the maximum fraction
+            # the fake workload launches graphs from its first steps: sampled at once, unless a test asks for the
+            # default choice (OTEL_GPU_CUDA_GRAPHS="": 5 looks at the launch rate first, 10 ms apart here)
+            "OTEL_GPU_CUDA_GRAPHS": "sample",
+            "OTEL_GPU_DEBUG_GRAPH_PROBE_EVERY_MS": "10",
             "FAKE_CUDA_SCHEDULE": str(schedule),
             "FAKE_CUPTI_STATS": str(stats),
         }
@@ -505,6 +509,56 @@ def test_a_graph_instantiated_later_stops_the_finalizing_before_it_runs(injected
     assert run.stats["finalizes"] >= 1  # finalized while the program ran eagerly
     assert run.stats["graph_faults"] == 0
     assert "graphs in use 1" in run.stderr
+
+
+def test_a_graph_program_that_launches_too_often_for_the_budget_is_left_alone(injected_lib: Path, tmp_path: Path) -> None:
+    """Graphs forbid the finalize, and on a real driver a window's activity kinds leave every later launch slower until
+    one: when graphs show up before any window, the library counts the launches for a moment and stands aside for
+    good if that lasting cost would not fit the budget (here each launch is said to leave 1 ms behind), saying so in a
+    window record and on stderr. OTEL_GPU_CUDA_GRAPHS=sample keeps sampling such a program."""
+    argv = [str(WORKLOAD), "--steps", "800", "--graph-every", "4"]
+    tight = {"OTEL_GPU_CUDA_GRAPHS": "", "OTEL_GPU_DEBUG_GRAPH_RESIDUE_NS": "1000000", "OTEL_GPU_DEBUG_STATS": "1"}
+    run = run_workload(injected_lib, tmp_path, argv, extra_env=tight)
+    assert "uses CUDA graphs and launches too often" in run.stderr
+    assert "graphs: stood aside" in run.stderr
+    assert run.records.launches == [] and run.stats["records_produced"] == 0  # no activity kind was ever on
+    assert run.stats["graph_faults"] == 0 and run.stats["finalizes"] == 0
+    # the agent is told: one record from which on nothing is measured, and no window after it
+    assert len(run.records.windows) == 1 and run.records.windows[0].aside_since_ns != 0
+    sampled = run_workload(injected_lib, tmp_path, argv, extra_env={**tight, "OTEL_GPU_CUDA_GRAPHS": "sample"})
+    assert "graphs: no choice made" in sampled.stderr
+    assert any(launch.kind == LAUNCH_GRAPH for launch in sampled.records.launches)
+    assert sampled.stats["graph_faults"] == 0
+
+
+def test_a_graph_program_within_the_budget_keeps_being_sampled(injected_lib: Path, tmp_path: Path) -> None:
+    """The same program with a budget its launch rate fits (the fake's ~1,000 launches/s at 2.5 us each): sampled on,
+    without a finalize once graphs are in use."""
+    argv = [str(WORKLOAD), "--steps", "800", "--graph-every", "4"]
+    run = run_workload(injected_lib, tmp_path, argv, extra_env={"OTEL_GPU_CUDA_GRAPHS": "", "OTEL_GPU_DEBUG_STATS": "1"})
+    assert "graphs: kept sampling (5 looks" in run.stderr
+    assert any(launch.kind == LAUNCH_GRAPH for launch in run.records.launches)
+    assert not any(w.aside_since_ns for w in run.records.windows)
+    assert run.stats["graph_faults"] == 0 and run.stats["finalizes"] == 0
+
+
+def test_graphs_that_come_after_sampled_eager_steps_end_the_sampling_when_over_budget(
+    injected_lib: Path, tmp_path: Path
+) -> None:
+    """torch.compile's warm-up: eager steps are sampled (and CUPTI finalized after each window), then graphs come; the
+    first one seen in a clean CUPTI decides, and over budget the library stands aside from then on."""
+    argv = [str(WORKLOAD), "--steps", "1200", "--graph-every", "0", "--graph-from", "600"]
+    run = run_workload(injected_lib, tmp_path, argv,
+                       extra_env={"OTEL_GPU_CUDA_GRAPHS": "", "OTEL_GPU_DEBUG_GRAPH_RESIDUE_NS": "1000000",
+                                  "OTEL_GPU_DEBUG_STATS": "1"})
+    assert run.stats["graph_faults"] == 0
+    windows = run.records.windows
+    if "graphs: stood aside" in run.stderr:
+        assert run.stats["finalizes"] >= 1 and sum(w.launches for w in windows) > 0  # sampled while eager
+        assert windows[-1].aside_since_ns != 0 and not any(w.aside_since_ns for w in windows[:-1])
+        assert not any(launch.kind == LAUNCH_GRAPH for launch in run.records.launches)
+    else:  # the first graph came while a window's kinds were on: the cost is paid already, sampling goes on
+        assert "graphs: no choice made" in run.stderr and not any(w.aside_since_ns for w in windows)
 
 
 PROFILER = FAKES / "libfake_profiler.so"

@@ -35,7 +35,8 @@ def agent_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
         pytest.fail(f"not built: {', '.join(missing)} (run make build)")
     out_dir = tmp_path_factory.mktemp("gpu-time-e2e")
     env = dict(os.environ, CUDA_INJECTION64_PATH=str(LIBRARY), OTEL_GPU_CUPTI_PATH=str(FAKES / "libcupti.so"),
-               OTEL_GPU_OVERHEAD_BUDGET="0.05")
+               OTEL_GPU_OVERHEAD_BUDGET="0.05",
+               OTEL_GPU_DEBUG_GRAPH_PROBE_EVERY_MS="10")  # the workload's graphs: launch rate looked at 5 times first
     receiver = GrpcProfilesReceiver().start()
     # 3000 steps take about 8 s: the agent attaches while it runs and stops before it ends
     workload = subprocess.Popen([str(FAKES / "workload"), "--steps", "3000"], env=env, stdout=subprocess.DEVNULL,

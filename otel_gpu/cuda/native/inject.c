@@ -258,22 +258,30 @@ static void finalize_from_callback(void)
         atomic_store(&g_state.finalize, FINALIZE_NONE);
         return;
     }
+    atomic_store(&g_state.cupti_dirty, 0);
     atomic_store(&g_state.finalize, FINALIZE_DONE);
     sampler_wake(); /* the controller subscribes again at once: waits between windows are recorded again */
 }
 
 static void on_driver_api(CUpti_CallbackId cbid, const CUpti_CallbackData *cb);
 
-/* At the entry of a call that captures, instantiates or runs a CUDA graph: from now on CUPTI stays subscribed (a
- * finalize asked for and not yet performed is called off; sampler.c switches the hurried launch callbacks off). */
-static void note_graph_use(void)
+/* At the entry of a call that captures, instantiates or runs a CUDA graph: from now on CUPTI stays subscribed. At the
+ * first such call, a finalize asked for and not yet taken up by a wait is performed here, before anything of a graph
+ * happens under this CUPTI: no graph has run under any CUPTI of this library yet, and the choice sampler.c makes
+ * for graph programs wants a CUPTI that has never had the activity kinds on (otherwise the pending finalize would be
+ * called off, and every launch would keep paying for the last window). 1 when CUPTI was finalized here. */
+static int note_graph_use(void)
 {
     atomic_fetch_add_explicit(&g_state.graph_calls, 1, memory_order_relaxed);
     if (atomic_load_explicit(&g_state.graphs_seen, memory_order_relaxed) || g_settings.finalize_with_graphs)
-        return;
+        return 0;
+    if (atomic_load(&g_state.finalize) == FINALIZE_REQUESTED)
+        finalize_from_callback();
+    int finalized = atomic_load(&g_state.finalize) == FINALIZE_DONE;
     atomic_store(&g_state.graphs_seen, 1);
     int expected = FINALIZE_REQUESTED;
     atomic_compare_exchange_strong(&g_state.finalize, &expected, FINALIZE_NONE);
+    return finalized;
 }
 
 static void CUPTIAPI on_api(void *userdata, CUpti_CallbackDomain domain, CUpti_CallbackId cbid, const void *data)
@@ -281,8 +289,8 @@ static void CUPTIAPI on_api(void *userdata, CUpti_CallbackDomain domain, CUpti_C
     (void)userdata;
     if (domain == CUPTI_CB_DOMAIN_DRIVER_API && cbid < CUPTI_DRIVER_TRACE_CBID_SIZE) {
         const CUpti_CallbackData *cb = data;
-        if ((g_cbid_class[cbid] & CLASS_GRAPH_USE) && cb->callbackSite == CUPTI_API_ENTER)
-            note_graph_use();
+        if ((g_cbid_class[cbid] & CLASS_GRAPH_USE) && cb->callbackSite == CUPTI_API_ENTER && note_graph_use())
+            return; /* CUPTI is finalized: nothing of this call is recorded */
         on_driver_api(cbid, cb);
         /* After this call's own record. At a synchronize's exit: the program's next wait, which CUPTI would not
          * see while it is finalized and not yet taken again, usually comes an iteration later (a blocking copy is
@@ -440,6 +448,10 @@ static void read_settings(void)
     g_settings.api_activity = !env_is("OTEL_GPU_API_ACTIVITY", "0");
     g_settings.cupti_finalize = !env_is("OTEL_GPU_CUPTI_FINALIZE", "0");
     g_settings.finalize_with_graphs = env_is("OTEL_GPU_DEBUG_FINALIZE_WITH_GRAPHS", "1");
+    g_settings.sample_graphs = env_is("OTEL_GPU_CUDA_GRAPHS", "sample");
+    g_settings.graph_probe_every_ns =
+        (uint64_t)(env_double("OTEL_GPU_DEBUG_GRAPH_PROBE_EVERY_MS", 1000.0, 1.0, 60000.0) * 1e6);
+    g_settings.graph_residue_ns = env_double("OTEL_GPU_DEBUG_GRAPH_RESIDUE_NS", GRAPH_RESIDUE_NS_PER_LAUNCH, 0.0, 1e9);
 }
 
 /* A forked child has no controller thread and may have copied ctl_lock while held: the library goes inert there. */

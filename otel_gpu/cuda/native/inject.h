@@ -61,8 +61,17 @@ struct inject_settings {
     int cupti_finalize;        /* CUPTI is finalized after each window (OTEL_GPU_CUPTI_FINALIZE=0: never) */
     int finalize_with_graphs;  /* OTEL_GPU_DEBUG_FINALIZE_WITH_GRAPHS=1: finalize even once graphs are in use (the
                                 * crash-prone behaviour, kept as a control for scripts/h200/do_no_harm.py) */
+    int sample_graphs;         /* OTEL_GPU_CUDA_GRAPHS=sample: keep sampling once graphs are in use whatever it costs */
+    double graph_residue_ns;   /* what each launch is assumed to keep paying once the activity kinds were on (sampler.c;
+                                * OTEL_GPU_DEBUG_GRAPH_RESIDUE_NS sets it for tests) */
+    uint64_t graph_probe_every_ns; /* the least time between looks at the launch rate (sampler.c; 1 s, or
+                                    * OTEL_GPU_DEBUG_GRAPH_PROBE_EVERY_MS for tests) */
 };
 extern struct inject_settings g_settings;
+
+/* Once a window had CUPTI's activity kinds on, each launch stays this much slower until CUPTI is finalized: the
+ * H200's worst kind (driver API records, 2.3 us) with a margin (scripts/h200/cupti_residue.py). */
+#define GRAPH_RESIDUE_NS_PER_LAUNCH 2500.0
 
 /* Shared state between the API callback, the controller and the activity thread. */
 struct inject_state {
@@ -82,6 +91,8 @@ struct inject_state {
     _Atomic int graphs_seen;           /* the process has captured, instantiated or launched a CUDA graph: never
                                         * finalize CUPTI again (cbids.c) */
     _Atomic uint64_t graph_calls;      /* graph calls seen (diagnostics) */
+    _Atomic int cupti_dirty;           /* activity kinds were on since CUPTI was last finalized: every launch pays
+                                        * for that until the next finalize, whether or not a window is open */
     /* Launch exits inside a window, by outcome (diagnostics, OTEL_GPU_DEBUG_STATS): recorded; no entry seen (the
      * callbacks came on during the call); the window changed during the call; recorded although CUPTI's id at the
      * exit differed from the one at the entry. */

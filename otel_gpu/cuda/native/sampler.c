@@ -99,6 +99,7 @@ static int agent_present(void)
 static int held;                   /* under ctl_lock: subscribed (a finalize may be pending) */
 static uint64_t yielded_ns, yields; /* time CUPTI was left to another tool, and how often (window record) */
 static uint64_t aside_since_ns;     /* monotonic: the library stepped aside */
+static int paused_for_graphs;       /* the library stood aside for good: the process uses CUDA graphs */
 static uint64_t finalize_asked_ns; /* monotonic: let_go_locked asked for a finalize */
 static uint64_t retakes, retake_ns; /* subscriptions taken (attach and after each finalize), their total time */
 static uint64_t finalize_ns_charged; /* g_state.finalize_ns already charged to a window's cost */
@@ -228,6 +229,7 @@ static void open_window_locked(uint64_t begin)
     /* Callbacks before activity (a linger left both on): no launch whose work is recorded goes without its own id. */
     if (!was_lingering && cbids_enable_launches(1) != 0)
         log_once("some launch callbacks could not be enabled");
+    atomic_store(&g_state.cupti_dirty, 1);
     if (activity_enable(1) != 0)
         log_once("some CUPTI activity kinds could not be enabled");
     uint64_t switched = monotonic_ns();
@@ -380,6 +382,104 @@ static int undisturbed_locked(void)
     return held && !lingering && atomic_load(&g_state.finalize) == FINALIZE_NONE;
 }
 
+/* Lets go of everything: the open window is closed and recorded (an empty one if none is open, while attached) with
+ * the time from which nothing is measured, sampled work still running is counted as dropped, our activity kinds and
+ * callbacks go off, what CUPTI holds for us is flushed to our buffers, and the subscription is given up (no finalize:
+ * another tool may be about to use CUPTI, and graphs may be in use). */
+static void stand_aside_locked(void)
+{
+    int was_attached = atomic_load(&g_state.attached);
+    uint64_t now = now_ns();
+    if (atomic_load(&g_state.window_id) != 0) {
+        close_window_locked(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED, now);
+    } else if (was_attached) {
+        struct otel_gpu_window rec = window_record_locked(++last_window_id, now, now);
+        rec.aside_since_ns = now;
+        emit_window(&rec);
+    }
+    atomic_store(&g_state.attached, 0);
+    lingering = 0;
+    if (holding_locked()) {
+        activity_enable(0);
+        cbids_enable_launches(0);
+        cbids_enable_waits(0);
+        cbids_enable_graph_watch(0);
+        g_cupti.activity_flush_all(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
+        activity_expire(0); /* what never came is counted as dropped in the next window record */
+        cupti_release();
+        held = 0;
+    }
+    aside_since_ns = monotonic_ns();
+}
+
+/* From a coexist.c wrapper, in the thread of another tool that starts using CUPTI: lets go of everything before that
+ * tool's call goes on; the controller takes CUPTI back once the tool is done with it. */
+void sampler_step_aside(void)
+{
+    pthread_mutex_lock(&ctl_lock);
+    if (!atomic_load(&g_foreign.aside) && !stopped && !paused_for_graphs) {
+        int was_attached = atomic_load(&g_state.attached);
+        stand_aside_locked();
+        yields++;
+        atomic_store(&g_foreign.aside, 1);
+        if (was_attached)
+            log_once("another tool in this program started using CUPTI (torch.profiler, Nsight, ...); GPU-time "
+                     "profiling steps aside until it is done");
+    }
+    pthread_mutex_unlock(&ctl_lock);
+}
+
+/* A process that uses CUDA graphs can never have CUPTI finalized again (a graph recorded under one CUPTI faults when
+ * replayed under the next), and once a window has switched the activity kinds on, every launch stays slower until a
+ * finalize: 1-2.3 us per launch on an H200 (GRAPH_RESIDUE_NS_PER_LAUNCH) with every kind and callback off again (scripts/h200/cupti_residue.py).
+ * So when graphs show up while no kinds have been on since the last finalize, no window opens until the library has
+ * counted the program's launches a few times, a second or more apart (one look may fall on a pause, or on the
+ * compile that captured the graph), and seen some; it keeps sampling only if the busiest look's lasting cost fits the
+ * overhead budget, otherwise it stands aside for the rest of the process. Once the kinds have been on, the cost is
+ * paid whether or not windows go on, so they go on. OTEL_GPU_CUDA_GRAPHS=sample keeps sampling in any case. */
+#define GRAPH_PROBE_NS 100000000ull        /* how long one look counts launches (g_settings: how far apart) */
+#define GRAPH_PROBES 5                     /* looks before the choice */
+static int graphs_decided;                 /* under ctl_lock: the choice above was made (sample or stand aside) */
+static int graph_probes;                   /* looks so far */
+static uint64_t graph_probe_ns;            /* monotonic: the last look began */
+static double graphs_launch_rate;          /* launches per second of the busiest look */
+
+static int graphs_undecided_locked(void)
+{
+    return !g_settings.sample_graphs && !graphs_decided && atomic_load(&g_state.graphs_seen) &&
+           !atomic_load(&g_state.cupti_dirty) && atomic_load(&g_state.finalize) == FINALIZE_NONE && held;
+}
+
+static int graphs_probe_due_locked(void)
+{
+    return graphs_undecided_locked() && monotonic_ns() - graph_probe_ns >= g_settings.graph_probe_every_ns;
+}
+
+/* One look at the launch rate (callbacks alone leave nothing behind once off, unlike the activity kinds), and the
+ * choice once enough looks saw the program launch. */
+static void probe_for_graphs_locked(void)
+{
+    graph_probe_ns = monotonic_ns();
+    atomic_store(&g_state.outside_launches, 0);
+    cbids_enable_launches(1);
+    sleep_locked(GRAPH_PROBE_NS);
+    cbids_enable_launches(0);
+    uint64_t launches = atomic_exchange(&g_state.outside_launches, 0), spent = monotonic_ns() - graph_probe_ns;
+    double rate = (double)launches * 1e9 / (double)(spent ? spent : 1);
+    graphs_launch_rate = rate > graphs_launch_rate ? rate : graphs_launch_rate;
+    if (++graph_probes < GRAPH_PROBES || graphs_launch_rate == 0.0)
+        return;
+    graphs_decided = 1;
+    if (graphs_launch_rate * g_settings.graph_residue_ns / 1e9 <= g_settings.overhead_budget)
+        return;
+    int was_attached = atomic_load(&g_state.attached);
+    stand_aside_locked();
+    paused_for_graphs = 1;
+    if (was_attached)
+        log_once("this program uses CUDA graphs and launches too often for CUPTI's lasting cost: GPU-time sampling "
+                 "stops for it (CUPTI can never be finalized again; OTEL_GPU_CUDA_GRAPHS=sample samples anyway)");
+}
+
 /* The gap's shadow window: its last stretch as long as a window, counted only if it began and ended undisturbed
  * (its start is as random as the gap's length, like a window's). */
 struct shadow {
@@ -426,7 +526,7 @@ static int wait_gap_locked(uint64_t gap_ns)
                 last_expire = monotonic_ns();
             }
         }
-        if (!agent_present() || atomic_load(&g_foreign.aside))
+        if (!agent_present() || atomic_load(&g_foreign.aside) || graphs_probe_due_locked())
             return -1;
         rescan_unlocked();
         hurry_finalize_locked();
@@ -446,6 +546,10 @@ static void *controller_main(void *arg)
         settle_locked(); /* a finalize asked for at detach may have happened since (sleep_locked wakes for it) */
         hurry_finalize_locked();
         rescan_unlocked();
+        if (paused_for_graphs) {
+            sleep_locked(POLL_NS);
+            continue;
+        }
         if (atomic_load(&g_foreign.aside)) {
             if (!coexist_foreign_done(monotonic_ns())) {
                 sleep_locked(POLL_NS);
@@ -463,7 +567,9 @@ static void *controller_main(void *arg)
         double mean_gap = (double)g_settings.window_ns * (1.0 - fraction) / fraction;
         uint64_t gap_ns = (uint64_t)(mean_gap * (0.5 + uniform01()));
         if (wait_gap_locked(gap_ns) != 0) {
-            if (!stopped)
+            if (graphs_probe_due_locked())
+                probe_for_graphs_locked();
+            else if (!stopped)
                 detach_locked();
             continue;
         }
@@ -471,6 +577,11 @@ static void *controller_main(void *arg)
             continue;
         if (keep_holding_locked() != 0)
             continue;
+        if (graphs_undecided_locked()) { /* no window before the choice (a graph may have come at the gap's end) */
+            if (graphs_probe_due_locked())
+                probe_for_graphs_locked();
+            continue;
+        }
         uint64_t begin = monotonic_ns();
         g_cupti.activity_flush_all(0); /* records of earlier windows that completed since */
         open_window_locked(begin);
@@ -499,47 +610,6 @@ static double mean_us(uint64_t total_ns, uint64_t count)
     return count ? (double)total_ns / 1e3 / (double)count : 0.0;
 }
 
-/* From a coexist.c wrapper, in the thread of another tool that starts using CUPTI: lets go of everything before that
- * tool's call goes on. The open window is closed and recorded, sampled work still running is counted as dropped, our
- * activity kinds and callbacks go off, what CUPTI holds for us is flushed to our buffers, and the subscription is
- * given up (no finalize: the other tool is about to use CUPTI, and graphs may be in use). */
-void sampler_step_aside(void)
-{
-    pthread_mutex_lock(&ctl_lock);
-    if (!atomic_load(&g_foreign.aside) && !stopped) {
-        int was_attached = atomic_load(&g_state.attached);
-        /* The last record before the gap says so (aside_since_ns): the agent counts the time from then on as not
-         * measured until the library is back. An empty window when none is open. */
-        uint64_t now = now_ns();
-        if (atomic_load(&g_state.window_id) != 0) {
-            close_window_locked(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED, now);
-        } else if (was_attached) {
-            struct otel_gpu_window rec = window_record_locked(++last_window_id, now, now);
-            rec.aside_since_ns = now;
-            emit_window(&rec);
-        }
-        atomic_store(&g_state.attached, 0);
-        lingering = 0;
-        if (holding_locked()) {
-            activity_enable(0);
-            cbids_enable_launches(0);
-            cbids_enable_waits(0);
-            cbids_enable_graph_watch(0);
-            g_cupti.activity_flush_all(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
-            activity_expire(0); /* what never came is counted as dropped in the next window record */
-            cupti_release();
-            held = 0;
-        }
-        aside_since_ns = monotonic_ns();
-        yields++;
-        atomic_store(&g_foreign.aside, 1);
-        if (was_attached)
-            log_once("another tool in this program started using CUPTI (torch.profiler, Nsight, ...); GPU-time "
-                     "profiling steps aside until it is done");
-    }
-    pthread_mutex_unlock(&ctl_lock);
-}
-
 /* At exit: close an open window and hand everything CUPTI still holds to the probes. Runs once. */
 void sampler_stop_and_flush(void)
 {
@@ -559,6 +629,9 @@ void sampler_stop_and_flush(void)
             fprintf(stderr, "otel-gpu: stats CUDA graph calls %llu, graphs in use %d (CUPTI %s finalized since)\n",
                     (unsigned long long)atomic_load(&g_state.graph_calls), atomic_load(&g_state.graphs_seen),
                     may_finalize() ? "still" : "no longer");
+            fprintf(stderr, "otel-gpu: stats graphs: %s (%d looks, busiest %.0f launches/s)\n",
+                    !graphs_decided ? "no choice made" : paused_for_graphs ? "stood aside" : "kept sampling",
+                    graph_probes, graphs_launch_rate);
             fprintf(stderr, "otel-gpu: stats stepped aside for another CUPTI user %llu times (%.0f ms), %llu GOT slots "
                     "of CUPTI imports watched\n", (unsigned long long)yields, (double)yielded_ns / 1e6,
                     (unsigned long long)coexist_slots_patched());
