@@ -17,6 +17,7 @@ import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from otel_gpu import config as config_module
 from otel_gpu import procfs
 from otel_gpu.symbolize import elf as elf_module
 from otel_gpu.symbolize import kallsyms, maps, perfmap, symbolizer
@@ -110,10 +111,44 @@ def kernel_symbols(data: bytes) -> None:
         assert found is not None and found[1] == 0
 
 
+def config_file(data: bytes) -> None:
+    """A YAML configuration file as someone may write it (or a file put where the agent reads its configuration):
+    either a valid configuration or a ConfigError naming the problems, never another exception, never a hang."""
+    path = scratch / f"otel-gpu-config-{os.getpid()}.yaml"
+    path.write_bytes(data)
+    _load_config({"OTEL_GPU_CONFIG_FILE": str(path)})
+
+
+def config_environment(data: bytes) -> None:
+    """The agent's environment: NUL-separated NAME=value pairs, the names steered toward the agent's own variables."""
+    environ: dict[str, str] = {}
+    for pair in data.split(b"\0")[:64]:
+        name, _, value = pair.partition(b"=")
+        text = name.decode("utf-8", "replace")
+        if not text.startswith("OTEL_"):
+            text = (_CONFIG_NAMES[len(name) % len(_CONFIG_NAMES)] + text)[:64]
+        environ[text] = value.decode("utf-8", "surrogateescape")
+    _load_config(environ)
+
+
+def _load_config(environ: dict[str, str]) -> None:
+    try:
+        loaded = config_module.load(None, environ)
+    except config_module.ConfigError as exc:
+        assert exc.args and all(isinstance(problem, str) for problem in exc.args[0])
+        return
+    config_module.effective(loaded)  # what `otel-gpu config` prints
+
+
+_CONFIG_NAMES = sorted({name for option in config_module.OPTIONS for name in option.env} | {
+    "OTEL_GPU_CONFIG_FILE", "OTEL_METRIC_EXPORT_INTERVAL", "OTEL_GPU_"})
+
+
 # the slowest first, so that a run of a fixed number of inputs each, a few at a time, ends soonest
 TARGETS: dict[str, Callable[[bytes], None]] = {
     "kallsyms": kernel_symbols, "proc_maps": proc_maps, "perf_map": perf_map, "elf": elf, "cgroup": cgroup,
-    "environ": environ, "elf_notes": elf_notes, "status": status, "stat": stat,
+    "environ": environ, "elf_notes": elf_notes, "status": status, "stat": stat, "config_file": config_file,
+    "config_environment": config_environment,
 }
 # libFuzzer's -max_len per target: room for many lines or a small binary, small enough to stay fast (the parsers
 # work line by line or table by table, so length adds time, not new paths)
@@ -240,5 +275,19 @@ def _kallsyms_seeds() -> Iterator[bytes]:
 _SEEDS: dict[str, Callable[[], Iterator[bytes]]] = {
     "elf": _elf_seeds, "elf_notes": _note_seeds, "perf_map": _perf_map_seeds, "proc_maps": _maps_seeds,
     "stat": _stat_seeds, "status": _status_seeds, "cgroup": _cgroup_seeds, "environ": _environ_seeds,
-    "kallsyms": _kallsyms_seeds,
+    "kallsyms": _kallsyms_seeds, "config_file": lambda: iter(_CONFIG_FILE_SEEDS),
+    "config_environment": lambda: iter(_CONFIG_ENV_SEEDS),
 }
+
+_CONFIG_FILE_SEEDS = (
+    b"otlp:\n  endpoint: http://collector:4317\n  protocol: grpc\n  headers: {authorization: Bearer x}\n"
+    b"metrics:\n  export_interval_s: 10\n  prometheus_port: 9400\nprofiling:\n  interval_s: 60\n",
+    b"output:\n  dir: /tmp/out\nprofiling:\n  pids: [1, 2]\n  sample_frequency_hz: 19\n",
+    b"a: &a [*a, *a]\nb: [&b x, *b]\n",
+    b"otlp: {endpoint: 'http://[::1]:99999'}\n\xff\xfe",
+)
+_CONFIG_ENV_SEEDS = (
+    b"OTEL_EXPORTER_OTLP_ENDPOINT=http://u:p@host:4317\0OTEL_EXPORTER_OTLP_HEADERS=a=b,c\0OTEL_GPU_PID=-4",
+    b"OTEL_METRIC_EXPORT_INTERVAL=abc\0OTEL_GPU_PROFILING_INTERVAL=inf\0OTEL_GPU_OUTPUT_DIR=/proc/x",
+    b"OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf\0OTEL_GPU_METRICS_PROMETHEUS_PORT=0\0OTEL_GPU_VERBSE=1",
+)
