@@ -431,7 +431,8 @@ void sampler_step_aside(void)
 
 /* A process that uses CUDA graphs can never have CUPTI finalized again (a graph recorded under one CUPTI faults when
  * replayed under the next), and once a window has switched the activity kinds on, every launch stays slower until a
- * finalize: 1-2.3 us per launch on an H200 (GRAPH_RESIDUE_NS_PER_LAUNCH) with every kind and callback off again (scripts/h200/cupti_residue.py).
+ * finalize: 1-2.3 us per launch on an H200 with every kind and callback off again (GRAPH_RESIDUE_NS_PER_LAUNCH,
+ * scripts/h200/cupti_residue.py).
  * So when graphs show up while no kinds have been on since the last finalize, no window opens until the library has
  * counted the program's launches a few times, a second or more apart (one look may fall on a pause, or on the
  * compile that captured the graph), and seen some; it keeps sampling only if the busiest look's lasting cost fits the
@@ -526,8 +527,10 @@ static int wait_gap_locked(uint64_t gap_ns)
                 last_expire = monotonic_ns();
             }
         }
-        if (!agent_present() || atomic_load(&g_foreign.aside) || graphs_probe_due_locked())
+        if (!agent_present() || atomic_load(&g_foreign.aside))
             return -1;
+        if (graphs_probe_due_locked())
+            return 0; /* cut short for a look at a graph program's launches (no shadow window counted) */
         rescan_unlocked();
         hurry_finalize_locked();
         if (atomic_load(&g_state.finalize) == FINALIZE_DONE && keep_holding_locked() != 0)
@@ -567,9 +570,7 @@ static void *controller_main(void *arg)
         double mean_gap = (double)g_settings.window_ns * (1.0 - fraction) / fraction;
         uint64_t gap_ns = (uint64_t)(mean_gap * (0.5 + uniform01()));
         if (wait_gap_locked(gap_ns) != 0) {
-            if (graphs_probe_due_locked())
-                probe_for_graphs_locked();
-            else if (!stopped)
+            if (!stopped)
                 detach_locked();
             continue;
         }
@@ -577,7 +578,7 @@ static void *controller_main(void *arg)
             continue;
         if (keep_holding_locked() != 0)
             continue;
-        if (graphs_undecided_locked()) { /* no window before the choice (a graph may have come at the gap's end) */
+        if (graphs_undecided_locked()) { /* no window before the choice: a look when one is due, else another gap */
             if (graphs_probe_due_locked())
                 probe_for_graphs_locked();
             continue;
