@@ -18,7 +18,7 @@ from collections import defaultdict
 
 from otel_gpu import selfmetrics, semconv
 from otel_gpu.config import ProfilingConfig
-from otel_gpu.cpu.sampler import SOURCE, CPUSampler, RawSample
+from otel_gpu.cpu.sampler import SOURCE, CPUSampler, StackCount
 from otel_gpu.procfs import ProcessInfo, ProcessResolver
 from otel_gpu.profiles.model import Frame, ProcessProfile, ProfileBatch, Sample, cpu_profile_type
 from otel_gpu.symbolize.symbolizer import Symbolizer
@@ -64,7 +64,7 @@ class CPUProfileSource:
         raw = self._sampler.drain()
         now_ns = time.time_ns()
         start_ns, self._started_ns = self._started_ns or now_ns, now_ns
-        by_pid: dict[int, list[RawSample]] = defaultdict(list)
+        by_pid: dict[int, list[StackCount]] = defaultdict(list)
         for sample in raw:
             by_pid[sample.pid].append(sample)
         processes = []
@@ -96,7 +96,7 @@ class CPUProfileSource:
         if not self._symbolizer.remember(pid):
             selfmetrics.count(semconv.SELF_ERRORS.name, otel_gpu__source=SOURCE, otel_gpu__reason="process_gone")
 
-    def _identity(self, pid: int, samples: list[RawSample]) -> ProcessInfo:
+    def _identity(self, pid: int, samples: list[StackCount]) -> ProcessInfo:
         info = self._resolver.info(pid) or self._resolver.cached(pid)
         if info is not None:
             return info
@@ -109,7 +109,7 @@ class CPUProfileSource:
         names = {info.executable_name, self._comms.get(info.pid, "")} | thread_names
         return self.config.selects(info.pid, info.container_id, (name for name in names if name))
 
-    def _samples(self, pid: int, samples: list[RawSample]) -> tuple[Sample, ...]:
+    def _samples(self, pid: int, samples: list[StackCount]) -> tuple[Sample, ...]:
         stacks = sorted({s.user_stack for s in samples if s.user_stack})
         user_frames = dict(zip(stacks, self._symbolizer.user_stacks(pid, stacks), strict=True))
         merged: dict[tuple[tuple[Frame, ...], int, str], int] = defaultdict(int)

@@ -5,7 +5,7 @@ already exited, kernel frames before user frames, merging, lost stacks."""
 from __future__ import annotations
 
 from otel_gpu.config import ProfilingConfig
-from otel_gpu.cpu.sampler import RawSample
+from otel_gpu.cpu.sampler import StackCount
 from otel_gpu.cpu.source import CPUProfileSource
 from otel_gpu.procfs import ProcessInfo, ProcessResolver
 from otel_gpu.profiles.model import FrameKind
@@ -19,7 +19,7 @@ class FedSampler:
 
     frequency_hz = 19
 
-    def __init__(self, samples: list[RawSample]) -> None:
+    def __init__(self, samples: list[StackCount]) -> None:
         self.samples = samples
         self.opened = self.closed = 0
 
@@ -29,7 +29,7 @@ class FedSampler:
     def close(self) -> None:
         self.closed += 1
 
-    def drain(self) -> list[RawSample]:
+    def drain(self) -> list[StackCount]:
         out, self.samples = self.samples, []
         return out
 
@@ -47,7 +47,7 @@ class KnownProcesses(ProcessResolver):
         }.get(pid)
 
 
-def _source(config: ProfilingConfig, samples: list[RawSample], tmp_path) -> CPUProfileSource:  # type: ignore[no-untyped-def]
+def _source(config: ProfilingConfig, samples: list[StackCount], tmp_path) -> CPUProfileSource:  # type: ignore[no-untyped-def]
     kallsyms = tmp_path / "kallsyms"
     kallsyms.write_text("ffffffff81000000 T do_syscall_64\nffffffff81001000 T vfs_write\n")
     symbolizer = Symbolizer(proc_root=str(tmp_path / "proc"), kallsyms_path=str(kallsyms))
@@ -56,10 +56,10 @@ def _source(config: ProfilingConfig, samples: list[RawSample], tmp_path) -> CPUP
 
 
 SAMPLES = [
-    RawSample(1001, 1001, "trainer", 5, (0x1000, 0x2000), ()),
-    RawSample(1001, 1003, "loader", 2, (0x1000,), (0xFFFFFFFF81001010, 0xFFFFFFFF81000010)),
-    RawSample(1002, 1002, "web", 3, (), (), user_stack_lost=True),
-    RawSample(4242, 4243, "gone-worker", 7, (0x5000,), ()),  # exited before the drain, never resolved
+    StackCount(1001, 1001, "trainer", 5, (0x1000, 0x2000), ()),
+    StackCount(1001, 1003, "loader", 2, (0x1000,), (0xFFFFFFFF81001010, 0xFFFFFFFF81000010)),
+    StackCount(1002, 1002, "web", 3, (), (), user_stack_lost=True),
+    StackCount(4242, 4243, "gone-worker", 7, (0x5000,), ()),  # exited before the drain, never resolved
 ]
 
 
@@ -93,6 +93,6 @@ def test_name_filter_matches_executable_or_thread_names(tmp_path) -> None:  # ty
 
 
 def test_same_frames_of_one_thread_are_merged(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    samples = [RawSample(1002, 1002, "web", 2, (0x10,), ()), RawSample(1002, 1002, "web", 3, (0x10,), ())]
+    samples = [StackCount(1002, 1002, "web", 2, (0x10,), ()), StackCount(1002, 1002, "web", 3, (0x10,), ())]
     (process,) = _source(ProfilingConfig(), samples, tmp_path).drain().processes
     assert [s.value for s in process.samples] == [5]
