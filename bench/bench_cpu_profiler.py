@@ -146,7 +146,7 @@ def real_throughput(frequency_hz: int, seconds: float) -> dict[str, float]:
             for workload in workloads:
                 workload.wait()
             started = time.perf_counter()
-            batch = source.drain()
+            (batch,) = source.drain()
             drained = time.perf_counter()
             pprof_bytes, otlp_bytes = encode_all(batch)
             encoded = time.perf_counter()
@@ -203,7 +203,7 @@ def worst_case_throughput(count: int, depth: int) -> dict[str, float]:
         source = CPUProfileSource(ProfilingConfig(), ProcessResolver(), symbolizer=symbolizer,
                                   sampler=FeedSampler())  # type: ignore[arg-type]
         started = time.perf_counter()
-        batch = source.drain()
+        (batch,) = source.drain()
         drained = time.perf_counter()
         pprof_bytes, otlp_bytes = encode_all(batch)
         encoded = time.perf_counter()
@@ -240,7 +240,7 @@ def design_comparison(frequency_hz: int, seconds: float) -> list[dict[str, float
             samples = 0
             while time.monotonic() - wall0 < seconds:
                 time.sleep(2.0)
-                samples += sum(s.value for p in source.drain().processes for s in p.samples)
+                samples += sum(s.value for p in source.drain()[0].processes for s in p.samples)
             cpu1, wall1, (ns1, n1) = time.process_time(), time.monotonic(), sampler_prog_stats()
         finally:
             source.close()

@@ -71,8 +71,6 @@ class GPUTimeSource:
         per-process counters only through drain, so the last profiles hold everything the counters counted."""
         self._probes.stop()
 
-    stop_polling = stop  # the agent's name for it until the agent takes every source as a ProfileSource
-
     def close(self) -> None:
         """Stop polling, detach every probe and free the program (idempotent)."""
         self._probes.close()

@@ -66,7 +66,7 @@ SAMPLES = [
 def test_all_processes_with_identity_and_fallback_to_the_kernel_thread_name(tmp_path) -> None:  # type: ignore[no-untyped-def]
     source = _source(ProfilingConfig(), list(SAMPLES), tmp_path)
     source.open()
-    batch = source.drain()
+    (batch,) = source.drain()
     by_pid = {p.process.pid: p for p in batch.processes}
     assert set(by_pid) == {1001, 1002, 4242}
     assert by_pid[1001].process.container_id == CONTAINER
@@ -78,21 +78,21 @@ def test_all_processes_with_identity_and_fallback_to_the_kernel_thread_name(tmp_
     assert [f.function for f in loader.frames[:2]] == ["vfs_write", "do_syscall_64"]
     (lost,) = by_pid[1002].samples
     assert lost.frames[0].function == "[unknown]" and lost.value == 3
-    assert source.drain().processes == ()  # drained once
+    assert source.drain()[0].processes == ()  # drained once
     source.close()
 
 
 def test_container_filter_keeps_only_that_container(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    batch = _source(ProfilingConfig(container_id=CONTAINER[:12]), list(SAMPLES), tmp_path).drain()
+    (batch,) = _source(ProfilingConfig(container_id=CONTAINER[:12]), list(SAMPLES), tmp_path).drain()
     assert [p.process.pid for p in batch.processes] == [1001]
 
 
 def test_name_filter_matches_executable_or_thread_names(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    batch = _source(ProfilingConfig(process_name="^(web|gone-.*)$"), list(SAMPLES), tmp_path).drain()
+    (batch,) = _source(ProfilingConfig(process_name="^(web|gone-.*)$"), list(SAMPLES), tmp_path).drain()
     assert sorted(p.process.pid for p in batch.processes) == [1002, 4242]
 
 
 def test_same_frames_of_one_thread_are_merged(tmp_path) -> None:  # type: ignore[no-untyped-def]
     samples = [StackCount(1002, 1002, "web", 2, (0x10,), ()), StackCount(1002, 1002, "web", 3, (0x10,), ())]
-    (process,) = _source(ProfilingConfig(), samples, tmp_path).drain().processes
+    (process,) = _source(ProfilingConfig(), samples, tmp_path).drain()[0].processes
     assert [s.value for s in process.samples] == [5]
