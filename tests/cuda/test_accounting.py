@@ -12,7 +12,7 @@ from otel_gpu.cuda.accounting import GPUTimeAccounting
 from otel_gpu.cuda.join import GPUWork
 from otel_gpu.cuda.stacks import StackFrames
 from otel_gpu.procfs import ProcessInfo, ProcessResolver
-from otel_gpu.profiles.model import Frame, Mapping
+from otel_gpu.profiles.model import Frame, Mapping, ProfileBatch
 from tests.cuda.records import kernel, launch, stack, sync, window
 from tests.cuda.test_source_records import FakeSymbolizer
 
@@ -40,7 +40,7 @@ def _accounting(alive: set[int], max_pending: int = 65536) -> tuple[GPUTimeAccou
     return accounting, symbolizer
 
 
-def _values(batch) -> dict[tuple[int, str], float]:  # type: ignore[no-untyped-def]
+def _values(batch: ProfileBatch) -> dict[tuple[int, str], float]:
     return {(p.process.pid, s.frames[0].function): s.value for p in batch.processes for s in p.samples}
 
 
