@@ -146,7 +146,7 @@ def real_throughput(frequency_hz: int, seconds: float) -> dict[str, float]:
             for workload in workloads:
                 workload.wait()
             started = time.perf_counter()
-            batch = source.drain()
+            (batch,) = source.drain()
             drained = time.perf_counter()
             pprof_bytes, otlp_bytes = encode_all(batch)
             encoded = time.perf_counter()
@@ -164,7 +164,7 @@ def real_throughput(frequency_hz: int, seconds: float) -> dict[str, float]:
 def worst_case_throughput(count: int, depth: int) -> dict[str, float]:
     """``count`` samples, each a distinct stack of ``depth`` random never-seen code addresses (user + kernel)."""
     from otel_gpu.config import ProfilingConfig
-    from otel_gpu.cpu.sampler import RawSample
+    from otel_gpu.cpu.sampler import StackCount
     from otel_gpu.cpu.source import CPUProfileSource
     from otel_gpu.procfs import ProcessResolver
     from otel_gpu.symbolize.kallsyms import KernelSymbols
@@ -177,13 +177,13 @@ def worst_case_throughput(count: int, depth: int) -> dict[str, float]:
     rng = random.Random(7)
     kernel = KernelSymbols()
     kernel_range = (kernel._starts[0], kernel._starts[-1]) if kernel.available else (0, 0)
-    raw: list[RawSample] = []
+    raw: list[StackCount] = []
     for workload in workloads:
         code = [e for e in read_maps(workload.pid) or [] if e.executable and e.file_backed]
         for i in range(count // len(workloads)):
             user = tuple(rng.randrange(e.start, e.end) for e in rng.choices(code, k=depth))
             kstack = tuple(rng.randrange(*kernel_range) for _ in range(4)) if kernel.available and i % 3 == 0 else ()
-            raw.append(RawSample(workload.pid, workload.pid, "bench", 1, user, kstack))
+            raw.append(StackCount(workload.pid, workload.pid, "bench", 1, user, kstack))
 
     class FeedSampler:
         frequency_hz = 19
@@ -192,7 +192,7 @@ def worst_case_throughput(count: int, depth: int) -> dict[str, float]:
 
         def close(self) -> None: ...
 
-        def drain(self) -> list[RawSample]:
+        def drain(self) -> list[StackCount]:
             return raw
 
         def forget(self, pids: object) -> None: ...
@@ -203,7 +203,7 @@ def worst_case_throughput(count: int, depth: int) -> dict[str, float]:
         source = CPUProfileSource(ProfilingConfig(), ProcessResolver(), symbolizer=symbolizer,
                                   sampler=FeedSampler())  # type: ignore[arg-type]
         started = time.perf_counter()
-        batch = source.drain()
+        (batch,) = source.drain()
         drained = time.perf_counter()
         pprof_bytes, otlp_bytes = encode_all(batch)
         encoded = time.perf_counter()
@@ -240,7 +240,7 @@ def design_comparison(frequency_hz: int, seconds: float) -> list[dict[str, float
             samples = 0
             while time.monotonic() - wall0 < seconds:
                 time.sleep(2.0)
-                samples += sum(s.value for p in source.drain().processes for s in p.samples)
+                samples += sum(s.value for p in source.drain()[0].processes for s in p.samples)
             cpu1, wall1, (ns1, n1) = time.process_time(), time.monotonic(), sampler_prog_stats()
         finally:
             source.close()

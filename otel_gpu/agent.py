@@ -8,7 +8,6 @@ A source that cannot start (no NVIDIA driver, no BTF, no privileges) is logged o
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
 import os
 import signal
@@ -22,7 +21,7 @@ from otel_gpu import selfmetrics, semconv
 from otel_gpu.config import EXIT_CONFIG_ERROR, AgentConfig
 from otel_gpu.errors import SourceUnavailable
 from otel_gpu.procfs import ProcessResolver
-from otel_gpu.profiles.model import ProfileBatch
+from otel_gpu.profiles.source import ProcessSelection, ProfileSource
 from otel_gpu.resource import agent_resource
 from otel_gpu.symbolize.symbolizer import Symbolizer
 
@@ -42,6 +41,7 @@ class Agent:
         self.config = config
         self._stop = threading.Event()
         self._resolver = ProcessResolver()
+        self._selection = ProcessSelection(config.profiling)  # one selection for every profile source
         self._symbolizer: Symbolizer | None = None
         self._shutdown_deadline = 0.0  # monotonic; set when the loop ends
         self._signals = 0  # SIGINT and SIGTERM received: the first stops, the second ends the process at once
@@ -71,7 +71,7 @@ class Agent:
             profilers = self._start_profilers(cleanup)
             profilers += self._start_gpu_time(cleanup, pipeline)
             exporters = self._start_profile_exporters(cleanup) if profilers else []
-            names = [getattr(p, "name", "?") for p in profilers]
+            names = [source.name for source in profilers]
             for source_name, up in (("nvml", gpu is not None), ("cpu_profiler", "cpu_profiler" in names),
                                     ("gpu_time", "gpu_time" in names)):
                 selfmetrics.set_gauge(semconv.SELF_SOURCE_UP.name, 1 if up else 0, otel_gpu__source=source_name)
@@ -111,22 +111,24 @@ class Agent:
         register_gpu_instruments(pipeline.meter("otel_gpu.gpu"), source)
         return source
 
-    def _start_profilers(self, cleanup: contextlib.ExitStack) -> list:  # type: ignore[type-arg]
+    def _start_profilers(self, cleanup: contextlib.ExitStack) -> list[ProfileSource]:
         if not self.config.profiling.enabled:
             return []
         from otel_gpu.cpu.source import CPUProfileSource
 
-        source = CPUProfileSource(self.config.profiling, self._resolver, symbolizer=self._shared_symbolizer())
+        source = CPUProfileSource(self.config.profiling, self._resolver, symbolizer=self._shared_symbolizer(),
+                                  selection=self._selection)
         return [source] if _opened(source, "CPU profiling is off", cleanup) else []
 
-    def _start_gpu_time(self, cleanup: contextlib.ExitStack, pipeline) -> list:  # type: ignore[no-untyped-def]
+    def _start_gpu_time(self, cleanup: contextlib.ExitStack, pipeline) -> list[ProfileSource]:  # type: ignore[no-untyped-def]
         if not self.config.profiling.gpu_time:
             return []
         from otel_gpu.cuda.instruments import register_gpu_time_instruments
         from otel_gpu.cuda.source import GPUTimeSource
         from otel_gpu.cuda.symbols import SharedSymbolizer
 
-        source = GPUTimeSource(self._resolver, symbolizer=SharedSymbolizer(self._shared_symbolizer()))
+        source = GPUTimeSource(self._resolver, symbolizer=SharedSymbolizer(self._shared_symbolizer()),
+                               selection=self._selection)
         if not _opened(source, "GPU-time profiling is off", cleanup):
             return []
         register_gpu_time_instruments(pipeline.meter("otel_gpu.cuda"), source)
@@ -142,7 +144,7 @@ class Agent:
 
     # --- loop ------------------------------------------------------------------------------------------------------
 
-    def _loop(self, profilers: list, exporters: list) -> None:  # type: ignore[type-arg]
+    def _loop(self, profilers: list[ProfileSource], exporters: list) -> None:  # type: ignore[type-arg]
         interval_s = self.config.profiling.interval_s
         deadline = time.monotonic() + self.config.duration_s if self.config.duration_s else None
         next_report = time.monotonic() + interval_s
@@ -158,27 +160,23 @@ class Agent:
             if deadline is not None and now >= deadline:
                 break
         for source in profilers:  # the last report holds every record a counter has counted
-            if hasattr(source, "stop_polling"):
-                source.stop_polling()
+            source.stop()
         self._report(profilers, exporters)  # what was sampled since the last report is not lost
 
-    def _report(self, profilers: list, exporters: list) -> None:  # type: ignore[type-arg]
+    def _report(self, profilers: list[ProfileSource], exporters: list) -> None:  # type: ignore[type-arg]
         for source in profilers:
             started = time.monotonic()
-            name = getattr(source, "name", "profiler")
+            name = source.name
             try:
-                drained = source.drain()
+                batches = source.drain()
             except Exception:  # loop boundary: one bad drain must not stop the agent
                 _logger.exception("draining %s failed", name)
                 selfmetrics.count(semconv.SELF_ERRORS.name, otel_gpu__source=name, otel_gpu__reason="drain")
                 continue
             selfmetrics.set_gauge(semconv.SELF_COLLECTION_DURATION.name, time.monotonic() - started,
                                   otel_gpu__source=name)
-            batches = drained if isinstance(drained, list) else [drained]
             for batch in batches:
-                if batch is not None and name == "gpu_time":
-                    batch = self._keep_selected(batch)
-                if batch is None or not batch.processes:
+                if not batch.processes:
                     continue
                 for exporter in exporters:
                     try:
@@ -187,16 +185,6 @@ class Agent:
                         _logger.exception("profile exporter %s failed", getattr(exporter, "name", exporter))
 
     # --- helpers ---------------------------------------------------------------------------------------------------
-
-    def _keep_selected(self, batch: ProfileBatch) -> ProfileBatch:
-        """``batch`` with only the processes ``--pid``, ``--process-name`` and ``--container-id`` select.
-
-        The CPU sampler filters in the kernel; GPU-time records come from injected processes only, so they are
-        filtered here, after the fact."""
-        profiling = self.config.profiling
-        kept = tuple(p for p in batch.processes
-                     if profiling.selects(p.process.pid, p.process.container_id, (p.process.executable_name,)))
-        return dataclasses.replace(batch, processes=kept)
 
     def _destinations(self, prometheus_address: tuple[str, int] | None) -> str:
         """Where data goes, for the start-up line; the Prometheus endpoint only when it really listens."""

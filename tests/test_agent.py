@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Agent wiring that has no other home: GPU-time profiles obey the same process filters as CPU profiles; the
-start-up line names only endpoints that listen; stopping is bounded and a second signal ends it at once; secrets
-never show in logs or self-metrics."""
+"""Agent wiring that has no other home: every profile source is stopped and drained alike; the start-up line names
+only endpoints that listen; stopping is bounded and a second signal ends it at once; secrets never show in logs or
+self-metrics."""
 
 from __future__ import annotations
 
@@ -26,27 +26,55 @@ from otel_gpu.profiles.model import Frame, ProcessProfile, ProfileBatch, Sample,
 from tests.conftest import REPO, agent_command
 
 
-def _batch() -> ProfileBatch:
-    processes = (
-        ProcessProfile(ProcessInfo(pid=10, executable_name="python3", container_id="abc123"),
-                       (Sample(frames=(Frame("matmul_kernel"),), value=5),)),
-        ProcessProfile(ProcessInfo(pid=11, executable_name="trainer", container_id="def456"),
-                       (Sample(frames=(Frame("relu_kernel"),), value=7),)),
-    )
+def _batch(*pids: int) -> ProfileBatch:
+    processes = tuple(ProcessProfile(ProcessInfo(pid=pid, executable_name="python3"),
+                                     (Sample(frames=(Frame("matmul_kernel"),), value=5),)) for pid in pids)
     return ProfileBatch(type=gpu_time_profile_type(), start_unix_nano=1, duration_nano=2, processes=processes)
 
 
-def _kept(**profiling: object) -> list[int]:
-    agent = Agent(AgentConfig(profiling=ProfilingConfig(**profiling)))  # type: ignore[arg-type]
-    return [p.process.pid for p in agent._keep_selected(_batch()).processes]
+class _Source:
+    """A ProfileSource that notes what the agent asked of it."""
+
+    def __init__(self, name: str, batches: list[ProfileBatch]) -> None:
+        self.name = name
+        self.batches = batches
+        self.calls: list[str] = []
+
+    def open(self) -> None:
+        self.calls.append("open")
+
+    def drain(self) -> list[ProfileBatch]:
+        self.calls.append("drain")
+        return self.batches
+
+    def stop(self) -> None:
+        self.calls.append("stop")
+
+    def close(self) -> None:
+        self.calls.append("close")
 
 
-def test_gpu_time_batches_obey_pid_name_and_container_filters() -> None:
-    assert _kept() == [10, 11]
-    assert _kept(pids=(11,)) == [11]
-    assert _kept(process_name="^pyth") == [10]
-    assert _kept(container_id="def") == [11]
-    assert _kept(pids=(10,), container_id="def") == []
+class _Exporter:
+    name = "recording"
+
+    def __init__(self) -> None:
+        self.exported: list[ProfileBatch] = []
+
+    def export(self, batch: ProfileBatch) -> bool:
+        self.exported.append(batch)
+        return True
+
+
+def test_the_loop_treats_every_source_alike() -> None:
+    """Each source is stopped, then drained once more; every batch with processes goes out, whichever source it
+    came from; nothing is filtered on the way (each source applies the selection itself)."""
+    cpu, gpu = _Source("cpu_profiler", [_batch(10)]), _Source("gpu_time", [_batch(11), _batch()])
+    exporter = _Exporter()
+    agent = Agent(AgentConfig(profiling=ProfilingConfig(pids=(10,))))
+    agent.stop()  # the loop ends at once: only the last report
+    agent._loop([cpu, gpu], [exporter])
+    assert cpu.calls == gpu.calls == ["stop", "drain"]
+    assert [[p.process.pid for p in b.processes] for b in exporter.exported] == [[10], [11]]
 
 
 # --- the agent as a process: start-up line, stopping with a backend that hangs, a second signal ---------------------

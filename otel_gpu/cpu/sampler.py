@@ -40,8 +40,9 @@ _EFAULT = -errno_codes.EFAULT
 
 
 @dataclass(frozen=True, slots=True)
-class RawSample:
-    """One aggregated (process, thread, stack) with its count; stacks are raw addresses, leaf first.
+class StackCount:
+    """One aggregated (process, thread, stack) with its count; stacks are raw addresses, leaf first. Built from the
+    kernel's count maps, or from one whole sample of the ring buffer (the C struct :class:`abi.RawSample`).
 
     ``user_stack_lost`` is True when the user stack could not be recorded (stack-map collision or error)."""
 
@@ -79,7 +80,7 @@ class CPUSampler:
         self._thread: threading.Thread | None = None
         self._drain_lock = threading.Lock()
         self._raw_lock = threading.Lock()
-        self._raw: list[RawSample] = []
+        self._raw: list[StackCount] = []
         self.cpus = 0
 
     # --- lifecycle -------------------------------------------------------------------------------------------------
@@ -125,7 +126,7 @@ class CPUSampler:
 
     # --- drain -----------------------------------------------------------------------------------------------------
 
-    def drain(self) -> list[RawSample]:
+    def drain(self) -> list[StackCount]:
         """Every sample counted since the last drain (flips the map generation; nothing is lost meanwhile)."""
         with self._drain_lock:
             bpf = self._bpf
@@ -145,7 +146,7 @@ class CPUSampler:
             key = abi.SampleKey.from_buffer_copy(raw_key[:key_size])
             value = abi.SampleValue.from_buffer_copy(raw_value[:ctypes.sizeof(abi.SampleValue)])
             user_id, kernel_id = key.user_stack_id, key.kernel_stack_id
-            out.append(RawSample(
+            out.append(StackCount(
                 pid=key.pid, tid=key.tid, comm=value.comm.decode(errors="replace"), count=value.count,
                 user_stack=stacks.get(user_id, ()) if user_id >= 0 else (),
                 kernel_stack=stacks.get(kernel_id, ()) if kernel_id >= 0 else (),
@@ -236,7 +237,7 @@ class CPUSampler:
         raw = abi.RawSample.from_buffer_copy(data[:ctypes.sizeof(abi.RawSample)])
         user = tuple(raw.user[:max(0, raw.user_bytes) // 8])
         kernel = tuple(raw.kernel[:max(0, raw.kernel_bytes) // 8])
-        sample = RawSample(pid=raw.pid, tid=raw.tid, comm=raw.comm.decode(errors="replace"), count=1,
+        sample = StackCount(pid=raw.pid, tid=raw.tid, comm=raw.comm.decode(errors="replace"), count=1,
                            user_stack=user, kernel_stack=kernel,
                            user_stack_lost=raw.user_bytes < 0 and raw.user_bytes != _EFAULT)
         with self._raw_lock:

@@ -57,7 +57,7 @@ sys.path.insert(0, str(REPO))
 
 from otel_gpu.cuda import abi
 from otel_gpu.cuda.inject import library_path
-from otel_gpu.cuda.join import measured_pace, pace_ratio
+from otel_gpu.cuda.join import GPUWork, measured_pace, pace_ratio
 from otel_gpu.cuda.source import GPUTimeSource
 from otel_gpu.errors import SourceUnavailable
 from otel_gpu.profiles.model import FrameKind
@@ -177,7 +177,8 @@ if __name__ == "__main__":
 
 
 class WindowedSource(GPUTimeSource):
-    """GPUTimeSource that also keeps, per window, the raw GPU ns of each kernel name: for the sampling error."""
+    """GPUTimeSource that also notes every record it is fed and, per window, the raw GPU ns of each kernel name (for
+    the sampling error), watching the weighted work through its accounting's :meth:`observe_work`."""
 
     def __init__(self, **kwargs: object) -> None:
         super().__init__(**kwargs)  # type: ignore[arg-type]
@@ -199,6 +200,7 @@ class WindowedSource(GPUTimeSource):
         self.window_spans: dict[int, list[tuple[int, int]]] = defaultdict(list)  # pid -> (start, end) per window
         self.last_window: dict[int, abi.Window] = {}  # pid -> its last window record (running totals, pace)
         self.executions: dict[int, Counter[str]] = defaultdict(Counter)  # pid -> kernel -> re-weighted executions
+        self.accounting.observe_work(self._note_work)
 
     def shared_ids(self, pid: int) -> int:
         """Sampled launches of pid that carried a correlation id another of its sampled launches also had."""
@@ -241,10 +243,9 @@ class WindowedSource(GPUTimeSource):
                 self.positions[record.pid][min(9, max(0, (at - record.start_ns) * 10 // length))] += 1
         super().handle(record)
 
-    def _add_work(self, work, weight):  # type: ignore[no-untyped-def]
+    def _note_work(self, work: GPUWork, weight: float) -> None:
         self.raw[(work.launch.pid, work.launch.window_id)][work.activity.name] += work.activity.duration_ns
         self.executions[work.launch.pid][work.activity.name] += weight  # re-weighted like the times
-        super()._add_work(work, weight)
 
 
 def sampling_error(source: WindowedSource, pid: int, mangled: str) -> float:
@@ -415,7 +416,7 @@ def known_structure(source: GPUTimeSource | None, lines: list[str], results: dic
     assert isinstance(measuring, WindowedSource)
     if bpf:
         measuring.drain()  # start from an empty interval
-    stats_before = dataclasses.replace(measuring._joiner.stats)  # the joiner counts across runs: this run's part
+    stats_before = measuring.accounting.join_stats  # the joiner counts across runs: this run's part
     seconds = float(os.environ.get("VERIFY_KNOWN_SECONDS", "30"))  # the sampling error shrinks as 1/sqrt(seconds)
     done = run_program(["known", f"{seconds:g}", str(run_json)], inject=True, timeout_s=seconds + 210,
                        debug_file=debug, bpf=bpf)
@@ -428,7 +429,7 @@ def known_structure(source: GPUTimeSource | None, lines: list[str], results: dic
     else:
         time.sleep(0.5)
         measuring.poll_now()
-    unpaired = measuring._joiner.pending(pid)  # before the drain forgets the exited process
+    unpaired = measuring.accounting.unpaired(pid)  # before the drain forgets the exited process
     gpu, waits = measuring.drain()
     gpu_samples = [s for p in gpu.processes if p.process.pid == pid for s in p.samples]
     wait_samples = [s for p in waits.processes if p.process.pid == pid for s in p.samples]
@@ -567,7 +568,7 @@ def step_known_variants(source: GPUTimeSource | None, lines: list[str], results:
 
 def accounting(source: WindowedSource, pid: int, unpaired: tuple[int, int], before: object) -> str:
     """Where every sampled launch went: joined with its work, or a counted loss (by reason); the rest is unexplained."""
-    now = source._joiner.stats
+    now = source.accounting.join_stats
     stats = dataclasses.replace(now, **{f.name: getattr(now, f.name) - getattr(before, f.name)
                                         for f in dataclasses.fields(now)})
     launches = sum(n for (p, _), n in source.launch_kinds.items() if p == pid)

@@ -43,8 +43,8 @@ def test_cpu_3to1_full_call_chain_and_share() -> None:
         batches = []
         while process.poll() is None:
             time.sleep(1.0)
-            batches.append(source.drain())  # drains while sampling: nothing may be lost in between
-        batches.append(source.drain())
+            batches += source.drain()  # drains while sampling: nothing may be lost in between
+        batches += source.drain()
     finally:
         source.close()
     profiles = _process(batches, pid)
@@ -76,7 +76,7 @@ def test_syscall_heavy_workload_has_kernel_frames_under_its_user_frames() -> Non
     try:
         process, pid = start("syscall_heavy", "2")
         process.wait(timeout=20)
-        batch = source.drain()
+        (batch,) = source.drain()
     finally:
         source.close()
     samples = [s for p in _process([batch], pid) for s in p.samples]
@@ -103,7 +103,7 @@ def test_process_living_200ms_is_symbolized_after_it_exited() -> None:
         process.wait(timeout=10)
         time.sleep(0.3)  # the process is gone before the drain
         assert not os.path.exists(f"/proc/{pid}")
-        batch = source.drain()
+        (batch,) = source.drain()
     finally:
         source.close()
     profiles = _process([batch], pid)
@@ -125,7 +125,7 @@ def test_pid_filter_and_self_exclusion() -> None:
             pass  # we are in the pid list but not include_self: still left out
         first.wait(timeout=10)
         second.wait(timeout=10)
-        batch = source.drain()
+        (batch,) = source.drain()
     finally:
         source.close()
     pids = {p.process.pid for p in batch.processes}
@@ -145,7 +145,7 @@ def test_process_name_filter_and_include_self() -> None:
             pass
         process.wait(timeout=10)
         other.wait(timeout=10)
-        batch = source.drain()
+        (batch,) = source.drain()
     finally:
         source.close()
     pids = {p.process.pid for p in batch.processes}
@@ -165,7 +165,7 @@ def test_close_detaches_everything_and_counts_samples() -> None:
     source.close()
     assert ours_loaded() == []
     assert selfmetrics.total(semconv.SELF_PROFILE_SAMPLES.name, otel_gpu__source="cpu_profiler") > 0
-    assert source.drain().processes == ()
+    assert source.drain()[0].processes == ()
 
 
 @pytest.mark.root
@@ -245,9 +245,9 @@ def test_draining_while_sampling_loses_nothing() -> None:
         batches = []
         while process.poll() is None:
             time.sleep(0.1)
-            batches.append(source.drain())
+            batches += source.drain()
         time.sleep(0.5)  # collided samples still in the raw ring buffer reach the poll thread
-        batches.append(source.drain())
+        batches += source.drain()
     finally:
         source.close()
     drained = sum(s.value for b in batches for p in b.processes for s in p.samples)

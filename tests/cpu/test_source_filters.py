@@ -5,7 +5,7 @@ already exited, kernel frames before user frames, merging, lost stacks."""
 from __future__ import annotations
 
 from otel_gpu.config import ProfilingConfig
-from otel_gpu.cpu.sampler import RawSample
+from otel_gpu.cpu.sampler import StackCount
 from otel_gpu.cpu.source import CPUProfileSource
 from otel_gpu.procfs import ProcessInfo, ProcessResolver
 from otel_gpu.profiles.model import FrameKind
@@ -19,7 +19,7 @@ class FedSampler:
 
     frequency_hz = 19
 
-    def __init__(self, samples: list[RawSample]) -> None:
+    def __init__(self, samples: list[StackCount]) -> None:
         self.samples = samples
         self.opened = self.closed = 0
 
@@ -29,7 +29,7 @@ class FedSampler:
     def close(self) -> None:
         self.closed += 1
 
-    def drain(self) -> list[RawSample]:
+    def drain(self) -> list[StackCount]:
         out, self.samples = self.samples, []
         return out
 
@@ -47,7 +47,7 @@ class KnownProcesses(ProcessResolver):
         }.get(pid)
 
 
-def _source(config: ProfilingConfig, samples: list[RawSample], tmp_path) -> CPUProfileSource:  # type: ignore[no-untyped-def]
+def _source(config: ProfilingConfig, samples: list[StackCount], tmp_path) -> CPUProfileSource:  # type: ignore[no-untyped-def]
     kallsyms = tmp_path / "kallsyms"
     kallsyms.write_text("ffffffff81000000 T do_syscall_64\nffffffff81001000 T vfs_write\n")
     symbolizer = Symbolizer(proc_root=str(tmp_path / "proc"), kallsyms_path=str(kallsyms))
@@ -56,17 +56,17 @@ def _source(config: ProfilingConfig, samples: list[RawSample], tmp_path) -> CPUP
 
 
 SAMPLES = [
-    RawSample(1001, 1001, "trainer", 5, (0x1000, 0x2000), ()),
-    RawSample(1001, 1003, "loader", 2, (0x1000,), (0xFFFFFFFF81001010, 0xFFFFFFFF81000010)),
-    RawSample(1002, 1002, "web", 3, (), (), user_stack_lost=True),
-    RawSample(4242, 4243, "gone-worker", 7, (0x5000,), ()),  # exited before the drain, never resolved
+    StackCount(1001, 1001, "trainer", 5, (0x1000, 0x2000), ()),
+    StackCount(1001, 1003, "loader", 2, (0x1000,), (0xFFFFFFFF81001010, 0xFFFFFFFF81000010)),
+    StackCount(1002, 1002, "web", 3, (), (), user_stack_lost=True),
+    StackCount(4242, 4243, "gone-worker", 7, (0x5000,), ()),  # exited before the drain, never resolved
 ]
 
 
 def test_all_processes_with_identity_and_fallback_to_the_kernel_thread_name(tmp_path) -> None:  # type: ignore[no-untyped-def]
     source = _source(ProfilingConfig(), list(SAMPLES), tmp_path)
     source.open()
-    batch = source.drain()
+    (batch,) = source.drain()
     by_pid = {p.process.pid: p for p in batch.processes}
     assert set(by_pid) == {1001, 1002, 4242}
     assert by_pid[1001].process.container_id == CONTAINER
@@ -78,21 +78,21 @@ def test_all_processes_with_identity_and_fallback_to_the_kernel_thread_name(tmp_
     assert [f.function for f in loader.frames[:2]] == ["vfs_write", "do_syscall_64"]
     (lost,) = by_pid[1002].samples
     assert lost.frames[0].function == "[unknown]" and lost.value == 3
-    assert source.drain().processes == ()  # drained once
+    assert source.drain()[0].processes == ()  # drained once
     source.close()
 
 
 def test_container_filter_keeps_only_that_container(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    batch = _source(ProfilingConfig(container_id=CONTAINER[:12]), list(SAMPLES), tmp_path).drain()
+    (batch,) = _source(ProfilingConfig(container_id=CONTAINER[:12]), list(SAMPLES), tmp_path).drain()
     assert [p.process.pid for p in batch.processes] == [1001]
 
 
 def test_name_filter_matches_executable_or_thread_names(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    batch = _source(ProfilingConfig(process_name="^(web|gone-.*)$"), list(SAMPLES), tmp_path).drain()
+    (batch,) = _source(ProfilingConfig(process_name="^(web|gone-.*)$"), list(SAMPLES), tmp_path).drain()
     assert sorted(p.process.pid for p in batch.processes) == [1002, 4242]
 
 
 def test_same_frames_of_one_thread_are_merged(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    samples = [RawSample(1002, 1002, "web", 2, (0x10,), ()), RawSample(1002, 1002, "web", 3, (0x10,), ())]
-    (process,) = _source(ProfilingConfig(), samples, tmp_path).drain().processes
+    samples = [StackCount(1002, 1002, "web", 2, (0x10,), ()), StackCount(1002, 1002, "web", 3, (0x10,), ())]
+    (process,) = _source(ProfilingConfig(), samples, tmp_path).drain()[0].processes
     assert [s.value for s in process.samples] == [5]

@@ -93,22 +93,22 @@ def test_inject_errors(packaged: Path, monkeypatch: pytest.MonkeyPatch, tmp_path
     assert inject.run_injected(["true"], stderr=err) == 1 and "make build" in err.getvalue()
 
 
-def test_source_rereads_a_process_only_every_full_rescan(tmp_path: Path) -> None:
-    from otel_gpu.cuda.source import GPUTimeSource
-    from otel_gpu.procfs import ProcessResolver
+def test_probes_reread_a_process_only_every_full_rescan(tmp_path: Path) -> None:
+    from otel_gpu.cuda.probes import GPUTimeProbes
 
     proc = tmp_path / "proc"
     _process(proc, 200, LINE.format(inode=1, path="/usr/lib/libc.so.6"))
-    source = GPUTimeSource(ProcessResolver(str(proc)), proc_root=str(proc), full_rescan_s=3600)
-    source.rescan()  # pid 200 read once: not injected
+    found: set[int] = set()
+    probes = GPUTimeProbes(lambda record: None, found.update, proc_root=str(proc), full_rescan_s=3600)
+    probes.rescan()  # pid 200 read once: not injected
     lib = "/opt/libotel_gpu_inject.so"
     (proc / "200" / "maps").write_text(LINE.format(inode=2, path=lib))  # it initialises CUDA later
     _process(proc, 201, LINE.format(inode=2, path=lib), {lib: b"ELF"})  # a new process
-    source.rescan()
-    assert 201 in source._processes and 200 not in source._processes
-    source._full_rescan_s = 0  # once the full period has passed, pid 200 is read again
-    source.rescan()
-    assert 200 in source._processes
+    probes.rescan()
+    assert 201 in found and 200 not in found
+    probes._full_rescan_s = 0  # once the full period has passed, pid 200 is read again
+    probes.rescan()
+    assert 200 in found
 
 
 def test_inject_passes_the_overhead_budget_to_the_library(packaged: Path, tmp_path: Path) -> None:

@@ -5,7 +5,6 @@ and times, where launches fall in their windows, the accounting of every sampled
 
 from __future__ import annotations
 
-import dataclasses
 import subprocess
 import sys
 from pathlib import Path
@@ -38,7 +37,7 @@ def test_the_measured_program_compiles(verify) -> None:  # type: ignore[no-untyp
 def test_bookkeeping_of_two_windows(verify, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     (tmp_path / "10").mkdir()
     source = verify.WindowedSource(proc_root=str(tmp_path), symbolizer=FakeSymbolizer())
-    before = dataclasses.replace(source._joiner.stats)
+    before = source.accounting.join_stats
     # window 1 covers 100 ns of 1000 (weight 10): two launches at 20 % and 90 % of it
     source.handle(launch(10, 1, window=1, timestamp_ns=1020))
     source.handle(launch(10, 2, window=1, timestamp_ns=1090))

@@ -1,0 +1,271 @@
+# SPDX-License-Identifier: Apache-2.0
+"""GPUTimeAccounting: decoded GPU-time records in, weighted profiles and per-process counters out.
+
+It joins launches with their GPU activity (:class:`~otel_gpu.cuda.join.Joiner`), weights each piece of work by its
+sampling window (:class:`~otel_gpu.cuda.join.WindowWeights`; work whose window has not closed waits), accumulates
+the gpu_time and sync_wait profiles of the interval, keeps cumulative per-process counters and counts what was lost.
+It reads no kernel state and starts no thread: the caller feeds records one at a time and serializes the calls
+(:class:`~otel_gpu.cuda.source.GPUTimeSource` holds a lock), so it is tested with records built by hand.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+
+from otel_gpu import selfmetrics, semconv
+from otel_gpu.cuda import abi, builder
+from otel_gpu.cuda.join import GPUWork, Joiner, JoinStats, WindowWeights
+from otel_gpu.cuda.stacks import StackFrames
+from otel_gpu.procfs import ProcessInfo, ProcessResolver
+from otel_gpu.profiles.model import ProfileBatch, gpu_time_profile_type, sync_wait_profile_type
+
+# the GPU-time source's parts log under its name, as its log lines always have
+_logger = logging.getLogger("otel_gpu.cuda.source")
+
+SOURCE = "gpu_time"
+
+WorkObserver = Callable[[GPUWork, float], None]
+
+
+@dataclass(slots=True)
+class ProcessCounters:
+    """Cumulative per-process totals since the agent saw the process (estimates, re-weighted)."""
+
+    info: ProcessInfo
+    launches: float = 0.0
+    kernel_time_ns: float = 0.0
+    sync_wait_ns: float = 0.0
+    since_ns: int = 0  # start of the time the library's windows account for (CUPTI clock, unix ns)
+    until_ns: int = 0  # end of the last closed window
+    covered_ns: int = 0  # time inside sampling windows seen by the agent; covered/elapsed = sampling fraction
+    elapsed_ns: int = 0
+    yielded_ns: int = 0  # the library's running total of time left to another CUPTI user (torch.profiler, ...)
+    aside_since_ns: int = 0  # the library stepped aside then and is not back yet (CUPTI clock, unix ns), else 0
+    aside_counted_ns: int = 0  # of that stretch, what drains have already counted as yielded
+
+
+@dataclass(slots=True)
+class _Interval:
+    covered_ns: int = 0
+    elapsed_ns: int = 0
+    yielded_ns: int = 0  # time another CUPTI user held CUPTI in profiled processes (summed over processes)
+
+
+class GPUTimeAccounting:
+    """``handle(record)`` for each decoded record, ``drain(now_ns)`` each interval -> [gpu_time, sync_wait]."""
+
+    def __init__(self, resolver: ProcessResolver, stacks: StackFrames, alive: Callable[[int], bool], *,
+                 max_pending_per_process: int = 65536, started_ns: int = 0) -> None:
+        """``alive(pid)`` says whether a process still runs; ``started_ns`` (unix ns) starts the first interval."""
+        self._resolver = resolver
+        self._stacks = stacks
+        self._alive = alive
+        self._joiner = Joiner(max_pending=max_pending_per_process)
+        self._weights = WindowWeights()
+        self._pending: list[tuple[GPUWork, int]] = []  # joined work whose window has not closed, drains waited
+        self._gpu = builder.ProfileAccumulator(gpu_time_profile_type())
+        self._sync = builder.ProfileAccumulator(sync_wait_profile_type())
+        self._interval = _Interval()
+        self._interval_start_ns = started_ns
+        self._processes: OrderedDict[int, ProcessInfo] = OrderedDict()
+        self._counters: dict[int, ProcessCounters] = {}
+        self._exited: list[int] = []
+        self._drops_seen = [0] * len(abi.DROP_REASONS)
+        self._misses_seen = (0, 0)
+        self._duplicates_seen = 0
+        self._work_observers: list[WorkObserver] = []
+        self.records = 0
+
+    # --- records in ------------------------------------------------------------------------------------------------
+
+    def handle(self, record: abi.Record) -> None:
+        """Account for one decoded record."""
+        self.records += 1
+        self.remember_process(record.pid)
+        if isinstance(record, abi.Launch):
+            self._stacks.frames(record.pid, record.stack)  # symbolize while the process is alive
+            for work in self._joiner.add_launch(record):
+                self._account(work)
+        elif isinstance(record, abi.Activity):
+            for work in self._joiner.add_activity(record):
+                self._account(work)
+        elif isinstance(record, abi.Sync):
+            self._on_sync(record)
+        else:
+            self._on_window(record)
+
+    def remember_process(self, pid: int) -> ProcessInfo:
+        """Note ``pid`` (its identity and mappings are read now, while it runs); returns its identity."""
+        info = self._processes.get(pid)
+        if info is None:
+            info = self._resolver.info(pid) or ProcessInfo(pid=pid, executable_name="")
+            self._processes[pid] = info
+            self._stacks.remember(pid)
+        return info
+
+    def observe_work(self, observer: WorkObserver) -> None:
+        """Call ``observer(work, weight)`` for each piece of GPU work as it is weighted (verification scripts)."""
+        self._work_observers.append(observer)
+
+    def _on_sync(self, sync: abi.Sync) -> None:
+        value = sync.blocked_ns * sync.weight
+        frames = (builder.sync_frame(sync),) + self._stacks.frames(sync.pid, sync.stack)
+        self._sync.add(sync.pid, frames, value, sync.tid, sync.comm,
+                       ((semconv.CUDA_SYNC_API, builder.sync_api_name(sync)),))
+        self._counter(sync.pid).sync_wait_ns += value
+
+    def _on_window(self, window: abi.Window) -> None:
+        weight, covered, elapsed = self._weights.add(window)
+        self._interval.covered_ns += covered
+        self._interval.elapsed_ns += elapsed
+        counters = self._counter(window.pid)
+        counters.launches += window.launches * weight
+        counters.covered_ns += covered
+        counters.elapsed_ns += elapsed
+        if not counters.since_ns or elapsed == window.elapsed_ns:  # first window, or the library re-attached
+            counters.since_ns = window.end_ns - window.elapsed_ns
+        counters.until_ns = max(counters.until_ns, window.end_ns)
+        self._account_yielded(counters, window)
+        if window.dropped:
+            selfmetrics.count(semconv.SELF_DROPPED.name, window.dropped, otel_gpu__reason="injected_library",
+                              otel_gpu__signal="profiles")
+        still = []
+        for work, age in self._pending:
+            if work.launch.pid == window.pid and work.launch.window_id == window.window_id:
+                self._add_work(work, weight)
+            else:
+                still.append((work, age))
+        self._pending = still
+
+    def _account_yielded(self, counters: ProcessCounters, window: abi.Window) -> None:
+        """Time the library left CUPTI to another tool of the program: stated per interval, never extrapolated into.
+        While it is away, each drain counts the time so far; its next record's total settles the rest."""
+        if window.aside_since_ns:  # the library steps aside now
+            counters.aside_since_ns, counters.aside_counted_ns = window.aside_since_ns, 0
+        elif window.yielded_ns > counters.yielded_ns:  # back: its total covers the whole stretch
+            self._interval.yielded_ns += max(0, window.yielded_ns - counters.yielded_ns - counters.aside_counted_ns)
+            counters.aside_since_ns = counters.aside_counted_ns = 0
+        counters.yielded_ns = window.yielded_ns
+
+    def _account(self, work: GPUWork) -> None:
+        weight = self._weights.weight(work.launch.pid, work.launch.window_id)
+        if weight is None:
+            self._pending.append((work, 0))
+        else:
+            self._add_work(work, weight)
+
+    def _add_work(self, work: GPUWork, weight: float) -> None:
+        for observe in self._work_observers:
+            observe(work, weight)
+        launch, activity = work.launch, work.activity
+        value = activity.duration_ns * weight
+        frames = (builder.work_frame(activity),) + self._stacks.frames(launch.pid, launch.stack)
+        self._gpu.add(launch.pid, frames, value, launch.tid, launch.comm, builder.work_attributes(activity))
+        self._counter(launch.pid).kernel_time_ns += value
+
+    # --- profiles out ----------------------------------------------------------------------------------------------
+
+    def drain(self, now_ns: int, bpf_drops: Sequence[int] | None = None) -> list[ProfileBatch]:
+        """The gpu_time and sync_wait batches of the interval that ends at ``now_ns`` (unix ns; each batch may have
+        no processes). ``bpf_drops``: the eBPF program's running totals by :data:`abi.DROP_REASONS`, if loaded."""
+        self._settle_pending()
+        processes = dict(self._processes)
+        fraction = (self._interval.covered_ns / self._interval.elapsed_ns) if self._interval.elapsed_ns else 1.0
+        start, duration = self._interval_start_ns, max(0, now_ns - self._interval_start_ns)
+        self._count_aside(now_ns)
+        yielded = ((semconv.OTEL_GPU_GPU_TIME_YIELDED, self._interval.yielded_ns / 1e9),) \
+            if self._interval.yielded_ns else ()
+        gpu = self._gpu.build(start, duration, processes, fraction, yielded)
+        sync = self._sync.build(start, duration, processes, 1.0)
+        self._interval = _Interval()
+        self._interval_start_ns = now_ns
+        if bpf_drops is not None:
+            self._count_bpf_drops(bpf_drops)
+        self._count_join_losses()
+        self._forget_exited()
+        return [gpu, sync]
+
+    def _settle_pending(self) -> None:
+        """Work whose window never closed: weighted by the process's last window once the process is gone or the
+        work has waited two drains (the library closes a window at exit, so this is rare)."""
+        still = []
+        for work, age in self._pending:
+            pid = work.launch.pid
+            if age + 1 >= 2 or not self._alive(pid):
+                self._add_work(work, self._weights.latest(pid))
+            else:
+                still.append((work, age + 1))
+        self._pending = still
+
+    def _count_aside(self, now_ns: int) -> None:
+        for counters in self._counters.values():
+            if counters.aside_since_ns:
+                so_far = max(0, now_ns - counters.aside_since_ns)
+                self._interval.yielded_ns += max(0, so_far - counters.aside_counted_ns)
+                counters.aside_counted_ns = max(so_far, counters.aside_counted_ns)
+
+    def _count_bpf_drops(self, totals: Sequence[int]) -> None:
+        for index, (reason, total) in enumerate(zip(abi.DROP_REASONS, totals, strict=True)):
+            if total > self._drops_seen[index]:
+                selfmetrics.count(semconv.SELF_DROPPED.name, total - self._drops_seen[index],
+                                  otel_gpu__reason=f"bpf_{reason}", otel_gpu__signal="profiles")
+                self._drops_seen[index] = total
+
+    def _count_join_losses(self) -> None:
+        stats = self._joiner.stats
+        misses = (stats.launches_unmatched, stats.activities_unmatched)
+        for (reason, now, before) in (("join_launch_unmatched", misses[0], self._misses_seen[0]),
+                                      ("join_activity_unmatched", misses[1], self._misses_seen[1])):
+            if now > before:
+                selfmetrics.count(semconv.SELF_DROPPED.name, now - before, otel_gpu__reason=reason,
+                                  otel_gpu__signal="profiles")
+        self._misses_seen = misses
+        if stats.launches_duplicate_id > self._duplicates_seen:
+            # The injected library keeps ids unique; a repeat means CUPTI behaves otherwise: the joiner's queue pairs
+            # the launches in order, but work under a shared id may go to the wrong stack.
+            if self._duplicates_seen == 0:
+                _logger.warning("GPU-time: CUPTI gave one correlation id to several sampled launches; their GPU time "
+                                "may go to the wrong stacks (counted in %s, reason correlation_id_reused)",
+                                semconv.SELF_ERRORS.name)
+            selfmetrics.count(semconv.SELF_ERRORS.name, stats.launches_duplicate_id - self._duplicates_seen,
+                              otel_gpu__source=SOURCE, otel_gpu__reason="correlation_id_reused")
+            self._duplicates_seen = stats.launches_duplicate_id
+
+    def _forget_exited(self) -> None:
+        """Drop the state of exited processes; their counters stay one more drain so metrics see the last values."""
+        for pid in self._exited:
+            self._counters.pop(pid, None)
+        self._exited = [pid for pid in self._processes if not self._alive(pid)]
+        for pid in self._exited:
+            self._joiner.forget_process(pid)
+            self._weights.forget_process(pid)
+            self._stacks.forget(pid)
+            del self._processes[pid]
+
+    # --- per-process -----------------------------------------------------------------------------------------------
+
+    def process_counters(self) -> list[ProcessCounters]:
+        """Cumulative totals of every process seen (copies)."""
+        return [replace(c) for c in self._counters.values()]
+
+    def dropped(self) -> dict[str, int]:
+        """Records the eBPF program could not deliver since open, by reason (as of the last drain)."""
+        return dict(zip(abi.DROP_REASONS, self._drops_seen, strict=True))
+
+    @property
+    def join_stats(self) -> JoinStats:
+        """The joiner's running totals since the start (a copy)."""
+        return replace(self._joiner.stats)
+
+    def unpaired(self, pid: int) -> tuple[int, int]:
+        """(launches, activities) of ``pid`` still waiting for their other half."""
+        return self._joiner.pending(pid)
+
+    def _counter(self, pid: int) -> ProcessCounters:
+        counters = self._counters.get(pid)
+        if counters is None:
+            counters = self._counters[pid] = ProcessCounters(self.remember_process(pid))
+        return counters

@@ -1,0 +1,213 @@
+# SPDX-License-Identifier: Apache-2.0
+"""GPUTimeProbes: the kernel side of GPU-time profiling, from loading the eBPF program to decoded records.
+
+It loads programs/gpu_time.bpf.o, attaches its four USDT handlers system-wide to each distinct copy of
+libotel_gpu_inject.so it finds mapped (new processes every ``rescan_interval_s``, every process again every
+``full_rescan_s``, for those that initialise CUDA late), reads the ring buffer on a thread every ``poll_interval_s``
+(the program wakes it early only when a quarter of the buffer is used) and hands each decoded record to
+``on_record``. What the records mean is :mod:`otel_gpu.cuda.accounting`'s job.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from otel_gpu import selfmetrics, semconv
+from otel_gpu.cuda import abi
+from otel_gpu.cuda.accounting import SOURCE
+from otel_gpu.cuda.discovery import LIBRARY_NAME, InjectedLibrary, scan
+from otel_gpu.errors import SourceUnavailable
+
+if TYPE_CHECKING:
+    from otel_gpu.ebpf.loader import BPFObject, RingBuffer
+
+# the GPU-time source's parts log under its name, as its log lines always have
+_logger = logging.getLogger("otel_gpu.cuda.source")
+
+PROGRAM_PATH = Path(__file__).resolve().parent / "programs" / "gpu_time.bpf.o"
+# Attach order matters: the library starts recording as soon as any semaphore is set. Windows first (so every
+# weight is known), launches last (so every launch seen has its activity and window probes in place).
+PROBES = (("otel_gpu_window", "window"), ("otel_gpu_activity", "activity"), ("otel_gpu_sync", "sync"),
+          ("otel_gpu_launch", "launch"))
+_HOW_TO = ("run workloads with `otel-gpu inject -- python train.py`, or set CUDA_INJECTION64_PATH={path} in their "
+           "environment (containers: mount the library and set the same variable)")
+
+
+class GPUTimeProbes:
+    """``open()`` loads and starts polling, ``stop()`` stops polling, ``close()`` detaches and frees.
+
+    ``on_record(record)`` is called for each decoded record and ``on_processes(pids)`` with the injected processes
+    each scan found, both from the polling thread or from the caller of :meth:`poll_now` / :meth:`rescan`.
+    """
+
+    def __init__(self, on_record: Callable[[abi.Record], None], on_processes: Callable[[Iterable[int]], None], *,
+                 proc_root: str = "/proc", program_path: str | os.PathLike[str] = PROGRAM_PATH,
+                 ringbuf_bytes: int = 4 << 20, poll_interval_s: float = 0.1, rescan_interval_s: float = 2.0,
+                 full_rescan_s: float = 10.0, library_name: str = LIBRARY_NAME) -> None:
+        self._on_record = on_record
+        self._on_processes = on_processes
+        self._proc_root = proc_root
+        self._program_path = Path(program_path)
+        self._ringbuf_bytes = ringbuf_bytes
+        self._poll_interval_s = poll_interval_s
+        self._rescan_interval_s = rescan_interval_s
+        self._full_rescan_s = full_rescan_s
+        self._library_name = library_name
+        self._checked: dict[int, float] = {}  # pid -> when its maps were last read (monotonic s)
+        self._last_scan = 0.0
+        self._ring_lock = threading.Lock()  # libbpf's ring buffer has one consumer at a time
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._bpf: BPFObject | None = None
+        self._ring: RingBuffer | None = None
+        self._attached: dict[tuple[int, int], InjectedLibrary] = {}
+        self._failed: set[tuple[int, int]] = set()
+        self.decode_errors = 0  # guarded by _ring_lock: records are decoded while the ring buffer is consumed
+
+    # --- lifecycle -------------------------------------------------------------------------------------------------
+
+    def open(self) -> None:
+        """Load the eBPF program, attach to the injected processes running now and start polling.
+
+        Raises SourceUnavailable when the program cannot load (not root, no BTF, not built, no libbpf).
+        """
+        try:
+            from otel_gpu.ebpf.loader import BPFError, BPFObject
+        except (ImportError, OSError) as exc:
+            raise SourceUnavailable(f"GPU-time profiling needs libbpf.so.1 (apt install libbpf1): {exc}") from exc
+        if not self._program_path.is_file():
+            raise SourceUnavailable(f"GPU-time profiling: {self._program_path} is missing (run `make build`)")
+        if not Path("/sys/kernel/btf/vmlinux").exists():
+            raise SourceUnavailable("GPU-time profiling needs a kernel with BTF (/sys/kernel/btf/vmlinux)")
+        try:
+            self._bpf = BPFObject(self._program_path, max_entries={"events": self._ringbuf_bytes},
+                                  rodata={"wakeup_bytes": self._ringbuf_bytes // 4})
+            self._ring = self._bpf.ring_buffer("events", self._decode)
+        except (BPFError, OSError) as exc:
+            if self._bpf is not None:
+                self._bpf.close()
+                self._bpf = None
+            raise SourceUnavailable(f"GPU-time profiling could not load its eBPF program (needs root, or "
+                                    f"CAP_BPF+CAP_PERFMON): {exc}") from exc
+        self.rescan()
+        if not self._attached:
+            _logger.info("GPU-time profiling is waiting: no process has %s loaded; %s", self._library_name,
+                         _HOW_TO.format(path=_library_hint()))
+        self._thread = threading.Thread(target=self._run, name="otel-gpu-gpu-time", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop reading records in the background; :meth:`poll_now` still reads them."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+            self._thread = None
+
+    def close(self) -> None:
+        """Stop polling, detach every probe and free the program (idempotent)."""
+        self.stop()
+        with self._ring_lock:
+            if self._bpf is not None:
+                self._bpf.close()
+                self._bpf = None
+                self._ring = None
+        self._attached.clear()
+
+    # --- discovery -------------------------------------------------------------------------------------------------
+
+    def rescan(self) -> list[InjectedLibrary]:
+        """Attach to library files not seen before; returns the newly attached ones."""
+        now = self._last_scan = time.monotonic()
+        # A process is read again only every full_rescan_s: new processes are found within rescan_interval_s, and
+        # one that initialises CUDA later within full_rescan_s, at a fraction of the cost of reading every map.
+        skip = {pid for pid, at in self._checked.items() if now - at < self._full_rescan_s}
+        skip.add(os.getpid())
+        checked: set[int] = set()
+        libraries, pids = scan(self._proc_root, self._library_name, frozenset(skip), checked)
+        self._checked = {pid: at for pid, at in self._checked.items() if pid in skip and self._alive(pid)}
+        self._checked.update({pid: now for pid in checked})
+        self._on_processes(pids)
+        added: list[InjectedLibrary] = []
+        for key, library in libraries.items():
+            if key in self._attached or key in self._failed or self._bpf is None:
+                continue
+            try:
+                for program, probe in PROBES:
+                    self._bpf.attach_usdt(program, library.host_path, "otel_gpu", probe)
+            except OSError as exc:
+                self._failed.add(key)
+                _logger.warning("GPU-time profiling cannot attach to %s (pid %d): %s", library.path, library.pid, exc)
+                selfmetrics.count(semconv.SELF_ERRORS.name, otel_gpu__source=SOURCE, otel_gpu__reason="attach")
+                continue
+            self._attached[key] = library
+            added.append(library)
+            _logger.info("GPU-time profiling attached to %s (first seen in pid %d)", library.path, library.pid)
+        return added
+
+    @property
+    def attached_libraries(self) -> list[InjectedLibrary]:
+        return list(self._attached.values())
+
+    # --- polling ---------------------------------------------------------------------------------------------------
+
+    def poll_now(self) -> int:
+        """Consume every record available now; returns how many."""
+        with self._ring_lock:
+            return self._ring.consume() if self._ring is not None else 0
+
+    def drop_totals(self) -> list[int] | None:
+        """The program's running totals of records it could not deliver, by :data:`abi.DROP_REASONS`; None when
+        it is not loaded."""
+        if self._bpf is None:
+            return None
+        totals = []
+        for index in range(len(abi.DROP_REASONS)):
+            raw = self._bpf.map("drops").lookup(index.to_bytes(4, "little"))  # per-CPU u64s
+            totals.append(sum(int.from_bytes(raw[i:i + 8], "little") for i in range(0, len(raw), 8)) if raw else 0)
+        return totals
+
+    def _run(self) -> None:
+        timeout_ms = max(1, int(self._poll_interval_s * 1000))
+        failures = 0
+        while not self._stop.is_set():
+            try:
+                with self._ring_lock:
+                    if self._ring is not None:
+                        # the program wakes us only when the buffer fills up; otherwise read every poll interval
+                        self._ring.poll(timeout_ms)
+                        self._ring.consume()
+                if time.monotonic() - self._last_scan >= self._rescan_interval_s:
+                    self.rescan()
+            except Exception:  # loop boundary: keep polling
+                failures += 1
+                if failures == 1:
+                    _logger.exception("GPU-time polling failed (counting further failures in otel_gpu.source.errors)")
+                selfmetrics.count(semconv.SELF_ERRORS.name, otel_gpu__source=SOURCE, otel_gpu__reason="poll")
+                self._stop.wait(1.0)
+
+    def _decode(self, data: bytes) -> None:
+        try:
+            record = abi.decode_event(data)
+        except abi.DecodeError as exc:
+            self.decode_errors += 1
+            if self.decode_errors == 1:
+                _logger.warning("GPU-time: undecodable record (%s); counting further ones", exc)
+            selfmetrics.count(semconv.SELF_ERRORS.name, otel_gpu__source=SOURCE, otel_gpu__reason="decode")
+            return
+        self._on_record(record)
+
+    def _alive(self, pid: int) -> bool:
+        return os.path.exists(f"{self._proc_root}/{pid}")
+
+
+def _library_hint() -> str:
+    from otel_gpu.cuda.inject import library_path
+
+    path = library_path()
+    return str(path) if path is not None else "<path to libotel_gpu_inject.so>"

@@ -1,0 +1,59 @@
+# SPDX-License-Identifier: Apache-2.0
+"""StackFrames: the frames of each launching stack, symbolized once per process and kept while the process lives.
+
+A launch's stack is symbolized when its record arrives (the process may exit before its work is weighted), and most
+launches repeat a few stacks, so the frames are cached by (pid, stack) up to ``max_stacks``, oldest out first.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import OrderedDict
+
+from otel_gpu.cuda import abi, builder
+from otel_gpu.cuda.symbols import NativeSymbolizer
+from otel_gpu.profiles.model import Frame
+
+
+class StackFrames:
+    """(pid, launching stack) -> frames, leaf first, Python frames merged into the native ones."""
+
+    def __init__(self, symbolizer: NativeSymbolizer, max_stacks: int = 65536) -> None:
+        self._symbolizer = symbolizer
+        self._max_stacks = max_stacks
+        self._frames: OrderedDict[tuple[int, abi.Stack], tuple[Frame, ...]] = OrderedDict()
+
+    def remember(self, pid: int) -> None:
+        """A new process: let the symbolizer snapshot its mappings while it runs."""
+        self._symbolizer.remember(pid)
+
+    def frames(self, pid: int, stack: abi.Stack) -> tuple[Frame, ...]:
+        key = (pid, stack)
+        frames = self._frames.get(key)
+        if frames is not None:
+            self._frames.move_to_end(key)
+            return frames
+        if stack.native:
+            native = self._symbolizer.frames(pid, stack.native)
+        elif stack.kernel_native:  # the kernel's unwind starts inside the library and CUPTI: cut those frames
+            native = self._symbolizer.frames(pid, stack.kernel_native)
+            while native and native[0].mapping is not None and _is_tracing_library(native[0].mapping.path):
+                native = native[1:]
+        else:
+            native = ()
+        frames = builder.merge_python_frames(native, stack.python)
+        self._frames[key] = frames
+        while len(self._frames) > self._max_stacks:
+            self._frames.popitem(last=False)
+        return frames
+
+    def forget(self, pid: int) -> None:
+        """``pid`` exited and every record of it is handled."""
+        self._symbolizer.forget(pid)
+        for key in [key for key in self._frames if key[0] == pid]:
+            del self._frames[key]
+
+
+def _is_tracing_library(path: str) -> bool:
+    name = os.path.basename(path)
+    return name.startswith(("libotel_gpu_inject", "libcupti"))

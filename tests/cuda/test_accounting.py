@@ -1,0 +1,133 @@
+# SPDX-License-Identifier: Apache-2.0
+"""GPUTimeAccounting alone: hand-built records in, batches, per-process counters and loss counts out. No eBPF, no
+thread, no /proc: whether a process is alive is a set the test changes."""
+
+from __future__ import annotations
+
+import pytest
+
+from otel_gpu import selfmetrics, semconv
+from otel_gpu.cuda import abi
+from otel_gpu.cuda.accounting import GPUTimeAccounting
+from otel_gpu.cuda.join import GPUWork
+from otel_gpu.cuda.stacks import StackFrames
+from otel_gpu.procfs import ProcessInfo, ProcessResolver
+from otel_gpu.profiles.model import Frame, Mapping, ProfileBatch
+from tests.cuda.records import kernel, launch, stack, sync, window
+from tests.cuda.test_source_records import FakeSymbolizer
+
+
+class Named(ProcessResolver):
+    """Every pid is a process named "proc<pid>"."""
+
+    def info(self, pid: int) -> ProcessInfo | None:
+        return ProcessInfo(pid, f"proc{pid}")
+
+
+class Forgetting(FakeSymbolizer):
+    def __init__(self) -> None:
+        super().__init__()
+        self.forgotten: list[int] = []
+
+    def forget(self, pid: int) -> None:
+        self.forgotten.append(pid)
+
+
+def _accounting(alive: set[int], max_pending: int = 65536) -> tuple[GPUTimeAccounting, Forgetting]:
+    symbolizer = Forgetting()
+    accounting = GPUTimeAccounting(Named(), StackFrames(symbolizer), alive.__contains__,
+                                   max_pending_per_process=max_pending, started_ns=1_000)
+    return accounting, symbolizer
+
+
+def _values(batch: ProfileBatch) -> dict[tuple[int, str], float]:
+    return {(p.process.pid, s.frames[0].function): s.value for p in batch.processes for s in p.samples}
+
+
+def test_work_waits_for_its_window_and_is_weighted_by_it() -> None:
+    accounting, _ = _accounting({10})
+    seen: list[tuple[GPUWork, float]] = []
+    accounting.observe_work(lambda work, weight: seen.append((work, weight)))
+    accounting.handle(launch(10, 1, window=3))
+    accounting.handle(kernel(10, 1, 200, name="relu"))
+    assert seen == []  # window 3 has not closed: its weight is unknown
+    accounting.handle(window(10, 3, covered_ns=100, elapsed_ns=500))  # weight 5
+    assert [(w.activity.name, weight) for w, weight in seen] == [("relu", 5.0)]
+    gpu, waits = accounting.drain(now_ns=3_000)
+    assert _values(gpu) == {(10, "relu"): 1000}
+    assert (gpu.start_unix_nano, gpu.duration_nano) == (1_000, 2_000)
+    assert gpu.sampling_fraction == pytest.approx(0.2)
+    assert waits.processes == ()
+    assert [p.process.executable_name for p in gpu.processes] == ["proc10"]
+
+
+def test_counters_add_up_weighted_launches_times_and_coverage() -> None:
+    accounting, _ = _accounting({10, 11})
+    accounting.handle(window(10, 1, covered_ns=100, elapsed_ns=1000, launches=2))  # weight 10
+    accounting.handle(launch(10, 1, window=1))
+    accounting.handle(kernel(10, 1, 30))
+    accounting.handle(window(10, 2, covered_ns=300, elapsed_ns=1600, launches=1))  # weight 3 over the new 600 ns
+    accounting.handle(sync(11, 700, weight=2))
+    counters = {c.info.pid: c for c in accounting.process_counters()}
+    assert counters[10].launches == pytest.approx(2 * 10 + 1 * 3)
+    assert counters[10].kernel_time_ns == pytest.approx(300)
+    assert (counters[10].covered_ns, counters[10].elapsed_ns) == (300, 1600)
+    assert counters[11].sync_wait_ns == 1400 and counters[11].kernel_time_ns == 0
+    counters[10].launches = 0  # a copy: the accounting's own totals do not change
+    assert accounting.process_counters()[0].launches == pytest.approx(23)
+
+
+def test_an_exited_process_is_forgotten_after_one_more_drain() -> None:
+    alive = {10}
+    accounting, symbolizer = _accounting(alive)
+    accounting.handle(window(10, 1, covered_ns=10, elapsed_ns=10))
+    accounting.handle(launch(10, 1, window=1, stack_=stack(0xA1)))
+    accounting.handle(launch(10, 2, window=1, stack_=stack(0xA1)))
+    assert accounting.unpaired(10) == (2, 0)
+    alive.clear()
+    accounting.drain(now_ns=2_000)
+    assert symbolizer.forgotten == [10] and accounting.unpaired(10) == (0, 0)
+    assert [c.info.pid for c in accounting.process_counters()] == [10]  # the metrics read its last values once more
+    accounting.drain(now_ns=3_000)
+    assert accounting.process_counters() == []
+
+
+def test_losses_are_counted_once_each() -> None:
+    selfmetrics.reset()
+    accounting, _ = _accounting({10}, max_pending=1)
+    accounting.handle(launch(10, 1))
+    accounting.handle(launch(10, 2))  # evicts launch 1: a launch without work
+    accounting.handle(kernel(10, 99, 5))  # no launch will come
+    drops = [0] * len(abi.DROP_REASONS)
+    drops[0] = 4
+    accounting.drain(now_ns=2_000, bpf_drops=drops)
+    accounting.drain(now_ns=3_000, bpf_drops=drops)  # the same totals: nothing new
+    dropped = semconv.SELF_DROPPED.name
+    assert selfmetrics.total(dropped, otel_gpu__reason=f"bpf_{abi.DROP_REASONS[0]}") == 4
+    assert selfmetrics.total(dropped, otel_gpu__reason="join_launch_unmatched") == 1
+    assert accounting.dropped()[abi.DROP_REASONS[0]] == 4
+    stats = accounting.join_stats
+    assert (stats.launches_unmatched, stats.joined) == (1, 0)
+    stats.joined = 99  # a copy
+    assert accounting.join_stats.joined == 0
+
+
+def test_the_records_of_the_library_say_what_it_dropped() -> None:
+    selfmetrics.reset()
+    accounting, _ = _accounting({10})
+    accounting.handle(abi.Window(10, 1, start_ns=0, end_ns=10, covered_ns=10, elapsed_ns=10, launches=0, dropped=3,
+                                  overhead_ns=0))
+    assert selfmetrics.total(semconv.SELF_DROPPED.name, otel_gpu__reason="injected_library") == 3
+    assert accounting.records == 1
+
+
+def test_stacks_from_the_kernel_lose_the_tracing_libraries_frames() -> None:
+    class InLibraries(FakeSymbolizer):
+        def frames(self, pid, pcs):  # type: ignore[no-untyped-def]
+            paths = ("/x/libotel_gpu_inject.so", "/y/libcupti.so.12", "/usr/bin/python3")
+            return tuple(Frame(f"fn_{pc:x}", mapping=Mapping(0, 1, 0, path))
+                         for pc, path in zip(pcs, paths, strict=True))
+
+    frames = StackFrames(InLibraries())
+    assert [f.function for f in frames.frames(10, abi.Stack(native=(), kernel_native=(1, 2, 3)))] == ["fn_3"]
+    assert [f.function for f in frames.frames(10, abi.Stack(native=(1, 2, 3)))] == ["fn_1", "fn_2", "fn_3"]
