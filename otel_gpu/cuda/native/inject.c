@@ -62,6 +62,25 @@ uint64_t monotonic_ns(void)
     return (uint64_t)t.tv_sec * 1000000000u + (uint64_t)t.tv_nsec;
 }
 
+/* Per thread, so that the API callback needs no lock; seeded from the clock and the state's own address (distinct
+ * per thread). */
+static thread_local uint64_t rng_state;
+
+uint64_t random_u64(void)
+{
+    if (rng_state == 0)
+        rng_state = monotonic_ns() ^ (uint64_t)(uintptr_t)&rng_state;
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return rng_state;
+}
+
+double random_uniform01(void)
+{
+    return (double)(random_u64() >> 11) / (double)(1ull << 53);
+}
+
 void log_once(const char *what)
 {
     /* One line per distinct message: the messages are string literals, so their addresses identify them. */
@@ -158,7 +177,6 @@ static const char *resolve_cupti(void *lib)
 
 static thread_local struct otel_gpu_launch launch_rec;
 static thread_local struct otel_gpu_sync sync_rec;
-static thread_local uint64_t rng_state;
 /* The windows open at the entries of this thread's launch calls in progress (innermost last): an exit takes its own
  * call's entry even when a launch call makes another. A call whose entry came before the callbacks were on has none;
  * one whose exit came after they went off leaves a stale entry, dropped when the depth runs out. */
@@ -170,16 +188,6 @@ static thread_local struct {
         uint64_t window_id;
     } at[LAUNCH_DEPTH];
 } launch_enter;
-
-static uint64_t next_random(void)
-{
-    if (rng_state == 0)
-        rng_state = monotonic_ns() ^ (uint64_t)(uintptr_t)&rng_state;
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return rng_state;
-}
 
 /* cuGraphLaunch_params and cuGraphLaunch_ptsz_params of generated_cuda_meta.h (that header needs the whole toolkit's
  * typedefs): both are { CUgraphExec; CUstream; }. */
@@ -215,7 +223,7 @@ static void record_launch(CUpti_CallbackId cbid, const CUpti_CallbackData *cb, u
 static void record_wait(CUpti_CallbackId cbid, const CUpti_CallbackData *cb, uint32_t kind)
 {
     uint32_t every = atomic_load_explicit(&g_state.wait_sample_every, memory_order_relaxed);
-    if (every > 1 && next_random() % every != 0)
+    if (every > 1 && random_u64() % every != 0)
         return;
     uint64_t t0 = monotonic_ns();
     struct otel_gpu_sync *rec = &sync_rec;

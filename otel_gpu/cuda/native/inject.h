@@ -84,7 +84,6 @@ struct inject_state {
     _Atomic uint32_t in_launch;        /* API callbacks currently recording a launch */
     _Atomic uint64_t outside_launches; /* launches seen outside a window (callbacks on for the linger) */
     _Atomic int attached;              /* an agent is attached (or the debug mode pretends so) */
-    _Atomic int stopping;              /* the process is exiting */
     _Atomic int finalize;              /* enum finalize_state: the controller asks, an API exit finalizes CUPTI */
     _Atomic int finalize_at_any_exit;  /* 0: only a wait's exit takes a requested finalize up; 1: any exit */
     _Atomic uint64_t finalizes, finalize_ns; /* how often, and how long the API exits spent in cuptiFinalize */
@@ -115,6 +114,8 @@ extern struct foreign_state g_foreign;
 /* inject.c */
 uint64_t now_ns(void);            /* CUPTI's timestamp clock */
 uint64_t monotonic_ns(void);      /* for measuring the library's own cost */
+uint64_t random_u64(void);        /* the library's one random source: xorshift64, one state per thread */
+double random_uniform01(void);    /* uniform in [0, 1), from random_u64 */
 void log_once(const char *what);  /* one "otel-gpu:" line on stderr per distinct message site */
 int cupti_take(void);             /* subscribe (at attach); 0 on success */
 void cupti_release(void);         /* unsubscribe (at detach) */

@@ -81,16 +81,6 @@ static double fraction = ESTIMATE_FRACTION_MIN; /* set from the budget and the p
 static int lingering;            /* the activity kinds are on outside a window, for late GPU work */
 static uint64_t linger_start_ns; /* monotonic: the window closed */
 static uint64_t linger_launches; /* launches during the last linger (counted by the callback); next window's cost */
-static uint64_t rng = 0x9e3779b97f4a7c15ull;
-
-static double uniform01(void)
-{
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return (double)(rng >> 11) / (double)(1ull << 53);
-}
-
 static int agent_present(void)
 {
     return g_settings.debug_always_on || emit_any_semaphore();
@@ -568,7 +558,7 @@ static void *controller_main(void *arg)
             }
         }
         double mean_gap = (double)g_settings.window_ns * (1.0 - fraction) / fraction;
-        uint64_t gap_ns = (uint64_t)(mean_gap * (0.5 + uniform01()));
+        uint64_t gap_ns = (uint64_t)(mean_gap * (0.5 + random_uniform01()));
         if (wait_gap_locked(gap_ns) != 0) {
             if (!stopped)
                 detach_locked();
@@ -596,7 +586,6 @@ static void *controller_main(void *arg)
 
 int sampler_start(void)
 {
-    rng ^= monotonic_ns();
     fraction = fraction_for_budget(g_settings.overhead_budget, PRIOR_SLOWDOWN);
     pthread_attr_t attr;
     pthread_attr_init(&attr);
@@ -641,7 +630,6 @@ void sampler_stop_and_flush(void)
                     (double)shadow_ns / 1e6);
         }
         stopped = 1;
-        atomic_store(&g_state.stopping, 1);
         if (atomic_load(&g_state.attached) && holding_locked()) {
             close_window_locked(0, 0);
             activity_drain(EXIT_DRAIN_NS);
