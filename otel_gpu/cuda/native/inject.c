@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * libotel_gpu_inject.so: the CUDA driver calls InitializeInjection() at cuInit when CUDA_INJECTION64_PATH names this
- * library. It loads CUPTI and lets the controller (sampler.c) subscribe to driver-API callbacks and open short sampling
+ * library. It loads CUPTI and lets the controller (window.c) subscribe to driver-API callbacks and open short sampling
  * windows while an agent is attached; without an agent it holds no CUPTI subscription, so other tools can. Whatever fails, the workload runs on untouched: one "otel-gpu:" line on stderr
  * and the library stays inert.
  *
@@ -12,7 +12,7 @@
  *   OTEL_GPU_WINDOW_MS         length of one sampling window in milliseconds (default 20)
  *   OTEL_GPU_API_ACTIVITY=0    leave CUPTI's driver-API activity kind off (default on, with the kernel/copy/set
  *                              kinds: without it CUDA 13's CUPTI gives many launches one correlation id)
- *   OTEL_GPU_CUPTI_FINALIZE=0  keep CUPTI subscribed between windows instead of finalizing it after each (sampler.c);
+ *   OTEL_GPU_CUPTI_FINALIZE=0  keep CUPTI subscribed between windows instead of finalizing it after each (window.c);
  *                              never finalized either once the process uses CUDA graphs (cbids.c)
  *   OTEL_GPU_DEBUG_FINALIZE_WITH_GRAPHS=1  diagnostics: finalize even with graphs in use (the crash-prone control)
  *   OTEL_GPU_DEBUG_NO_WAITS=1, OTEL_GPU_DEBUG_NO_WINDOWS=1  diagnostics (scripts/h200/baton.py): never switch the
@@ -268,14 +268,14 @@ static void finalize_from_callback(void)
     }
     atomic_store(&g_state.cupti_dirty, 0);
     atomic_store(&g_state.finalize, FINALIZE_DONE);
-    sampler_wake(); /* the controller subscribes again at once: waits between windows are recorded again */
+    window_wake(); /* the controller subscribes again at once: waits between windows are recorded again */
 }
 
 static void on_driver_api(CUpti_CallbackId cbid, const CUpti_CallbackData *cb);
 
 /* At the entry of a call that captures, instantiates or runs a CUDA graph: from now on CUPTI stays subscribed. At the
  * first such call, a finalize asked for and not yet taken up by a wait is performed here, before anything of a graph
- * happens under this CUPTI: no graph has run under any CUPTI of this library yet, and the choice sampler.c makes
+ * happens under this CUPTI: no graph has run under any CUPTI of this library yet, and the choice window.c makes
  * for graph programs wants a CUPTI that has never had the activity kinds on (otherwise the pending finalize would be
  * called off, and every launch would keep paying for the last window). 1 when CUPTI was finalized here. */
 static int note_graph_use(void)
@@ -349,7 +349,7 @@ static void on_driver_api(CUpti_CallbackId cbid, const CUpti_CallbackData *cb)
     }
     if (!atomic_load_explicit(&g_state.attached, memory_order_relaxed))
         return;
-    /* Outside a window the launch callbacks are on only while activity lingers (see sampler.c): nothing to do but
+    /* Outside a window the launch callbacks are on only while activity lingers (see window.c): nothing to do but
      * count the launch (its cost is charged by estimate.c). */
     if (launch_kind != 0 && wait_kind == 0 && atomic_load_explicit(&g_state.window_id, memory_order_relaxed) == 0) {
         atomic_fetch_add_explicit(&g_state.outside_launches, 1, memory_order_relaxed);
@@ -372,7 +372,7 @@ static void on_driver_api(CUpti_CallbackId cbid, const CUpti_CallbackData *cb)
         atomic_fetch_sub(&g_state.in_launch, 1);
     }
     if (wait_kind != 0 && cb->correlationData != NULL && *cb->correlationData != 0) {
-        atomic_fetch_add_explicit(&g_state.waits_seen, 1, memory_order_relaxed); /* the program's pace (sampler.c) */
+        atomic_fetch_add_explicit(&g_state.waits_seen, 1, memory_order_relaxed); /* the program's pace (window.c) */
         record_wait(cbid, cb, wait_kind);
     }
     atomic_fetch_add_explicit(&g_state.overhead_ns, monotonic_ns() - t0, memory_order_relaxed);
@@ -475,7 +475,7 @@ static void on_fork_child(void)
 static void at_exit(void)
 {
     if (!atomic_load(&forked_child))
-        sampler_stop_and_flush();
+        window_stop_and_flush();
 }
 
 __attribute__((visibility("default"))) int InitializeInjection(void)
@@ -501,7 +501,7 @@ __attribute__((visibility("default"))) int InitializeInjection(void)
     cbids_init();
     stack_init();
     coexist_init(); /* before the controller, which rescans for objects loaded later */
-    if (sampler_start() != 0) {
+    if (window_start() != 0) {
         fprintf(stderr, "otel-gpu: cannot start the sampling thread; GPU-time profiling is off for this process\n");
         return 0;
     }
@@ -513,5 +513,5 @@ __attribute__((visibility("default"))) int InitializeInjection(void)
 __attribute__((destructor)) static void on_unload(void)
 {
     if (atomic_load(&initialized) && !atomic_load(&forked_child))
-        sampler_stop_and_flush();
+        window_stop_and_flush();
 }

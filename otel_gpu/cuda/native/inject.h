@@ -6,7 +6,7 @@
  *   inject.c    InitializeInjection, loading CUPTI through dlopen/dlsym, the API callback, exit handling
  *   coexist.c   stepping aside when another tool of the program (torch.profiler, ...) starts using CUPTI
  *   cbids.c     which driver-API callback ids are launches and which are blocking waits
- *   sampler.c   the controller thread: time windows sized to the overhead budget, sampled waits
+ *   window.c    the controller thread: time windows sized to the overhead budget, sampled waits
  *   activity.c  CUPTI activity buffers, the sampled-correlation filter, conversion to probe records
  *   stack.c     eh_frame unwinding of the calling thread and its CPython frames through the C API (GIL held)
  *   pyframes.c  CPython 3.11-3.13 frames read directly from the interpreter's structures (no GIL needed)
@@ -54,7 +54,7 @@ struct inject_settings {
     double overhead_budget;    /* OTEL_GPU_OVERHEAD_BUDGET: allowed slowdown, fraction of wall time (0.02) */
     uint64_t window_ns;        /* OTEL_GPU_WINDOW_MS: length of one sampling window */
     int debug_always_on;       /* OTEL_GPU_DEBUG_ALWAYS_ON=1: behave as if an agent were attached (tests only) */
-    int debug_stats;           /* OTEL_GPU_DEBUG_STATS=1: diagnostics lines on stderr at exit (sampler.c) */
+    int debug_stats;           /* OTEL_GPU_DEBUG_STATS=1: diagnostics lines on stderr at exit (window.c) */
     int api_activity;          /* the driver-API activity kind is on with the others (OTEL_GPU_API_ACTIVITY=0: off) */
     int debug_no_waits;        /* OTEL_GPU_DEBUG_NO_WAITS=1: diagnostics, never switch the wait callbacks on */
     int debug_no_windows;      /* OTEL_GPU_DEBUG_NO_WINDOWS=1: diagnostics, attach but never open a window */
@@ -62,9 +62,9 @@ struct inject_settings {
     int finalize_with_graphs;  /* OTEL_GPU_DEBUG_FINALIZE_WITH_GRAPHS=1: finalize even once graphs are in use (the
                                 * crash-prone behaviour, kept as a control for scripts/h200/do_no_harm.py) */
     int sample_graphs;         /* OTEL_GPU_CUDA_GRAPHS=sample: keep sampling once graphs are in use whatever it costs */
-    double graph_residue_ns;   /* what each launch is assumed to keep paying once the activity kinds were on (sampler.c;
+    double graph_residue_ns;   /* what each launch is assumed to keep paying once the activity kinds were on (window.c;
                                 * OTEL_GPU_DEBUG_GRAPH_RESIDUE_NS sets it for tests) */
-    uint64_t graph_probe_every_ns; /* the least time between looks at the launch rate (sampler.c; 1 s, or
+    uint64_t graph_probe_every_ns; /* the least time between looks at the launch rate (window.c; 1 s, or
                                     * OTEL_GPU_DEBUG_GRAPH_PROBE_EVERY_MS for tests) */
 };
 extern struct inject_settings g_settings;
@@ -103,7 +103,7 @@ enum finalize_state { FINALIZE_NONE, FINALIZE_REQUESTED, FINALIZE_RUNNING, FINAL
 
 /* Another tool's use of CUPTI, as seen through coexist.c's wrappers. */
 struct foreign_state {
-    _Atomic int aside;               /* the library has let go of CUPTI for another tool (sampler_step_aside) */
+    _Atomic int aside;               /* the library has let go of CUPTI for another tool (window_step_aside) */
     _Atomic uintptr_t subscriber;    /* the other tool's subscriber handle, 0 when it holds none */
     _Atomic uint64_t kinds;          /* activity kinds the other tool has enabled (bit per CUpti_ActivityKind < 64) */
     _Atomic uint64_t last_call_ns;   /* monotonic: its last CUPTI call */
@@ -136,11 +136,11 @@ void coexist_rescan(void);
 int coexist_foreign_done(uint64_t now_monotonic_ns);
 uint64_t coexist_slots_patched(void);
 
-/* sampler.c */
-int sampler_start(void);
-void sampler_step_aside(void);
-void sampler_wake(void);
-void sampler_stop_and_flush(void);
+/* window.c */
+int window_start(void);
+void window_step_aside(void);
+void window_wake(void);
+void window_stop_and_flush(void);
 
 /* activity.c */
 int activity_init(void);

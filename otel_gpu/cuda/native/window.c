@@ -361,7 +361,7 @@ static int sleep_locked(uint64_t duration_ns)
 }
 
 /* From an API exit that finalized CUPTI (no lock: the thread may hold driver locks the controller waits on). */
-void sampler_wake(void)
+void window_wake(void)
 {
     pthread_cond_broadcast(&ctl_wake);
 }
@@ -404,7 +404,7 @@ static void stand_aside_locked(void)
 
 /* From a coexist.c wrapper, in the thread of another tool that starts using CUPTI: lets go of everything before that
  * tool's call goes on; the controller takes CUPTI back once the tool is done with it. */
-void sampler_step_aside(void)
+void window_step_aside(void)
 {
     pthread_mutex_lock(&ctl_lock);
     if (!atomic_load(&g_foreign.aside) && !stopped && !paused_for_graphs) {
@@ -584,7 +584,7 @@ static void *controller_main(void *arg)
     return NULL;
 }
 
-int sampler_start(void)
+int window_start(void)
 {
     fraction = fraction_for_budget(g_settings.overhead_budget, PRIOR_SLOWDOWN);
     pthread_attr_t attr;
@@ -601,7 +601,7 @@ static double mean_us(uint64_t total_ns, uint64_t count)
 }
 
 /* At exit: close an open window and hand everything CUPTI still holds to the probes. Runs once. */
-void sampler_stop_and_flush(void)
+void window_stop_and_flush(void)
 {
     pthread_mutex_lock(&ctl_lock);
     if (!stopped) {
