@@ -36,7 +36,6 @@
 #include "inject.h"
 
 struct cupti_api g_cupti;
-CUpti_SubscriberHandle g_subscriber;
 struct inject_settings g_settings;
 struct inject_state g_state;
 
@@ -239,75 +238,21 @@ static void record_wait(CUpti_CallbackId cbid, const CUpti_CallbackData *cb, uin
     atomic_fetch_add(&g_state.wait_overhead_ns, monotonic_ns() - t0);
 }
 
-int may_finalize(void)
-{
-    return g_settings.cupti_finalize && g_cupti.finalize != NULL &&
-           (!atomic_load(&g_state.graphs_seen) || g_settings.finalize_with_graphs);
-}
-
-/* Called at an API exit when the controller asked for it: CUPTI's documented place for a dynamic detach. Only a
- * finalized CUPTI lets go of the driver: after a window had the activity kinds on, a launch-bound PyTorch loop on an
- * H200 stayed 22 % slower for as long as the subscription lasted, even with every kind and callback off again. */
-static void finalize_from_callback(void)
-{
-    int expected = FINALIZE_REQUESTED;
-    if (!may_finalize()) { /* a graph came since the finalize was asked for: CUPTI stays subscribed */
-        atomic_compare_exchange_strong(&g_state.finalize, &expected, FINALIZE_NONE);
-        return;
-    }
-    if (!atomic_compare_exchange_strong(&g_state.finalize, &expected, FINALIZE_RUNNING))
-        return;
-    uint64_t t0 = monotonic_ns();
-    CUptiResult rc = g_cupti.finalize();
-    atomic_fetch_add(&g_state.finalize_ns, monotonic_ns() - t0);
-    atomic_fetch_add(&g_state.finalizes, 1);
-    if (rc != CUPTI_SUCCESS) {
-        log_once("cuptiFinalize failed; CUPTI stays subscribed between windows (launch-bound programs run slower)");
-        atomic_store(&g_state.finalize, FINALIZE_NONE);
-        return;
-    }
-    atomic_store(&g_state.cupti_dirty, 0);
-    atomic_store(&g_state.finalize, FINALIZE_DONE);
-    window_wake(); /* the controller subscribes again at once: waits between windows are recorded again */
-}
-
 static void on_driver_api(CUpti_CallbackId cbid, const CUpti_CallbackData *cb);
 
-/* At the entry of a call that captures, instantiates or runs a CUDA graph: from now on CUPTI stays subscribed. At the
- * first such call, a finalize asked for and not yet taken up by a wait is performed here, before anything of a graph
- * happens under this CUPTI: no graph has run under any CUPTI of this library yet, and the choice window.c makes
- * for graph programs wants a CUPTI that has never had the activity kinds on (otherwise the pending finalize would be
- * called off, and every launch would keep paying for the last window). 1 when CUPTI was finalized here. */
-static int note_graph_use(void)
-{
-    atomic_fetch_add_explicit(&g_state.graph_calls, 1, memory_order_relaxed);
-    if (atomic_load_explicit(&g_state.graphs_seen, memory_order_relaxed) || g_settings.finalize_with_graphs)
-        return 0;
-    if (atomic_load(&g_state.finalize) == FINALIZE_REQUESTED)
-        finalize_from_callback();
-    int finalized = atomic_load(&g_state.finalize) == FINALIZE_DONE;
-    atomic_store(&g_state.graphs_seen, 1);
-    int expected = FINALIZE_REQUESTED;
-    atomic_compare_exchange_strong(&g_state.finalize, &expected, FINALIZE_NONE);
-    return finalized;
-}
-
-static void CUPTIAPI on_api(void *userdata, CUpti_CallbackDomain domain, CUpti_CallbackId cbid, const void *data)
+void CUPTIAPI inject_callback(void *userdata, CUpti_CallbackDomain domain, CUpti_CallbackId cbid, const void *data)
 {
     (void)userdata;
     if (domain == CUPTI_CB_DOMAIN_DRIVER_API && cbid < CUPTI_DRIVER_TRACE_CBID_SIZE) {
         const CUpti_CallbackData *cb = data;
-        if ((g_cbid_class[cbid] & CLASS_GRAPH_USE) && cb->callbackSite == CUPTI_API_ENTER && note_graph_use())
+        if ((g_cbid_class[cbid] & CLASS_GRAPH_USE) && cb->callbackSite == CUPTI_API_ENTER && hold_graph_use())
             return; /* CUPTI is finalized: nothing of this call is recorded */
         on_driver_api(cbid, cb);
         /* After this call's own record. At a synchronize's exit: the program's next wait, which CUPTI would not
          * see while it is finalized and not yet taken again, usually comes an iteration later (a blocking copy is
          * often followed by a synchronize at once). */
-        uint32_t wait_kind = g_cbid_class[cbid] >> CLASS_WAIT_SHIFT;
-        if (cb->callbackSite == CUPTI_API_EXIT &&
-            atomic_load_explicit(&g_state.finalize, memory_order_relaxed) == FINALIZE_REQUESTED &&
-            ((wait_kind != 0 && wait_kind != OTEL_GPU_SYNC_MEMCPY) || atomic_load(&g_state.finalize_at_any_exit)))
-            finalize_from_callback();
+        if (cb->callbackSite == CUPTI_API_EXIT)
+            hold_api_exit(g_cbid_class[cbid] >> CLASS_WAIT_SHIFT);
         return;
     }
     if (domain == CUPTI_CB_DOMAIN_RESOURCE && cbid == CUPTI_CBID_RESOURCE_CONTEXT_DESTROY_STARTING) {
@@ -376,49 +321,6 @@ static void on_driver_api(CUpti_CallbackId cbid, const CUpti_CallbackData *cb)
         record_wait(cbid, cb, wait_kind);
     }
     atomic_fetch_add_explicit(&g_state.overhead_ns, monotonic_ns() - t0, memory_order_relaxed);
-}
-
-/* --- holding CUPTI only while an agent is attached ---------------------------------------------------------- */
-
-/* CUPTI takes one subscriber per process: holding it only while an agent is attached leaves it to other tools
- * (torch.profiler, Nsight) the rest of the time. Returns 0 when subscribed; logs once when another tool holds it. */
-int cupti_take(void)
-{
-    CUptiResult rc;
-    char holder[CUPTI_OLD_SUBSCRIBER_NAME_MIN_LEN] = "";
-    if (g_cupti.subscribe_v2 != NULL) {
-        CUpti_SubscriberParams params = {
-            .structSize = CUpti_SubscriberParams_STRUCT_SIZE,
-            .subscriberName = "otel-gpu",
-            .oldSubscriberName = holder,
-            .oldSubscriberSize = sizeof(holder),
-        };
-        rc = g_cupti.subscribe_v2(&g_subscriber, on_api, NULL, &params);
-    } else {
-        rc = g_cupti.subscribe(&g_subscriber, on_api, NULL);
-    }
-    if (rc == CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED) {
-        static _Atomic int logged;
-        if (!atomic_exchange(&logged, 1))
-            fprintf(stderr, "otel-gpu: CUPTI is in use by another tool%s%s; GPU-time profiling waits until it is free\n",
-                    holder[0] ? ": " : "", holder);
-        return -1;
-    }
-    if (rc != CUPTI_SUCCESS) {
-        log_once("cuptiSubscribe failed; GPU-time profiling is off while it fails");
-        return -1;
-    }
-    /* Rare, so on while subscribed: a destroyed context's records are flushed before they are lost. */
-    if (g_cupti.enable_callback(1, g_subscriber, CUPTI_CB_DOMAIN_RESOURCE,
-                                CUPTI_CBID_RESOURCE_CONTEXT_DESTROY_STARTING) != CUPTI_SUCCESS)
-        log_once("cannot watch context destruction; records of a destroyed context may be lost");
-    return 0;
-}
-
-void cupti_release(void)
-{
-    g_cupti.unsubscribe(g_subscriber);
-    g_subscriber = NULL;
 }
 
 /* --- setup and teardown -------------------------------------------------------------------------------------- */

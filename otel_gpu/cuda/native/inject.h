@@ -6,6 +6,8 @@
  *   inject.c    InitializeInjection, loading CUPTI through dlopen/dlsym, the API callback, exit handling
  *   coexist.c   stepping aside when another tool of the program (torch.profiler, ...) starts using CUPTI
  *   cbids.c     which driver-API callback ids are launches and which are blocking waits
+ *   hold.c      the hold on CUPTI: subscribe, finalize after a window, subscribe again, the CUDA graph guard
+ *   hold_state.c  the hold's states and pure transitions
  *   window.c    the controller thread: time windows sized to the overhead budget, sampled waits
  *   activity.c  CUPTI activity buffers, the sampled-correlation filter, conversion to probe records
  *   stack.c     eh_frame unwinding of the calling thread and its CPython frames through the C API (GIL held)
@@ -84,22 +86,12 @@ struct inject_state {
     _Atomic uint32_t in_launch;        /* API callbacks currently recording a launch */
     _Atomic uint64_t outside_launches; /* launches seen outside a window (callbacks on for the linger) */
     _Atomic int attached;              /* an agent is attached (or the debug mode pretends so) */
-    _Atomic int finalize;              /* enum finalize_state: the controller asks, an API exit finalizes CUPTI */
-    _Atomic int finalize_at_any_exit;  /* 0: only a wait's exit takes a requested finalize up; 1: any exit */
-    _Atomic uint64_t finalizes, finalize_ns; /* how often, and how long the API exits spent in cuptiFinalize */
-    _Atomic int graphs_seen;           /* the process has captured, instantiated or launched a CUDA graph: never
-                                        * finalize CUPTI again (cbids.c) */
-    _Atomic uint64_t graph_calls;      /* graph calls seen (diagnostics) */
-    _Atomic int cupti_dirty;           /* activity kinds were on since CUPTI was last finalized: every launch pays
-                                        * for that until the next finalize, whether or not a window is open */
     /* Launch exits inside a window, by outcome (diagnostics, OTEL_GPU_DEBUG_STATS): recorded; no entry seen (the
      * callbacks came on during the call); the window changed during the call; recorded although CUPTI's id at the
      * exit differed from the one at the entry. */
     _Atomic uint64_t exits_recorded, exits_no_entry, exits_window_changed, exits_id_changed;
 };
 extern struct inject_state g_state;
-
-enum finalize_state { FINALIZE_NONE, FINALIZE_REQUESTED, FINALIZE_RUNNING, FINALIZE_DONE };
 
 /* Another tool's use of CUPTI, as seen through coexist.c's wrappers. */
 struct foreign_state {
@@ -117,18 +109,34 @@ uint64_t monotonic_ns(void);      /* for measuring the library's own cost */
 uint64_t random_u64(void);        /* the library's one random source: xorshift64, one state per thread */
 double random_uniform01(void);    /* uniform in [0, 1), from random_u64 */
 void log_once(const char *what);  /* one "otel-gpu:" line on stderr per distinct message site */
-int cupti_take(void);             /* subscribe (at attach); 0 on success */
-void cupti_release(void);         /* unsubscribe (at detach) */
+
+/* The API callback CUPTI calls (inject.c; hold.c subscribes it). */
+void CUPTIAPI inject_callback(void *userdata, CUpti_CallbackDomain domain, CUpti_CallbackId cbid, const void *data);
+
+/* hold.c: the hold on CUPTI (states and transitions in hold_state.h). The controller's side, under window.c's lock: */
+int hold_take(void);                 /* subscribe unless held, buffers, wait and graph callbacks on; 0 on success */
+int hold_holding(void);              /* whether subscribed: an asked-for finalize is called off, a running one awaited */
+void hold_settle(void);              /* a finalize an API exit has completed: CUPTI is no longer held */
+void hold_let_go(void);              /* kinds and launch callbacks off, then (if allowed) a finalize asked for */
+void hold_hurry(int launches_wanted); /* after FINALIZE_PATIENCE_NS without a synchronize: any API exit finalizes */
+void hold_release(void);             /* unsubscribe */
+void hold_release_unless_asked(void); /* unsubscribe unless a finalize was asked for (detach) */
+int hold_finalized(void);            /* an API exit finalized CUPTI, not yet settled */
+int hold_undisturbed(void);          /* subscribed, no finalize pending */
+void hold_mark_dirty(void);          /* an activity kind goes on: launches pay until the next finalize */
+int hold_dirty(void);
+int hold_graphs_seen(void);
+uint64_t hold_finalize_ns(void);     /* total time API exits spent in cuptiFinalize */
+void hold_print_stats(void);         /* OTEL_GPU_DEBUG_STATS lines on finalizes and graphs */
+/* The API side, any thread: */
+int hold_graph_use(void);            /* a graph call's entry; 1 when CUPTI was finalized here (record nothing) */
+void hold_api_exit(uint32_t wait_kind); /* an API exit: performs an asked-for finalize where it may */
 
 /* cbids.c */
 void cbids_init(void);
 int cbids_enable_launches(uint32_t enable);
 int cbids_enable_waits(uint32_t enable);
 int cbids_enable_graph_watch(uint32_t enable);
-
-/* Whether CUPTI may be finalized now: it has a cuptiFinalize, OTEL_GPU_CUPTI_FINALIZE is not 0, and no CUDA graph has
- * been seen (or the debug control says finalize anyway). */
-int may_finalize(void);
 
 /* coexist.c */
 void coexist_init(void);

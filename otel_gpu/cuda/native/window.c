@@ -56,7 +56,6 @@
 #define LINGER_POLL_MAX_NS 20000000ull   /* ... up to 20 ms */
 #define EXPIRE_EVERY_NS 100000000ull     /* how often the sampled-id filter is swept while lingering: 100 ms */
 #define WAIT_EVERY_MAX (1u << 20)
-#define FINALIZE_PATIENCE_NS 50000000ull /* a finalize waits this long for a wait's exit, then takes any: 50 ms */
 #define EXIT_DRAIN_NS 200000000ull       /* at exit, wait up to 200 ms for sampled launches' GPU work */
 
 static pthread_t controller;
@@ -86,13 +85,10 @@ static int agent_present(void)
     return g_settings.debug_always_on || emit_any_semaphore();
 }
 
-static int held;                   /* under ctl_lock: subscribed (a finalize may be pending) */
 static uint64_t yielded_ns, yields; /* time CUPTI was left to another tool, and how often (window record) */
 static uint64_t aside_since_ns;     /* monotonic: the library stepped aside */
 static int paused_for_graphs;       /* the library stood aside for good: the process uses CUDA graphs */
-static uint64_t finalize_asked_ns; /* monotonic: let_go_locked asked for a finalize */
-static uint64_t retakes, retake_ns; /* subscriptions taken (attach and after each finalize), their total time */
-static uint64_t finalize_ns_charged; /* g_state.finalize_ns already charged to a window's cost */
+static uint64_t finalize_ns_charged; /* hold_finalize_ns() already charged to a window's cost */
 
 /* Patches objects loaded since the last look (coexist.c), without ctl_lock: dl_iterate_phdr takes the loader's lock,
  * and a thread that holds it (a library's constructor) may call a wrapper that waits for ctl_lock. */
@@ -103,89 +99,11 @@ static void rescan_unlocked(void)
     pthread_mutex_lock(&ctl_lock);
 }
 
-/* A finalize an API exit has completed: CUPTI is no longer held. */
-static void settle_locked(void)
-{
-    if (atomic_load(&g_state.finalize) == FINALIZE_DONE) {
-        atomic_store(&g_state.finalize, FINALIZE_NONE);
-        held = 0;
-    }
-}
-
-/* Whether this library holds CUPTI's subscription, after settling a finalize it asked for: one no API exit has taken
- * up yet is called off (CUPTI stays subscribed), one in progress is waited for. */
-static int holding_locked(void)
-{
-    int expected = FINALIZE_REQUESTED;
-    if (atomic_compare_exchange_strong(&g_state.finalize, &expected, FINALIZE_NONE))
-        return held;
-    while (atomic_load(&g_state.finalize) == FINALIZE_RUNNING)
-        sched_yield();
-    settle_locked();
-    return held;
-}
-
-/* Subscribes (unless still subscribed), registers the activity buffers and switches the wait callbacks on: the state
- * between windows. Registered at every take: another tool may have put its own buffer callbacks in since. */
-static int take_locked(void)
-{
-    uint64_t t0 = monotonic_ns();
-    if (!holding_locked()) {
-        if (cupti_take() != 0)
-            return -1;
-        held = 1;
-    }
-    cbids_enable_launches(0); /* a called-off finalize may have left them on (hurry_finalize_locked) */
-    if (activity_init() != 0) {
-        log_once("cannot register CUPTI activity buffers; GPU-time profiling is off while that fails");
-        cupti_release();
-        held = 0;
-        return -1;
-    }
-    if (!g_settings.debug_no_waits && cbids_enable_waits(1) != 0)
-        log_once("some blocking-call callbacks could not be enabled");
-    if (cbids_enable_graph_watch(1) != 0)
-        log_once("some CUDA graph callbacks could not be enabled");
-    retakes++;
-    retake_ns += monotonic_ns() - t0;
-    return 0;
-}
-
-/* Lets go of the driver once a window's sampled work is in: the activity kinds and launch callbacks off, then (CUPTI
- * has a cuptiFinalize and OTEL_GPU_CUPTI_FINALIZE is not 0) every record handed over and a finalize asked for: the
- * next synchronize exit of any thread performs it (or any API exit, see hurry_finalize_locked), and the controller
- * subscribes again (wait_gap_locked). */
-static void let_go_locked(void)
-{
-    activity_enable(0);
-    cbids_enable_launches(0); /* after the kinds: no recorded launch goes without its own id */
-    if (may_finalize()) {
-        g_cupti.activity_flush_all(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
-        atomic_store(&g_state.finalize_at_any_exit, 0);
-        atomic_store(&g_state.finalize, FINALIZE_REQUESTED);
-        finalize_asked_ns = monotonic_ns();
-    }
-}
-
-/* A program that has not waited since the finalize was asked for: any API exit may take it up (launch callbacks on).
- * A graph call that called the finalize off leaves them on: off again here, unless a window or linger wants them. */
-static void hurry_finalize_locked(void)
-{
-    if (atomic_load(&g_state.finalize) == FINALIZE_NONE && atomic_exchange(&g_state.finalize_at_any_exit, 0) &&
-        held && !lingering && atomic_load(&g_state.window_id) == 0)
-        cbids_enable_launches(0);
-    if (atomic_load(&g_state.finalize) == FINALIZE_REQUESTED && !atomic_load(&g_state.finalize_at_any_exit) &&
-        monotonic_ns() - finalize_asked_ns >= FINALIZE_PATIENCE_NS) {
-        atomic_store(&g_state.finalize_at_any_exit, 1);
-        cbids_enable_launches(1);
-    }
-}
-
 /* Takes CUPTI again if an API exit finalized it; 0 while held, -1 (detached, logged) when taking it fails. A finalize
  * asked for but not yet performed is called off. */
 static int keep_holding_locked(void)
 {
-    if (holding_locked() || take_locked() == 0)
+    if (hold_holding() || hold_take() == 0)
         return 0;
     atomic_store(&g_state.attached, 0); /* attached again when CUPTI can be taken */
     return -1;
@@ -193,7 +111,7 @@ static int keep_holding_locked(void)
 
 static int attach_locked(void)
 {
-    if (take_locked() != 0)
+    if (hold_take() != 0)
         return -1;
     atomic_store(&g_state.attached, 1);
     /* After the switch: every call that starts from now on is seen at entry and exit. */
@@ -219,7 +137,7 @@ static void open_window_locked(uint64_t begin)
     /* Callbacks before activity (a linger left both on): no launch whose work is recorded goes without its own id. */
     if (!was_lingering && cbids_enable_launches(1) != 0)
         log_once("some launch callbacks could not be enabled");
-    atomic_store(&g_state.cupti_dirty, 1);
+    hold_mark_dirty();
     if (activity_enable(1) != 0)
         log_once("some CUPTI activity kinds could not be enabled");
     uint64_t switched = monotonic_ns();
@@ -252,7 +170,7 @@ static void adapt_locked(uint64_t window_ns, uint64_t overhead_ns, uint64_t laun
 {
     adapt_waits_locked();
     /* the finalize after the previous window, in one of the program's threads */
-    uint64_t finalize_ns = atomic_load(&g_state.finalize_ns);
+    uint64_t finalize_ns = hold_finalize_ns();
     struct window_cost cost = {window_ns, overhead_ns, launches, lingered, finalize_ns - finalize_ns_charged};
     if (launches != 0 || lingered != 0) /* an idle window is not counted (estimate_update): charge the next one */
         finalize_ns_charged = finalize_ns;
@@ -321,7 +239,7 @@ static int linger_check_locked(void)
         return 1;
     if (activity_outstanding() != 0)
         activity_expire(MAX_LAG_NS); /* counts what never came as dropped */
-    let_go_locked();
+    hold_let_go();
     lingering = 0;
     linger_launches = atomic_exchange(&g_state.outside_launches, 0);
     return 0;
@@ -332,16 +250,13 @@ static void detach_locked(void)
     close_window_locked(0, 0);
     atomic_store(&g_state.attached, 0);
     lingering = 0;
-    if (!holding_locked())
+    if (!hold_holding())
         return;
     cbids_enable_waits(0);
     cbids_enable_graph_watch(0);
     activity_drain(EXIT_DRAIN_NS); /* bounded: the agent is gone, what has not come by then is lost */
-    let_go_locked();
-    if (atomic_load(&g_state.finalize) != FINALIZE_REQUESTED) {
-        cupti_release();
-        held = 0;
-    }
+    hold_let_go();
+    hold_release_unless_asked();
 }
 
 /* Sleeps up to duration_ns (ctl_lock held, released while waiting); returns non-zero when the library is stopping. */
@@ -352,7 +267,7 @@ static int sleep_locked(uint64_t duration_ns)
     uint64_t ns = (uint64_t)until.tv_nsec + duration_ns;
     until.tv_sec += (time_t)(ns / 1000000000u);
     until.tv_nsec = (long)(ns % 1000000000u);
-    while (!stopped && atomic_load(&g_state.finalize) != FINALIZE_DONE) {
+    while (!stopped && !hold_finalized()) {
         int rc = pthread_cond_timedwait(&ctl_wake, &ctl_lock, &until);
         if (rc == ETIMEDOUT)
             break;
@@ -369,7 +284,7 @@ void window_wake(void)
 /* Subscribed with nothing but the wait callbacks on: how the program runs when no window observes it. */
 static int undisturbed_locked(void)
 {
-    return held && !lingering && atomic_load(&g_state.finalize) == FINALIZE_NONE;
+    return hold_undisturbed() && !lingering;
 }
 
 /* Lets go of everything: the open window is closed and recorded (an empty one if none is open, while attached) with
@@ -389,15 +304,14 @@ static void stand_aside_locked(void)
     }
     atomic_store(&g_state.attached, 0);
     lingering = 0;
-    if (holding_locked()) {
+    if (hold_holding()) {
         activity_enable(0);
         cbids_enable_launches(0);
         cbids_enable_waits(0);
         cbids_enable_graph_watch(0);
         g_cupti.activity_flush_all(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
         activity_expire(0); /* what never came is counted as dropped in the next window record */
-        cupti_release();
-        held = 0;
+        hold_release();
     }
     aside_since_ns = monotonic_ns();
 }
@@ -437,8 +351,7 @@ static double graphs_launch_rate;          /* launches per second of the busiest
 
 static int graphs_undecided_locked(void)
 {
-    return !g_settings.sample_graphs && !graphs_decided && atomic_load(&g_state.graphs_seen) &&
-           !atomic_load(&g_state.cupti_dirty) && atomic_load(&g_state.finalize) == FINALIZE_NONE && held;
+    return !g_settings.sample_graphs && !graphs_decided && hold_graphs_seen() && !hold_dirty() && hold_undisturbed();
 }
 
 static int graphs_probe_due_locked(void)
@@ -522,8 +435,8 @@ static int wait_gap_locked(uint64_t gap_ns)
         if (graphs_probe_due_locked())
             return 0; /* cut short for a look at a graph program's launches (no shadow window counted) */
         rescan_unlocked();
-        hurry_finalize_locked();
-        if (atomic_load(&g_state.finalize) == FINALIZE_DONE && keep_holding_locked() != 0)
+        hold_hurry(lingering || atomic_load(&g_state.window_id) != 0);
+        if (hold_finalized() && keep_holding_locked() != 0)
             return -1;
         adapt_waits_locked();
     }
@@ -536,8 +449,8 @@ static void *controller_main(void *arg)
     (void)arg;
     pthread_mutex_lock(&ctl_lock);
     while (!stopped) {
-        settle_locked(); /* a finalize asked for at detach may have happened since (sleep_locked wakes for it) */
-        hurry_finalize_locked();
+        hold_settle(); /* a finalize asked for at detach may have happened since (sleep_locked wakes for it) */
+        hold_hurry(lingering || atomic_load(&g_state.window_id) != 0);
         rescan_unlocked();
         if (paused_for_graphs) {
             sleep_locked(POLL_NS);
@@ -595,11 +508,6 @@ int window_start(void)
     return rc;
 }
 
-static double mean_us(uint64_t total_ns, uint64_t count)
-{
-    return count ? (double)total_ns / 1e3 / (double)count : 0.0;
-}
-
 /* At exit: close an open window and hand everything CUPTI still holds to the probes. Runs once. */
 void window_stop_and_flush(void)
 {
@@ -611,14 +519,7 @@ void window_stop_and_flush(void)
                     (unsigned long long)atomic_load(&g_state.exits_id_changed),
                     (unsigned long long)atomic_load(&g_state.exits_no_entry),
                     (unsigned long long)atomic_load(&g_state.exits_window_changed));
-            uint64_t finalizes = atomic_load(&g_state.finalizes);
-            fprintf(stderr, "otel-gpu: stats CUPTI finalized %llu times (%.0f us each in an API exit), taken %llu times "
-                    "(%.0f us each)\n", (unsigned long long)finalizes,
-                    mean_us(atomic_load(&g_state.finalize_ns), finalizes), (unsigned long long)retakes,
-                    mean_us(retake_ns, retakes));
-            fprintf(stderr, "otel-gpu: stats CUDA graph calls %llu, graphs in use %d (CUPTI %s finalized since)\n",
-                    (unsigned long long)atomic_load(&g_state.graph_calls), atomic_load(&g_state.graphs_seen),
-                    may_finalize() ? "still" : "no longer");
+            hold_print_stats();
             fprintf(stderr, "otel-gpu: stats graphs: %s (%d looks, busiest %.0f launches/s)\n",
                     !graphs_decided ? "no choice made" : paused_for_graphs ? "stood aside" : "kept sampling",
                     graph_probes, graphs_launch_rate);
@@ -630,7 +531,7 @@ void window_stop_and_flush(void)
                     (double)shadow_ns / 1e6);
         }
         stopped = 1;
-        if (atomic_load(&g_state.attached) && holding_locked()) {
+        if (atomic_load(&g_state.attached) && hold_holding()) {
             close_window_locked(0, 0);
             activity_drain(EXIT_DRAIN_NS);
         }
