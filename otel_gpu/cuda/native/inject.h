@@ -71,8 +71,8 @@ struct inject_settings {
 };
 extern struct inject_settings g_settings;
 
-/* Once a window had CUPTI's activity kinds on, each launch stays this much slower until CUPTI is finalized: the
- * H200's worst kind (driver API records, 2.3 us) with a margin (scripts/h200/cupti_residue.py). */
+/* Once a window had CUPTI's activity kinds on, each launch stays this much slower until CUPTI is finalized: the worst
+ * kind measured (the driver-API records) with a margin (scripts/h200/cupti_residue.py; docs/benchmarks.md). */
 #define GRAPH_RESIDUE_NS_PER_LAUNCH 2500.0
 
 /* Shared state between the API callback, the controller and the activity thread. */

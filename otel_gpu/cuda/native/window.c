@@ -4,8 +4,8 @@
  * CUPTI subscription (taken at attach, given back at detach; see "Letting go" for between windows) and opens
  * sampling windows of OTEL_GPU_WINDOW_MS at randomly jittered times: in a window the launch callbacks and the
  * kernel/memcpy/memset activity kinds are on, outside they are off (but for the linger, below), so the workload pays
- * CUPTI's per-launch cost only for a fraction f of wall time. f is chosen so that f x (slowdown inside a window) stays within the overhead budget;
- * the in-window slowdown comes from estimate.c (the library's measured own time plus a prior for CUPTI's cost per
+ * CUPTI's per-launch cost only for a fraction f of wall time. f is chosen so that f x (slowdown inside a window)
+ * stays within the overhead budget; the in-window slowdown comes from estimate.c (the library's measured own time plus a prior for CUPTI's cost per
  * recorded launch and the program's time in the last CUPTI finalize, relative to the undisturbed time; windows
  * without launches leave it alone), and f is bounded to [0.1 %, 20 %].
  * Each closed window fires otel_gpu:window with covered_ns/elapsed_ns, the fraction the agent re-weights by, and the
@@ -18,24 +18,18 @@
  * re-weighted totals stay unbiased under any queue lag.
  *
  * Correlation ids: CUDA 13's CUPTI gives launches ids of their own only while the driver-API activity kind is on
- * (activity.c switches it with the others unless OTEL_GPU_API_ACTIVITY=0); without it an H200 showed one id on
- * hundreds of launches. The launch callbacks are on whenever any activity kind is: switched on before the kinds at a
- * window's open, off only after the kinds at the linger's end (the configuration measured on the H200). Outside a
- * window the callback just counts the launch (the linger's cost, charged by estimate.c) and the sampled-id filter
- * drops its work.
+ * (activity.c switches it with the others unless OTEL_GPU_API_ACTIVITY=0); without it many launches share one id.
+ * The launch callbacks are on whenever any activity kind is: switched on before the kinds at a window's open, off
+ * only after the kinds at the linger's end, so that no recorded launch goes without its own id. Outside a window the
+ * callback just counts the launch (the linger's cost, charged by estimate.c) and the sampled-id filter drops its work.
  *
- * Letting go: once a window has had the activity kinds on, CUPTI keeps slowing every launch down after they and the
- * callbacks are off again, for as long as it stays subscribed (an H200, scripts/h200/baton.py: a launch-bound PyTorch
- * loop 22-24 % slower with windows; subscribed with the wait callbacks on but no window ever opened: +0.7 %). Only
- * cuptiFinalize undoes it (+3.7 % with it). So at a linger's end (and at detach) every record is flushed and the next
- * exit of a synchronize call, in whatever thread, finalizes CUPTI (CUPTI's documented place for it; any API exit
- * after FINALIZE_PATIENCE_NS without one); the controller, woken by it, subscribes again at once. On the H200 the
- * finalize took ~2.2 ms of the calling thread and subscribing again ~10 ms of the controller, during which waits that
- * begin go unseen (the known program's stream waits: -3.6 %). OTEL_GPU_CUPTI_FINALIZE=0 keeps the subscription.
+ * Letting go: once a window has had the activity kinds on, CUPTI keeps slowing every launch down until it is
+ * finalized, so at a linger's end (and at detach) the controller asks hold.c for a finalize, and subscribes again
+ * once an API exit has performed it (the reasons, and what it costs, are hold.c's; numbers in docs/benchmarks.md).
+ * OTEL_GPU_CUPTI_FINALIZE=0 keeps the subscription.
  *
  * Blocking waits are recorded outside windows too (their callbacks stay on while attached, but for the moments
- * between a finalize and the next subscription): one wait in N, chosen
- * at random, with weight N; N doubles when recording waits costs more than half the budget and halves back when
+ * between a finalize and the next subscription): one wait in N, chosen at random, with weight N; N doubles when recording waits costs more than half the budget and halves back when
  * it costs less than a quarter of that.
  */
 #include <errno.h>
@@ -335,8 +329,8 @@ void window_step_aside(void)
 
 /* A process that uses CUDA graphs can never have CUPTI finalized again (a graph recorded under one CUPTI faults when
  * replayed under the next), and once a window has switched the activity kinds on, every launch stays slower until a
- * finalize: 1-2.3 us per launch on an H200 with every kind and callback off again (GRAPH_RESIDUE_NS_PER_LAUNCH,
- * scripts/h200/cupti_residue.py).
+ * finalize, with every kind and callback off again (GRAPH_RESIDUE_NS_PER_LAUNCH, measured by
+ * scripts/h200/cupti_residue.py; numbers in docs/benchmarks.md).
  * So when graphs show up while no kinds have been on since the last finalize, no window opens until the library has
  * counted the program's launches a few times, a second or more apart (one look may fall on a pause, or on the
  * compile that captured the graph), and seen some; it keeps sampling only if the busiest look's lasting cost fits the
