@@ -23,6 +23,7 @@ class State(enum.IntEnum):
     ASKED = 2
     FINALIZING = 3
     FINALIZED = 4
+    ASIDE = 5
 
 
 class Event(enum.IntEnum):
@@ -34,6 +35,8 @@ class Event(enum.IntEnum):
     FAILED = 5
     DONE = 6
     SETTLE = 7
+    STEP_ASIDE = 8
+    TAKE_BACK = 9
 
 
 class Policy(ctypes.Structure):
@@ -57,6 +60,8 @@ MOVES = {
     (State.FINALIZING, Event.FAILED): State.HELD,
     (State.FINALIZING, Event.DONE): State.FINALIZED,
     (State.FINALIZED, Event.SETTLE): State.FREE,
+    (State.FREE, Event.STEP_ASIDE): State.ASIDE,
+    (State.ASIDE, Event.TAKE_BACK): State.FREE,
 }
 
 
@@ -105,6 +110,15 @@ def test_a_running_finalize_is_never_called_off(hold: ctypes.CDLL) -> None:
     """The controller waits for a finalize in progress (hold_holding) rather than calling it off."""
     assert step(hold, State.FINALIZING, Event.CALL_OFF) == State.FINALIZING
     assert step(hold, State.FINALIZING, Event.SETTLE) == State.FINALIZING
+
+
+def test_aside_is_left_only_by_taking_back(hold: ctypes.CDLL) -> None:
+    """While another CUPTI user of the program holds CUPTI, nothing subscribes, asks or finalizes: only the controller's
+    take-back (the other tool done and quiet) frees it; and the library steps aside only once released."""
+    for event in Event:
+        assert step(hold, State.ASIDE, event) == (State.FREE if event == Event.TAKE_BACK else State.ASIDE)
+    for state in (State.HELD, State.ASKED, State.FINALIZING, State.FINALIZED):
+        assert step(hold, state, Event.STEP_ASIDE) == state
 
 
 def test_a_failed_finalize_keeps_the_subscription(hold: ctypes.CDLL) -> None:

@@ -41,7 +41,7 @@ struct foreign_state g_foreign;
 static void foreign_starts(void)
 {
     atomic_store(&g_foreign.last_call_ns, monotonic_ns());
-    if (!atomic_load(&g_foreign.aside))
+    if (!hold_aside())
         window_step_aside(); /* returns once the library holds nothing of CUPTI's */
 }
 

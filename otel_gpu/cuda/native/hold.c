@@ -3,6 +3,8 @@
  * The library's hold on CUPTI: subscribing, the finalize after each window and the subscription taken again, the
  * graph guard and the release when the library detaches or steps aside. The states and their transitions are
  * hold_state.c's (pure, tested alone); this file performs them on CUPTI, one atomic state changed by compare-and-swap.
+ * Stepping aside for another CUPTI user of the program (coexist.c sees it start) is a state of the same hold: released,
+ * and not subscribed again until the controller takes CUPTI back.
  * The controller's side runs under window.c's lock; the API side (hold_graph_use, hold_api_exit) in any of the
  * program's threads, without a lock (the thread may hold driver locks the controller waits on).
  *
@@ -135,12 +137,15 @@ int hold_holding(void)
     while (atomic_load(&state) == HOLD_FINALIZING)
         sched_yield();
     hold_settle();
-    return atomic_load(&state) != HOLD_FREE;
+    enum hold_state s = (enum hold_state)atomic_load(&state);
+    return s != HOLD_FREE && s != HOLD_ASIDE;
 }
 
 int hold_take(void)
 {
     uint64_t t0 = monotonic_ns();
+    if (hold_aside()) /* another tool stepped in while the controller's lock was let go (rescan): not ours to take */
+        return -1;
     if (!hold_holding()) {
         if (subscribe() != 0)
             return -1;
@@ -182,13 +187,29 @@ void hold_release_unless_asked(void)
 void hold_hurry(int launches_wanted)
 {
     enum hold_state s = (enum hold_state)atomic_load(&state);
-    if ((s == HOLD_FREE || s == HOLD_HELD) && atomic_exchange(&at_any_exit, 0) && s == HOLD_HELD && !launches_wanted)
+    int none_pending = s != HOLD_ASKED && s != HOLD_FINALIZING && s != HOLD_FINALIZED;
+    if (none_pending && atomic_exchange(&at_any_exit, 0) && s == HOLD_HELD && !launches_wanted)
         cbids_enable_launches(0);
     if (atomic_load(&state) == HOLD_ASKED && !atomic_load(&at_any_exit) &&
         monotonic_ns() - asked_ns >= FINALIZE_PATIENCE_NS) {
         atomic_store(&at_any_exit, 1);
         cbids_enable_launches(1);
     }
+}
+
+void hold_step_aside(void)
+{
+    move(HOLD_STEP_ASIDE, HOLD_FREE);
+}
+
+void hold_take_back(void)
+{
+    move(HOLD_TAKE_BACK, HOLD_ASIDE);
+}
+
+int hold_aside(void)
+{
+    return atomic_load(&state) == HOLD_ASIDE;
 }
 
 int hold_finalized(void)

@@ -22,6 +22,10 @@ enum hold_state hold_next(enum hold_state from, enum hold_event event)
         return from == HOLD_FINALIZING ? HOLD_FINALIZED : from;
     case HOLD_SETTLE:
         return from == HOLD_FINALIZED ? HOLD_FREE : from;
+    case HOLD_STEP_ASIDE:
+        return from == HOLD_FREE ? HOLD_ASIDE : from;
+    case HOLD_TAKE_BACK:
+        return from == HOLD_ASIDE ? HOLD_FREE : from;
     }
     return from;
 }

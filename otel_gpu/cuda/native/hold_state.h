@@ -15,6 +15,7 @@
  *                         +--call off----+                   |
  *                         +--failed--------------------------+
  *   released: HELD, FINALIZING, FINALIZED --> FREE (detach, stand aside, a failed set-up)
+ *   FREE --step aside--> ASIDE --take back--> FREE (another CUPTI user of the program, coexist.c)
  */
 enum hold_state {
     HOLD_FREE,       /* not subscribed: CUPTI is left to other tools */
@@ -22,6 +23,7 @@ enum hold_state {
     HOLD_ASKED,      /* subscribed, a finalize asked for: the next synchronize exit (or any exit, later) performs it */
     HOLD_FINALIZING, /* an API exit is in cuptiFinalize */
     HOLD_FINALIZED,  /* an API exit finalized CUPTI; the controller has not noticed yet (it then subscribes again) */
+    HOLD_ASIDE,      /* released for another CUPTI user of the program: not subscribed again until it is done */
 };
 
 enum hold_event {
@@ -33,6 +35,8 @@ enum hold_event {
     HOLD_FAILED,     /* cuptiFinalize failed: CUPTI stays subscribed */
     HOLD_DONE,       /* cuptiFinalize succeeded */
     HOLD_SETTLE,     /* controller: noticed the finalize; CUPTI is no longer held */
+    HOLD_STEP_ASIDE, /* another tool starts using CUPTI (after the release) */
+    HOLD_TAKE_BACK,  /* controller: the other tool is done and quiet */
 };
 
 /* The state after the event; the state itself when the event does not apply to it. */

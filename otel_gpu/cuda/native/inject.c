@@ -188,6 +188,19 @@ static thread_local struct {
     } at[LAUNCH_DEPTH];
 } launch_enter;
 
+/* Launch exits inside a window, by outcome (diagnostics, OTEL_GPU_DEBUG_STATS): recorded; no entry seen (the callbacks
+ * came on during the call); the window changed during the call; recorded although CUPTI's id at the exit differed
+ * from the one at the entry. */
+static _Atomic uint64_t exits_recorded, exits_no_entry, exits_window_changed, exits_id_changed;
+
+void inject_print_stats(void)
+{
+    fprintf(stderr, "otel-gpu: stats launch exits in windows: recorded %llu (entry id differed %llu), "
+            "no entry %llu, window changed %llu\n", (unsigned long long)atomic_load(&exits_recorded),
+            (unsigned long long)atomic_load(&exits_id_changed), (unsigned long long)atomic_load(&exits_no_entry),
+            (unsigned long long)atomic_load(&exits_window_changed));
+}
+
 /* cuGraphLaunch_params and cuGraphLaunch_ptsz_params of generated_cuda_meta.h (that header needs the whole toolkit's
  * typedefs): both are { CUgraphExec; CUstream; }. */
 struct graph_launch_params {
@@ -307,11 +320,11 @@ static void on_driver_api(CUpti_CallbackId cbid, const CUpti_CallbackData *cb)
         uint64_t window_id = atomic_load(&g_state.window_id);
         if (window_id != 0 && entered && entered_window == window_id) {
             record_launch(cbid, cb, launch_kind, window_id);
-            atomic_fetch_add_explicit(&g_state.exits_recorded, 1, memory_order_relaxed);
+            atomic_fetch_add_explicit(&exits_recorded, 1, memory_order_relaxed);
             if (entered_id != cb->correlationId)
-                atomic_fetch_add_explicit(&g_state.exits_id_changed, 1, memory_order_relaxed);
+                atomic_fetch_add_explicit(&exits_id_changed, 1, memory_order_relaxed);
         } else if (window_id != 0) {
-            atomic_fetch_add_explicit(entered ? &g_state.exits_window_changed : &g_state.exits_no_entry, 1,
+            atomic_fetch_add_explicit(entered ? &exits_window_changed : &exits_no_entry, 1,
                                       memory_order_relaxed);
         }
         atomic_fetch_sub(&g_state.in_launch, 1);

@@ -75,7 +75,8 @@ extern struct inject_settings g_settings;
  * kind measured (the driver-API records) with a margin (scripts/h200/cupti_residue.py; docs/benchmarks.md). */
 #define GRAPH_RESIDUE_NS_PER_LAUNCH 2500.0
 
-/* Shared state between the API callback, the controller and the activity thread. */
+/* What the API callback (inject.c) and the window controller (window.c) share, and activity.c adds its time to; each
+ * file keeps the rest of its state to itself. */
 struct inject_state {
     _Atomic uint64_t window_id;        /* id of the open window, 0 while none is open */
     _Atomic uint64_t window_launches;  /* launches recorded in the open window */
@@ -86,16 +87,11 @@ struct inject_state {
     _Atomic uint32_t in_launch;        /* API callbacks currently recording a launch */
     _Atomic uint64_t outside_launches; /* launches seen outside a window (callbacks on for the linger) */
     _Atomic int attached;              /* an agent is attached (or the debug mode pretends so) */
-    /* Launch exits inside a window, by outcome (diagnostics, OTEL_GPU_DEBUG_STATS): recorded; no entry seen (the
-     * callbacks came on during the call); the window changed during the call; recorded although CUPTI's id at the
-     * exit differed from the one at the entry. */
-    _Atomic uint64_t exits_recorded, exits_no_entry, exits_window_changed, exits_id_changed;
 };
 extern struct inject_state g_state;
 
 /* Another tool's use of CUPTI, as seen through coexist.c's wrappers. */
 struct foreign_state {
-    _Atomic int aside;               /* the library has let go of CUPTI for another tool (window_step_aside) */
     _Atomic uintptr_t subscriber;    /* the other tool's subscriber handle, 0 when it holds none */
     _Atomic uint64_t kinds;          /* activity kinds the other tool has enabled (bit per CUpti_ActivityKind < 64) */
     _Atomic uint64_t last_call_ns;   /* monotonic: its last CUPTI call */
@@ -109,6 +105,7 @@ uint64_t monotonic_ns(void);      /* for measuring the library's own cost */
 uint64_t random_u64(void);        /* the library's one random source: xorshift64, one state per thread */
 double random_uniform01(void);    /* uniform in [0, 1), from random_u64 */
 void log_once(const char *what);  /* one "otel-gpu:" line on stderr per distinct message site */
+void inject_print_stats(void);    /* OTEL_GPU_DEBUG_STATS: how launch exits in windows paired */
 
 /* The API callback CUPTI calls (inject.c; hold.c subscribes it). */
 void CUPTIAPI inject_callback(void *userdata, CUpti_CallbackDomain domain, CUpti_CallbackId cbid, const void *data);
@@ -121,6 +118,9 @@ void hold_let_go(void);              /* kinds and launch callbacks off, then (if
 void hold_hurry(int launches_wanted); /* after FINALIZE_PATIENCE_NS without a synchronize: any API exit finalizes */
 void hold_release(void);             /* unsubscribe */
 void hold_release_unless_asked(void); /* unsubscribe unless a finalize was asked for (detach) */
+void hold_step_aside(void);          /* after the release: left to another CUPTI user until taken back */
+void hold_take_back(void);           /* the other user is done: CUPTI may be subscribed again */
+int hold_aside(void);                /* (any thread) stepped aside for another CUPTI user */
 int hold_finalized(void);            /* an API exit finalized CUPTI, not yet settled */
 int hold_undisturbed(void);          /* subscribed, no finalize pending */
 void hold_mark_dirty(void);          /* an activity kind goes on: launches pay until the next finalize */

@@ -315,11 +315,11 @@ static void stand_aside_locked(void)
 void window_step_aside(void)
 {
     pthread_mutex_lock(&ctl_lock);
-    if (!atomic_load(&g_foreign.aside) && !stopped && !paused_for_graphs) {
+    if (!hold_aside() && !stopped && !paused_for_graphs) {
         int was_attached = atomic_load(&g_state.attached);
         stand_aside_locked();
         yields++;
-        atomic_store(&g_foreign.aside, 1);
+        hold_step_aside();
         if (was_attached)
             log_once("another tool in this program started using CUPTI (torch.profiler, Nsight, ...); GPU-time "
                      "profiling steps aside until it is done");
@@ -424,7 +424,7 @@ static int wait_gap_locked(uint64_t gap_ns)
                 last_expire = monotonic_ns();
             }
         }
-        if (!agent_present() || atomic_load(&g_foreign.aside))
+        if (!agent_present() || hold_aside())
             return -1;
         if (graphs_probe_due_locked())
             return 0; /* cut short for a look at a graph program's launches (no shadow window counted) */
@@ -450,13 +450,13 @@ static void *controller_main(void *arg)
             sleep_locked(POLL_NS);
             continue;
         }
-        if (atomic_load(&g_foreign.aside)) {
+        if (hold_aside()) {
             if (!coexist_foreign_done(monotonic_ns())) {
                 sleep_locked(POLL_NS);
                 continue;
             }
             yielded_ns += monotonic_ns() - aside_since_ns;
-            atomic_store(&g_foreign.aside, 0); /* attached again below while an agent is there: totals restart */
+            hold_take_back(); /* attached again below while an agent is there: totals restart */
         }
         if (!atomic_load(&g_state.attached)) {
             if (!agent_present() || attach_locked() != 0) {
@@ -508,11 +508,7 @@ void window_stop_and_flush(void)
     pthread_mutex_lock(&ctl_lock);
     if (!stopped) {
         if (g_settings.debug_stats) {
-            fprintf(stderr, "otel-gpu: stats launch exits in windows: recorded %llu (entry id differed %llu), "
-                    "no entry %llu, window changed %llu\n", (unsigned long long)atomic_load(&g_state.exits_recorded),
-                    (unsigned long long)atomic_load(&g_state.exits_id_changed),
-                    (unsigned long long)atomic_load(&g_state.exits_no_entry),
-                    (unsigned long long)atomic_load(&g_state.exits_window_changed));
+            inject_print_stats();
             hold_print_stats();
             fprintf(stderr, "otel-gpu: stats graphs: %s (%d looks, busiest %.0f launches/s)\n",
                     !graphs_decided ? "no choice made" : paused_for_graphs ? "stood aside" : "kept sampling",
