@@ -55,34 +55,45 @@
 static pthread_t controller;
 static pthread_mutex_t ctl_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t ctl_wake = PTHREAD_COND_INITIALIZER;
-static int stopped; /* under ctl_lock: the final flush has run */
 
-/* Controller state, under ctl_lock. */
-static uint64_t last_window_id;
-static uint64_t open_start_ns;
-static uint64_t attach_start_ns;
-static uint64_t covered_ns;
-/* The program's pace in and out of windows, by the blocking waits it ends (totals since attach; the window record
- * carries them): observing launches slows a program that waits on the GPU every iteration, so windows see less of
- * its work than their share of the time, and the agent corrects the weights by this ratio. */
-static uint64_t window_waits, waits_at_open;
-static uint64_t shadow_waits, shadow_ns;
-static uint32_t open_us; /* the open window's switch-on time */
-static uint64_t wait_period_start_ns;
-static double slowdown = PRIOR_SLOWDOWN;
-static double fraction = ESTIMATE_FRACTION_MIN; /* set from the budget and the prior at start */
-static int lingering;            /* the activity kinds are on outside a window, for late GPU work */
-static uint64_t linger_start_ns; /* monotonic: the window closed */
-static uint64_t linger_launches; /* launches during the last linger (counted by the callback); next window's cost */
+/* The controller's state, under ctl_lock (the callback's side of what they share is g_state). */
+static struct {
+    int stopped; /* the final flush has run */
+    /* Windows, and the re-weighting totals since attach (the window record carries them). */
+    uint64_t last_window_id;
+    uint64_t open_start_ns;
+    uint32_t open_us; /* the open window's switch-on time */
+    uint64_t attach_start_ns;
+    uint64_t covered_ns;
+    /* The program's pace in and out of windows, by the blocking waits it ends (totals since attach; the window record
+     * carries them): observing launches slows a program that waits on the GPU every iteration, so windows see less
+     * of its work than their share of the time, and the agent corrects the weights by this ratio. */
+    uint64_t window_waits, waits_at_open;
+    uint64_t shadow_waits, shadow_ns;
+    /* The budget: the in-window slowdown estimate, the fraction of time sampled, the waits' sampling period. */
+    double slowdown;
+    double fraction; /* set from the budget and the prior at start */
+    uint64_t wait_period_start_ns;
+    uint64_t finalize_ns_charged; /* hold_finalize_ns() already charged to a window's cost */
+    /* Late GPU work. */
+    int lingering;            /* the activity kinds are on outside a window, for late GPU work */
+    uint64_t linger_start_ns; /* monotonic: the window closed */
+    uint64_t linger_launches; /* launches during the last linger (counted by the callback); next window's cost */
+    /* Time left to other tools. */
+    uint64_t yielded_ns, yields; /* time CUPTI was left to another tool, and how often (window record) */
+    uint64_t aside_since_ns;     /* monotonic: the library stepped aside */
+    int paused_for_graphs;       /* the library stood aside for good: the process uses CUDA graphs */
+    /* The choice for a graph program (below, at probe_for_graphs_locked). */
+    int graphs_decided;        /* the choice was made (sample or stand aside) */
+    int graph_probes;          /* looks so far */
+    uint64_t graph_probe_ns;   /* monotonic: the last look began */
+    double graphs_launch_rate; /* launches per second of the busiest look */
+} ctl = {.slowdown = PRIOR_SLOWDOWN, .fraction = ESTIMATE_FRACTION_MIN};
+
 static int agent_present(void)
 {
     return g_settings.debug_always_on || emit_any_semaphore();
 }
-
-static uint64_t yielded_ns, yields; /* time CUPTI was left to another tool, and how often (window record) */
-static uint64_t aside_since_ns;     /* monotonic: the library stepped aside */
-static int paused_for_graphs;       /* the library stood aside for good: the process uses CUDA graphs */
-static uint64_t finalize_ns_charged; /* hold_finalize_ns() already charged to a window's cost */
 
 /* Patches objects loaded since the last look (coexist.c), without ctl_lock: dl_iterate_phdr takes the loader's lock,
  * and a thread that holds it (a library's constructor) may call a wrapper that waits for ctl_lock. */
@@ -109,10 +120,10 @@ static int attach_locked(void)
         return -1;
     atomic_store(&g_state.attached, 1);
     /* After the switch: every call that starts from now on is seen at entry and exit. */
-    attach_start_ns = now_ns();
-    wait_period_start_ns = monotonic_ns();
-    covered_ns = 0;
-    window_waits = shadow_waits = shadow_ns = 0;
+    ctl.attach_start_ns = now_ns();
+    ctl.wait_period_start_ns = monotonic_ns();
+    ctl.covered_ns = 0;
+    ctl.window_waits = ctl.shadow_waits = ctl.shadow_ns = 0;
     return 0;
 }
 
@@ -120,10 +131,10 @@ static int attach_locked(void)
  * that precedes the open; the window record states how long flush and switches took). */
 static void open_window_locked(uint64_t begin)
 {
-    int was_lingering = lingering;
-    if (lingering) {
-        linger_launches = atomic_exchange(&g_state.outside_launches, 0);
-        lingering = 0;
+    int was_lingering = ctl.lingering;
+    if (ctl.lingering) {
+        ctl.linger_launches = atomic_exchange(&g_state.outside_launches, 0);
+        ctl.lingering = 0;
     }
     activity_expire(MAX_LAG_NS);
     atomic_store(&g_state.window_launches, 0);
@@ -135,10 +146,10 @@ static void open_window_locked(uint64_t begin)
     if (activity_enable(1) != 0)
         log_once("some CUPTI activity kinds could not be enabled");
     uint64_t switched = monotonic_ns();
-    open_us = (switched - begin) / 1000u < UINT32_MAX ? (uint32_t)((switched - begin) / 1000u) : UINT32_MAX;
-    open_start_ns = now_ns();
-    atomic_store_explicit(&g_state.window_id, ++last_window_id, memory_order_release);
-    waits_at_open = atomic_load(&g_state.waits_seen);
+    ctl.open_us = (switched - begin) / 1000u < UINT32_MAX ? (uint32_t)((switched - begin) / 1000u) : UINT32_MAX;
+    ctl.open_start_ns = now_ns();
+    atomic_store_explicit(&g_state.window_id, ++ctl.last_window_id, memory_order_release);
+    ctl.waits_at_open = atomic_load(&g_state.waits_seen);
 }
 
 /* At most every 100 ms, from the gap's slices as well as at window ends (windows can be seconds apart while a
@@ -147,7 +158,7 @@ static void open_window_locked(uint64_t begin)
 static void adapt_waits_locked(void)
 {
     uint64_t now = monotonic_ns();
-    uint64_t period_ns = now - wait_period_start_ns;
+    uint64_t period_ns = now - ctl.wait_period_start_ns;
     if (period_ns < 100000000ull)
         return;
     double wait_cost = (double)atomic_exchange(&g_state.wait_overhead_ns, 0);
@@ -157,7 +168,7 @@ static void adapt_waits_locked(void)
         atomic_store(&g_state.wait_sample_every, every * 2);
     else if (wait_cost * 4 < allowed && every > 1)
         atomic_store(&g_state.wait_sample_every, every / 2);
-    wait_period_start_ns = now;
+    ctl.wait_period_start_ns = now;
 }
 
 static void adapt_locked(uint64_t window_ns, uint64_t overhead_ns, uint64_t launches, uint64_t lingered)
@@ -165,11 +176,11 @@ static void adapt_locked(uint64_t window_ns, uint64_t overhead_ns, uint64_t laun
     adapt_waits_locked();
     /* the finalize after the previous window, in one of the program's threads */
     uint64_t finalize_ns = hold_finalize_ns();
-    struct window_cost cost = {window_ns, overhead_ns, launches, lingered, finalize_ns - finalize_ns_charged};
+    struct window_cost cost = {window_ns, overhead_ns, launches, lingered, finalize_ns - ctl.finalize_ns_charged};
     if (launches != 0 || lingered != 0) /* an idle window is not counted (estimate_update): charge the next one */
-        finalize_ns_charged = finalize_ns;
-    slowdown = estimate_update(slowdown, &cost);
-    fraction = fraction_for_budget(g_settings.overhead_budget, slowdown);
+        ctl.finalize_ns_charged = finalize_ns;
+    ctl.slowdown = estimate_update(ctl.slowdown, &cost);
+    ctl.fraction = fraction_for_budget(g_settings.overhead_budget, ctl.slowdown);
 }
 
 /* A window record with the running totals; launches, overhead, the switch-on time and aside_since_ns are the
@@ -181,14 +192,14 @@ static struct otel_gpu_window window_record_locked(uint64_t id, uint64_t start, 
         .window_id = id,
         .start_ns = start,
         .end_ns = end,
-        .covered_ns = covered_ns,
-        .elapsed_ns = end - attach_start_ns,
+        .covered_ns = ctl.covered_ns,
+        .elapsed_ns = end - ctl.attach_start_ns,
         .dropped = activity_take_dropped(),
-        .window_waits = window_waits,
-        .shadow_waits = shadow_waits,
-        .shadow_ns = shadow_ns,
-        .yielded_ns = yielded_ns,
-        .yields = yields,
+        .window_waits = ctl.window_waits,
+        .shadow_waits = ctl.shadow_waits,
+        .shadow_ns = ctl.shadow_ns,
+        .yielded_ns = ctl.yielded_ns,
+        .yields = ctl.yields,
     };
 }
 
@@ -206,36 +217,36 @@ static void close_window_locked(uint32_t flush_flag, uint64_t aside_from_ns)
     g_cupti.activity_flush_all(flush_flag);
     /* The activity kinds, and the launch callbacks with them, stay on until the sampled launches' GPU work has
      * arrived (see linger_check_locked). */
-    uint64_t lingered = linger_launches; /* the linger before this window: charged to it */
-    lingering = 1;
-    linger_start_ns = monotonic_ns();
-    linger_launches = 0;
+    uint64_t lingered = ctl.linger_launches; /* the linger before this window: charged to it */
+    ctl.lingering = 1;
+    ctl.linger_start_ns = monotonic_ns();
+    ctl.linger_launches = 0;
     atomic_store(&g_state.outside_launches, 0);
-    covered_ns += end - open_start_ns;
-    window_waits += atomic_load(&g_state.waits_seen) - waits_at_open;
-    struct otel_gpu_window rec = window_record_locked(id, open_start_ns, end);
-    rec.open_us = open_us;
+    ctl.covered_ns += end - ctl.open_start_ns;
+    ctl.window_waits += atomic_load(&g_state.waits_seen) - ctl.waits_at_open;
+    struct otel_gpu_window rec = window_record_locked(id, ctl.open_start_ns, end);
+    rec.open_us = ctl.open_us;
     rec.launches = atomic_load(&g_state.window_launches);
     rec.overhead_ns = atomic_load(&g_state.overhead_ns);
     rec.aside_since_ns = aside_from_ns;
     emit_window(&rec);
-    adapt_locked(end - open_start_ns, rec.overhead_ns, rec.launches, lingered);
+    adapt_locked(end - ctl.open_start_ns, rec.overhead_ns, rec.launches, lingered);
 }
 
 /* Ends a linger once nothing sampled is outstanding (or what is left has timed out); 1 while it goes on. */
 static int linger_check_locked(void)
 {
-    if (!lingering)
+    if (!ctl.lingering)
         return 0;
     g_cupti.activity_flush_all(0);
     uint64_t now = monotonic_ns();
-    if (activity_outstanding() != 0 && now - linger_start_ns <= MAX_LAG_NS)
+    if (activity_outstanding() != 0 && now - ctl.linger_start_ns <= MAX_LAG_NS)
         return 1;
     if (activity_outstanding() != 0)
         activity_expire(MAX_LAG_NS); /* counts what never came as dropped */
     hold_let_go();
-    lingering = 0;
-    linger_launches = atomic_exchange(&g_state.outside_launches, 0);
+    ctl.lingering = 0;
+    ctl.linger_launches = atomic_exchange(&g_state.outside_launches, 0);
     return 0;
 }
 
@@ -243,7 +254,7 @@ static void detach_locked(void)
 {
     close_window_locked(0, 0);
     atomic_store(&g_state.attached, 0);
-    lingering = 0;
+    ctl.lingering = 0;
     if (!hold_holding())
         return;
     cbids_enable_waits(0);
@@ -261,12 +272,12 @@ static int sleep_locked(uint64_t duration_ns)
     uint64_t ns = (uint64_t)until.tv_nsec + duration_ns;
     until.tv_sec += (time_t)(ns / 1000000000u);
     until.tv_nsec = (long)(ns % 1000000000u);
-    while (!stopped && !hold_finalized()) {
+    while (!ctl.stopped && !hold_finalized()) {
         int rc = pthread_cond_timedwait(&ctl_wake, &ctl_lock, &until);
         if (rc == ETIMEDOUT)
             break;
     }
-    return stopped;
+    return ctl.stopped;
 }
 
 /* From an API exit that finalized CUPTI (no lock: the thread may hold driver locks the controller waits on). */
@@ -278,7 +289,7 @@ void window_wake(void)
 /* Subscribed with nothing but the wait callbacks on: how the program runs when no window observes it. */
 static int undisturbed_locked(void)
 {
-    return hold_undisturbed() && !lingering;
+    return hold_undisturbed() && !ctl.lingering;
 }
 
 /* Lets go of everything: the open window is closed and recorded (an empty one if none is open, while attached) with
@@ -292,12 +303,12 @@ static void stand_aside_locked(void)
     if (atomic_load(&g_state.window_id) != 0) {
         close_window_locked(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED, now);
     } else if (was_attached) {
-        struct otel_gpu_window rec = window_record_locked(++last_window_id, now, now);
+        struct otel_gpu_window rec = window_record_locked(++ctl.last_window_id, now, now);
         rec.aside_since_ns = now;
         emit_window(&rec);
     }
     atomic_store(&g_state.attached, 0);
-    lingering = 0;
+    ctl.lingering = 0;
     if (hold_holding()) {
         activity_enable(0);
         cbids_enable_launches(0);
@@ -307,7 +318,7 @@ static void stand_aside_locked(void)
         activity_expire(0); /* what never came is counted as dropped in the next window record */
         hold_release();
     }
-    aside_since_ns = monotonic_ns();
+    ctl.aside_since_ns = monotonic_ns();
 }
 
 /* From a coexist.c wrapper, in the thread of another tool that starts using CUPTI: lets go of everything before that
@@ -315,10 +326,10 @@ static void stand_aside_locked(void)
 void window_step_aside(void)
 {
     pthread_mutex_lock(&ctl_lock);
-    if (!hold_aside() && !stopped && !paused_for_graphs) {
+    if (!hold_aside() && !ctl.stopped && !ctl.paused_for_graphs) {
         int was_attached = atomic_load(&g_state.attached);
         stand_aside_locked();
-        yields++;
+        ctl.yields++;
         hold_step_aside();
         if (was_attached)
             log_once("another tool in this program started using CUPTI (torch.profiler, Nsight, ...); GPU-time "
@@ -338,41 +349,36 @@ void window_step_aside(void)
  * paid whether or not windows go on, so they go on. OTEL_GPU_CUDA_GRAPHS=sample keeps sampling in any case. */
 #define GRAPH_PROBE_NS 100000000ull        /* how long one look counts launches (g_settings: how far apart) */
 #define GRAPH_PROBES 5                     /* looks before the choice */
-static int graphs_decided;                 /* under ctl_lock: the choice above was made (sample or stand aside) */
-static int graph_probes;                   /* looks so far */
-static uint64_t graph_probe_ns;            /* monotonic: the last look began */
-static double graphs_launch_rate;          /* launches per second of the busiest look */
-
 static int graphs_undecided_locked(void)
 {
-    return !g_settings.sample_graphs && !graphs_decided && hold_graphs_seen() && !hold_dirty() && hold_undisturbed();
+    return !g_settings.sample_graphs && !ctl.graphs_decided && hold_graphs_seen() && !hold_dirty() && hold_undisturbed();
 }
 
 static int graphs_probe_due_locked(void)
 {
-    return graphs_undecided_locked() && monotonic_ns() - graph_probe_ns >= g_settings.graph_probe_every_ns;
+    return graphs_undecided_locked() && monotonic_ns() - ctl.graph_probe_ns >= g_settings.graph_probe_every_ns;
 }
 
 /* One look at the launch rate (callbacks alone leave nothing behind once off, unlike the activity kinds), and the
  * choice once enough looks saw the program launch. */
 static void probe_for_graphs_locked(void)
 {
-    graph_probe_ns = monotonic_ns();
+    ctl.graph_probe_ns = monotonic_ns();
     atomic_store(&g_state.outside_launches, 0);
     cbids_enable_launches(1);
     sleep_locked(GRAPH_PROBE_NS);
     cbids_enable_launches(0);
-    uint64_t launches = atomic_exchange(&g_state.outside_launches, 0), spent = monotonic_ns() - graph_probe_ns;
+    uint64_t launches = atomic_exchange(&g_state.outside_launches, 0), spent = monotonic_ns() - ctl.graph_probe_ns;
     double rate = (double)launches * 1e9 / (double)(spent ? spent : 1);
-    graphs_launch_rate = rate > graphs_launch_rate ? rate : graphs_launch_rate;
-    if (++graph_probes < GRAPH_PROBES || graphs_launch_rate == 0.0)
+    ctl.graphs_launch_rate = rate > ctl.graphs_launch_rate ? rate : ctl.graphs_launch_rate;
+    if (++ctl.graph_probes < GRAPH_PROBES || ctl.graphs_launch_rate == 0.0)
         return;
-    graphs_decided = 1;
-    if (graphs_launch_rate * g_settings.graph_residue_ns / 1e9 <= g_settings.overhead_budget)
+    ctl.graphs_decided = 1;
+    if (ctl.graphs_launch_rate * g_settings.graph_residue_ns / 1e9 <= g_settings.overhead_budget)
         return;
     int was_attached = atomic_load(&g_state.attached);
     stand_aside_locked();
-    paused_for_graphs = 1;
+    ctl.paused_for_graphs = 1;
     if (was_attached)
         log_once("this program uses CUDA graphs and launches too often for CUPTI's lasting cost: GPU-time sampling "
                  "stops for it (CUPTI can never be finalized again; OTEL_GPU_CUDA_GRAPHS=sample samples anyway)");
@@ -399,8 +405,8 @@ static void shadow_end_locked(const struct shadow *sh)
 {
     if (!sh->counting || !undisturbed_locked())
         return;
-    shadow_waits += atomic_load(&g_state.waits_seen) - sh->waits0;
-    shadow_ns += now_ns() - sh->start_ns;
+    ctl.shadow_waits += atomic_load(&g_state.waits_seen) - sh->waits0;
+    ctl.shadow_ns += now_ns() - sh->start_ns;
 }
 
 /* Sleeps the gap before the next window in slices, leaving early if the agent goes away; 0 = still attached.
@@ -411,13 +417,13 @@ static int wait_gap_locked(uint64_t gap_ns)
     struct shadow shadow = {.at = gap_ns > 2 * g_settings.window_ns ? end - g_settings.window_ns : 0};
     while ((now = monotonic_ns()) < end) {
         shadow_step_locked(&shadow, now);
-        uint64_t most = lingering ? poll : POLL_NS;
+        uint64_t most = ctl.lingering ? poll : POLL_NS;
         if (shadow.at != 0 && shadow.at - now < most)
             most = shadow.at - now;
         uint64_t slice = end - now < most ? end - now : most;
         if (sleep_locked(slice))
             return -1;
-        if (lingering) {
+        if (ctl.lingering) {
             poll = poll * 2 < LINGER_POLL_MAX_NS ? poll * 2 : LINGER_POLL_MAX_NS;
             if (linger_check_locked() && monotonic_ns() - last_expire >= EXPIRE_EVERY_NS) {
                 activity_expire(MAX_LAG_NS); /* clears tombstones and finished graph launches from the filter */
@@ -429,7 +435,7 @@ static int wait_gap_locked(uint64_t gap_ns)
         if (graphs_probe_due_locked())
             return 0; /* cut short for a look at a graph program's launches (no shadow window counted) */
         rescan_unlocked();
-        hold_hurry(lingering || atomic_load(&g_state.window_id) != 0);
+        hold_hurry(ctl.lingering || atomic_load(&g_state.window_id) != 0);
         if (hold_finalized() && keep_holding_locked() != 0)
             return -1;
         adapt_waits_locked();
@@ -442,11 +448,11 @@ static void *controller_main(void *arg)
 {
     (void)arg;
     pthread_mutex_lock(&ctl_lock);
-    while (!stopped) {
+    while (!ctl.stopped) {
         hold_settle(); /* a finalize asked for at detach may have happened since (sleep_locked wakes for it) */
-        hold_hurry(lingering || atomic_load(&g_state.window_id) != 0);
+        hold_hurry(ctl.lingering || atomic_load(&g_state.window_id) != 0);
         rescan_unlocked();
-        if (paused_for_graphs) {
+        if (ctl.paused_for_graphs) {
             sleep_locked(POLL_NS);
             continue;
         }
@@ -455,7 +461,7 @@ static void *controller_main(void *arg)
                 sleep_locked(POLL_NS);
                 continue;
             }
-            yielded_ns += monotonic_ns() - aside_since_ns;
+            ctl.yielded_ns += monotonic_ns() - ctl.aside_since_ns;
             hold_take_back(); /* attached again below while an agent is there: totals restart */
         }
         if (!atomic_load(&g_state.attached)) {
@@ -464,10 +470,10 @@ static void *controller_main(void *arg)
                 continue;
             }
         }
-        double mean_gap = (double)g_settings.window_ns * (1.0 - fraction) / fraction;
+        double mean_gap = (double)g_settings.window_ns * (1.0 - ctl.fraction) / ctl.fraction;
         uint64_t gap_ns = (uint64_t)(mean_gap * (0.5 + random_uniform01()));
         if (wait_gap_locked(gap_ns) != 0) {
-            if (!stopped)
+            if (!ctl.stopped)
                 detach_locked();
             continue;
         }
@@ -484,7 +490,7 @@ static void *controller_main(void *arg)
         g_cupti.activity_flush_all(0); /* records of earlier windows that completed since */
         open_window_locked(begin);
         sleep_locked(g_settings.window_ns);
-        if (!stopped)
+        if (!ctl.stopped)
             close_window_locked(0, 0);
     }
     pthread_mutex_unlock(&ctl_lock);
@@ -493,7 +499,7 @@ static void *controller_main(void *arg)
 
 int window_start(void)
 {
-    fraction = fraction_for_budget(g_settings.overhead_budget, PRIOR_SLOWDOWN);
+    ctl.fraction = fraction_for_budget(g_settings.overhead_budget, PRIOR_SLOWDOWN);
     pthread_attr_t attr;
     pthread_attr_init(&attr);
     pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
@@ -506,21 +512,21 @@ int window_start(void)
 void window_stop_and_flush(void)
 {
     pthread_mutex_lock(&ctl_lock);
-    if (!stopped) {
+    if (!ctl.stopped) {
         if (g_settings.debug_stats) {
             inject_print_stats();
             hold_print_stats();
             fprintf(stderr, "otel-gpu: stats graphs: %s (%d looks, busiest %.0f launches/s)\n",
-                    !graphs_decided ? "no choice made" : paused_for_graphs ? "stood aside" : "kept sampling",
-                    graph_probes, graphs_launch_rate);
+                    !ctl.graphs_decided ? "no choice made" : ctl.paused_for_graphs ? "stood aside" : "kept sampling",
+                    ctl.graph_probes, ctl.graphs_launch_rate);
             fprintf(stderr, "otel-gpu: stats stepped aside for another CUPTI user %llu times (%.0f ms), %llu GOT slots "
-                    "of CUPTI imports watched\n", (unsigned long long)yields, (double)yielded_ns / 1e6,
+                    "of CUPTI imports watched\n", (unsigned long long)ctl.yields, (double)ctl.yielded_ns / 1e6,
                     (unsigned long long)coexist_slots_patched());
             fprintf(stderr, "otel-gpu: stats waits ended in windows %llu in %.0f ms, in shadow windows %llu in %.0f ms\n",
-                    (unsigned long long)window_waits, (double)covered_ns / 1e6, (unsigned long long)shadow_waits,
-                    (double)shadow_ns / 1e6);
+                    (unsigned long long)ctl.window_waits, (double)ctl.covered_ns / 1e6, (unsigned long long)ctl.shadow_waits,
+                    (double)ctl.shadow_ns / 1e6);
         }
-        stopped = 1;
+        ctl.stopped = 1;
         if (atomic_load(&g_state.attached) && hold_holding()) {
             close_window_locked(0, 0);
             activity_drain(EXIT_DRAIN_NS);
