@@ -47,7 +47,7 @@ static _Atomic int dirty;              /* activity kinds were on since CUPTI was
                                         * that until the next finalize, whether or not a window is open */
 static _Atomic uint64_t finalizes, finalize_ns; /* how often, and how long the API exits spent in cuptiFinalize */
 static uint64_t asked_ns;              /* controller: monotonic, when the finalize was asked for */
-static uint64_t retakes, retake_ns;    /* controller: subscriptions taken (attach and after each finalize), total time */
+static uint64_t retakes, retake_ns;    /* controller: subscriptions taken (attach, after each finalize), total time */
 
 /* Moves from the state the caller decided on; 0 when the event does not apply or another thread moved first. */
 static int move(enum hold_event event, enum hold_state from)
@@ -101,7 +101,8 @@ static int subscribe(void)
     if (rc == CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED) {
         static _Atomic int logged;
         if (!atomic_exchange(&logged, 1))
-            fprintf(stderr, "otel-gpu: CUPTI is in use by another tool%s%s; GPU-time profiling waits until it is free\n",
+            fprintf(stderr,
+                    "otel-gpu: CUPTI is in use by another tool%s%s; GPU-time profiling waits until it is free\n",
                     holder[0] ? ": " : "", holder);
         return -1;
     }

@@ -2,8 +2,8 @@
 /*
  * libotel_gpu_inject.so: the CUDA driver calls InitializeInjection() at cuInit when CUDA_INJECTION64_PATH names this
  * library. It loads CUPTI and lets the controller (window.c) subscribe to driver-API callbacks and open short sampling
- * windows while an agent is attached; without an agent it holds no CUPTI subscription, so other tools can. Whatever fails, the workload runs on untouched: one "otel-gpu:" line on stderr
- * and the library stays inert.
+ * windows while an agent is attached; without an agent it holds no CUPTI subscription (hold.c), so other tools can.
+ * Whatever fails, the workload runs on untouched: one "otel-gpu:" line on stderr and the library stays inert.
  *
  * Environment (read once here):
  *   OTEL_GPU_CUPTI_PATH        CUPTI to load (default: libcupti.so.13 / libcupti.so, then next to libcudart, then

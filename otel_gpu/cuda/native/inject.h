@@ -112,7 +112,7 @@ void CUPTIAPI inject_callback(void *userdata, CUpti_CallbackDomain domain, CUpti
 
 /* hold.c: the hold on CUPTI (states and transitions in hold_state.h). The controller's side, under window.c's lock: */
 int hold_take(void);                 /* subscribe unless held, buffers, wait and graph callbacks on; 0 on success */
-int hold_holding(void);              /* whether subscribed: an asked-for finalize is called off, a running one awaited */
+int hold_holding(void);              /* whether subscribed; a finalize asked for is called off, one running awaited */
 void hold_settle(void);              /* a finalize an API exit has completed: CUPTI is no longer held */
 void hold_let_go(void);              /* kinds and launch callbacks off, then (if allowed) a finalize asked for */
 void hold_hurry(int launches_wanted); /* after FINALIZE_PATIENCE_NS without a synchronize: any API exit finalizes */

@@ -5,9 +5,9 @@
  * sampling windows of OTEL_GPU_WINDOW_MS at randomly jittered times: in a window the launch callbacks and the
  * kernel/memcpy/memset activity kinds are on, outside they are off (but for the linger, below), so the workload pays
  * CUPTI's per-launch cost only for a fraction f of wall time. f is chosen so that f x (slowdown inside a window)
- * stays within the overhead budget; the in-window slowdown comes from estimate.c (the library's measured own time plus a prior for CUPTI's cost per
- * recorded launch and the program's time in the last CUPTI finalize, relative to the undisturbed time; windows
- * without launches leave it alone), and f is bounded to [0.1 %, 20 %].
+ * stays within the overhead budget; the in-window slowdown comes from estimate.c (the library's measured own time
+ * plus a prior for CUPTI's cost per recorded launch and the program's time in the last CUPTI finalize, relative to
+ * the undisturbed time; windows without launches leave it alone), and f is bounded to [0.1 %, 20 %].
  * Each closed window fires otel_gpu:window with covered_ns/elapsed_ns, the fraction the agent re-weights by, and the
  * program's pace in and out of windows (the waits it ended in windows and in the gaps' shadow windows, below).
  *
@@ -29,8 +29,8 @@
  * OTEL_GPU_CUPTI_FINALIZE=0 keeps the subscription.
  *
  * Blocking waits are recorded outside windows too (their callbacks stay on while attached, but for the moments
- * between a finalize and the next subscription): one wait in N, chosen at random, with weight N; N doubles when recording waits costs more than half the budget and halves back when
- * it costs less than a quarter of that.
+ * between a finalize and the next subscription): one wait in N, chosen at random, with weight N; N doubles when
+ * recording waits costs more than half the budget and halves back when it costs less than a quarter of that.
  */
 #include <errno.h>
 #include <pthread.h>
@@ -351,7 +351,8 @@ void window_step_aside(void)
 #define GRAPH_PROBES 5                     /* looks before the choice */
 static int graphs_undecided_locked(void)
 {
-    return !g_settings.sample_graphs && !ctl.graphs_decided && hold_graphs_seen() && !hold_dirty() && hold_undisturbed();
+    return !g_settings.sample_graphs && !ctl.graphs_decided && hold_graphs_seen() && !hold_dirty() &&
+           hold_undisturbed();
 }
 
 static int graphs_probe_due_locked(void)
@@ -523,7 +524,8 @@ void window_stop_and_flush(void)
                     "of CUPTI imports watched\n", (unsigned long long)ctl.yields, (double)ctl.yielded_ns / 1e6,
                     (unsigned long long)coexist_slots_patched());
             fprintf(stderr, "otel-gpu: stats waits ended in windows %llu in %.0f ms, in shadow windows %llu in %.0f ms\n",
-                    (unsigned long long)ctl.window_waits, (double)ctl.covered_ns / 1e6, (unsigned long long)ctl.shadow_waits,
+                    (unsigned long long)ctl.window_waits, (double)ctl.covered_ns / 1e6,
+                    (unsigned long long)ctl.shadow_waits,
                     (double)ctl.shadow_ns / 1e6);
         }
         ctl.stopped = 1;
