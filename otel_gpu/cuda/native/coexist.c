@@ -6,7 +6,7 @@
  *
  * So the CUPTI imports of every other loaded object (their GOT slots for cuptiSubscribe, cuptiActivityEnable, ...)
  * are pointed at the wrappers below. A wrapper that means "a tool starts using CUPTI" (subscribe, enable an activity
- * kind, register activity buffers) first makes the library let go synchronously (sampler_step_aside: the open window
+ * kind, register activity buffers) first makes the library let go synchronously (window_step_aside: the open window
  * closed and recorded, our kinds and callbacks off, our records flushed, unsubscribed), then calls CUPTI unchanged:
  * the other tool never sees an error and gets every record. The library takes CUPTI back once the other tool has
  * unsubscribed, disabled what it enabled (or finalized CUPTI) and made no CUPTI call for FOREIGN_QUIET_NS; the time
@@ -41,8 +41,8 @@ struct foreign_state g_foreign;
 static void foreign_starts(void)
 {
     atomic_store(&g_foreign.last_call_ns, monotonic_ns());
-    if (!atomic_load(&g_foreign.aside))
-        sampler_step_aside(); /* returns once the library holds nothing of CUPTI's */
+    if (!hold_aside())
+        window_step_aside(); /* returns once the library holds nothing of CUPTI's */
 }
 
 static void foreign_call(void)

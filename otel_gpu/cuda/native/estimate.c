@@ -9,7 +9,7 @@
  * undisturbed: cost / (window - cost). After a window closes, the activity kinds may stay on until the window's
  * sampled launches' GPU work has arrived ("linger"), and the launch callbacks with them (so that every launch gets
  * its own correlation id); launches then pay CUPTI's activity cost and an empty callback. The callback counts them.
- * Then CUPTI is finalized in one of the program's threads (sampler.c): that time, measured, is charged too.
+ * Then CUPTI is finalized in one of the program's threads (window.c): that time, measured, is charged too.
  */
 #include "estimate.h"
 

@@ -5,8 +5,8 @@
 
 #include <stdint.h>
 
-/* CUPTI's own cost per recorded launch (callbacks + activity instrumentation): an H200 smoke run showed the launch
- * rate inside windows at 1/4 of the rate outside: 21 us more per launch, 11 us of them not the library's. */
+/* CUPTI's own cost per recorded launch (callbacks + activity instrumentation inside the driver): not measurable from
+ * inside the program, so a prior from the launch rates inside and outside windows on a GPU (docs/benchmarks.md). */
 #define ESTIMATE_CUPTI_NS_PER_LAUNCH 10000.0
 #define ESTIMATE_ACTIVITY_NS_PER_LAUNCH 4000.0 /* activity instrumentation of a launch outside a window */
 #define ESTIMATE_EMPTY_CALLBACK_NS 1000.0      /* CUPTI dispatching a launch callback that returns at once */

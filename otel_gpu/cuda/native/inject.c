@@ -1,9 +1,9 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * libotel_gpu_inject.so: the CUDA driver calls InitializeInjection() at cuInit when CUDA_INJECTION64_PATH names this
- * library. It loads CUPTI and lets the controller (sampler.c) subscribe to driver-API callbacks and open short sampling
- * windows while an agent is attached; without an agent it holds no CUPTI subscription, so other tools can. Whatever fails, the workload runs on untouched: one "otel-gpu:" line on stderr
- * and the library stays inert.
+ * library. It loads CUPTI and lets the controller (window.c) subscribe to driver-API callbacks and open short sampling
+ * windows while an agent is attached; without an agent it holds no CUPTI subscription (hold.c), so other tools can.
+ * Whatever fails, the workload runs on untouched: one "otel-gpu:" line on stderr and the library stays inert.
  *
  * Environment (read once here):
  *   OTEL_GPU_CUPTI_PATH        CUPTI to load (default: libcupti.so.13 / libcupti.so, then next to libcudart, then
@@ -12,7 +12,7 @@
  *   OTEL_GPU_WINDOW_MS         length of one sampling window in milliseconds (default 20)
  *   OTEL_GPU_API_ACTIVITY=0    leave CUPTI's driver-API activity kind off (default on, with the kernel/copy/set
  *                              kinds: without it CUDA 13's CUPTI gives many launches one correlation id)
- *   OTEL_GPU_CUPTI_FINALIZE=0  keep CUPTI subscribed between windows instead of finalizing it after each (sampler.c);
+ *   OTEL_GPU_CUPTI_FINALIZE=0  keep CUPTI subscribed between windows instead of finalizing it after each (window.c);
  *                              never finalized either once the process uses CUDA graphs (cbids.c)
  *   OTEL_GPU_DEBUG_FINALIZE_WITH_GRAPHS=1  diagnostics: finalize even with graphs in use (the crash-prone control)
  *   OTEL_GPU_DEBUG_NO_WAITS=1, OTEL_GPU_DEBUG_NO_WINDOWS=1  diagnostics (scripts/h200/baton.py): never switch the
@@ -36,7 +36,6 @@
 #include "inject.h"
 
 struct cupti_api g_cupti;
-CUpti_SubscriberHandle g_subscriber;
 struct inject_settings g_settings;
 struct inject_state g_state;
 
@@ -60,6 +59,25 @@ uint64_t monotonic_ns(void)
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
     return (uint64_t)t.tv_sec * 1000000000u + (uint64_t)t.tv_nsec;
+}
+
+/* Per thread, so that the API callback needs no lock; seeded from the clock and the state's own address (distinct
+ * per thread). */
+static thread_local uint64_t rng_state;
+
+uint64_t random_u64(void)
+{
+    if (rng_state == 0)
+        rng_state = monotonic_ns() ^ (uint64_t)(uintptr_t)&rng_state;
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return rng_state;
+}
+
+double random_uniform01(void)
+{
+    return (double)(random_u64() >> 11) / (double)(1ull << 53);
 }
 
 void log_once(const char *what)
@@ -158,7 +176,6 @@ static const char *resolve_cupti(void *lib)
 
 static thread_local struct otel_gpu_launch launch_rec;
 static thread_local struct otel_gpu_sync sync_rec;
-static thread_local uint64_t rng_state;
 /* The windows open at the entries of this thread's launch calls in progress (innermost last): an exit takes its own
  * call's entry even when a launch call makes another. A call whose entry came before the callbacks were on has none;
  * one whose exit came after they went off leaves a stale entry, dropped when the depth runs out. */
@@ -171,14 +188,17 @@ static thread_local struct {
     } at[LAUNCH_DEPTH];
 } launch_enter;
 
-static uint64_t next_random(void)
+/* Launch exits inside a window, by outcome (diagnostics, OTEL_GPU_DEBUG_STATS): recorded; no entry seen (the callbacks
+ * came on during the call); the window changed during the call; recorded although CUPTI's id at the exit differed
+ * from the one at the entry. */
+static _Atomic uint64_t exits_recorded, exits_no_entry, exits_window_changed, exits_id_changed;
+
+void inject_print_stats(void)
 {
-    if (rng_state == 0)
-        rng_state = monotonic_ns() ^ (uint64_t)(uintptr_t)&rng_state;
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return rng_state;
+    fprintf(stderr, "otel-gpu: stats launch exits in windows: recorded %llu (entry id differed %llu), "
+            "no entry %llu, window changed %llu\n", (unsigned long long)atomic_load(&exits_recorded),
+            (unsigned long long)atomic_load(&exits_id_changed), (unsigned long long)atomic_load(&exits_no_entry),
+            (unsigned long long)atomic_load(&exits_window_changed));
 }
 
 /* cuGraphLaunch_params and cuGraphLaunch_ptsz_params of generated_cuda_meta.h (that header needs the whole toolkit's
@@ -215,7 +235,7 @@ static void record_launch(CUpti_CallbackId cbid, const CUpti_CallbackData *cb, u
 static void record_wait(CUpti_CallbackId cbid, const CUpti_CallbackData *cb, uint32_t kind)
 {
     uint32_t every = atomic_load_explicit(&g_state.wait_sample_every, memory_order_relaxed);
-    if (every > 1 && next_random() % every != 0)
+    if (every > 1 && random_u64() % every != 0)
         return;
     uint64_t t0 = monotonic_ns();
     struct otel_gpu_sync *rec = &sync_rec;
@@ -231,75 +251,21 @@ static void record_wait(CUpti_CallbackId cbid, const CUpti_CallbackData *cb, uin
     atomic_fetch_add(&g_state.wait_overhead_ns, monotonic_ns() - t0);
 }
 
-int may_finalize(void)
-{
-    return g_settings.cupti_finalize && g_cupti.finalize != NULL &&
-           (!atomic_load(&g_state.graphs_seen) || g_settings.finalize_with_graphs);
-}
-
-/* Called at an API exit when the controller asked for it: CUPTI's documented place for a dynamic detach. Only a
- * finalized CUPTI lets go of the driver: after a window had the activity kinds on, a launch-bound PyTorch loop on an
- * H200 stayed 22 % slower for as long as the subscription lasted, even with every kind and callback off again. */
-static void finalize_from_callback(void)
-{
-    int expected = FINALIZE_REQUESTED;
-    if (!may_finalize()) { /* a graph came since the finalize was asked for: CUPTI stays subscribed */
-        atomic_compare_exchange_strong(&g_state.finalize, &expected, FINALIZE_NONE);
-        return;
-    }
-    if (!atomic_compare_exchange_strong(&g_state.finalize, &expected, FINALIZE_RUNNING))
-        return;
-    uint64_t t0 = monotonic_ns();
-    CUptiResult rc = g_cupti.finalize();
-    atomic_fetch_add(&g_state.finalize_ns, monotonic_ns() - t0);
-    atomic_fetch_add(&g_state.finalizes, 1);
-    if (rc != CUPTI_SUCCESS) {
-        log_once("cuptiFinalize failed; CUPTI stays subscribed between windows (launch-bound programs run slower)");
-        atomic_store(&g_state.finalize, FINALIZE_NONE);
-        return;
-    }
-    atomic_store(&g_state.cupti_dirty, 0);
-    atomic_store(&g_state.finalize, FINALIZE_DONE);
-    sampler_wake(); /* the controller subscribes again at once: waits between windows are recorded again */
-}
-
 static void on_driver_api(CUpti_CallbackId cbid, const CUpti_CallbackData *cb);
 
-/* At the entry of a call that captures, instantiates or runs a CUDA graph: from now on CUPTI stays subscribed. At the
- * first such call, a finalize asked for and not yet taken up by a wait is performed here, before anything of a graph
- * happens under this CUPTI: no graph has run under any CUPTI of this library yet, and the choice sampler.c makes
- * for graph programs wants a CUPTI that has never had the activity kinds on (otherwise the pending finalize would be
- * called off, and every launch would keep paying for the last window). 1 when CUPTI was finalized here. */
-static int note_graph_use(void)
-{
-    atomic_fetch_add_explicit(&g_state.graph_calls, 1, memory_order_relaxed);
-    if (atomic_load_explicit(&g_state.graphs_seen, memory_order_relaxed) || g_settings.finalize_with_graphs)
-        return 0;
-    if (atomic_load(&g_state.finalize) == FINALIZE_REQUESTED)
-        finalize_from_callback();
-    int finalized = atomic_load(&g_state.finalize) == FINALIZE_DONE;
-    atomic_store(&g_state.graphs_seen, 1);
-    int expected = FINALIZE_REQUESTED;
-    atomic_compare_exchange_strong(&g_state.finalize, &expected, FINALIZE_NONE);
-    return finalized;
-}
-
-static void CUPTIAPI on_api(void *userdata, CUpti_CallbackDomain domain, CUpti_CallbackId cbid, const void *data)
+void CUPTIAPI inject_callback(void *userdata, CUpti_CallbackDomain domain, CUpti_CallbackId cbid, const void *data)
 {
     (void)userdata;
     if (domain == CUPTI_CB_DOMAIN_DRIVER_API && cbid < CUPTI_DRIVER_TRACE_CBID_SIZE) {
         const CUpti_CallbackData *cb = data;
-        if ((g_cbid_class[cbid] & CLASS_GRAPH_USE) && cb->callbackSite == CUPTI_API_ENTER && note_graph_use())
+        if ((g_cbid_class[cbid] & CLASS_GRAPH_USE) && cb->callbackSite == CUPTI_API_ENTER && hold_graph_use())
             return; /* CUPTI is finalized: nothing of this call is recorded */
         on_driver_api(cbid, cb);
         /* After this call's own record. At a synchronize's exit: the program's next wait, which CUPTI would not
          * see while it is finalized and not yet taken again, usually comes an iteration later (a blocking copy is
          * often followed by a synchronize at once). */
-        uint32_t wait_kind = g_cbid_class[cbid] >> CLASS_WAIT_SHIFT;
-        if (cb->callbackSite == CUPTI_API_EXIT &&
-            atomic_load_explicit(&g_state.finalize, memory_order_relaxed) == FINALIZE_REQUESTED &&
-            ((wait_kind != 0 && wait_kind != OTEL_GPU_SYNC_MEMCPY) || atomic_load(&g_state.finalize_at_any_exit)))
-            finalize_from_callback();
+        if (cb->callbackSite == CUPTI_API_EXIT)
+            hold_api_exit(g_cbid_class[cbid] >> CLASS_WAIT_SHIFT);
         return;
     }
     if (domain == CUPTI_CB_DOMAIN_RESOURCE && cbid == CUPTI_CBID_RESOURCE_CONTEXT_DESTROY_STARTING) {
@@ -341,7 +307,7 @@ static void on_driver_api(CUpti_CallbackId cbid, const CUpti_CallbackData *cb)
     }
     if (!atomic_load_explicit(&g_state.attached, memory_order_relaxed))
         return;
-    /* Outside a window the launch callbacks are on only while activity lingers (see sampler.c): nothing to do but
+    /* Outside a window the launch callbacks are on only while activity lingers (see window.c): nothing to do but
      * count the launch (its cost is charged by estimate.c). */
     if (launch_kind != 0 && wait_kind == 0 && atomic_load_explicit(&g_state.window_id, memory_order_relaxed) == 0) {
         atomic_fetch_add_explicit(&g_state.outside_launches, 1, memory_order_relaxed);
@@ -354,63 +320,20 @@ static void on_driver_api(CUpti_CallbackId cbid, const CUpti_CallbackData *cb)
         uint64_t window_id = atomic_load(&g_state.window_id);
         if (window_id != 0 && entered && entered_window == window_id) {
             record_launch(cbid, cb, launch_kind, window_id);
-            atomic_fetch_add_explicit(&g_state.exits_recorded, 1, memory_order_relaxed);
+            atomic_fetch_add_explicit(&exits_recorded, 1, memory_order_relaxed);
             if (entered_id != cb->correlationId)
-                atomic_fetch_add_explicit(&g_state.exits_id_changed, 1, memory_order_relaxed);
+                atomic_fetch_add_explicit(&exits_id_changed, 1, memory_order_relaxed);
         } else if (window_id != 0) {
-            atomic_fetch_add_explicit(entered ? &g_state.exits_window_changed : &g_state.exits_no_entry, 1,
+            atomic_fetch_add_explicit(entered ? &exits_window_changed : &exits_no_entry, 1,
                                       memory_order_relaxed);
         }
         atomic_fetch_sub(&g_state.in_launch, 1);
     }
     if (wait_kind != 0 && cb->correlationData != NULL && *cb->correlationData != 0) {
-        atomic_fetch_add_explicit(&g_state.waits_seen, 1, memory_order_relaxed); /* the program's pace (sampler.c) */
+        atomic_fetch_add_explicit(&g_state.waits_seen, 1, memory_order_relaxed); /* the program's pace (window.c) */
         record_wait(cbid, cb, wait_kind);
     }
     atomic_fetch_add_explicit(&g_state.overhead_ns, monotonic_ns() - t0, memory_order_relaxed);
-}
-
-/* --- holding CUPTI only while an agent is attached ---------------------------------------------------------- */
-
-/* CUPTI takes one subscriber per process: holding it only while an agent is attached leaves it to other tools
- * (torch.profiler, Nsight) the rest of the time. Returns 0 when subscribed; logs once when another tool holds it. */
-int cupti_take(void)
-{
-    CUptiResult rc;
-    char holder[CUPTI_OLD_SUBSCRIBER_NAME_MIN_LEN] = "";
-    if (g_cupti.subscribe_v2 != NULL) {
-        CUpti_SubscriberParams params = {
-            .structSize = CUpti_SubscriberParams_STRUCT_SIZE,
-            .subscriberName = "otel-gpu",
-            .oldSubscriberName = holder,
-            .oldSubscriberSize = sizeof(holder),
-        };
-        rc = g_cupti.subscribe_v2(&g_subscriber, on_api, NULL, &params);
-    } else {
-        rc = g_cupti.subscribe(&g_subscriber, on_api, NULL);
-    }
-    if (rc == CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED) {
-        static _Atomic int logged;
-        if (!atomic_exchange(&logged, 1))
-            fprintf(stderr, "otel-gpu: CUPTI is in use by another tool%s%s; GPU-time profiling waits until it is free\n",
-                    holder[0] ? ": " : "", holder);
-        return -1;
-    }
-    if (rc != CUPTI_SUCCESS) {
-        log_once("cuptiSubscribe failed; GPU-time profiling is off while it fails");
-        return -1;
-    }
-    /* Rare, so on while subscribed: a destroyed context's records are flushed before they are lost. */
-    if (g_cupti.enable_callback(1, g_subscriber, CUPTI_CB_DOMAIN_RESOURCE,
-                                CUPTI_CBID_RESOURCE_CONTEXT_DESTROY_STARTING) != CUPTI_SUCCESS)
-        log_once("cannot watch context destruction; records of a destroyed context may be lost");
-    return 0;
-}
-
-void cupti_release(void)
-{
-    g_cupti.unsubscribe(g_subscriber);
-    g_subscriber = NULL;
 }
 
 /* --- setup and teardown -------------------------------------------------------------------------------------- */
@@ -467,7 +390,7 @@ static void on_fork_child(void)
 static void at_exit(void)
 {
     if (!atomic_load(&forked_child))
-        sampler_stop_and_flush();
+        window_stop_and_flush();
 }
 
 __attribute__((visibility("default"))) int InitializeInjection(void)
@@ -493,7 +416,7 @@ __attribute__((visibility("default"))) int InitializeInjection(void)
     cbids_init();
     stack_init();
     coexist_init(); /* before the controller, which rescans for objects loaded later */
-    if (sampler_start() != 0) {
+    if (window_start() != 0) {
         fprintf(stderr, "otel-gpu: cannot start the sampling thread; GPU-time profiling is off for this process\n");
         return 0;
     }
@@ -505,5 +428,5 @@ __attribute__((visibility("default"))) int InitializeInjection(void)
 __attribute__((destructor)) static void on_unload(void)
 {
     if (atomic_load(&initialized) && !atomic_load(&forked_child))
-        sampler_stop_and_flush();
+        window_stop_and_flush();
 }

@@ -6,7 +6,9 @@
  *   inject.c    InitializeInjection, loading CUPTI through dlopen/dlsym, the API callback, exit handling
  *   coexist.c   stepping aside when another tool of the program (torch.profiler, ...) starts using CUPTI
  *   cbids.c     which driver-API callback ids are launches and which are blocking waits
- *   sampler.c   the controller thread: time windows sized to the overhead budget, sampled waits
+ *   hold.c      the hold on CUPTI: subscribe, finalize after a window, subscribe again, the CUDA graph guard
+ *   hold_state.c  the hold's states and pure transitions
+ *   window.c    the controller thread: time windows sized to the overhead budget, sampled waits
  *   activity.c  CUPTI activity buffers, the sampled-correlation filter, conversion to probe records
  *   stack.c     eh_frame unwinding of the calling thread and its CPython frames through the C API (GIL held)
  *   pyframes.c  CPython 3.11-3.13 frames read directly from the interpreter's structures (no GIL needed)
@@ -54,7 +56,7 @@ struct inject_settings {
     double overhead_budget;    /* OTEL_GPU_OVERHEAD_BUDGET: allowed slowdown, fraction of wall time (0.02) */
     uint64_t window_ns;        /* OTEL_GPU_WINDOW_MS: length of one sampling window */
     int debug_always_on;       /* OTEL_GPU_DEBUG_ALWAYS_ON=1: behave as if an agent were attached (tests only) */
-    int debug_stats;           /* OTEL_GPU_DEBUG_STATS=1: diagnostics lines on stderr at exit (sampler.c) */
+    int debug_stats;           /* OTEL_GPU_DEBUG_STATS=1: diagnostics lines on stderr at exit (window.c) */
     int api_activity;          /* the driver-API activity kind is on with the others (OTEL_GPU_API_ACTIVITY=0: off) */
     int debug_no_waits;        /* OTEL_GPU_DEBUG_NO_WAITS=1: diagnostics, never switch the wait callbacks on */
     int debug_no_windows;      /* OTEL_GPU_DEBUG_NO_WINDOWS=1: diagnostics, attach but never open a window */
@@ -62,18 +64,19 @@ struct inject_settings {
     int finalize_with_graphs;  /* OTEL_GPU_DEBUG_FINALIZE_WITH_GRAPHS=1: finalize even once graphs are in use (the
                                 * crash-prone behaviour, kept as a control for scripts/h200/do_no_harm.py) */
     int sample_graphs;         /* OTEL_GPU_CUDA_GRAPHS=sample: keep sampling once graphs are in use whatever it costs */
-    double graph_residue_ns;   /* what each launch is assumed to keep paying once the activity kinds were on (sampler.c;
+    double graph_residue_ns;   /* what each launch is assumed to keep paying once the activity kinds were on (window.c;
                                 * OTEL_GPU_DEBUG_GRAPH_RESIDUE_NS sets it for tests) */
-    uint64_t graph_probe_every_ns; /* the least time between looks at the launch rate (sampler.c; 1 s, or
+    uint64_t graph_probe_every_ns; /* the least time between looks at the launch rate (window.c; 1 s, or
                                     * OTEL_GPU_DEBUG_GRAPH_PROBE_EVERY_MS for tests) */
 };
 extern struct inject_settings g_settings;
 
-/* Once a window had CUPTI's activity kinds on, each launch stays this much slower until CUPTI is finalized: the
- * H200's worst kind (driver API records, 2.3 us) with a margin (scripts/h200/cupti_residue.py). */
+/* Once a window had CUPTI's activity kinds on, each launch stays this much slower until CUPTI is finalized: the worst
+ * kind measured (the driver-API records) with a margin (scripts/h200/cupti_residue.py; docs/benchmarks.md). */
 #define GRAPH_RESIDUE_NS_PER_LAUNCH 2500.0
 
-/* Shared state between the API callback, the controller and the activity thread. */
+/* What the API callback (inject.c) and the window controller (window.c) share, and activity.c adds its time to; each
+ * file keeps the rest of its state to itself. */
 struct inject_state {
     _Atomic uint64_t window_id;        /* id of the open window, 0 while none is open */
     _Atomic uint64_t window_launches;  /* launches recorded in the open window */
@@ -84,27 +87,11 @@ struct inject_state {
     _Atomic uint32_t in_launch;        /* API callbacks currently recording a launch */
     _Atomic uint64_t outside_launches; /* launches seen outside a window (callbacks on for the linger) */
     _Atomic int attached;              /* an agent is attached (or the debug mode pretends so) */
-    _Atomic int stopping;              /* the process is exiting */
-    _Atomic int finalize;              /* enum finalize_state: the controller asks, an API exit finalizes CUPTI */
-    _Atomic int finalize_at_any_exit;  /* 0: only a wait's exit takes a requested finalize up; 1: any exit */
-    _Atomic uint64_t finalizes, finalize_ns; /* how often, and how long the API exits spent in cuptiFinalize */
-    _Atomic int graphs_seen;           /* the process has captured, instantiated or launched a CUDA graph: never
-                                        * finalize CUPTI again (cbids.c) */
-    _Atomic uint64_t graph_calls;      /* graph calls seen (diagnostics) */
-    _Atomic int cupti_dirty;           /* activity kinds were on since CUPTI was last finalized: every launch pays
-                                        * for that until the next finalize, whether or not a window is open */
-    /* Launch exits inside a window, by outcome (diagnostics, OTEL_GPU_DEBUG_STATS): recorded; no entry seen (the
-     * callbacks came on during the call); the window changed during the call; recorded although CUPTI's id at the
-     * exit differed from the one at the entry. */
-    _Atomic uint64_t exits_recorded, exits_no_entry, exits_window_changed, exits_id_changed;
 };
 extern struct inject_state g_state;
 
-enum finalize_state { FINALIZE_NONE, FINALIZE_REQUESTED, FINALIZE_RUNNING, FINALIZE_DONE };
-
 /* Another tool's use of CUPTI, as seen through coexist.c's wrappers. */
 struct foreign_state {
-    _Atomic int aside;               /* the library has let go of CUPTI for another tool (sampler_step_aside) */
     _Atomic uintptr_t subscriber;    /* the other tool's subscriber handle, 0 when it holds none */
     _Atomic uint64_t kinds;          /* activity kinds the other tool has enabled (bit per CUpti_ActivityKind < 64) */
     _Atomic uint64_t last_call_ns;   /* monotonic: its last CUPTI call */
@@ -115,9 +102,35 @@ extern struct foreign_state g_foreign;
 /* inject.c */
 uint64_t now_ns(void);            /* CUPTI's timestamp clock */
 uint64_t monotonic_ns(void);      /* for measuring the library's own cost */
+uint64_t random_u64(void);        /* the library's one random source: xorshift64, one state per thread */
+double random_uniform01(void);    /* uniform in [0, 1), from random_u64 */
 void log_once(const char *what);  /* one "otel-gpu:" line on stderr per distinct message site */
-int cupti_take(void);             /* subscribe (at attach); 0 on success */
-void cupti_release(void);         /* unsubscribe (at detach) */
+void inject_print_stats(void);    /* OTEL_GPU_DEBUG_STATS: how launch exits in windows paired */
+
+/* The API callback CUPTI calls (inject.c; hold.c subscribes it). */
+void CUPTIAPI inject_callback(void *userdata, CUpti_CallbackDomain domain, CUpti_CallbackId cbid, const void *data);
+
+/* hold.c: the hold on CUPTI (states and transitions in hold_state.h). The controller's side, under window.c's lock: */
+int hold_take(void);                 /* subscribe unless held, buffers, wait and graph callbacks on; 0 on success */
+int hold_holding(void);              /* whether subscribed; a finalize asked for is called off, one running awaited */
+void hold_settle(void);              /* a finalize an API exit has completed: CUPTI is no longer held */
+void hold_let_go(void);              /* kinds and launch callbacks off, then (if allowed) a finalize asked for */
+void hold_hurry(int launches_wanted); /* after FINALIZE_PATIENCE_NS without a synchronize: any API exit finalizes */
+void hold_release(void);             /* unsubscribe */
+void hold_release_unless_asked(void); /* unsubscribe unless a finalize was asked for (detach) */
+void hold_step_aside(void);          /* after the release: left to another CUPTI user until taken back */
+void hold_take_back(void);           /* the other user is done: CUPTI may be subscribed again */
+int hold_aside(void);                /* (any thread) stepped aside for another CUPTI user */
+int hold_finalized(void);            /* an API exit finalized CUPTI, not yet settled */
+int hold_undisturbed(void);          /* subscribed, no finalize pending */
+void hold_mark_dirty(void);          /* an activity kind goes on: launches pay until the next finalize */
+int hold_dirty(void);
+int hold_graphs_seen(void);
+uint64_t hold_finalize_ns(void);     /* total time API exits spent in cuptiFinalize */
+void hold_print_stats(void);         /* OTEL_GPU_DEBUG_STATS lines on finalizes and graphs */
+/* The API side, any thread: */
+int hold_graph_use(void);            /* a graph call's entry; 1 when CUPTI was finalized here (record nothing) */
+void hold_api_exit(uint32_t wait_kind); /* an API exit: performs an asked-for finalize where it may */
 
 /* cbids.c */
 void cbids_init(void);
@@ -125,21 +138,17 @@ int cbids_enable_launches(uint32_t enable);
 int cbids_enable_waits(uint32_t enable);
 int cbids_enable_graph_watch(uint32_t enable);
 
-/* Whether CUPTI may be finalized now: it has a cuptiFinalize, OTEL_GPU_CUPTI_FINALIZE is not 0, and no CUDA graph has
- * been seen (or the debug control says finalize anyway). */
-int may_finalize(void);
-
 /* coexist.c */
 void coexist_init(void);
 void coexist_rescan(void);
 int coexist_foreign_done(uint64_t now_monotonic_ns);
 uint64_t coexist_slots_patched(void);
 
-/* sampler.c */
-int sampler_start(void);
-void sampler_step_aside(void);
-void sampler_wake(void);
-void sampler_stop_and_flush(void);
+/* window.c */
+int window_start(void);
+void window_step_aside(void);
+void window_wake(void);
+void window_stop_and_flush(void);
 
 /* activity.c */
 int activity_init(void);

@@ -43,9 +43,69 @@ struct py_layout {
 };
 
 static const struct py_layout layouts[] = {
-    {0x030B0000, 1, 56, 8, 32, 48, 56, 69, -1, 112, 128, 72, 136, 168, 184, 48, 48, 56, 72},
-    {0x030C0000, 1, 56, 0, 0, 8, 56, 70, 3, 112, 128, 68, 136, 176, 192, 40, 40, 48, 56},
-    {0x030D0000, 0, 72, 0, 0, 8, 56, 70, 3, 112, 128, 68, 136, 184, 200, 40, 40, 48, 56},
+    { /* CPython 3.11 */
+        .minor_hex = 0x030B0000,
+        .has_cframe = 1,                /* tstate->cframe->current_frame */
+        .tstate_frame = 56,             /* PyThreadState.cframe */
+        .cframe_current = 8,            /* _PyCFrame.current_frame */
+        .frame_code = 32,               /* _PyInterpreterFrame.f_code */
+        .frame_previous = 48,           /* _PyInterpreterFrame.previous */
+        .frame_instr = 56,              /* _PyInterpreterFrame.prev_instr */
+        .frame_owner = 69,              /* _PyInterpreterFrame.owner */
+        .owner_cstack = -1,             /* (none in 3.11) */
+        .code_filename = 112,           /* PyCodeObject.co_filename */
+        .code_qualname = 128,           /* PyCodeObject.co_qualname */
+        .code_firstlineno = 72,         /* PyCodeObject.co_firstlineno */
+        .code_linetable = 136,          /* PyCodeObject.co_linetable */
+        .code_firsttraceable = 168,     /* PyCodeObject._co_firsttraceable */
+        .code_adaptive = 184,           /* PyCodeObject.co_code_adaptive */
+        .ascii_size = 48,               /* sizeof(PyASCIIObject) */
+        .compact_utf8_length = 48,      /* PyCompactUnicodeObject.utf8_length */
+        .compact_utf8 = 56,             /* PyCompactUnicodeObject.utf8 */
+        .compact_size = 72,             /* sizeof(PyCompactUnicodeObject) */
+    },
+    { /* CPython 3.12 */
+        .minor_hex = 0x030C0000,
+        .has_cframe = 1,                /* tstate->cframe->current_frame */
+        .tstate_frame = 56,             /* PyThreadState.cframe */
+        .cframe_current = 0,            /* _PyCFrame.current_frame */
+        .frame_code = 0,                /* _PyInterpreterFrame.f_code */
+        .frame_previous = 8,            /* _PyInterpreterFrame.previous */
+        .frame_instr = 56,              /* _PyInterpreterFrame.prev_instr */
+        .frame_owner = 70,              /* _PyInterpreterFrame.owner */
+        .owner_cstack = 3,              /* FRAME_OWNED_BY_CSTACK */
+        .code_filename = 112,           /* PyCodeObject.co_filename */
+        .code_qualname = 128,           /* PyCodeObject.co_qualname */
+        .code_firstlineno = 68,         /* PyCodeObject.co_firstlineno */
+        .code_linetable = 136,          /* PyCodeObject.co_linetable */
+        .code_firsttraceable = 176,     /* PyCodeObject._co_firsttraceable */
+        .code_adaptive = 192,           /* PyCodeObject.co_code_adaptive */
+        .ascii_size = 40,               /* sizeof(PyASCIIObject) */
+        .compact_utf8_length = 40,      /* PyCompactUnicodeObject.utf8_length */
+        .compact_utf8 = 48,             /* PyCompactUnicodeObject.utf8 */
+        .compact_size = 56,             /* sizeof(PyCompactUnicodeObject) */
+    },
+    { /* CPython 3.13 */
+        .minor_hex = 0x030D0000,
+        .has_cframe = 0,                /* tstate->current_frame */
+        .tstate_frame = 72,             /* PyThreadState.current_frame */
+        .cframe_current = 0,            /* (no _PyCFrame) */
+        .frame_code = 0,                /* _PyInterpreterFrame.f_executable */
+        .frame_previous = 8,            /* _PyInterpreterFrame.previous */
+        .frame_instr = 56,              /* _PyInterpreterFrame.instr_ptr */
+        .frame_owner = 70,              /* _PyInterpreterFrame.owner */
+        .owner_cstack = 3,              /* FRAME_OWNED_BY_CSTACK */
+        .code_filename = 112,           /* PyCodeObject.co_filename */
+        .code_qualname = 128,           /* PyCodeObject.co_qualname */
+        .code_firstlineno = 68,         /* PyCodeObject.co_firstlineno */
+        .code_linetable = 136,          /* PyCodeObject.co_linetable */
+        .code_firsttraceable = 184,     /* PyCodeObject._co_firsttraceable */
+        .code_adaptive = 200,           /* PyCodeObject.co_code_adaptive */
+        .ascii_size = 40,               /* sizeof(PyASCIIObject) */
+        .compact_utf8_length = 40,      /* PyCompactUnicodeObject.utf8_length */
+        .compact_utf8 = 48,             /* PyCompactUnicodeObject.utf8 */
+        .compact_size = 56,             /* sizeof(PyCompactUnicodeObject) */
+    },
 };
 
 #define OB_TYPE 8         /* offsetof(PyObject, ob_type) */

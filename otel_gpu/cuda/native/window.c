@@ -4,10 +4,10 @@
  * CUPTI subscription (taken at attach, given back at detach; see "Letting go" for between windows) and opens
  * sampling windows of OTEL_GPU_WINDOW_MS at randomly jittered times: in a window the launch callbacks and the
  * kernel/memcpy/memset activity kinds are on, outside they are off (but for the linger, below), so the workload pays
- * CUPTI's per-launch cost only for a fraction f of wall time. f is chosen so that f x (slowdown inside a window) stays within the overhead budget;
- * the in-window slowdown comes from estimate.c (the library's measured own time plus a prior for CUPTI's cost per
- * recorded launch and the program's time in the last CUPTI finalize, relative to the undisturbed time; windows
- * without launches leave it alone), and f is bounded to [0.1 %, 20 %].
+ * CUPTI's per-launch cost only for a fraction f of wall time. f is chosen so that f x (slowdown inside a window)
+ * stays within the overhead budget; the in-window slowdown comes from estimate.c (the library's measured own time
+ * plus a prior for CUPTI's cost per recorded launch and the program's time in the last CUPTI finalize, relative to
+ * the undisturbed time; windows without launches leave it alone), and f is bounded to [0.1 %, 20 %].
  * Each closed window fires otel_gpu:window with covered_ns/elapsed_ns, the fraction the agent re-weights by, and the
  * program's pace in and out of windows (the waits it ended in windows and in the gaps' shadow windows, below).
  *
@@ -18,25 +18,19 @@
  * re-weighted totals stay unbiased under any queue lag.
  *
  * Correlation ids: CUDA 13's CUPTI gives launches ids of their own only while the driver-API activity kind is on
- * (activity.c switches it with the others unless OTEL_GPU_API_ACTIVITY=0); without it an H200 showed one id on
- * hundreds of launches. The launch callbacks are on whenever any activity kind is: switched on before the kinds at a
- * window's open, off only after the kinds at the linger's end (the configuration measured on the H200). Outside a
- * window the callback just counts the launch (the linger's cost, charged by estimate.c) and the sampled-id filter
- * drops its work.
+ * (activity.c switches it with the others unless OTEL_GPU_API_ACTIVITY=0); without it many launches share one id.
+ * The launch callbacks are on whenever any activity kind is: switched on before the kinds at a window's open, off
+ * only after the kinds at the linger's end, so that no recorded launch goes without its own id. Outside a window the
+ * callback just counts the launch (the linger's cost, charged by estimate.c) and the sampled-id filter drops its work.
  *
- * Letting go: once a window has had the activity kinds on, CUPTI keeps slowing every launch down after they and the
- * callbacks are off again, for as long as it stays subscribed (an H200, scripts/h200/baton.py: a launch-bound PyTorch
- * loop 22-24 % slower with windows; subscribed with the wait callbacks on but no window ever opened: +0.7 %). Only
- * cuptiFinalize undoes it (+3.7 % with it). So at a linger's end (and at detach) every record is flushed and the next
- * exit of a synchronize call, in whatever thread, finalizes CUPTI (CUPTI's documented place for it; any API exit
- * after FINALIZE_PATIENCE_NS without one); the controller, woken by it, subscribes again at once. On the H200 the
- * finalize took ~2.2 ms of the calling thread and subscribing again ~10 ms of the controller, during which waits that
- * begin go unseen (the known program's stream waits: -3.6 %). OTEL_GPU_CUPTI_FINALIZE=0 keeps the subscription.
+ * Letting go: once a window has had the activity kinds on, CUPTI keeps slowing every launch down until it is
+ * finalized, so at a linger's end (and at detach) the controller asks hold.c for a finalize, and subscribes again
+ * once an API exit has performed it (the reasons, and what it costs, are hold.c's; numbers in docs/benchmarks.md).
+ * OTEL_GPU_CUPTI_FINALIZE=0 keeps the subscription.
  *
  * Blocking waits are recorded outside windows too (their callbacks stay on while attached, but for the moments
- * between a finalize and the next subscription): one wait in N, chosen
- * at random, with weight N; N doubles when recording waits costs more than half the budget and halves back when
- * it costs less than a quarter of that.
+ * between a finalize and the next subscription): one wait in N, chosen at random, with weight N; N doubles when
+ * recording waits costs more than half the budget and halves back when it costs less than a quarter of that.
  */
 #include <errno.h>
 #include <pthread.h>
@@ -56,53 +50,50 @@
 #define LINGER_POLL_MAX_NS 20000000ull   /* ... up to 20 ms */
 #define EXPIRE_EVERY_NS 100000000ull     /* how often the sampled-id filter is swept while lingering: 100 ms */
 #define WAIT_EVERY_MAX (1u << 20)
-#define FINALIZE_PATIENCE_NS 50000000ull /* a finalize waits this long for a wait's exit, then takes any: 50 ms */
 #define EXIT_DRAIN_NS 200000000ull       /* at exit, wait up to 200 ms for sampled launches' GPU work */
 
 static pthread_t controller;
 static pthread_mutex_t ctl_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t ctl_wake = PTHREAD_COND_INITIALIZER;
-static int stopped; /* under ctl_lock: the final flush has run */
 
-/* Controller state, under ctl_lock. */
-static uint64_t last_window_id;
-static uint64_t open_start_ns;
-static uint64_t attach_start_ns;
-static uint64_t covered_ns;
-/* The program's pace in and out of windows, by the blocking waits it ends (totals since attach; the window record
- * carries them): observing launches slows a program that waits on the GPU every iteration, so windows see less of
- * its work than their share of the time, and the agent corrects the weights by this ratio. */
-static uint64_t window_waits, waits_at_open;
-static uint64_t shadow_waits, shadow_ns;
-static uint32_t open_us; /* the open window's switch-on time */
-static uint64_t wait_period_start_ns;
-static double slowdown = PRIOR_SLOWDOWN;
-static double fraction = ESTIMATE_FRACTION_MIN; /* set from the budget and the prior at start */
-static int lingering;            /* the activity kinds are on outside a window, for late GPU work */
-static uint64_t linger_start_ns; /* monotonic: the window closed */
-static uint64_t linger_launches; /* launches during the last linger (counted by the callback); next window's cost */
-static uint64_t rng = 0x9e3779b97f4a7c15ull;
-
-static double uniform01(void)
-{
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return (double)(rng >> 11) / (double)(1ull << 53);
-}
+/* The controller's state, under ctl_lock (the callback's side of what they share is g_state). */
+static struct {
+    int stopped; /* the final flush has run */
+    /* Windows, and the re-weighting totals since attach (the window record carries them). */
+    uint64_t last_window_id;
+    uint64_t open_start_ns;
+    uint32_t open_us; /* the open window's switch-on time */
+    uint64_t attach_start_ns;
+    uint64_t covered_ns;
+    /* The program's pace in and out of windows, by the blocking waits it ends (totals since attach; the window record
+     * carries them): observing launches slows a program that waits on the GPU every iteration, so windows see less
+     * of its work than their share of the time, and the agent corrects the weights by this ratio. */
+    uint64_t window_waits, waits_at_open;
+    uint64_t shadow_waits, shadow_ns;
+    /* The budget: the in-window slowdown estimate, the fraction of time sampled, the waits' sampling period. */
+    double slowdown;
+    double fraction; /* set from the budget and the prior at start */
+    uint64_t wait_period_start_ns;
+    uint64_t finalize_ns_charged; /* hold_finalize_ns() already charged to a window's cost */
+    /* Late GPU work. */
+    int lingering;            /* the activity kinds are on outside a window, for late GPU work */
+    uint64_t linger_start_ns; /* monotonic: the window closed */
+    uint64_t linger_launches; /* launches during the last linger (counted by the callback); next window's cost */
+    /* Time left to other tools. */
+    uint64_t yielded_ns, yields; /* time CUPTI was left to another tool, and how often (window record) */
+    uint64_t aside_since_ns;     /* monotonic: the library stepped aside */
+    int paused_for_graphs;       /* the library stood aside for good: the process uses CUDA graphs */
+    /* The choice for a graph program (below, at probe_for_graphs_locked). */
+    int graphs_decided;        /* the choice was made (sample or stand aside) */
+    int graph_probes;          /* looks so far */
+    uint64_t graph_probe_ns;   /* monotonic: the last look began */
+    double graphs_launch_rate; /* launches per second of the busiest look */
+} ctl = {.slowdown = PRIOR_SLOWDOWN, .fraction = ESTIMATE_FRACTION_MIN};
 
 static int agent_present(void)
 {
     return g_settings.debug_always_on || emit_any_semaphore();
 }
-
-static int held;                   /* under ctl_lock: subscribed (a finalize may be pending) */
-static uint64_t yielded_ns, yields; /* time CUPTI was left to another tool, and how often (window record) */
-static uint64_t aside_since_ns;     /* monotonic: the library stepped aside */
-static int paused_for_graphs;       /* the library stood aside for good: the process uses CUDA graphs */
-static uint64_t finalize_asked_ns; /* monotonic: let_go_locked asked for a finalize */
-static uint64_t retakes, retake_ns; /* subscriptions taken (attach and after each finalize), their total time */
-static uint64_t finalize_ns_charged; /* g_state.finalize_ns already charged to a window's cost */
 
 /* Patches objects loaded since the last look (coexist.c), without ctl_lock: dl_iterate_phdr takes the loader's lock,
  * and a thread that holds it (a library's constructor) may call a wrapper that waits for ctl_lock. */
@@ -113,89 +104,11 @@ static void rescan_unlocked(void)
     pthread_mutex_lock(&ctl_lock);
 }
 
-/* A finalize an API exit has completed: CUPTI is no longer held. */
-static void settle_locked(void)
-{
-    if (atomic_load(&g_state.finalize) == FINALIZE_DONE) {
-        atomic_store(&g_state.finalize, FINALIZE_NONE);
-        held = 0;
-    }
-}
-
-/* Whether this library holds CUPTI's subscription, after settling a finalize it asked for: one no API exit has taken
- * up yet is called off (CUPTI stays subscribed), one in progress is waited for. */
-static int holding_locked(void)
-{
-    int expected = FINALIZE_REQUESTED;
-    if (atomic_compare_exchange_strong(&g_state.finalize, &expected, FINALIZE_NONE))
-        return held;
-    while (atomic_load(&g_state.finalize) == FINALIZE_RUNNING)
-        sched_yield();
-    settle_locked();
-    return held;
-}
-
-/* Subscribes (unless still subscribed), registers the activity buffers and switches the wait callbacks on: the state
- * between windows. Registered at every take: another tool may have put its own buffer callbacks in since. */
-static int take_locked(void)
-{
-    uint64_t t0 = monotonic_ns();
-    if (!holding_locked()) {
-        if (cupti_take() != 0)
-            return -1;
-        held = 1;
-    }
-    cbids_enable_launches(0); /* a called-off finalize may have left them on (hurry_finalize_locked) */
-    if (activity_init() != 0) {
-        log_once("cannot register CUPTI activity buffers; GPU-time profiling is off while that fails");
-        cupti_release();
-        held = 0;
-        return -1;
-    }
-    if (!g_settings.debug_no_waits && cbids_enable_waits(1) != 0)
-        log_once("some blocking-call callbacks could not be enabled");
-    if (cbids_enable_graph_watch(1) != 0)
-        log_once("some CUDA graph callbacks could not be enabled");
-    retakes++;
-    retake_ns += monotonic_ns() - t0;
-    return 0;
-}
-
-/* Lets go of the driver once a window's sampled work is in: the activity kinds and launch callbacks off, then (CUPTI
- * has a cuptiFinalize and OTEL_GPU_CUPTI_FINALIZE is not 0) every record handed over and a finalize asked for: the
- * next synchronize exit of any thread performs it (or any API exit, see hurry_finalize_locked), and the controller
- * subscribes again (wait_gap_locked). */
-static void let_go_locked(void)
-{
-    activity_enable(0);
-    cbids_enable_launches(0); /* after the kinds: no recorded launch goes without its own id */
-    if (may_finalize()) {
-        g_cupti.activity_flush_all(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
-        atomic_store(&g_state.finalize_at_any_exit, 0);
-        atomic_store(&g_state.finalize, FINALIZE_REQUESTED);
-        finalize_asked_ns = monotonic_ns();
-    }
-}
-
-/* A program that has not waited since the finalize was asked for: any API exit may take it up (launch callbacks on).
- * A graph call that called the finalize off leaves them on: off again here, unless a window or linger wants them. */
-static void hurry_finalize_locked(void)
-{
-    if (atomic_load(&g_state.finalize) == FINALIZE_NONE && atomic_exchange(&g_state.finalize_at_any_exit, 0) &&
-        held && !lingering && atomic_load(&g_state.window_id) == 0)
-        cbids_enable_launches(0);
-    if (atomic_load(&g_state.finalize) == FINALIZE_REQUESTED && !atomic_load(&g_state.finalize_at_any_exit) &&
-        monotonic_ns() - finalize_asked_ns >= FINALIZE_PATIENCE_NS) {
-        atomic_store(&g_state.finalize_at_any_exit, 1);
-        cbids_enable_launches(1);
-    }
-}
-
 /* Takes CUPTI again if an API exit finalized it; 0 while held, -1 (detached, logged) when taking it fails. A finalize
  * asked for but not yet performed is called off. */
 static int keep_holding_locked(void)
 {
-    if (holding_locked() || take_locked() == 0)
+    if (hold_holding() || hold_take() == 0)
         return 0;
     atomic_store(&g_state.attached, 0); /* attached again when CUPTI can be taken */
     return -1;
@@ -203,14 +116,14 @@ static int keep_holding_locked(void)
 
 static int attach_locked(void)
 {
-    if (take_locked() != 0)
+    if (hold_take() != 0)
         return -1;
     atomic_store(&g_state.attached, 1);
     /* After the switch: every call that starts from now on is seen at entry and exit. */
-    attach_start_ns = now_ns();
-    wait_period_start_ns = monotonic_ns();
-    covered_ns = 0;
-    window_waits = shadow_waits = shadow_ns = 0;
+    ctl.attach_start_ns = now_ns();
+    ctl.wait_period_start_ns = monotonic_ns();
+    ctl.covered_ns = 0;
+    ctl.window_waits = ctl.shadow_waits = ctl.shadow_ns = 0;
     return 0;
 }
 
@@ -218,10 +131,10 @@ static int attach_locked(void)
  * that precedes the open; the window record states how long flush and switches took). */
 static void open_window_locked(uint64_t begin)
 {
-    int was_lingering = lingering;
-    if (lingering) {
-        linger_launches = atomic_exchange(&g_state.outside_launches, 0);
-        lingering = 0;
+    int was_lingering = ctl.lingering;
+    if (ctl.lingering) {
+        ctl.linger_launches = atomic_exchange(&g_state.outside_launches, 0);
+        ctl.lingering = 0;
     }
     activity_expire(MAX_LAG_NS);
     atomic_store(&g_state.window_launches, 0);
@@ -229,14 +142,14 @@ static void open_window_locked(uint64_t begin)
     /* Callbacks before activity (a linger left both on): no launch whose work is recorded goes without its own id. */
     if (!was_lingering && cbids_enable_launches(1) != 0)
         log_once("some launch callbacks could not be enabled");
-    atomic_store(&g_state.cupti_dirty, 1);
+    hold_mark_dirty();
     if (activity_enable(1) != 0)
         log_once("some CUPTI activity kinds could not be enabled");
     uint64_t switched = monotonic_ns();
-    open_us = (switched - begin) / 1000u < UINT32_MAX ? (uint32_t)((switched - begin) / 1000u) : UINT32_MAX;
-    open_start_ns = now_ns();
-    atomic_store_explicit(&g_state.window_id, ++last_window_id, memory_order_release);
-    waits_at_open = atomic_load(&g_state.waits_seen);
+    ctl.open_us = (switched - begin) / 1000u < UINT32_MAX ? (uint32_t)((switched - begin) / 1000u) : UINT32_MAX;
+    ctl.open_start_ns = now_ns();
+    atomic_store_explicit(&g_state.window_id, ++ctl.last_window_id, memory_order_release);
+    ctl.waits_at_open = atomic_load(&g_state.waits_seen);
 }
 
 /* At most every 100 ms, from the gap's slices as well as at window ends (windows can be seconds apart while a
@@ -245,7 +158,7 @@ static void open_window_locked(uint64_t begin)
 static void adapt_waits_locked(void)
 {
     uint64_t now = monotonic_ns();
-    uint64_t period_ns = now - wait_period_start_ns;
+    uint64_t period_ns = now - ctl.wait_period_start_ns;
     if (period_ns < 100000000ull)
         return;
     double wait_cost = (double)atomic_exchange(&g_state.wait_overhead_ns, 0);
@@ -255,19 +168,19 @@ static void adapt_waits_locked(void)
         atomic_store(&g_state.wait_sample_every, every * 2);
     else if (wait_cost * 4 < allowed && every > 1)
         atomic_store(&g_state.wait_sample_every, every / 2);
-    wait_period_start_ns = now;
+    ctl.wait_period_start_ns = now;
 }
 
 static void adapt_locked(uint64_t window_ns, uint64_t overhead_ns, uint64_t launches, uint64_t lingered)
 {
     adapt_waits_locked();
     /* the finalize after the previous window, in one of the program's threads */
-    uint64_t finalize_ns = atomic_load(&g_state.finalize_ns);
-    struct window_cost cost = {window_ns, overhead_ns, launches, lingered, finalize_ns - finalize_ns_charged};
+    uint64_t finalize_ns = hold_finalize_ns();
+    struct window_cost cost = {window_ns, overhead_ns, launches, lingered, finalize_ns - ctl.finalize_ns_charged};
     if (launches != 0 || lingered != 0) /* an idle window is not counted (estimate_update): charge the next one */
-        finalize_ns_charged = finalize_ns;
-    slowdown = estimate_update(slowdown, &cost);
-    fraction = fraction_for_budget(g_settings.overhead_budget, slowdown);
+        ctl.finalize_ns_charged = finalize_ns;
+    ctl.slowdown = estimate_update(ctl.slowdown, &cost);
+    ctl.fraction = fraction_for_budget(g_settings.overhead_budget, ctl.slowdown);
 }
 
 /* A window record with the running totals; launches, overhead, the switch-on time and aside_since_ns are the
@@ -279,14 +192,14 @@ static struct otel_gpu_window window_record_locked(uint64_t id, uint64_t start, 
         .window_id = id,
         .start_ns = start,
         .end_ns = end,
-        .covered_ns = covered_ns,
-        .elapsed_ns = end - attach_start_ns,
+        .covered_ns = ctl.covered_ns,
+        .elapsed_ns = end - ctl.attach_start_ns,
         .dropped = activity_take_dropped(),
-        .window_waits = window_waits,
-        .shadow_waits = shadow_waits,
-        .shadow_ns = shadow_ns,
-        .yielded_ns = yielded_ns,
-        .yields = yields,
+        .window_waits = ctl.window_waits,
+        .shadow_waits = ctl.shadow_waits,
+        .shadow_ns = ctl.shadow_ns,
+        .yielded_ns = ctl.yielded_ns,
+        .yields = ctl.yields,
     };
 }
 
@@ -304,36 +217,36 @@ static void close_window_locked(uint32_t flush_flag, uint64_t aside_from_ns)
     g_cupti.activity_flush_all(flush_flag);
     /* The activity kinds, and the launch callbacks with them, stay on until the sampled launches' GPU work has
      * arrived (see linger_check_locked). */
-    uint64_t lingered = linger_launches; /* the linger before this window: charged to it */
-    lingering = 1;
-    linger_start_ns = monotonic_ns();
-    linger_launches = 0;
+    uint64_t lingered = ctl.linger_launches; /* the linger before this window: charged to it */
+    ctl.lingering = 1;
+    ctl.linger_start_ns = monotonic_ns();
+    ctl.linger_launches = 0;
     atomic_store(&g_state.outside_launches, 0);
-    covered_ns += end - open_start_ns;
-    window_waits += atomic_load(&g_state.waits_seen) - waits_at_open;
-    struct otel_gpu_window rec = window_record_locked(id, open_start_ns, end);
-    rec.open_us = open_us;
+    ctl.covered_ns += end - ctl.open_start_ns;
+    ctl.window_waits += atomic_load(&g_state.waits_seen) - ctl.waits_at_open;
+    struct otel_gpu_window rec = window_record_locked(id, ctl.open_start_ns, end);
+    rec.open_us = ctl.open_us;
     rec.launches = atomic_load(&g_state.window_launches);
     rec.overhead_ns = atomic_load(&g_state.overhead_ns);
     rec.aside_since_ns = aside_from_ns;
     emit_window(&rec);
-    adapt_locked(end - open_start_ns, rec.overhead_ns, rec.launches, lingered);
+    adapt_locked(end - ctl.open_start_ns, rec.overhead_ns, rec.launches, lingered);
 }
 
 /* Ends a linger once nothing sampled is outstanding (or what is left has timed out); 1 while it goes on. */
 static int linger_check_locked(void)
 {
-    if (!lingering)
+    if (!ctl.lingering)
         return 0;
     g_cupti.activity_flush_all(0);
     uint64_t now = monotonic_ns();
-    if (activity_outstanding() != 0 && now - linger_start_ns <= MAX_LAG_NS)
+    if (activity_outstanding() != 0 && now - ctl.linger_start_ns <= MAX_LAG_NS)
         return 1;
     if (activity_outstanding() != 0)
         activity_expire(MAX_LAG_NS); /* counts what never came as dropped */
-    let_go_locked();
-    lingering = 0;
-    linger_launches = atomic_exchange(&g_state.outside_launches, 0);
+    hold_let_go();
+    ctl.lingering = 0;
+    ctl.linger_launches = atomic_exchange(&g_state.outside_launches, 0);
     return 0;
 }
 
@@ -341,17 +254,14 @@ static void detach_locked(void)
 {
     close_window_locked(0, 0);
     atomic_store(&g_state.attached, 0);
-    lingering = 0;
-    if (!holding_locked())
+    ctl.lingering = 0;
+    if (!hold_holding())
         return;
     cbids_enable_waits(0);
     cbids_enable_graph_watch(0);
     activity_drain(EXIT_DRAIN_NS); /* bounded: the agent is gone, what has not come by then is lost */
-    let_go_locked();
-    if (atomic_load(&g_state.finalize) != FINALIZE_REQUESTED) {
-        cupti_release();
-        held = 0;
-    }
+    hold_let_go();
+    hold_release_unless_asked();
 }
 
 /* Sleeps up to duration_ns (ctl_lock held, released while waiting); returns non-zero when the library is stopping. */
@@ -362,16 +272,16 @@ static int sleep_locked(uint64_t duration_ns)
     uint64_t ns = (uint64_t)until.tv_nsec + duration_ns;
     until.tv_sec += (time_t)(ns / 1000000000u);
     until.tv_nsec = (long)(ns % 1000000000u);
-    while (!stopped && atomic_load(&g_state.finalize) != FINALIZE_DONE) {
+    while (!ctl.stopped && !hold_finalized()) {
         int rc = pthread_cond_timedwait(&ctl_wake, &ctl_lock, &until);
         if (rc == ETIMEDOUT)
             break;
     }
-    return stopped;
+    return ctl.stopped;
 }
 
 /* From an API exit that finalized CUPTI (no lock: the thread may hold driver locks the controller waits on). */
-void sampler_wake(void)
+void window_wake(void)
 {
     pthread_cond_broadcast(&ctl_wake);
 }
@@ -379,7 +289,7 @@ void sampler_wake(void)
 /* Subscribed with nothing but the wait callbacks on: how the program runs when no window observes it. */
 static int undisturbed_locked(void)
 {
-    return held && !lingering && atomic_load(&g_state.finalize) == FINALIZE_NONE;
+    return hold_undisturbed() && !ctl.lingering;
 }
 
 /* Lets go of everything: the open window is closed and recorded (an empty one if none is open, while attached) with
@@ -393,35 +303,34 @@ static void stand_aside_locked(void)
     if (atomic_load(&g_state.window_id) != 0) {
         close_window_locked(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED, now);
     } else if (was_attached) {
-        struct otel_gpu_window rec = window_record_locked(++last_window_id, now, now);
+        struct otel_gpu_window rec = window_record_locked(++ctl.last_window_id, now, now);
         rec.aside_since_ns = now;
         emit_window(&rec);
     }
     atomic_store(&g_state.attached, 0);
-    lingering = 0;
-    if (holding_locked()) {
+    ctl.lingering = 0;
+    if (hold_holding()) {
         activity_enable(0);
         cbids_enable_launches(0);
         cbids_enable_waits(0);
         cbids_enable_graph_watch(0);
         g_cupti.activity_flush_all(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
         activity_expire(0); /* what never came is counted as dropped in the next window record */
-        cupti_release();
-        held = 0;
+        hold_release();
     }
-    aside_since_ns = monotonic_ns();
+    ctl.aside_since_ns = monotonic_ns();
 }
 
 /* From a coexist.c wrapper, in the thread of another tool that starts using CUPTI: lets go of everything before that
  * tool's call goes on; the controller takes CUPTI back once the tool is done with it. */
-void sampler_step_aside(void)
+void window_step_aside(void)
 {
     pthread_mutex_lock(&ctl_lock);
-    if (!atomic_load(&g_foreign.aside) && !stopped && !paused_for_graphs) {
+    if (!hold_aside() && !ctl.stopped && !ctl.paused_for_graphs) {
         int was_attached = atomic_load(&g_state.attached);
         stand_aside_locked();
-        yields++;
-        atomic_store(&g_foreign.aside, 1);
+        ctl.yields++;
+        hold_step_aside();
         if (was_attached)
             log_once("another tool in this program started using CUPTI (torch.profiler, Nsight, ...); GPU-time "
                      "profiling steps aside until it is done");
@@ -431,8 +340,8 @@ void sampler_step_aside(void)
 
 /* A process that uses CUDA graphs can never have CUPTI finalized again (a graph recorded under one CUPTI faults when
  * replayed under the next), and once a window has switched the activity kinds on, every launch stays slower until a
- * finalize: 1-2.3 us per launch on an H200 with every kind and callback off again (GRAPH_RESIDUE_NS_PER_LAUNCH,
- * scripts/h200/cupti_residue.py).
+ * finalize, with every kind and callback off again (GRAPH_RESIDUE_NS_PER_LAUNCH, measured by
+ * scripts/h200/cupti_residue.py; numbers in docs/benchmarks.md).
  * So when graphs show up while no kinds have been on since the last finalize, no window opens until the library has
  * counted the program's launches a few times, a second or more apart (one look may fall on a pause, or on the
  * compile that captured the graph), and seen some; it keeps sampling only if the busiest look's lasting cost fits the
@@ -440,42 +349,37 @@ void sampler_step_aside(void)
  * paid whether or not windows go on, so they go on. OTEL_GPU_CUDA_GRAPHS=sample keeps sampling in any case. */
 #define GRAPH_PROBE_NS 100000000ull        /* how long one look counts launches (g_settings: how far apart) */
 #define GRAPH_PROBES 5                     /* looks before the choice */
-static int graphs_decided;                 /* under ctl_lock: the choice above was made (sample or stand aside) */
-static int graph_probes;                   /* looks so far */
-static uint64_t graph_probe_ns;            /* monotonic: the last look began */
-static double graphs_launch_rate;          /* launches per second of the busiest look */
-
 static int graphs_undecided_locked(void)
 {
-    return !g_settings.sample_graphs && !graphs_decided && atomic_load(&g_state.graphs_seen) &&
-           !atomic_load(&g_state.cupti_dirty) && atomic_load(&g_state.finalize) == FINALIZE_NONE && held;
+    return !g_settings.sample_graphs && !ctl.graphs_decided && hold_graphs_seen() && !hold_dirty() &&
+           hold_undisturbed();
 }
 
 static int graphs_probe_due_locked(void)
 {
-    return graphs_undecided_locked() && monotonic_ns() - graph_probe_ns >= g_settings.graph_probe_every_ns;
+    return graphs_undecided_locked() && monotonic_ns() - ctl.graph_probe_ns >= g_settings.graph_probe_every_ns;
 }
 
 /* One look at the launch rate (callbacks alone leave nothing behind once off, unlike the activity kinds), and the
  * choice once enough looks saw the program launch. */
 static void probe_for_graphs_locked(void)
 {
-    graph_probe_ns = monotonic_ns();
+    ctl.graph_probe_ns = monotonic_ns();
     atomic_store(&g_state.outside_launches, 0);
     cbids_enable_launches(1);
     sleep_locked(GRAPH_PROBE_NS);
     cbids_enable_launches(0);
-    uint64_t launches = atomic_exchange(&g_state.outside_launches, 0), spent = monotonic_ns() - graph_probe_ns;
+    uint64_t launches = atomic_exchange(&g_state.outside_launches, 0), spent = monotonic_ns() - ctl.graph_probe_ns;
     double rate = (double)launches * 1e9 / (double)(spent ? spent : 1);
-    graphs_launch_rate = rate > graphs_launch_rate ? rate : graphs_launch_rate;
-    if (++graph_probes < GRAPH_PROBES || graphs_launch_rate == 0.0)
+    ctl.graphs_launch_rate = rate > ctl.graphs_launch_rate ? rate : ctl.graphs_launch_rate;
+    if (++ctl.graph_probes < GRAPH_PROBES || ctl.graphs_launch_rate == 0.0)
         return;
-    graphs_decided = 1;
-    if (graphs_launch_rate * g_settings.graph_residue_ns / 1e9 <= g_settings.overhead_budget)
+    ctl.graphs_decided = 1;
+    if (ctl.graphs_launch_rate * g_settings.graph_residue_ns / 1e9 <= g_settings.overhead_budget)
         return;
     int was_attached = atomic_load(&g_state.attached);
     stand_aside_locked();
-    paused_for_graphs = 1;
+    ctl.paused_for_graphs = 1;
     if (was_attached)
         log_once("this program uses CUDA graphs and launches too often for CUPTI's lasting cost: GPU-time sampling "
                  "stops for it (CUPTI can never be finalized again; OTEL_GPU_CUDA_GRAPHS=sample samples anyway)");
@@ -502,8 +406,8 @@ static void shadow_end_locked(const struct shadow *sh)
 {
     if (!sh->counting || !undisturbed_locked())
         return;
-    shadow_waits += atomic_load(&g_state.waits_seen) - sh->waits0;
-    shadow_ns += now_ns() - sh->start_ns;
+    ctl.shadow_waits += atomic_load(&g_state.waits_seen) - sh->waits0;
+    ctl.shadow_ns += now_ns() - sh->start_ns;
 }
 
 /* Sleeps the gap before the next window in slices, leaving early if the agent goes away; 0 = still attached.
@@ -514,26 +418,26 @@ static int wait_gap_locked(uint64_t gap_ns)
     struct shadow shadow = {.at = gap_ns > 2 * g_settings.window_ns ? end - g_settings.window_ns : 0};
     while ((now = monotonic_ns()) < end) {
         shadow_step_locked(&shadow, now);
-        uint64_t most = lingering ? poll : POLL_NS;
+        uint64_t most = ctl.lingering ? poll : POLL_NS;
         if (shadow.at != 0 && shadow.at - now < most)
             most = shadow.at - now;
         uint64_t slice = end - now < most ? end - now : most;
         if (sleep_locked(slice))
             return -1;
-        if (lingering) {
+        if (ctl.lingering) {
             poll = poll * 2 < LINGER_POLL_MAX_NS ? poll * 2 : LINGER_POLL_MAX_NS;
             if (linger_check_locked() && monotonic_ns() - last_expire >= EXPIRE_EVERY_NS) {
                 activity_expire(MAX_LAG_NS); /* clears tombstones and finished graph launches from the filter */
                 last_expire = monotonic_ns();
             }
         }
-        if (!agent_present() || atomic_load(&g_foreign.aside))
+        if (!agent_present() || hold_aside())
             return -1;
         if (graphs_probe_due_locked())
             return 0; /* cut short for a look at a graph program's launches (no shadow window counted) */
         rescan_unlocked();
-        hurry_finalize_locked();
-        if (atomic_load(&g_state.finalize) == FINALIZE_DONE && keep_holding_locked() != 0)
+        hold_hurry(ctl.lingering || atomic_load(&g_state.window_id) != 0);
+        if (hold_finalized() && keep_holding_locked() != 0)
             return -1;
         adapt_waits_locked();
     }
@@ -545,21 +449,21 @@ static void *controller_main(void *arg)
 {
     (void)arg;
     pthread_mutex_lock(&ctl_lock);
-    while (!stopped) {
-        settle_locked(); /* a finalize asked for at detach may have happened since (sleep_locked wakes for it) */
-        hurry_finalize_locked();
+    while (!ctl.stopped) {
+        hold_settle(); /* a finalize asked for at detach may have happened since (sleep_locked wakes for it) */
+        hold_hurry(ctl.lingering || atomic_load(&g_state.window_id) != 0);
         rescan_unlocked();
-        if (paused_for_graphs) {
+        if (ctl.paused_for_graphs) {
             sleep_locked(POLL_NS);
             continue;
         }
-        if (atomic_load(&g_foreign.aside)) {
+        if (hold_aside()) {
             if (!coexist_foreign_done(monotonic_ns())) {
                 sleep_locked(POLL_NS);
                 continue;
             }
-            yielded_ns += monotonic_ns() - aside_since_ns;
-            atomic_store(&g_foreign.aside, 0); /* attached again below while an agent is there: totals restart */
+            ctl.yielded_ns += monotonic_ns() - ctl.aside_since_ns;
+            hold_take_back(); /* attached again below while an agent is there: totals restart */
         }
         if (!atomic_load(&g_state.attached)) {
             if (!agent_present() || attach_locked() != 0) {
@@ -567,10 +471,10 @@ static void *controller_main(void *arg)
                 continue;
             }
         }
-        double mean_gap = (double)g_settings.window_ns * (1.0 - fraction) / fraction;
-        uint64_t gap_ns = (uint64_t)(mean_gap * (0.5 + uniform01()));
+        double mean_gap = (double)g_settings.window_ns * (1.0 - ctl.fraction) / ctl.fraction;
+        uint64_t gap_ns = (uint64_t)(mean_gap * (0.5 + random_uniform01()));
         if (wait_gap_locked(gap_ns) != 0) {
-            if (!stopped)
+            if (!ctl.stopped)
                 detach_locked();
             continue;
         }
@@ -587,17 +491,16 @@ static void *controller_main(void *arg)
         g_cupti.activity_flush_all(0); /* records of earlier windows that completed since */
         open_window_locked(begin);
         sleep_locked(g_settings.window_ns);
-        if (!stopped)
+        if (!ctl.stopped)
             close_window_locked(0, 0);
     }
     pthread_mutex_unlock(&ctl_lock);
     return NULL;
 }
 
-int sampler_start(void)
+int window_start(void)
 {
-    rng ^= monotonic_ns();
-    fraction = fraction_for_budget(g_settings.overhead_budget, PRIOR_SLOWDOWN);
+    ctl.fraction = fraction_for_budget(g_settings.overhead_budget, PRIOR_SLOWDOWN);
     pthread_attr_t attr;
     pthread_attr_init(&attr);
     pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
@@ -606,43 +509,27 @@ int sampler_start(void)
     return rc;
 }
 
-static double mean_us(uint64_t total_ns, uint64_t count)
-{
-    return count ? (double)total_ns / 1e3 / (double)count : 0.0;
-}
-
 /* At exit: close an open window and hand everything CUPTI still holds to the probes. Runs once. */
-void sampler_stop_and_flush(void)
+void window_stop_and_flush(void)
 {
     pthread_mutex_lock(&ctl_lock);
-    if (!stopped) {
+    if (!ctl.stopped) {
         if (g_settings.debug_stats) {
-            fprintf(stderr, "otel-gpu: stats launch exits in windows: recorded %llu (entry id differed %llu), "
-                    "no entry %llu, window changed %llu\n", (unsigned long long)atomic_load(&g_state.exits_recorded),
-                    (unsigned long long)atomic_load(&g_state.exits_id_changed),
-                    (unsigned long long)atomic_load(&g_state.exits_no_entry),
-                    (unsigned long long)atomic_load(&g_state.exits_window_changed));
-            uint64_t finalizes = atomic_load(&g_state.finalizes);
-            fprintf(stderr, "otel-gpu: stats CUPTI finalized %llu times (%.0f us each in an API exit), taken %llu times "
-                    "(%.0f us each)\n", (unsigned long long)finalizes,
-                    mean_us(atomic_load(&g_state.finalize_ns), finalizes), (unsigned long long)retakes,
-                    mean_us(retake_ns, retakes));
-            fprintf(stderr, "otel-gpu: stats CUDA graph calls %llu, graphs in use %d (CUPTI %s finalized since)\n",
-                    (unsigned long long)atomic_load(&g_state.graph_calls), atomic_load(&g_state.graphs_seen),
-                    may_finalize() ? "still" : "no longer");
+            inject_print_stats();
+            hold_print_stats();
             fprintf(stderr, "otel-gpu: stats graphs: %s (%d looks, busiest %.0f launches/s)\n",
-                    !graphs_decided ? "no choice made" : paused_for_graphs ? "stood aside" : "kept sampling",
-                    graph_probes, graphs_launch_rate);
+                    !ctl.graphs_decided ? "no choice made" : ctl.paused_for_graphs ? "stood aside" : "kept sampling",
+                    ctl.graph_probes, ctl.graphs_launch_rate);
             fprintf(stderr, "otel-gpu: stats stepped aside for another CUPTI user %llu times (%.0f ms), %llu GOT slots "
-                    "of CUPTI imports watched\n", (unsigned long long)yields, (double)yielded_ns / 1e6,
+                    "of CUPTI imports watched\n", (unsigned long long)ctl.yields, (double)ctl.yielded_ns / 1e6,
                     (unsigned long long)coexist_slots_patched());
             fprintf(stderr, "otel-gpu: stats waits ended in windows %llu in %.0f ms, in shadow windows %llu in %.0f ms\n",
-                    (unsigned long long)window_waits, (double)covered_ns / 1e6, (unsigned long long)shadow_waits,
-                    (double)shadow_ns / 1e6);
+                    (unsigned long long)ctl.window_waits, (double)ctl.covered_ns / 1e6,
+                    (unsigned long long)ctl.shadow_waits,
+                    (double)ctl.shadow_ns / 1e6);
         }
-        stopped = 1;
-        atomic_store(&g_state.stopping, 1);
-        if (atomic_load(&g_state.attached) && holding_locked()) {
+        ctl.stopped = 1;
+        if (atomic_load(&g_state.attached) && hold_holding()) {
             close_window_locked(0, 0);
             activity_drain(EXIT_DRAIN_NS);
         }
