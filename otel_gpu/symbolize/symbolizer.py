@@ -193,20 +193,26 @@ class Symbolizer:
     def load_kernel_symbols(self) -> bool:
         """Read /proc/kallsyms now (about 0.2 s) instead of at the first kernel frame; False when unavailable."""
         with self._lock:
-            if self._kernel is None:
-                self._kernel = KernelSymbols(self._kallsyms_path)
-            return self._kernel.available
+            return self._kernel_symbols().available
+
+    def _kernel_symbols(self) -> KernelSymbols:
+        """The kernel's symbols, read at the first use (the lock held); a capped read is counted then, once."""
+        if self._kernel is None:
+            self._kernel = KernelSymbols(self._kallsyms_path)
+            if self._kernel.truncated:
+                selfmetrics.count(semconv.SELF_ERRORS.name, otel_gpu__source=SOURCE,
+                                  otel_gpu__reason=semconv.REASON_KALLSYMS_TOO_LARGE)
+        return self._kernel
 
     def kernel_stack(self, addresses: Sequence[int]) -> tuple[Frame, ...]:
         """Frames (leaf first) for kernel addresses (leaf first)."""
         with self._lock:
-            if self._kernel is None:
-                self._kernel = KernelSymbols(self._kallsyms_path)
+            kernel = self._kernel_symbols()
             frames = []
             for depth, address in enumerate(addresses):
                 frame = self._kernel_frames.get(address if depth else -address)
                 if frame is None:
-                    found = self._kernel.lookup(address - 1 if depth else address)
+                    found = kernel.lookup(address - 1 if depth else address)
                     if found is None:
                         frame = Frame(f"[kernel] 0x{address:x}", FrameKind.KERNEL, address)
                     else:

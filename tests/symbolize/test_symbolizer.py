@@ -17,6 +17,7 @@ from otel_gpu import selfmetrics, semconv
 from otel_gpu.profiles.model import FrameKind
 from otel_gpu.symbolize.demangle import Demangler
 from otel_gpu.symbolize.elf import ElfSymbols
+from otel_gpu.symbolize import kallsyms
 from otel_gpu.symbolize.kallsyms import KernelSymbols
 from otel_gpu.symbolize.maps import MAX_MAPS_BYTES, parse_maps, read_maps, read_maps_capped
 from otel_gpu.symbolize.perfmap import MAX_PERF_MAP_BYTES, PerfMap
@@ -430,6 +431,22 @@ def test_kallsyms_lines_that_are_not_symbols_are_skipped(tmp_path: Path) -> None
     assert set(name) == {"n"} and len(name) < 5000  # a line is read up to a bound
     frames = Symbolizer(kallsyms_path=str(path)).kernel_stack([0xFFFFFFFF81000105])
     assert frames[0].function == "good"
+
+
+def test_a_kallsyms_file_past_the_cap_is_read_up_to_it_and_counted_once(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "kallsyms"
+    line = b"ffffffff81000000 T first\n"
+    path.write_bytes(line + b"".join(b"ffffffff%08x T later_%06d\n" % (0x81001000 + i, i) for i in range(100)))
+    monkeypatch.setattr(kallsyms, "MAX_KALLSYMS_BYTES", len(line) * 3)
+    before = _errors("kallsyms_too_large")
+    symbolizer = Symbolizer(kallsyms_path=str(path))
+    assert symbolizer.load_kernel_symbols()
+    assert symbolizer.kernel_stack([0xFFFFFFFF81000005])[0].function == "first"
+    assert symbolizer.kernel_stack([0xFFFFFFFF81001063])[0].function != "later_000099"  # past the cap
+    assert _errors("kallsyms_too_large") - before == 1
+    monkeypatch.setattr(kallsyms, "MAX_KALLSYMS_BYTES", path.stat().st_size)  # exactly the whole file: not capped
+    assert not KernelSymbols(str(path)).truncated
 
 
 def test_a_parser_failure_costs_that_file_its_symbols_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
