@@ -23,6 +23,7 @@ from otel_gpu.symbolize.maps import MAX_MAPS_BYTES, parse_maps, read_maps, read_
 from otel_gpu.symbolize.perfmap import MAX_PERF_MAP_BYTES, PerfMap
 from otel_gpu.symbolize.symbolizer import Symbolizer
 from tests.conftest import NATIVE
+from tests.symbolize.elfgen import Symbol, write_elf
 
 WORKLOADS = NATIVE / "workloads"
 
@@ -477,6 +478,24 @@ def test_a_parser_failure_costs_that_file_its_symbols_only(tmp_path: Path, monke
     assert bad[0].function == "hostile+0x10" and bad[0].mapping is not None
     assert good[0].function == "leaf_heavy"
     assert _errors("unreadable_elf") - before == 1
+
+
+def test_a_file_with_a_stolen_build_id_does_not_name_another_process_s_frames(tmp_path: Path) -> None:
+    """Any process can write an ELF file that claims another binary's build id and map it. Its names must stay its
+    own: the real binary's frames in other processes keep the real names, whichever of the two is read first."""
+    stolen = bytes(range(100, 120))
+    real, fake = tmp_path / "libreal.so", tmp_path / "libfake.so"
+    write_elf(real, [Symbol("real_function", 0x80, 0x40)], build_id=stolen)  # within the file's loaded bytes
+    write_elf(fake, [Symbol("poisoned_name", 0x80, 0x40)], build_id=stolen)
+    proc = tmp_path / "proc"
+    for pid, path in ((900030, fake), (900031, real), (900032, fake)):
+        (proc / str(pid)).mkdir(parents=True)
+        (proc / str(pid) / "maps").write_text(f"7f0000000000-7f0000100000 r-xp 00000000 fd:01 {path.stat().st_ino} "
+                                              f"{path}\n")
+    symbolizer = Symbolizer(proc_root=str(proc))
+    names = [symbolizer.user_stacks(pid, [[0x7F0000000090]])[0][0].function for pid in (900030, 900031, 900032)]
+    assert names == ["poisoned_name", "real_function", "poisoned_name"]
+    assert symbolizer.user_stacks(900031, [[0x7F0000000090]])[0][0].mapping.build_id == stolen.hex()
 
 
 def test_paths_that_are_not_utf8_are_exported_readable(tmp_path: Path) -> None:
