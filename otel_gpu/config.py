@@ -296,7 +296,10 @@ class RedactingFilter(logging.Filter):
     """A handler filter that masks URL secrets (see ``redacted``) in each record's message and traceback."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        message = record.getMessage()
+        try:
+            message = record.getMessage()
+        except Exception:  # noqa: BLE001 - a bad format call: left to the handler, which reports it and goes on
+            return True
         masked = redacted(message)
         if masked != message:
             record.msg, record.args = masked, ()

@@ -6,8 +6,10 @@ The last tests run the real ``otel-gpu`` command in a subprocess (exit codes, ou
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -132,6 +134,19 @@ def test_secret_query_parameters_are_masked() -> None:
     assert config.redacted("http://h/?page=2&q=tokens") == "http://h/?page=2&q=tokens"  # the name, not the value
     cfg = _load(["--otlp-endpoint", "http://h:4318/otlp/?api_key=K", "--otlp-protocol", "http/protobuf"])
     assert cfg.otlp.metrics_target() == ("http/protobuf", "http://h:4318/otlp/v1/metrics?api_key=K")
+
+
+def test_the_log_filter_masks_messages_and_tracebacks_and_lets_bad_format_calls_through() -> None:
+    masking = config.RedactingFilter()
+    record = logging.LogRecord("t", logging.WARNING, __file__, 1, "sending to %s failed", ("http://h/?token=S3",), None)
+    assert masking.filter(record) and record.getMessage() == "sending to http://h/?token=*** failed"
+    try:
+        raise ConnectionError("http://h/v1/metrics?api_key=S3: refused")
+    except ConnectionError:
+        record = logging.LogRecord("t", logging.ERROR, __file__, 1, "failed", (), sys.exc_info())
+    assert masking.filter(record) and "S3" not in logging.Formatter().format(record)
+    bad = logging.LogRecord("t", logging.WARNING, __file__, 1, "%d items", ("not a number",), None)
+    assert masking.filter(bad)  # the handler reports the format error itself, as without the filter
 
 
 def test_url_secrets_are_masked_in_the_config_command_and_in_every_log_line(tmp_path: Path) -> None:
