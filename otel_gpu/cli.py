@@ -89,6 +89,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     from otel_gpu.agent import Agent
 
     _log.configure(cfg.log_level)
+    for handler in logging.getLogger().handlers:  # a URL's token can reach any line, an exception's text included
+        handler.addFilter(config.RedactingFilter())
     for warning in cfg.warnings:
         logging.getLogger("otel_gpu.config").warning("%s", warning)
     try:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import logging
 import os
 import re
 import urllib.parse
@@ -89,7 +90,8 @@ class OTLPConfig:
 def _signal_url(endpoint: str, protocol: str, path: str) -> str:
     if protocol == "grpc":
         return endpoint
-    return endpoint.rstrip("/") + "/" + path
+    parts = urllib.parse.urlsplit(endpoint)  # the path goes before a query string (?api_key=...), not after it
+    return urllib.parse.urlunsplit(parts._replace(path=parts.path.rstrip("/") + "/" + path))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -269,11 +271,43 @@ def _url(value: Any) -> str | None:
 
 
 _USERINFO = re.compile(r"(^|//)[^/@\s]*@")
+# A query parameter whose name looks like a credential (?token=, &api_key=, ;sig=, X-Amz-Signature=): its value.
+_SECRET_QUERY = re.compile(
+    r"([?&;][^=&;#\s]*(?:token|key|secret|pass|pwd|auth|sig|credential|session|jwt|bearer)[^=&;#\s]*=)"
+    r"[^&;#\s'\"]*", re.IGNORECASE)
 
 
 def redacted(value: Any) -> Any:
-    """``value`` with the user and password of a URL in it masked (``http://***@host``); other values as they are."""
-    return _USERINFO.sub(r"\1***@", value) if isinstance(value, str) and "@" in value else value
+    """``value`` with the user and password of a URL in it masked (``http://***@host``), and the values of query
+    parameters named like a secret (``?token=***``, ``&api_key=***``); other values as they are.
+
+    Also applied to whole log lines (``RedactingFilter``): a URL can reach a message through an exception's text.
+    """
+    if not isinstance(value, str):
+        return value
+    if "@" in value:
+        value = _USERINFO.sub(r"\1***@", value)
+    if "=" in value:
+        value = _SECRET_QUERY.sub(r"\1***", value)
+    return value
+
+
+class RedactingFilter(logging.Filter):
+    """A handler filter that masks URL secrets (see ``redacted``) in each record's message and traceback."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        try:
+            message = record.getMessage()
+        except Exception:  # noqa: BLE001 - a bad format call: left to the handler, which reports it and goes on
+            return True
+        masked = redacted(message)
+        if masked != message:
+            record.msg, record.args = masked, ()
+        if record.exc_info and not record.exc_text:
+            record.exc_text = logging.Formatter().formatException(record.exc_info)
+        if record.exc_text:
+            record.exc_text = redacted(record.exc_text)
+        return True
 
 
 def _regex(value: Any) -> str | None:

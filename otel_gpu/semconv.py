@@ -166,6 +166,8 @@ REASON_STACK_ERROR: Final = "stack_error"  # bpf_get_stackid failed otherwise
 REASON_COUNTS_FULL: Final = "counts_map_full"  # the in-kernel counts map was full: sample dropped
 REASON_EVENTS_FULL: Final = "events_ringbuf_full"  # new-process event dropped: that process may stay unsymbolized
 SIGNAL_PROFILES: Final = "profiles"
+# otel_gpu.reason values of the symbolizer (otel_gpu.source.errors with otel_gpu.source=symbolizer)
+REASON_KALLSYMS_TOO_LARGE: Final = "kallsyms_too_large"  # kallsyms past its read cap: later kernel symbols missing
 
 SELF_SOURCE_UP = MetricSpec("otel_gpu.source.up", "updowncounter", "1",
                             "1 while a source (otel_gpu.source: nvml, cpu_profiler, gpu_time) runs, 0 when it is off")

@@ -26,7 +26,9 @@ def config_table() -> str:
         flag = option.flag + (f" / --no-{option.flag[2:]}" if option.boolean else "")
         choices = f" ({', '.join(c for c in option.choices if c)})" if option.choices else ""
         env = ", ".join(f"`{name}`" for name in option.env)
-        rows.append(f"| `{flag}` | {env} | `{option.path}` | `{default}` | {option.help}{choices} |")
+        shown = f"`{default}`" if str(default) != "" else ""
+        meaning = f"{option.help}{choices}".replace("|", "\\|")
+        rows.append(f"| `{flag}` | {env} | `{option.path}` | {shown} | {meaning} |")
     return "\n".join(rows)
 
 
@@ -39,9 +41,16 @@ def metric_table() -> str:
 
 
 def render(text: str) -> str:
+    """``text`` with the rows between each pair of table markers replaced; ValueError when a pair is not there once.
+
+    The rows may be empty (a README whose tables were never filled): the pattern needs no line between the markers.
+    """
     for name, table in (("config", config_table()), ("metrics", metric_table())):
-        text = re.sub(rf"(<!-- {name}-table -->\n).*?(\n<!-- /{name}-table -->)",
-                      lambda m, t=table: m.group(1) + t + m.group(2), text, flags=re.S)
+        text, found = re.subn(rf"(<!-- {name}-table -->\n)(?:.*?\n)?(<!-- /{name}-table -->)",
+                              lambda m, t=table: m.group(1) + t + "\n" + m.group(2), text, flags=re.S)
+        if found != 1:
+            raise ValueError(f"README.md needs one '<!-- {name}-table -->' ... '<!-- /{name}-table -->' pair, "
+                             f"found {found}")
     return text
 
 

@@ -6,8 +6,10 @@ The last tests run the real ``otel-gpu`` command in a subprocess (exit codes, ou
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -122,6 +124,48 @@ def test_passwords_in_urls_are_refused_and_never_shown() -> None:
         assert "--otlp-endpoint" in result.stderr and "OTEL_GPU_PYROSCOPE_URL" in result.stderr
         assert "http://***@127.0.0.1:4317" in result.stderr and "must not hold a user or password" in result.stderr
     assert config.redacted("u:SECRET@host:4317") == "***@host:4317" and config.redacted(7) == 7
+
+
+def test_secret_query_parameters_are_masked() -> None:
+    assert config.redacted("http://h:4040/?token=SECRET&org=1") == "http://h:4040/?token=***&org=1"
+    assert config.redacted("https://h/v1?a=1&API_KEY=SECRET;sig=S2#x") == "https://h/v1?a=1&API_KEY=***;sig=***#x"
+    assert config.redacted("sending to http://u:p@h/?x-amz-signature=SECRET failed") == \
+        "sending to http://***@h/?x-amz-signature=*** failed"
+    assert config.redacted("http://h/?page=2&q=tokens") == "http://h/?page=2&q=tokens"  # the name, not the value
+    cfg = _load(["--otlp-endpoint", "http://h:4318/otlp/?api_key=K", "--otlp-protocol", "http/protobuf"])
+    assert cfg.otlp.metrics_target() == ("http/protobuf", "http://h:4318/otlp/v1/metrics?api_key=K")
+
+
+def test_the_log_filter_masks_messages_and_tracebacks_and_lets_bad_format_calls_through() -> None:
+    masking = config.RedactingFilter()
+    record = logging.LogRecord("t", logging.WARNING, __file__, 1, "sending to %s failed", ("http://h/?token=S3",), None)
+    assert masking.filter(record) and record.getMessage() == "sending to http://h/?token=*** failed"
+    try:
+        raise ConnectionError("http://h/v1/metrics?api_key=S3: refused")
+    except ConnectionError:
+        record = logging.LogRecord("t", logging.ERROR, __file__, 1, "failed", (), sys.exc_info())
+    assert masking.filter(record) and "S3" not in logging.Formatter().format(record)
+    bad = logging.LogRecord("t", logging.WARNING, __file__, 1, "%d items", ("not a number",), None)
+    assert masking.filter(bad)  # the handler reports the format error itself, as without the filter
+
+
+def test_url_secrets_are_masked_in_the_config_command_and_in_every_log_line(tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]  # nothing listens here: every export fails and is logged with its URL
+    urls = ("--otlp-endpoint", f"http://127.0.0.1:{port}/?api_key=OTLPSECRET", "--pyroscope-url",
+            f"http://127.0.0.1:{port}/?token=PYROSCOPESECRET")
+    shown = _run("config", *urls)
+    assert shown.returncode == 0, shown.stderr
+    assert "SECRET" not in shown.stdout and "?token=***" in shown.stdout and "?api_key=***" in shown.stdout
+    ran = _run("run", "--log-level", "debug", "--duration", "2", "--no-cpu-profiling", "--no-gpu-metrics",
+               "--no-gpu-time-profiling", "--console", "off", "--local-files", "off", "--metric-export-interval",
+               "0.2", "--otlp-timeout", "0.5", "--otlp-protocol", "http/protobuf", *urls)
+    assert ran.returncode == 0, ran.stderr
+    assert "SECRET" not in ran.stdout + ran.stderr, ran.stderr
+    assert "otel-gpu running" in ran.stderr and "?api_key=***" in ran.stderr and "?token=***" in ran.stderr
 
 
 @pytest.mark.parametrize("url", ["https://[::1", "http://127.0.0.1:notaport", "http://127.0.0.1:99999", "http://:4317"])

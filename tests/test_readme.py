@@ -3,10 +3,26 @@
 
 from __future__ import annotations
 
+import importlib.util
 import subprocess
 import sys
 
+import pytest
+
+from otel_gpu import config, semconv
 from tests.conftest import REPO
+
+
+def _generator():  # type: ignore[no-untyped-def]
+    spec = importlib.util.spec_from_file_location("gen_readme_tables", REPO / "scripts" / "gen_readme_tables.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _between(text: str, name: str) -> str:
+    return text.split(f"<!-- {name}-table -->\n", 1)[1].split(f"<!-- /{name}-table -->", 1)[0]
 
 
 def test_readme_tables_match_config_and_semconv() -> None:
@@ -18,3 +34,29 @@ def test_readme_tables_match_config_and_semconv() -> None:
 def test_readme_gives_the_two_commands() -> None:
     text = (REPO / "README.md").read_text()
     assert "make run" in text and "make test" in text
+
+
+def test_the_configuration_table_lists_every_flag_and_variable_and_the_metric_table_every_metric() -> None:
+    text = (REPO / "README.md").read_text()
+    rows = _between(text, "config").splitlines()
+    assert len(rows) == 2 + len(config.OPTIONS)
+    for option in config.OPTIONS:
+        row = next((r for r in rows if r.startswith(f"| `{option.flag}")), "")
+        assert row, option.flag
+        for name in option.env:
+            assert f"`{name}`" in row, (option.flag, name)
+    metrics = _between(text, "metrics")
+    for spec in semconv.GPU_METRICS + semconv.GPU_TIME_METRICS + semconv.SELF_METRICS:
+        assert f"| `{spec.name}` |" in metrics, spec.name
+
+
+def test_empty_or_missing_tables_are_filled_or_refused() -> None:
+    """The tables were empty: the pattern needed a line between the markers, so it matched nothing and --check
+    compared an empty README with itself."""
+    generator = _generator()
+    filled = generator.render("a\n<!-- config-table -->\n<!-- /config-table -->\n"
+                              "<!-- metrics-table -->\n<!-- /metrics-table -->\n")
+    assert "`--otlp-endpoint`" in _between(filled, "config") and "otel_gpu.dropped" in _between(filled, "metrics")
+    assert generator.render(filled) == filled
+    with pytest.raises(ValueError, match="config-table"):
+        generator.render("no markers\n")

@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from otel_gpu import semconv
 from otel_gpu.cuda import abi
 from otel_gpu.cuda._cbids import DRIVER_API_NAMES
-from otel_gpu.cuda.demangle import demangle
 from otel_gpu.procfs import ProcessInfo
 from otel_gpu.profiles.model import Frame, FrameKind, ProcessProfile, ProfileBatch, ProfileType, Sample
+from otel_gpu.symbolize.demangle import demangle
 
 # CUpti_ActivityMemcpyKind and CUpti_ActivityMemoryKind
 _COPY_KINDS = {1: "HtoD", 2: "DtoH", 3: "HtoA", 4: "AtoH", 5: "AtoA", 6: "AtoD", 7: "DtoA", 8: "DtoD", 9: "HtoH",

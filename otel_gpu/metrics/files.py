@@ -9,6 +9,7 @@ old file (``metrics.jsonl.1``), so the folder never grows past about twice the b
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import logging
 import os
@@ -28,6 +29,7 @@ _logger = logging.getLogger(__name__)
 METRICS_FILE_NAME = "metrics.jsonl"
 DEFAULT_MAX_FILE_BYTES = 64 * 1024 * 1024
 _ID_KEYS = frozenset({"traceId", "spanId"})
+_TAIL_CHUNK_BYTES = 1 << 16
 
 
 def encode_otlp_json(request: ExportMetricsServiceRequest) -> str:
@@ -74,13 +76,11 @@ class JsonLinesMetricExporter(MetricExporter):
         self._lock = threading.Lock()
 
     def export(self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: Any) -> MetricExportResult:
-        line = encode_otlp_json(encode_metrics(metrics_data)) + "\n"
+        line = (encode_otlp_json(encode_metrics(metrics_data)) + "\n").encode()
         with self._lock:
             try:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
-                with open(self.path, "a", encoding="utf-8") as out:
-                    out.write(line)
-                    size_bytes = out.tell()
+                size_bytes = _append_line(self.path, line)
                 if size_bytes >= self.max_file_bytes:
                     os.replace(self.path, self.rotated_path)
             except OSError as exc:
@@ -93,3 +93,43 @@ class JsonLinesMetricExporter(MetricExporter):
 
     def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
         return None
+
+
+def _append_line(path: Path, line: bytes) -> int:
+    """Append ``line`` to ``path`` whole or not at all; the file's size after it.
+
+    A full disk can take part of a write: the part is cut off again, so that readers never meet half a JSON line.
+    A file that already ends in half a line (the agent was killed mid-write, or the disk refused even the cut) is
+    first cut back to its last whole line."""
+    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        start = _whole_lines_end(fd, path)
+        try:
+            view = memoryview(line)
+            while view:
+                view = view[os.write(fd, view):]
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, start)
+            raise
+        return start + len(line)
+    finally:
+        os.close(fd)
+
+
+def _whole_lines_end(fd: int, path: Path) -> int:
+    """The size of ``fd``'s file up to its last newline, the file cut back to it when it has more."""
+    size = os.fstat(fd).st_size
+    if size == 0 or os.pread(fd, 1, size - 1) == b"\n":
+        return size
+    end = size
+    while end > 0:
+        begin = max(0, end - _TAIL_CHUNK_BYTES)
+        newline = os.pread(fd, end - begin, begin).rfind(b"\n")
+        if newline >= 0:
+            end = begin + newline + 1
+            break
+        end = begin
+    os.ftruncate(fd, end)
+    _logger.warning("%s ended in half a line (%d bytes); cut back to its last whole line", path, size - end)
+    return end

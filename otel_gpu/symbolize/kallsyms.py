@@ -36,6 +36,7 @@ class KernelSymbols:
         self._names = b""
         self._module_ids = array("H")
         self._modules: list[str] = [""]
+        self.truncated = False  # the file was longer than MAX_KALLSYMS_BYTES: symbols past it are missing
         self._load(text)
 
     @property
@@ -73,9 +74,13 @@ class KernelSymbols:
                         names += parts[2]
                         name_ends.append(len(names))
                         module_ids.append(module_index.get(module, 0))
+                self.truncated = bool(handle.read(1))  # the lines stopped at the cap, not at the end
         except OSError as exc:
             _logger.warning("kernel frames stay unsymbolized: cannot read %s: %s", self.path, exc.strerror)
             return
+        if self.truncated:
+            _logger.warning("kernel frames past the first %d MiB of %s stay unsymbolized (the file is larger)",
+                            MAX_KALLSYMS_BYTES >> 20, self.path)
         if not starts:
             _logger.warning("kernel frames stay unsymbolized: %s shows no addresses (needs root or "
                             "kernel.kptr_restrict=0)", self.path)

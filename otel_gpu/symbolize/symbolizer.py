@@ -4,9 +4,11 @@
 User frames: /proc/PID/maps finds the mapping, the ELF file's load segments turn the address into a link-time
 address (PIE and shared-library bias removed), and .symtab/.dynsym name it. Addresses outside any file (JIT code)
 are looked up in /tmp/perf-PID.map. Kernel frames come from /proc/kallsyms. ELF files are cached by file identity
-(device, inode, mtime, size) and by GNU build id, so one library shared by many processes is read once; the cache
-is bounded by file count and by bytes of symbol tables (least recently used files go first, and are read again
-from their file if needed later).
+(device, inode, mtime, size), so one library shared by many processes is read once. Never by build id alone: any
+process can write a file that claims another binary's build id, and its names would then show in the frames of
+every process that maps the real one (a separate debug file is still found by build id, under a root-owned
+folder). The cache is bounded by file count and by bytes of symbol tables (least recently used files go first,
+and are read again from their file if needed later).
 
 Short-lived processes: :meth:`Symbolizer.remember` snapshots a process's mappings and opens its executable files
 as soon as it is first seen; the snapshot outlives the process until :meth:`Symbolizer.prune`. A binary that is gone
@@ -85,7 +87,6 @@ class Symbolizer:
         self._kernel: KernelSymbols | None = None
         self._kernel_frames: dict[int, Frame] = {}
         self._files: OrderedDict[FileKey, ElfSymbols | None] = OrderedDict()
-        self._by_build_id: dict[str, ElfSymbols] = {}
         self._max_files = max(1, min(max_files, _descriptor_budget()))  # each cached file holds one descriptor
         self._max_symbol_bytes = max_symbol_bytes
         self._symbol_bytes = 0
@@ -193,20 +194,26 @@ class Symbolizer:
     def load_kernel_symbols(self) -> bool:
         """Read /proc/kallsyms now (about 0.2 s) instead of at the first kernel frame; False when unavailable."""
         with self._lock:
-            if self._kernel is None:
-                self._kernel = KernelSymbols(self._kallsyms_path)
-            return self._kernel.available
+            return self._kernel_symbols().available
+
+    def _kernel_symbols(self) -> KernelSymbols:
+        """The kernel's symbols, read at the first use (the lock held); a capped read is counted then, once."""
+        if self._kernel is None:
+            self._kernel = KernelSymbols(self._kallsyms_path)
+            if self._kernel.truncated:
+                selfmetrics.count(semconv.SELF_ERRORS.name, otel_gpu__source=SOURCE,
+                                  otel_gpu__reason=semconv.REASON_KALLSYMS_TOO_LARGE)
+        return self._kernel
 
     def kernel_stack(self, addresses: Sequence[int]) -> tuple[Frame, ...]:
         """Frames (leaf first) for kernel addresses (leaf first)."""
         with self._lock:
-            if self._kernel is None:
-                self._kernel = KernelSymbols(self._kallsyms_path)
+            kernel = self._kernel_symbols()
             frames = []
             for depth, address in enumerate(addresses):
                 frame = self._kernel_frames.get(address if depth else -address)
                 if frame is None:
-                    found = self._kernel.lookup(address - 1 if depth else address)
+                    found = kernel.lookup(address - 1 if depth else address)
                     if found is None:
                         frame = Frame(f"[kernel] 0x{address:x}", FrameKind.KERNEL, address)
                     else:
@@ -312,16 +319,9 @@ class Symbolizer:
                 _logger.debug("cannot read symbols of %s: %s", entry.path, exc)
                 selfmetrics.count(semconv.SELF_ERRORS.name, otel_gpu__source=SOURCE, otel_gpu__reason="unreadable_elf")
                 elf = None
-            if elf is not None and elf.build_id and elf.build_id not in self._by_build_id and not elf.has_symtab:
+            if elf is not None and elf.build_id and not elf.has_symtab:
                 self._add_debug_symbols(elf)
-            if elf is not None and elf.build_id:
-                shared = self._by_build_id.setdefault(elf.build_id, elf)
-                if shared is elf:
-                    self._symbol_bytes += elf.size_bytes
-                else:
-                    elf.close()
-                elf = shared
-            elif elf is not None:
+            if elf is not None:
                 self._symbol_bytes += elf.size_bytes
             self._files[key] = elf
             self._evict()
@@ -335,11 +335,8 @@ class Symbolizer:
         while len(self._files) > 1 and (len(self._files) > self._max_files
                                         or self._symbol_bytes > self._max_symbol_bytes):
             _, dropped = self._files.popitem(last=False)
-            if dropped is None or any(other is dropped for other in self._files.values()):
-                continue  # still cached under another key (same build id)
-            self._symbol_bytes -= dropped.size_bytes
-            if self._by_build_id.get(dropped.build_id) is dropped:
-                del self._by_build_id[dropped.build_id]
+            if dropped is not None:
+                self._symbol_bytes -= dropped.size_bytes
 
     def _add_debug_symbols(self, elf: ElfSymbols) -> None:
         for folder in self._debug_dirs:

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from otel_gpu import semconv
 from otel_gpu.cuda import abi, builder
-from otel_gpu.cuda.demangle import demangle
 from otel_gpu.procfs import ProcessInfo
 from otel_gpu.profiles.model import Frame, FrameKind, Mapping, gpu_time_profile_type
+from otel_gpu.symbolize.demangle import demangle
 from tests.cuda.records import kernel, memcpy, sync
 
 

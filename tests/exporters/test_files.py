@@ -4,16 +4,14 @@
 from __future__ import annotations
 
 import dataclasses
-import errno
 import os
 from pathlib import Path
-
-import pytest
 
 from otel_gpu import selfmetrics, semconv
 from otel_gpu.exporters import FilesProfileExporter
 from otel_gpu.exporters.files import profile_file_name
 from tests.profiles import batches, pprof_proto
+from tests.tmpfs import remount, small_tmpfs
 
 
 def _batch_at(i: int):  # type: ignore[no-untyped-def]
@@ -75,19 +73,29 @@ def _check_unwritable(directory: Path) -> None:
     assert selfmetrics.total(semconv.SELF_EXPORT_FAILURES.name, otel_gpu__exporter="files") == 2
 
 
-def test_a_full_disk_leaves_no_temporary_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    def half_written(self: Path, data: bytes) -> int:  # what a write on a full file system does
-        with open(self, "wb") as out:
-            out.write(data[:10])
-        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(self))
-
+def test_a_full_disk_leaves_no_temporary_files(tmp_path: Path) -> None:
+    """A real tmpfs of two pages: the third file finds no space (a small file takes a page)."""
     selfmetrics.reset()
-    exporter = FilesProfileExporter(str(tmp_path))
-    monkeypatch.setattr(Path, "write_bytes", half_written)
-    for i in range(3):
-        assert exporter.export(_batch_at(i)) is False
-    assert sorted(p.name for p in tmp_path.iterdir()) == []
-    assert selfmetrics.total(semconv.SELF_DROPPED.name, otel_gpu__reason="write_error") == 3
-    monkeypatch.undo()  # space again: files are written as before
-    assert exporter.export(_batch_at(3)) is True
-    assert [p.name for p in tmp_path.iterdir()] == [profile_file_name(_batch_at(3), 4)]
+    with small_tmpfs(tmp_path / "full", 2 * 4096) as folder:
+        exporter = FilesProfileExporter(str(folder))
+        results = [exporter.export(_batch_at(i)) for i in range(5)]
+        assert results == [True, True, False, False, False]
+        written = sorted(p.name for p in folder.iterdir())
+        assert written == [profile_file_name(_batch_at(i), i + 1) for i in range(2)]  # no .tmp debris
+        assert selfmetrics.total(semconv.SELF_DROPPED.name, otel_gpu__reason="write_error") == 3
+        (folder / written[0]).unlink()  # space again: files are written as before
+        assert exporter.export(_batch_at(5)) is True
+        assert profile_file_name(_batch_at(5), 6) in {p.name for p in folder.iterdir()}
+
+
+def test_a_read_only_folder_is_counted_and_writing_resumes_when_it_is_writable(tmp_path: Path) -> None:
+    selfmetrics.reset()
+    with small_tmpfs(tmp_path / "ro", 1 << 20) as folder:
+        exporter = FilesProfileExporter(str(folder))
+        remount(folder, "ro")
+        assert exporter.export(_batch_at(0)) is False
+        assert list(folder.iterdir()) == []
+        assert selfmetrics.total(semconv.SELF_DROPPED.name, otel_gpu__reason="write_error") == 1
+        remount(folder, "rw")
+        assert exporter.export(_batch_at(1)) is True
+        assert [p.name for p in folder.iterdir()] == [profile_file_name(_batch_at(1), 2)]

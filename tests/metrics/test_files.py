@@ -13,9 +13,11 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader, MetricExportResult
 from opentelemetry.sdk.resources import Resource
 
-from otel_gpu import semconv
+from otel_gpu import selfmetrics, semconv
 from otel_gpu.metrics.files import JsonLinesMetricExporter, decode_otlp_json, encode_otlp_json
+from otel_gpu.metrics.pipeline import CountingExporter
 from tests.metrics.gpu_readings import SimReadings
+from tests.tmpfs import small_tmpfs
 
 
 def _collect(gpus: int = 2):  # type: ignore[no-untyped-def]
@@ -99,3 +101,36 @@ def test_unwritable_folder_is_a_failure_not_an_exception(tmp_path: Path) -> None
     exporter = JsonLinesMetricExporter(blocker)
     assert exporter.export(_collect()) is MetricExportResult.FAILURE
     assert "not-a-folder" in exporter.last_error
+
+
+def test_a_full_disk_leaves_only_whole_lines_and_the_drop_is_counted(tmp_path: Path) -> None:
+    """A real tmpfs of 3 pages: the write that meets the end of the space is taken in part by the kernel; that part
+    is cut off again, so every line in the file decodes, and the pipeline counts the collection as dropped."""
+    data = _collect(gpus=1)
+    line_bytes = len(encode_otlp_json(encode_metrics(data))) + 1
+    assert 4096 < line_bytes < 3 * 4096 and 3 * 4096 % line_bytes  # the last line that fits only in part
+    selfmetrics.reset()
+    with small_tmpfs(tmp_path / "full", 3 * 4096) as folder:
+        counting = CountingExporter(JsonLinesMetricExporter(folder), "file", "test")
+        try:
+            for _ in range(3 * 4096 // line_bytes + 2):  # more lines than fit
+                counting.export(data)
+                assert counting.force_flush(5_000)
+        finally:
+            counting.shutdown()
+        content = (folder / "metrics.jsonl").read_bytes()
+        assert content.endswith(b"\n") and len(content) % line_bytes == 0
+        assert 0 < len(content) < 3 * 4096
+        for line in content.decode().splitlines():
+            decode_otlp_json(line)
+    dropped = selfmetrics.total(semconv.SELF_DROPPED.name, otel_gpu__reason="export_failed", otel_gpu__signal="metrics")
+    assert dropped > 0
+    assert selfmetrics.total(semconv.SELF_EXPORT_FAILURES.name, otel_gpu__exporter="file") >= 2
+
+
+def test_half_a_line_left_by_a_killed_agent_is_cut_before_the_next_line(tmp_path: Path) -> None:
+    data = _collect()
+    whole = encode_otlp_json(encode_metrics(data)) + "\n"
+    (tmp_path / "metrics.jsonl").write_text(whole + whole[:100])
+    assert JsonLinesMetricExporter(tmp_path).export(data) is MetricExportResult.SUCCESS
+    assert (tmp_path / "metrics.jsonl").read_text() == whole + whole

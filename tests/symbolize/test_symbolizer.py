@@ -17,11 +17,13 @@ from otel_gpu import selfmetrics, semconv
 from otel_gpu.profiles.model import FrameKind
 from otel_gpu.symbolize.demangle import Demangler
 from otel_gpu.symbolize.elf import ElfSymbols
+from otel_gpu.symbolize import kallsyms
 from otel_gpu.symbolize.kallsyms import KernelSymbols
 from otel_gpu.symbolize.maps import MAX_MAPS_BYTES, parse_maps, read_maps, read_maps_capped
 from otel_gpu.symbolize.perfmap import MAX_PERF_MAP_BYTES, PerfMap
 from otel_gpu.symbolize.symbolizer import Symbolizer
 from tests.conftest import NATIVE
+from tests.symbolize.elfgen import Symbol, write_elf
 
 WORKLOADS = NATIVE / "workloads"
 
@@ -432,6 +434,22 @@ def test_kallsyms_lines_that_are_not_symbols_are_skipped(tmp_path: Path) -> None
     assert frames[0].function == "good"
 
 
+def test_a_kallsyms_file_past_the_cap_is_read_up_to_it_and_counted_once(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "kallsyms"
+    line = b"ffffffff81000000 T first\n"
+    path.write_bytes(line + b"".join(b"ffffffff%08x T later_%06d\n" % (0x81001000 + i, i) for i in range(100)))
+    monkeypatch.setattr(kallsyms, "MAX_KALLSYMS_BYTES", len(line) * 3)
+    before = _errors("kallsyms_too_large")
+    symbolizer = Symbolizer(kallsyms_path=str(path))
+    assert symbolizer.load_kernel_symbols()
+    assert symbolizer.kernel_stack([0xFFFFFFFF81000005])[0].function == "first"
+    assert symbolizer.kernel_stack([0xFFFFFFFF81001063])[0].function != "later_000099"  # past the cap
+    assert _errors("kallsyms_too_large") - before == 1
+    monkeypatch.setattr(kallsyms, "MAX_KALLSYMS_BYTES", path.stat().st_size)  # exactly the whole file: not capped
+    assert not KernelSymbols(str(path)).truncated
+
+
 def test_a_parser_failure_costs_that_file_its_symbols_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Issue 10: an OverflowError from one process's mapped file ended every drain. Any parser failure now costs
     that file's names (counted as unreadable_elf); the next process's frames, in the same call, are named."""
@@ -460,6 +478,24 @@ def test_a_parser_failure_costs_that_file_its_symbols_only(tmp_path: Path, monke
     assert bad[0].function == "hostile+0x10" and bad[0].mapping is not None
     assert good[0].function == "leaf_heavy"
     assert _errors("unreadable_elf") - before == 1
+
+
+def test_a_file_with_a_stolen_build_id_does_not_name_another_process_s_frames(tmp_path: Path) -> None:
+    """Any process can write an ELF file that claims another binary's build id and map it. Its names must stay its
+    own: the real binary's frames in other processes keep the real names, whichever of the two is read first."""
+    stolen = bytes(range(100, 120))
+    real, fake = tmp_path / "libreal.so", tmp_path / "libfake.so"
+    write_elf(real, [Symbol("real_function", 0x80, 0x40)], build_id=stolen)  # within the file's loaded bytes
+    write_elf(fake, [Symbol("poisoned_name", 0x80, 0x40)], build_id=stolen)
+    proc = tmp_path / "proc"
+    for pid, path in ((900030, fake), (900031, real), (900032, fake)):
+        (proc / str(pid)).mkdir(parents=True)
+        (proc / str(pid) / "maps").write_text(f"7f0000000000-7f0000100000 r-xp 00000000 fd:01 {path.stat().st_ino} "
+                                              f"{path}\n")
+    symbolizer = Symbolizer(proc_root=str(proc))
+    names = [symbolizer.user_stacks(pid, [[0x7F0000000090]])[0][0].function for pid in (900030, 900031, 900032)]
+    assert names == ["poisoned_name", "real_function", "poisoned_name"]
+    assert symbolizer.user_stacks(900031, [[0x7F0000000090]])[0][0].mapping.build_id == stolen.hex()
 
 
 def test_paths_that_are_not_utf8_are_exported_readable(tmp_path: Path) -> None:
