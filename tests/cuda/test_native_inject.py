@@ -562,15 +562,18 @@ def test_graphs_that_come_after_sampled_eager_steps_end_the_sampling_when_over_b
         assert "graphs: no choice made" in run.stderr and not any(w.aside_since_ns for w in windows)
 
 
-PROFILER = FAKES / "libfake_profiler.so"
+PROFILER = FAKES / "libfake_profiler.so"  # linked against CUPTI, like torch.profiler's Kineto
+PROFILER_DLSYM = FAKES / "libfake_profiler_dlsym.so"  # dlopen + dlsym of CUPTI, like XLA's and TensorFlow's
 
 
-def test_the_programs_own_profiler_gets_cupti_and_every_kernel(injected_lib: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("profiler", [PROFILER, PROFILER_DLSYM], ids=["linked", "dlsym"])
+def test_the_programs_own_profiler_gets_cupti_and_every_kernel(injected_lib: Path, tmp_path: Path,
+                                                               profiler: Path) -> None:
     """torch.profiler inside the workload while the agent is attached: the library steps aside before the profiler's
     first CUPTI call returns, the profiler records every kernel of its sessions, and the library comes back after."""
-    argv = [str(WORKLOAD), "--steps", "2400", "--graph-every", "0", "--profiler-lib", str(PROFILER),
+    argv = [str(WORKLOAD), "--steps", "2400", "--graph-every", "0", "--profiler-lib", str(profiler),
             "--profile-at", "100", "--profile-every", "1200", "--profile-steps", "40"]
-    run = run_workload(injected_lib, tmp_path, argv)
+    run = run_workload(injected_lib, tmp_path, argv, extra_env={"OTEL_GPU_DEBUG_STATS": "1"})
     sessions = [line.split() for line in run.stdout.splitlines() if line.startswith("profiler_")]
     starts = [int(s[1]) for s in sessions if s[0] == "profiler_start"]
     counts = [(int(s[1]), int(s[3])) for s in sessions if s[0] == "profiler_kernels"]
@@ -589,6 +592,8 @@ def test_the_programs_own_profiler_gets_cupti_and_every_kernel(injected_lib: Pat
     assert back[0].yielded_ns >= 2_000_000_000
     assert back[0].elapsed_ns < back[0].yielded_ns
     assert run.stats["graph_faults"] == 0
+    if profiler == PROFILER_DLSYM:  # its lookups of the hooked functions got the wrappers (6 a session's first load)
+        assert re.search(r"of dlsym \(6 CUPTI lookups answered\)", run.stderr), run.stderr
 
 
 def test_a_profiler_running_from_the_first_step_records_every_kernel(injected_lib: Path, tmp_path: Path) -> None:

@@ -12,8 +12,12 @@
  * unsubscribed, disabled what it enabled (or finalized CUPTI) and made no CUPTI call for FOREIGN_QUIET_NS; the time
  * in between is stated in the window records (yielded_ns), and the re-weighting totals start again.
  *
- * Only calls through a GOT are seen: a tool that takes CUPTI through dlsym, or before this library was loaded (at
- * cuInit), finds CUPTI free or held; in the second case the library waits until it is free (inject.c).
+ * Only calls through a GOT are seen, and functions looked up by name: on x86-64 the dlsym imports of other objects
+ * are pointed at a wrapper too, which hands out the wrappers below for this CUPTI's functions looked up in a dlopen
+ * handle (XLA and TensorFlow load CUPTI that way). Lookups in RTLD_DEFAULT or RTLD_NEXT depend on the calling object
+ * (its scope, the object after it), so a trampoline passes them to dlsym with the caller's return address untouched,
+ * unlooked-at. A tool that took CUPTI before this library was loaded (at cuInit) finds CUPTI held by itself; the
+ * library waits until it is free (inject.c).
  * Objects loaded later are patched when the controller next looks (coexist_rescan, every 100 ms at most).
  */
 #include <dlfcn.h>
@@ -121,29 +125,74 @@ static CUptiResult CUPTIAPI w_flush_all(uint32_t flag)
 struct hook {
     const char *name;
     void *wrapper;
+    const void *target; /* the function the wrapper stands for */
 };
 
 static struct hook hooks[8];
 static int hook_count;
+static struct hook dlsym_hook; /* wrapper NULL: dlsym is left alone (not x86-64) */
 static uintptr_t own_base, cupti_base;
 static unsigned long long seen_adds;
-static _Atomic uint64_t slots_patched;
+static _Atomic uint64_t slots_patched, dlsym_slots_patched, lookups_diverted;
 
 static void add_hook(const char *name, void *wrapper, const void *target)
 {
     if (target != NULL) /* a CUPTI without the function: nobody can import it from this CUPTI */
-        hooks[hook_count++] = (struct hook){name, wrapper};
+        hooks[hook_count++] = (struct hook){name, wrapper, target};
 }
 
 static const struct hook *hook_named(const char *name)
 {
     if (strncmp(name, "cupti", 5) != 0)
-        return NULL;
+        return dlsym_hook.wrapper != NULL && strcmp(name, "dlsym") == 0 ? &dlsym_hook : NULL;
     for (int i = 0; i < hook_count; i++)
         if (strcmp(hooks[i].name, name) == 0)
             return &hooks[i];
     return NULL;
 }
+
+#if defined(__x86_64__)
+/* dlsym as this library resolved it; read by the trampoline. */
+__attribute__((visibility("hidden"))) void *otel_gpu_real_dlsym;
+__attribute__((visibility("hidden"))) void otel_gpu_dlsym_trampoline(void);
+__attribute__((visibility("hidden"), used)) void *otel_gpu_dlsym_in_handle(void *handle, const char *name);
+
+/* dlsym(handle, name): RTLD_DEFAULT (0) and RTLD_NEXT (-1) go straight to dlsym, the return address untouched. */
+__asm__(".text\n"
+        ".p2align 4\n"
+        ".type otel_gpu_dlsym_trampoline, @function\n"
+        "otel_gpu_dlsym_trampoline:\n"
+        "    endbr64\n"
+        "    testq %rdi, %rdi\n"
+        "    je 1f\n"
+        "    cmpq $-1, %rdi\n"
+        "    je 1f\n"
+        "    jmp otel_gpu_dlsym_in_handle\n"
+        "1:  jmpq *otel_gpu_real_dlsym(%rip)\n"
+        ".size otel_gpu_dlsym_trampoline, .-otel_gpu_dlsym_trampoline\n");
+
+/* A lookup in a dlopen handle: the caller's object does not change its result. */
+void *otel_gpu_dlsym_in_handle(void *handle, const char *name)
+{
+    void *found = ((void *(*)(void *, const char *))otel_gpu_real_dlsym)(handle, name);
+    if (found != NULL && name != NULL && strncmp(name, "cupti", 5) == 0) {
+        const struct hook *hook = hook_named(name);
+        if (hook != NULL && hook->target == found) {
+            atomic_fetch_add(&lookups_diverted, 1);
+            return hook->wrapper;
+        }
+    }
+    return found;
+}
+
+static void hook_dlsym(void)
+{
+    otel_gpu_real_dlsym = (void *)dlsym;
+    dlsym_hook = (struct hook){"dlsym", (void *)otel_gpu_dlsym_trampoline, (const void *)dlsym};
+}
+#else
+static void hook_dlsym(void) {}
+#endif
 
 /* The loader relocates most dynamic-section addresses in place; the vDSO's and a few others' stay relative. */
 static uintptr_t dyn_address(uintptr_t base, ElfW(Addr) value)
@@ -170,7 +219,7 @@ static void patch_slot(const struct dl_phdr_info *info, void **slot, void *wrapp
     __atomic_store_n(slot, wrapper, __ATOMIC_RELEASE);
     if (relro)
         mprotect(page_start, (size_t)page, PROT_READ);
-    atomic_fetch_add(&slots_patched, 1);
+    atomic_fetch_add(wrapper == dlsym_hook.wrapper ? &dlsym_slots_patched : &slots_patched, 1);
 }
 
 static void patch_relocations(const struct dl_phdr_info *info, const ElfW(Rela) *rela, size_t bytes,
@@ -248,6 +297,16 @@ uint64_t coexist_slots_patched(void)
     return atomic_load(&slots_patched);
 }
 
+uint64_t coexist_dlsym_slots_patched(void)
+{
+    return atomic_load(&dlsym_slots_patched);
+}
+
+uint64_t coexist_lookups_diverted(void)
+{
+    return atomic_load(&lookups_diverted);
+}
+
 void coexist_init(void)
 {
     /* dl_iterate_phdr's dlpi_addr is the load bias; dladdr's dli_fbase the lowest mapped address: equal for
@@ -266,6 +325,7 @@ void coexist_init(void)
     add_hook("cuptiActivityRegisterCallbacks", (void *)w_register_callbacks,
              *(void **)&g_cupti.activity_register_callbacks);
     add_hook("cuptiActivityFlushAll", (void *)w_flush_all, *(void **)&g_cupti.activity_flush_all);
+    hook_dlsym();
     coexist_rescan();
 }
 

@@ -143,6 +143,8 @@ void coexist_init(void);
 void coexist_rescan(void);
 int coexist_foreign_done(uint64_t now_monotonic_ns);
 uint64_t coexist_slots_patched(void);
+uint64_t coexist_dlsym_slots_patched(void);
+uint64_t coexist_lookups_diverted(void);
 
 /* window.c */
 int window_start(void);

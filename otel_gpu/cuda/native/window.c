@@ -521,8 +521,10 @@ void window_stop_and_flush(void)
                     !ctl.graphs_decided ? "no choice made" : ctl.paused_for_graphs ? "stood aside" : "kept sampling",
                     ctl.graph_probes, ctl.graphs_launch_rate);
             fprintf(stderr, "otel-gpu: stats stepped aside for another CUPTI user %llu times (%.0f ms), %llu GOT slots "
-                    "of CUPTI imports watched\n", (unsigned long long)ctl.yields, (double)ctl.yielded_ns / 1e6,
-                    (unsigned long long)coexist_slots_patched());
+                    "of CUPTI imports watched, %llu of dlsym (%llu CUPTI lookups answered)\n",
+                    (unsigned long long)ctl.yields, (double)ctl.yielded_ns / 1e6,
+                    (unsigned long long)coexist_slots_patched(), (unsigned long long)coexist_dlsym_slots_patched(),
+                    (unsigned long long)coexist_lookups_diverted());
             fprintf(stderr, "otel-gpu: stats waits ended in windows %llu in %.0f ms, in shadow windows %llu in %.0f ms\n",
                     (unsigned long long)ctl.window_waits, (double)ctl.covered_ns / 1e6,
                     (unsigned long long)ctl.shadow_waits,
