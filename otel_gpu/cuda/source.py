@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """GPUTimeSource: GPU time by launching stack, and CPU time blocked on the GPU, for every injected process.
 
-It loads programs/gpu_time.bpf.o, attaches its four USDT handlers system-wide to each distinct copy of
+It loads ebpf/programs/gpu_time.bpf.o, attaches its four USDT handlers system-wide to each distinct copy of
 libotel_gpu_inject.so it finds mapped (new processes every ``rescan_interval_s``, every process again every
 ``full_rescan_s``, for those that initialise CUDA late), reads the ring buffer on a thread every ``poll_interval_s``
 (the program wakes it early only when a quarter of the buffer is used),
@@ -26,6 +26,7 @@ from otel_gpu.cuda import abi, builder
 from otel_gpu.cuda.discovery import LIBRARY_NAME, InjectedLibrary, scan
 from otel_gpu.cuda.join import GPUWork, Joiner, WindowWeights
 from otel_gpu.cuda.symbols import NativeSymbolizer, SharedSymbolizer
+from otel_gpu.ebpf import PROGRAMS_DIR
 from otel_gpu.errors import SourceUnavailable
 from otel_gpu.procfs import ProcessInfo, ProcessResolver
 from otel_gpu.profiles.model import Frame, ProfileBatch, gpu_time_profile_type, sync_wait_profile_type
@@ -35,7 +36,7 @@ if TYPE_CHECKING:
 
 _logger = logging.getLogger(__name__)
 
-PROGRAM_PATH = Path(__file__).resolve().parent / "programs" / "gpu_time.bpf.o"
+PROGRAM_PATH = PROGRAMS_DIR / "gpu_time.bpf.o"
 # Attach order matters: the library starts recording as soon as any semaphore is set. Windows first (so every
 # weight is known), launches last (so every launch seen has its activity and window probes in place).
 PROBES = (("otel_gpu_window", "window"), ("otel_gpu_activity", "activity"), ("otel_gpu_sync", "sync"),

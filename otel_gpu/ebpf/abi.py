@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""ctypes mirrors of the structs in ``programs/otel_gpu_bpf.h`` (tests/ebpf/test_abi.py checks them against it)."""
+"""ctypes mirrors of the structs in ``programs/cpu_profiler.h`` (tests/ebpf/test_abi.py checks them against it)."""
 
 from __future__ import annotations
 

@@ -14,7 +14,7 @@ import pytest
 from otel_gpu.cuda import abi
 
 REPO = Path(__file__).resolve().parents[2]
-PROGRAMS = REPO / "otel_gpu" / "cuda" / "programs"
+PROGRAMS = REPO / "otel_gpu" / "ebpf" / "programs"
 
 CONSTANTS = {
     "OTEL_GPU_ABI_VERSION": abi.ABI_VERSION, "OTEL_GPU_MAX_NATIVE_FRAMES": abi.MAX_NATIVE_FRAMES,

@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The ctypes mirrors in otel_gpu.ebpf.abi match the C header programs/otel_gpu_bpf.h (sizes, offsets, enums)."""
+"""The ctypes mirrors in otel_gpu.ebpf.abi match the C header programs/cpu_profiler.h (sizes, offsets, enums)."""
 
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ _ENUM = {
 
 
 def _layout_program() -> str:
-    lines = ["#include <stdio.h>", "#include <stddef.h>", '#include "otel_gpu_bpf.h"', "int main(void) {"]
+    lines = ["#include <stdio.h>", "#include <stddef.h>", '#include "cpu_profiler.h"', "int main(void) {"]
     for c_name, mirror in abi.STRUCTS.items():
         lines.append(f'  printf("{c_name} sizeof %zu\\n", sizeof(struct {c_name}));')
         for field, _ in mirror._fields_:
@@ -73,4 +73,4 @@ def test_enum_values_match_the_header(c_layout: dict[str, int]) -> None:
 
 def test_header_is_the_one_the_programs_include() -> None:
     for program in Path(PROGRAMS_DIR).glob("cpu_profiler.bpf.c"):
-        assert '#include "otel_gpu_bpf.h"' in program.read_text()
+        assert '#include "cpu_profiler.h"' in program.read_text()
