@@ -4,7 +4,8 @@
 mirrored in :mod:`otel_gpu.cuda.abi`. tests/ebpf/test_abi.py checks every mirror against its header.
 
 The convention, for every header: a constant per ``#define`` named without the ``OTEL_GPU_`` prefix, an
-``enum.IntEnum`` per C enum named after it, a ``ctypes.Structure`` per struct whose docstring names it.
+``enum.IntEnum`` per C enum named after it, a ``ctypes.Structure`` per struct whose docstring names it (``FooC`` where
+a decoded record already takes the name ``Foo``, as in :mod:`otel_gpu.cuda.abi`).
 """
 
 from __future__ import annotations
