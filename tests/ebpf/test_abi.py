@@ -16,6 +16,7 @@ import inspect
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -149,7 +150,7 @@ def test_every_mirror_is_in_the_tables() -> None:
 def test_short_names_are_the_enum_members() -> None:
     """The module constants that name enumerators (``LAUNCH_GRAPH``, ...) are the enum's members, not copies."""
     for mirror, prefix in ENUMS.items():
-        module = inspect.getmodule(mirror)
+        module = sys.modules[mirror.__module__]
         for member in mirror:
             short = (prefix + member.name).removeprefix("OTEL_GPU_")
             assert getattr(module, short, member) is member, f"{module.__name__}.{short}"
