@@ -17,10 +17,9 @@ $(STAMP): pyproject.toml scripts/install-system.sh
 	$(PY) -m pip install -q -e '.[test]'
 	touch $(STAMP)
 
-# Native parts: BPF objects (clang), the CUDA-side library and the test fakes (gcc).
+# Native parts: the BPF objects (clang, one tree: otel_gpu/ebpf), the CUDA-side library and the test fakes (gcc).
 build: $(STAMP)
 	$(MAKE) -s -C otel_gpu/ebpf
-	$(MAKE) -s -C otel_gpu/cuda/programs
 	$(MAKE) -s -C otel_gpu/cuda/native
 	$(MAKE) -s -C tests/native
 
@@ -39,7 +38,6 @@ bench: install
 
 clean:
 	$(MAKE) -s -C otel_gpu/ebpf clean
-	$(MAKE) -s -C otel_gpu/cuda/programs clean
 	$(MAKE) -s -C otel_gpu/cuda/native clean
 	$(MAKE) -s -C tests/native clean
 	rm -rf $(VENV) .cache

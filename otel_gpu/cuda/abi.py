@@ -1,17 +1,25 @@
 # SPDX-License-Identifier: Apache-2.0
 """ctypes mirrors of the GPU-time probe ABI and decoders from ring-buffer bytes to plain frozen records.
 
-Two C headers cross the kernel/user boundary: ``native/otel_gpu_probes.h`` (the injected library's records) and
-``programs/gpu_time.h`` (the eBPF program's event header and fallback stack). tests/cuda/test_abi.py compiles a
-C program printing every size and offset and compares it with these mirrors. Times are nanoseconds.
+Mirrors two C headers, each in one place below: ``otel_gpu/cuda/native/otel_gpu_probes.h`` (the injected library's
+records) and ``otel_gpu/ebpf/programs/gpu_time.h`` (the eBPF program's event header and fallback stack); what every
+program shares (``common.h``) is mirrored in :mod:`otel_gpu.ebpf.abi`. tests/ebpf/test_abi.py compiles a C program
+printing every size, offset and constant and compares it with these mirrors. Times are nanoseconds.
 """
 
 from __future__ import annotations
 
 import ctypes
+import enum
 import struct
 from collections import OrderedDict
 from dataclasses import dataclass, field
+
+from otel_gpu.ebpf.abi import COMM_LEN
+
+_u8, _u32, _s32, _u64 = ctypes.c_uint8, ctypes.c_uint32, ctypes.c_int32, ctypes.c_uint64
+
+# --- otel_gpu_probes.h: the injected library's records ----------------------------------------------------------------
 
 ABI_VERSION = 3
 MAX_NATIVE_FRAMES = 96
@@ -19,28 +27,48 @@ MAX_PYTHON_FRAMES = 64
 MAX_STRINGS = 6144
 MAX_NAME = 512
 ACTIVITY_BATCH = 32
-KSTACK_DEPTH = 64
-COMM_LEN = 16
 
-LAUNCH_KERNEL, LAUNCH_GRAPH, LAUNCH_MEMCPY, LAUNCH_MEMSET = 1, 2, 3, 4
-ACTIVITY_KERNEL, ACTIVITY_MEMCPY, ACTIVITY_MEMSET = 1, 2, 3
-SYNC_STREAM, SYNC_CONTEXT, SYNC_EVENT, SYNC_MEMCPY = 1, 2, 3, 4
-EVENT_LAUNCH, EVENT_ACTIVITY, EVENT_SYNC, EVENT_WINDOW = 1, 2, 3, 4
-DROP_RINGBUF_FULL, DROP_READ_FAILED, DROP_BAD_LENGTH = 0, 1, 2
-DROP_REASONS = ("ringbuf_full", "read_failed", "bad_length")
-
+# bits of otel_gpu_stack.flags
 STACK_FLAG_PYTHON = 1
 STACK_FLAG_NATIVE_TRUNCATED = 2
 STACK_FLAG_PYTHON_TRUNCATED = 4
 
-_u8, _u32, _s32, _u64 = ctypes.c_uint8, ctypes.c_uint32, ctypes.c_int32, ctypes.c_uint64
+
+class LaunchKind(enum.IntEnum):
+    """enum otel_gpu_launch_kind: what a sampled launch started."""
+
+    KERNEL = 1
+    GRAPH = 2
+    MEMCPY = 3
+    MEMSET = 4
+
+
+class ActivityKind(enum.IntEnum):
+    """enum otel_gpu_activity_kind: what completed on the GPU."""
+
+    KERNEL = 1
+    MEMCPY = 2
+    MEMSET = 3
+
+
+class SyncKind(enum.IntEnum):
+    """enum otel_gpu_sync_kind: what a CPU thread waited on."""
+
+    STREAM = 1
+    CONTEXT = 2
+    EVENT = 3
+    MEMCPY = 4
 
 
 class PythonFrameC(ctypes.Structure):
+    """struct otel_gpu_python_frame."""
+
     _fields_ = [("line", _u32), ("name_offset", _u32), ("filename_offset", _u32), ("first_line", _u32)]
 
 
 class StackC(ctypes.Structure):
+    """struct otel_gpu_stack."""
+
     _fields_ = [
         ("native_count", _u32), ("python_count", _u32), ("strings_len", _u32), ("flags", _u32),
         ("native", _u64 * MAX_NATIVE_FRAMES),
@@ -50,6 +78,8 @@ class StackC(ctypes.Structure):
 
 
 class LaunchC(ctypes.Structure):
+    """struct otel_gpu_launch."""
+
     _fields_ = [
         ("abi_version", _u32), ("kind", _u32), ("correlation_id", _u32), ("cbid", _s32),
         ("window_id", _u64), ("timestamp_ns", _u64), ("graph_exec", _u64), ("stack", StackC),
@@ -57,6 +87,8 @@ class LaunchC(ctypes.Structure):
 
 
 class ActivityC(ctypes.Structure):
+    """struct otel_gpu_activity."""
+
     _fields_ = [
         ("kind", _u32), ("correlation_id", _u32), ("start_ns", _u64), ("end_ns", _u64),
         ("device_id", _u32), ("stream_id", _u32), ("graph_id", _u32), ("name_len", _u32), ("bytes", _u64),
@@ -66,6 +98,8 @@ class ActivityC(ctypes.Structure):
 
 
 class SyncC(ctypes.Structure):
+    """struct otel_gpu_sync."""
+
     _fields_ = [
         ("abi_version", _u32), ("kind", _u32), ("cbid", _s32), ("reserved", _u32),
         ("start_ns", _u64), ("end_ns", _u64), ("weight", _u64), ("stack", StackC),
@@ -73,6 +107,8 @@ class SyncC(ctypes.Structure):
 
 
 class WindowC(ctypes.Structure):
+    """struct otel_gpu_window."""
+
     _fields_ = [
         ("abi_version", _u32), ("open_us", _u32), ("window_id", _u64), ("start_ns", _u64), ("end_ns", _u64),
         ("covered_ns", _u64), ("elapsed_ns", _u64), ("launches", _u64), ("dropped", _u64), ("overhead_ns", _u64),
@@ -81,7 +117,33 @@ class WindowC(ctypes.Structure):
     ]
 
 
+MAX_RECORD = max(ctypes.sizeof(SyncC), ctypes.sizeof(LaunchC))
+
+# --- gpu_time.h: the eBPF program's records ---------------------------------------------------------------------------
+
+KSTACK_DEPTH = 64
+
+
+class EventType(enum.IntEnum):
+    """enum otel_gpu_event_type: what follows a ring-buffer record's header."""
+
+    LAUNCH = 1
+    ACTIVITY = 2
+    SYNC = 3
+    WINDOW = 4
+
+
+class DropReason(enum.IntEnum):
+    """enum otel_gpu_drop_reason: indices of the program's per-CPU drop counters."""
+
+    RINGBUF_FULL = 0
+    READ_FAILED = 1
+    BAD_LENGTH = 2
+
+
 class EventC(ctypes.Structure):
+    """struct otel_gpu_event."""
+
     _fields_ = [
         ("type", _u32), ("pid", _u32), ("tid", _u32), ("payload_len", _u32), ("ktime_ns", _u64),
         ("comm", ctypes.c_char * COMM_LEN),
@@ -89,15 +151,18 @@ class EventC(ctypes.Structure):
 
 
 class KStackC(ctypes.Structure):
+    """struct otel_gpu_kstack."""
+
     _fields_ = [("bytes", _s32), ("reserved", _u32), ("pcs", _u64 * KSTACK_DEPTH)]
 
 
-MAX_RECORD = max(ctypes.sizeof(SyncC), ctypes.sizeof(LaunchC))
-MIRRORS: dict[str, type[ctypes.Structure]] = {
-    "otel_gpu_python_frame": PythonFrameC, "otel_gpu_stack": StackC, "otel_gpu_launch": LaunchC,
-    "otel_gpu_activity": ActivityC, "otel_gpu_sync": SyncC, "otel_gpu_window": WindowC,
-    "otel_gpu_event": EventC, "otel_gpu_kstack": KStackC,
-}
+# The enumerators by their C names less the prefix, for the modules that import them so.
+LAUNCH_KERNEL, LAUNCH_GRAPH, LAUNCH_MEMCPY, LAUNCH_MEMSET = LaunchKind
+ACTIVITY_KERNEL, ACTIVITY_MEMCPY, ACTIVITY_MEMSET = ActivityKind
+SYNC_STREAM, SYNC_CONTEXT, SYNC_EVENT, SYNC_MEMCPY = SyncKind
+EVENT_LAUNCH, EVENT_ACTIVITY, EVENT_SYNC, EVENT_WINDOW = EventType
+DROP_RINGBUF_FULL, DROP_READ_FAILED, DROP_BAD_LENGTH = DropReason
+DROP_REASONS = tuple(reason.name.lower() for reason in DropReason)  # the drop counters' names, by index
 
 # --- decoded records ------------------------------------------------------------------------------------------------
 

@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """GPUTimeProbes: the kernel side of GPU-time profiling, from loading the eBPF program to decoded records.
 
-It loads programs/gpu_time.bpf.o, attaches its four USDT handlers system-wide to each distinct copy of
+It loads ebpf/programs/gpu_time.bpf.o, attaches its four USDT handlers system-wide to each distinct copy of
 libotel_gpu_inject.so it finds mapped (new processes every ``rescan_interval_s``, every process again every
 ``full_rescan_s``, for those that initialise CUDA late), reads the ring buffer on a thread every ``poll_interval_s``
 (the program wakes it early only when a quarter of the buffer is used) and hands each decoded record to
@@ -22,6 +22,7 @@ from otel_gpu import selfmetrics, semconv
 from otel_gpu.cuda import abi
 from otel_gpu.cuda.accounting import SOURCE
 from otel_gpu.cuda.discovery import LIBRARY_NAME, InjectedLibrary, scan
+from otel_gpu.ebpf import PROGRAMS_DIR
 from otel_gpu.errors import SourceUnavailable
 
 if TYPE_CHECKING:
@@ -30,7 +31,7 @@ if TYPE_CHECKING:
 # the GPU-time source's parts log under its name, as its log lines always have
 _logger = logging.getLogger("otel_gpu.cuda.source")
 
-PROGRAM_PATH = Path(__file__).resolve().parent / "programs" / "gpu_time.bpf.o"
+PROGRAM_PATH = PROGRAMS_DIR / "gpu_time.bpf.o"
 # Attach order matters: the library starts recording as soon as any semaphore is set. Windows first (so every
 # weight is known), launches last (so every launch seen has its activity and window probes in place).
 PROBES = (("otel_gpu_window", "window"), ("otel_gpu_activity", "activity"), ("otel_gpu_sync", "sync"),

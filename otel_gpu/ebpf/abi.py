@@ -1,12 +1,24 @@
 # SPDX-License-Identifier: Apache-2.0
-"""ctypes mirrors of the structs in ``programs/otel_gpu_bpf.h`` (tests/ebpf/test_abi.py checks them against it)."""
+"""ctypes mirrors of what the eBPF programs share with user space: ``programs/common.h`` (every program) and
+``programs/cpu_profiler.h`` (the CPU sampler), each in one place below; the GPU-time program's ``gpu_time.h`` is
+mirrored in :mod:`otel_gpu.cuda.abi`. tests/ebpf/test_abi.py checks every mirror against its header.
+
+The convention, for every header: a constant per ``#define`` named without the ``OTEL_GPU_`` prefix, an
+``enum.IntEnum`` per C enum named after it, a ``ctypes.Structure`` per struct whose docstring names it (``FooC`` where
+a decoded record already takes the name ``Foo``, as in :mod:`otel_gpu.cuda.abi`).
+"""
 
 from __future__ import annotations
 
 import ctypes
 import enum
 
+# --- common.h ---------------------------------------------------------------------------------------------------------
+
 COMM_LEN = 16
+
+# --- cpu_profiler.h ---------------------------------------------------------------------------------------------------
+
 MAX_STACK_DEPTH = 127
 
 
@@ -76,12 +88,3 @@ class Control(ctypes.Structure):
 
 
 StackTrace = ctypes.c_uint64 * MAX_STACK_DEPTH
-
-# Every mirrored struct with its C name, for the layout test.
-STRUCTS: dict[str, type[ctypes.Structure]] = {
-    "otel_gpu_sample_key": SampleKey,
-    "otel_gpu_sample_value": SampleValue,
-    "otel_gpu_process_event": ProcessEvent,
-    "otel_gpu_raw_sample": RawSample,
-    "otel_gpu_control": Control,
-}

@@ -33,13 +33,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from otel_gpu.ebpf import _libbpf
+from otel_gpu.ebpf import PROGRAMS_DIR, program_path  # noqa: F401  (named in otel_gpu.ebpf, kept here for callers)
 
 if TYPE_CHECKING:
     from typing_extensions import Self
 
 _logger = logging.getLogger(__name__)
-
-PROGRAMS_DIR = Path(__file__).resolve().parent / "programs"
 
 _SYS_PERF_EVENT_OPEN = {"x86_64": 298, "aarch64": 241}.get(os.uname().machine, 298)
 PERF_TYPE_SOFTWARE = 1
@@ -69,11 +68,6 @@ class _PerfEventAttr(ctypes.Structure):
         ("config1", ctypes.c_uint64),
         ("config2", ctypes.c_uint64),
     ]
-
-
-def program_path(name: str) -> Path:
-    """The compiled object ``programs/<name>.bpf.o`` shipped with the package."""
-    return PROGRAMS_DIR / f"{name}.bpf.o"
 
 
 def online_cpus(path: str = "/sys/devices/system/cpu/online") -> list[int]:

@@ -4,7 +4,7 @@
 
     python3 scripts/h200/verify_gpu_time.py OUT.md        (scripts/h200/run.sh step "gpu_time"; about 3-5 minutes)
 
-Needs the built repository (otel_gpu/cuda/native/libotel_gpu_inject.so, otel_gpu/cuda/programs/gpu_time.bpf.o),
+Needs the built repository (otel_gpu/cuda/native/libotel_gpu_inject.so, otel_gpu/ebpf/programs/gpu_time.bpf.o),
 libbpf.so.1 on LD_LIBRARY_PATH and the project's Python dependencies on PYTHONPATH. VERIFY_STEPS=known (or
 overhead, or a comma list of name prefixes) runs only those steps; VERIFY_KNOWN_SECONDS (default 30) sets how long
 the measured run of step 2 lasts. Steps:

@@ -70,7 +70,7 @@ Run = tuple[int, list[ProfileBatch], ProcessCounters, Path, Path, str, Recording
 
 def _run(tmp_path: Path, command: list[str]) -> Run:
     _need(LIBRARY, FAKES / "libcupti.so", FAKES / "libcuda.so.1", FAKES / "workload",
-          REPO / "otel_gpu" / "cuda" / "programs" / "gpu_time.bpf.o")
+          REPO / "otel_gpu" / "ebpf" / "programs" / "gpu_time.bpf.o")
     debug, schedule = tmp_path / "debug.bin", tmp_path / "schedule.txt"
     env = dict(os.environ, CUDA_INJECTION64_PATH=str(LIBRARY), OTEL_GPU_CUPTI_PATH=str(FAKES / "libcupti.so"),
                FAKE_CUDA_SCHEDULE=str(schedule), OTEL_GPU_DEBUG_FILE=str(debug), OTEL_GPU_OVERHEAD_BUDGET="0.05",

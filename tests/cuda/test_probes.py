@@ -26,14 +26,14 @@ pytestmark = pytest.mark.root
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 NATIVE_INCLUDE = REPO / "otel_gpu" / "cuda" / "native"
-PROGRAM = REPO / "otel_gpu" / "cuda" / "programs" / "gpu_time.bpf.o"
+PROGRAM = REPO / "otel_gpu" / "ebpf" / "programs" / "gpu_time.bpf.o"
 OUR_PROGRAMS = {"otel_gpu_launch", "otel_gpu_activi", "otel_gpu_activity", "otel_gpu_sync", "otel_gpu_window"}
 
 
 @pytest.fixture(scope="module")
 def schedule(tmp_path_factory: pytest.TempPathFactory) -> Path:
     if not PROGRAM.is_file():
-        pytest.fail(f"{PROGRAM} is not built: run make -C otel_gpu/cuda/programs")
+        pytest.fail(f"{PROGRAM} is not built: run make -C otel_gpu/ebpf")
     out = tmp_path_factory.mktemp("emitter")
     (out / "lib").mkdir()
     cc = shutil.which("gcc") or "cc"

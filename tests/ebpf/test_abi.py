@@ -1,76 +1,166 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The ctypes mirrors in otel_gpu.ebpf.abi match the C header programs/otel_gpu_bpf.h (sizes, offsets, enums)."""
+"""The one ABI check: every ctypes mirror (otel_gpu.ebpf.abi, otel_gpu.cuda.abi) against the C header it mirrors.
+
+A C program that includes every shared header under otel_gpu/ebpf/programs/ (gpu_time.h brings in the injected
+library's otel_gpu/cuda/native/otel_gpu_probes.h) prints each struct's size, each field's offset and size (and an
+array's element size), each constant and each enumerator; they must equal the mirrors'. The tables below drive it:
+mirroring a new struct or constant is one line here, and a mirror left out of them fails
+:func:`test_every_mirror_is_in_the_tables`.
+"""
 
 from __future__ import annotations
 
 import ctypes
+import enum
+import inspect
+import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
-from otel_gpu.ebpf import abi
-from otel_gpu.ebpf.loader import PROGRAMS_DIR
+from otel_gpu.cuda import abi as cuda_abi
+from otel_gpu.ebpf import PROGRAMS_DIR
+from otel_gpu.ebpf import abi as ebpf_abi
 
-_ENUM = {
-    "OTEL_GPU_STAT_SAMPLES": abi.CPUStat.SAMPLES,
-    "OTEL_GPU_STAT_FILTERED": abi.CPUStat.FILTERED,
-    "OTEL_GPU_STAT_USER_COLLISION": abi.CPUStat.USER_COLLISION,
-    "OTEL_GPU_STAT_KERNEL_COLLISION": abi.CPUStat.KERNEL_COLLISION,
-    "OTEL_GPU_STAT_STACK_ERROR": abi.CPUStat.STACK_ERROR,
-    "OTEL_GPU_STAT_COUNTS_FULL": abi.CPUStat.COUNTS_FULL,
-    "OTEL_GPU_STAT_EVENTS_FULL": abi.CPUStat.EVENTS_FULL,
-    "OTEL_GPU_STAT_RAW_SENT": abi.CPUStat.RAW_SENT,
-    "OTEL_GPU_STAT_RAW_FULL": abi.CPUStat.RAW_FULL,
-    "OTEL_GPU_STAT_COUNT": abi.STAT_COUNT,
-    "OTEL_GPU_COMM_LEN": abi.COMM_LEN,
-    "OTEL_GPU_MAX_STACK_DEPTH": abi.MAX_STACK_DEPTH,
+MODULES: tuple[ModuleType, ...] = (ebpf_abi, cuda_abi)
+
+# C struct -> its ctypes mirror.
+STRUCTS: dict[str, type[ctypes.Structure]] = {
+    # cpu_profiler.h
+    "otel_gpu_sample_key": ebpf_abi.SampleKey,
+    "otel_gpu_sample_value": ebpf_abi.SampleValue,
+    "otel_gpu_process_event": ebpf_abi.ProcessEvent,
+    "otel_gpu_raw_sample": ebpf_abi.RawSample,
+    "otel_gpu_control": ebpf_abi.Control,
+    # gpu_time.h
+    "otel_gpu_event": cuda_abi.EventC,
+    "otel_gpu_kstack": cuda_abi.KStackC,
+    # otel_gpu_probes.h
+    "otel_gpu_python_frame": cuda_abi.PythonFrameC,
+    "otel_gpu_stack": cuda_abi.StackC,
+    "otel_gpu_launch": cuda_abi.LaunchC,
+    "otel_gpu_activity": cuda_abi.ActivityC,
+    "otel_gpu_sync": cuda_abi.SyncC,
+    "otel_gpu_window": cuda_abi.WindowC,
+}
+
+# C #define (or an enum's count member) -> the mirror's value.
+CONSTANTS: dict[str, int] = {
+    # common.h
+    "OTEL_GPU_COMM_LEN": ebpf_abi.COMM_LEN,
+    # cpu_profiler.h
+    "OTEL_GPU_MAX_STACK_DEPTH": ebpf_abi.MAX_STACK_DEPTH,
+    "OTEL_GPU_STAT_COUNT": ebpf_abi.STAT_COUNT,
+    # gpu_time.h
+    "OTEL_GPU_KSTACK_DEPTH": cuda_abi.KSTACK_DEPTH,
+    "OTEL_GPU_DROP_REASONS": len(cuda_abi.DROP_REASONS),
+    # otel_gpu_probes.h
+    "OTEL_GPU_ABI_VERSION": cuda_abi.ABI_VERSION,
+    "OTEL_GPU_MAX_NATIVE_FRAMES": cuda_abi.MAX_NATIVE_FRAMES,
+    "OTEL_GPU_MAX_PYTHON_FRAMES": cuda_abi.MAX_PYTHON_FRAMES,
+    "OTEL_GPU_MAX_STRINGS": cuda_abi.MAX_STRINGS,
+    "OTEL_GPU_MAX_NAME": cuda_abi.MAX_NAME,
+    "OTEL_GPU_ACTIVITY_BATCH": cuda_abi.ACTIVITY_BATCH,
+    "OTEL_GPU_MAX_RECORD": cuda_abi.MAX_RECORD,
+}
+
+# C enum's mirror -> the prefix of its enumerators (every member is checked as prefix + member name).
+ENUMS: dict[type[enum.IntEnum], str] = {
+    ebpf_abi.CPUStat: "OTEL_GPU_STAT_",  # cpu_profiler.h
+    cuda_abi.EventType: "OTEL_GPU_EVENT_",  # gpu_time.h
+    cuda_abi.DropReason: "OTEL_GPU_DROP_",
+    cuda_abi.LaunchKind: "OTEL_GPU_LAUNCH_",  # otel_gpu_probes.h
+    cuda_abi.ActivityKind: "OTEL_GPU_ACTIVITY_",
+    cuda_abi.SyncKind: "OTEL_GPU_SYNC_",
 }
 
 
+def _headers() -> list[Path]:
+    """Every header of the BPF tree that user space shares (vmlinux.h is the kernel's, generated)."""
+    return sorted(path for path in PROGRAMS_DIR.glob("*.h") if path.name != "vmlinux.h")
+
+
+def _enumerators() -> dict[str, int]:
+    return {prefix + member.name: int(member) for mirror, prefix in ENUMS.items() for member in mirror}
+
+
 def _layout_program() -> str:
-    lines = ["#include <stdio.h>", "#include <stddef.h>", '#include "otel_gpu_bpf.h"', "int main(void) {"]
-    for c_name, mirror in abi.STRUCTS.items():
-        lines.append(f'  printf("{c_name} sizeof %zu\\n", sizeof(struct {c_name}));')
-        for field, _ in mirror._fields_:
-            lines.append(f'  printf("{c_name} {field} %zu\\n", offsetof(struct {c_name}, {field}));')
-    for name in _ENUM:
-        lines.append(f'  printf("enum {name} %d\\n", (int)({name}));')
+    lines = ["#include <stdio.h>", "#include <stddef.h>"]
+    lines += [f'#include "{header.name}"' for header in _headers()]
+    lines.append("int main(void) {")
+    for c_name, mirror in STRUCTS.items():
+        lines.append(f'  printf("{c_name} %zu\\n", sizeof(struct {c_name}));')
+        for name, kind, *_ in mirror._fields_:
+            member = f"((struct {c_name} *)0)->{name}"
+            offset = f"offsetof(struct {c_name}, {name})"
+            lines.append(f'  printf("{c_name}.{name} %zu %zu\\n", {offset}, sizeof({member}));')
+            if issubclass(kind, ctypes.Array):  # an array's element too: u32[128] is not u64[64]
+                lines.append(f'  printf("{c_name}.{name}[0] %zu\\n", sizeof({member}[0]));')
+    for c_name in [*CONSTANTS, *_enumerators()]:
+        lines.append(f'  printf("{c_name} %lld\\n", (long long)({c_name}));')
     lines += ["  return 0;", "}"]
     return "\n".join(lines) + "\n"
 
 
 @pytest.fixture(scope="module")
-def c_layout(tmp_path_factory: pytest.TempPathFactory) -> dict[str, int]:
+def c_layout(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     compiler = shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
-    assert compiler, "a C compiler is needed to check the header (apt-get install gcc)"
+    if compiler is None:
+        pytest.fail("no C compiler (cc, gcc or clang) on PATH to check the headers: apt-get install gcc")
     folder = tmp_path_factory.mktemp("abi")
     source = folder / "layout.c"
     source.write_text(_layout_program())
     binary = folder / "layout"
-    subprocess.run([compiler, "-I", str(PROGRAMS_DIR), "-o", str(binary), str(source)], check=True)
+    subprocess.run([compiler, "-Wall", "-Werror", "-I", str(PROGRAMS_DIR), "-o", str(binary), str(source)],
+                   check=True)
     out = subprocess.run([str(binary)], check=True, capture_output=True, text=True).stdout
-    values: dict[str, int] = {}
-    for line in out.splitlines():
-        *name, value = line.split()
-        values[" ".join(name)] = int(value)
-    return values
+    return dict(line.split(" ", 1) for line in out.splitlines())
 
 
-@pytest.mark.parametrize("c_name", sorted(abi.STRUCTS))
-def test_struct_size_and_offsets_match_the_header(c_layout: dict[str, int], c_name: str) -> None:
-    mirror = abi.STRUCTS[c_name]
-    assert ctypes.sizeof(mirror) == c_layout[f"{c_name} sizeof"]
-    for field, _ in mirror._fields_:
-        assert getattr(mirror, field).offset == c_layout[f"{c_name} {field}"], field
+@pytest.mark.parametrize("c_name", sorted(STRUCTS))
+def test_struct_size_and_fields_match_the_header(c_layout: dict[str, str], c_name: str) -> None:
+    mirror = STRUCTS[c_name]
+    assert str(ctypes.sizeof(mirror)) == c_layout[c_name], f"sizeof(struct {c_name})"
+    for name, kind, *_ in mirror._fields_:
+        field = getattr(mirror, name)
+        assert f"{field.offset} {field.size}" == c_layout[f"{c_name}.{name}"], f"struct {c_name}.{name}: offset size"
+        if issubclass(kind, ctypes.Array):
+            assert str(ctypes.sizeof(kind._type_)) == c_layout[f"{c_name}.{name}[0]"], f"struct {c_name}.{name}[0]"
 
 
-def test_enum_values_match_the_header(c_layout: dict[str, int]) -> None:
-    for name, value in _ENUM.items():
-        assert c_layout[f"enum {name}"] == int(value), name
+def test_constants_and_enumerators_match_the_header(c_layout: dict[str, str]) -> None:
+    python = {c_name: str(value) for c_name, value in [*CONSTANTS.items(), *_enumerators().items()]}
+    assert python == {c_name: c_layout[c_name] for c_name in python}
 
 
-def test_header_is_the_one_the_programs_include() -> None:
-    for program in Path(PROGRAMS_DIR).glob("cpu_profiler.bpf.c"):
-        assert '#include "otel_gpu_bpf.h"' in program.read_text()
+def test_every_mirror_is_in_the_tables() -> None:
+    for module in MODULES:
+        for name, value in vars(module).items():
+            if inspect.isclass(value) and value.__module__ == module.__name__:
+                if issubclass(value, ctypes.Structure):
+                    assert value in STRUCTS.values(), f"{module.__name__}.{name} is missing from STRUCTS"
+                if issubclass(value, enum.IntEnum):
+                    assert value in ENUMS, f"{module.__name__}.{name} is missing from ENUMS"
+
+
+def test_short_names_are_the_enum_members() -> None:
+    """The module constants that name enumerators (``LAUNCH_GRAPH``, ...) are the enum's members, not copies."""
+    for mirror, prefix in ENUMS.items():
+        module = sys.modules[mirror.__module__]
+        for member in mirror:
+            short = (prefix + member.name).removeprefix("OTEL_GPU_")
+            assert getattr(module, short, member) is member, f"{module.__name__}.{short}"
+
+
+def test_every_program_includes_its_header_and_every_header_the_common_one() -> None:
+    includes = re.compile(r'^#include "([^"]+)"', re.MULTILINE)
+    for header in _headers():
+        program = header.with_name(header.stem + ".bpf.c")
+        if program.exists():
+            assert header.name in includes.findall(program.read_text()), f"{program.name} includes {header.name}"
+        if header.name != "common.h":
+            assert "common.h" in includes.findall(header.read_text()), f"{header.name} includes common.h"

@@ -9,7 +9,7 @@
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_tracing.h>
-#include "otel_gpu_bpf.h"
+#include "cpu_profiler.h"
 
 #define EEXIST 17
 #define EFAULT 14

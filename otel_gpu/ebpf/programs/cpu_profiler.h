@@ -1,11 +1,11 @@
 /* SPDX-License-Identifier: GPL-2.0 OR BSD-2-Clause */
 /*
- * Every struct and constant that crosses the kernel/user boundary of otel-gpu's eBPF programs, once.
- * otel_gpu/ebpf/abi.py mirrors it with ctypes; tests/ebpf/test_abi.py compiles a C program that prints the sizes
- * and offsets below and compares them with the mirror.
+ * What the CPU sampler (cpu_profiler.bpf.c) shares with user space: its map keys and values, ring-buffer records
+ * and statistics. otel_gpu/ebpf/abi.py mirrors it with ctypes; tests/ebpf/test_abi.py compiles a C program that
+ * prints the sizes and offsets below and compares them with the mirror.
  */
-#ifndef OTEL_GPU_BPF_H
-#define OTEL_GPU_BPF_H
+#ifndef OTEL_GPU_CPU_PROFILER_H
+#define OTEL_GPU_CPU_PROFILER_H
 
 #ifdef __BPF__
 /* vmlinux.h provides __u32/__s32/__u64 */
@@ -13,7 +13,8 @@
 #include <linux/types.h>
 #endif
 
-#define OTEL_GPU_COMM_LEN 16
+#include "common.h"
+
 #define OTEL_GPU_MAX_STACK_DEPTH 127
 
 /* The CPU sampler's statistics (a per-CPU array indexed by this enum). */
@@ -71,4 +72,4 @@ struct otel_gpu_control {
     __u32 reserved;
 };
 
-#endif /* OTEL_GPU_BPF_H */
+#endif /* OTEL_GPU_CPU_PROFILER_H */

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 OR GPL-2.0-only */
 /*
  * Records the GPU-time eBPF program (gpu_time.bpf.c) writes into its ring buffer, read by otel_gpu/cuda/abi.py
- * (a test checks the ctypes mirror against this header).
+ * (tests/ebpf/test_abi.py checks the ctypes mirror against this header).
  *
  * Every record starts with struct otel_gpu_event. Launch and sync records then carry the kernel-side user stack of
  * the probing thread (a fallback for when the injected library's own unwind is empty) and the library's record;
@@ -15,10 +15,11 @@
 #ifndef OTEL_GPU_TIME_H
 #define OTEL_GPU_TIME_H
 
-#include "../native/otel_gpu_probes.h"
+#include "common.h"
+/* The injected library's records: that header is the C library's own ABI, so it stays with the library. */
+#include "../../cuda/native/otel_gpu_probes.h"
 
 #define OTEL_GPU_KSTACK_DEPTH 64
-#define OTEL_GPU_COMM_LEN 16
 
 enum otel_gpu_event_type {
     OTEL_GPU_EVENT_LAUNCH = 1,
