@@ -49,9 +49,9 @@ PROFILE_TYPES = {
     "GPU time (CUDA kernels, copies and sets by launching stack)": "gpu:gpu_time:nanoseconds:gpu:nanoseconds",
     "Sync wait (CPU threads blocked on the GPU)": "gpu_wait:sync_wait:nanoseconds:gpu_wait:nanoseconds",
 }
-# Pyroscope sanitizes label names (dots -> underscores) unless its disable_label_sanitization is set
-PROFILE_SELECTOR = ('{k8s_cluster_name=~"$cluster", k8s_node_name=~"$node", k8s_namespace_name=~"$namespace", '
-                    'k8s_pod_name=~"$pod"}')
+# Profiles carry the process's resource; the gateway's k8sattributes adds node, namespace and pod names (no cluster
+# name: the resource processor has no profiles support), which Pyroscope files with dots turned to underscores
+PROFILE_SELECTOR = '{k8s_node_name=~"$node", k8s_namespace_name=~"$namespace", k8s_pod_name=~"$pod"}'
 
 
 # --- variables ------------------------------------------------------------------------------------------------------

@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""A stand-in for the gateway Collector of collector-config/gateway.yaml, between the agent and VictoriaMetrics.
+"""A stand-in for the gateway Collector (collector-config/otel-gpu-to-lgtm.yaml) between agent and VictoriaMetrics.
 
 No Collector binary can be had here, so this applies, on the OTLP/HTTP wire, what that file's metrics processors
 do to the agent's data: ``resource`` adds k8s.cluster.name; ``groupbyattrs`` moves a data point's k8s.pod.uid and
@@ -19,7 +19,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 
-# the resource attributes transform copies onto data points (collector-config/gateway.yaml, transform/labels)
+# the resource attributes transform copies onto data points (collector-config/otel-gpu-to-lgtm.yaml, transform/labels)
 COPIED = ("k8s.cluster.name", "host.name", "k8s.node.name", "k8s.namespace.name", "k8s.pod.name",
           "k8s.deployment.name", "k8s.statefulset.name", "k8s.job.name", "container.id", "k8s.pod.uid")
 
