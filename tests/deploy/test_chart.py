@@ -306,3 +306,20 @@ def test_notes_name_the_backend_and_the_workload_snippet() -> None:
     notes = done.stdout.split("NOTES:", 1)[1]
     assert "OTLP (grpc): http://collector:4317" in notes
     assert "CUDA_INJECTION64_PATH" in notes and "/opt/otel-gpu/lib" in notes
+
+
+def test_chart_readme_lists_every_value() -> None:
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    rows = [line.split("|")[1] for line in (CHART / "README.md").read_text().splitlines()
+            if line.startswith("| `")]
+    documented = {key for row in rows for key in row.replace("`", " ").replace(",", " ").split()}
+
+    def leaves(node: Any, prefix: str) -> Iterator[str]:
+        if isinstance(node, dict) and node and prefix not in documented:
+            for key, value in node.items():
+                yield from leaves(value, f"{prefix}.{key}" if prefix else key)
+        else:
+            yield prefix
+
+    missing = [key for key in leaves(values, "") if key not in documented]
+    assert not missing, f"helm/otel-gpu/README.md's values table lacks {missing}"
