@@ -187,7 +187,7 @@ def test_environment_names_are_the_ones_the_agent_reads(defaults: list[dict[str,
     readable |= {"NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES"}  # read by the NVIDIA container toolkit
     for toggle in ("defaults", "otlp", "pyroscope", "service-monitor"):
         env = env_of(agent(render(TOGGLES[toggle])))
-        unknown = set(env) - readable - {"OTEL_GPU_SECRET_OTLP_HEADERS"}  # the Secret's part of the headers
+        unknown = set(env) - readable - {"OTLP_SECRET_HEADERS"}  # the Secret's part of OTEL_EXPORTER_OTLP_HEADERS
         assert not unknown, f"{toggle}: the agent reads no {sorted(unknown)}"
     env = env_of(agent(defaults))
     assert env["K8S_NODE_NAME"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
@@ -199,9 +199,9 @@ def test_otlp_values_map_to_the_standard_variables_with_tokens_from_a_secret() -
     env = env_of(agent(objects))
     assert env["OTEL_EXPORTER_OTLP_ENDPOINT"] == "https://collector.observability:4317"
     assert env["OTEL_EXPORTER_OTLP_PROTOCOL"] == "grpc"
-    assert env["OTEL_EXPORTER_OTLP_HEADERS"] == "$(OTEL_GPU_SECRET_OTLP_HEADERS),X-Scope-OrgID=team-a"
+    assert env["OTEL_EXPORTER_OTLP_HEADERS"] == "$(OTLP_SECRET_HEADERS),X-Scope-OrgID=team-a"
     (secret,) = by_kind(objects, "Secret")
-    key_ref = env["OTEL_GPU_SECRET_OTLP_HEADERS"]["secretKeyRef"]
+    key_ref = env["OTLP_SECRET_HEADERS"]["secretKeyRef"]
     assert key_ref == {"name": secret["metadata"]["name"], "key": "otlp-headers"}
     assert base64.b64decode(secret["data"]["otlp-headers"]).decode() == "Authorization=Bearer%20abc"
     assert env["OTEL_EXPORTER_OTLP_CERTIFICATE"] == "/etc/otel-gpu/tls/ca.crt"
@@ -209,13 +209,13 @@ def test_otlp_values_map_to_the_standard_variables_with_tokens_from_a_secret() -
     assert attributes == {"deployment.environment": "prod", "k8s.cluster.name": "gpu-east"}
     # the secret header reference precedes the plain headers, as Kubernetes expands $(VAR) of earlier entries only
     names = [e["name"] for e in agent(objects)["env"]]
-    assert names.index("OTEL_GPU_SECRET_OTLP_HEADERS") < names.index("OTEL_EXPORTER_OTLP_HEADERS")
+    assert names.index("OTLP_SECRET_HEADERS") < names.index("OTEL_EXPORTER_OTLP_HEADERS")
 
     existing = render(TOGGLES["otlp-existing-secret"])
     assert not by_kind(existing, "Secret")
     env = env_of(agent(existing))
-    assert env["OTEL_GPU_SECRET_OTLP_HEADERS"]["secretKeyRef"] == {"name": "otlp-auth", "key": "otlp-headers"}
-    assert env["OTEL_EXPORTER_OTLP_HEADERS"] == "$(OTEL_GPU_SECRET_OTLP_HEADERS)"
+    assert env["OTLP_SECRET_HEADERS"]["secretKeyRef"] == {"name": "otlp-auth", "key": "otlp-headers"}
+    assert env["OTEL_EXPORTER_OTLP_HEADERS"] == "$(OTLP_SECRET_HEADERS)"
     assert env["OTEL_EXPORTER_OTLP_PROTOCOL"] == "http/protobuf" and env["OTEL_EXPORTER_OTLP_INSECURE"] == "true"
     (daemonset,) = by_kind(existing, "DaemonSet")
     tls = [v for v in daemonset["spec"]["template"]["spec"]["volumes"] if v["name"] == "tls"]
@@ -323,3 +323,57 @@ def test_chart_readme_lists_every_value() -> None:
 
     missing = [key for key in leaves(values, "") if key not in documented]
     assert not missing, f"helm/otel-gpu/README.md's values table lacks {missing}"
+
+
+def kubelet_environment(objects: list[dict[str, Any]], existing_secrets: dict[str, dict[str, str]],
+                        certificate: Path) -> dict[str, str]:
+    """The agent container's environment as the kubelet would give it: downward API and Secret values filled in,
+    ``$(VAR)`` of earlier entries expanded, the CA file moved to ``certificate`` (the mount is not here)."""
+    secrets = {s["metadata"]["name"]: {k: base64.b64decode(v).decode() for k, v in s["data"].items()}
+               for s in by_kind(objects, "Secret")}
+    secrets.update(existing_secrets)
+    environ: dict[str, str] = {}
+    for entry in agent(objects)["env"]:
+        if "value" in entry:
+            value = entry["value"]
+            for name, earlier in environ.items():
+                value = value.replace(f"$({name})", earlier)
+        elif "fieldRef" in entry["valueFrom"]:
+            value = {"spec.nodeName": "gpu-node-7"}[entry["valueFrom"]["fieldRef"]["fieldPath"]]
+        else:
+            ref = entry["valueFrom"]["secretKeyRef"]
+            value = secrets[ref["name"]][ref["key"]]
+        environ[entry["name"]] = value
+    if "OTEL_EXPORTER_OTLP_CERTIFICATE" in environ:
+        environ["OTEL_EXPORTER_OTLP_CERTIFICATE"] = str(certificate)
+    return environ
+
+
+def test_the_agent_accepts_the_chart_environment(tmp_path: Path) -> None:
+    from otel_gpu import config
+
+    certificate = tmp_path / "ca.crt"
+    certificate.write_text("-----BEGIN CERTIFICATE-----\n")
+    existing = {"otlp-auth": {"otlp-headers": "Authorization=Basic%20dXNlcjpwdw=="}, "pyro": {"pw": "secret"}}
+    loaded = {}
+    for toggle in ("defaults", "otlp", "otlp-existing-secret", "pyroscope", "service-monitor", "no-gpu-time"):
+        environ = kubelet_environment(render(TOGGLES[toggle]), existing, certificate)
+        try:
+            loaded[toggle] = config.load(environ=environ)
+        except config.ConfigError as exc:
+            pytest.fail(f"{toggle}: the agent refuses the chart's environment: {exc.problems}")
+        assert loaded[toggle].warnings == (), f"{toggle}: {loaded[toggle].warnings}"
+        assert loaded[toggle].node_name == "gpu-node-7"
+    assert loaded["defaults"].write_files and not loaded["defaults"].show_console
+    otlp = loaded["otlp"]
+    assert otlp.otlp.profiles_target() == ("grpc", "https://collector.observability:4317")
+    assert otlp.otlp.headers_for("profiles") == {"Authorization": "Bearer abc", "X-Scope-OrgID": "team-a"}
+    assert dict(otlp.resource_attributes) == {"deployment.environment": "prod", "k8s.cluster.name": "gpu-east"}
+    assert not otlp.write_files
+    assert loaded["otlp-existing-secret"].otlp.headers_for("metrics") == {"Authorization": "Basic dXNlcjpwdw=="}
+    assert loaded["otlp-existing-secret"].otlp.metrics_target() == ("http/protobuf", "http://collector:4318/v1/metrics")
+    pyroscope = loaded["pyroscope"].pyroscope
+    assert (pyroscope.url, pyroscope.tenant_id, pyroscope.basic_auth_user, pyroscope.basic_auth_password) == \
+        ("http://pyroscope:4040", "team-a", "u", "p")
+    assert loaded["service-monitor"].metrics.prometheus_port == 9400
+    assert loaded["no-gpu-time"].profiling.gpu_time is False and loaded["defaults"].profiling.gpu_time is True
