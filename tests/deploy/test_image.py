@@ -35,6 +35,7 @@ AGENT_SECONDS = 6
 pytestmark = [
     pytest.mark.root,
     pytest.mark.image,
+    pytest.mark.timeout(900),  # the first test pays for a cold build: debootstrap and both stages (131 s measured)
     pytest.mark.skipif(not all(shutil.which(t) for t in ("podman", "buildah", "runc", "debootstrap")),
                        reason="needs podman, buildah, runc and debootstrap (scripts/install-system.sh)"),
 ]
