@@ -23,9 +23,10 @@ build: $(STAMP)
 	$(MAKE) -s -C otel_gpu/cuda/native
 	$(MAKE) -s -C tests/native
 
-# Real backends for the tests, extracted from Debian packages into .cache (never installed system-wide).
+# Real backends for the tests, extracted from Debian packages into .cache (never installed system-wide), and helm.
 test-deps:
 	bash scripts/fetch-backends.sh
+	bash scripts/fetch-helm.sh
 
 run: install
 	$(VENV)/bin/otel-gpu run $(ARGS)

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0
 # System packages for building and testing otel-gpu on Debian/Ubuntu: the BPF toolchain (clang, bpftool,
-# libbpf headers), USDT headers, and Go (for `go tool pprof` in the tests). Runtime needs only libbpf1 + libelf1.
+# libbpf headers), USDT headers, Go (for `go tool pprof` in the tests), and Podman/Buildah with debootstrap (the
+# container image test: no daemon, no registry). Runtime needs only libbpf1 + libelf1.
 set -euo pipefail
-packages=(clang llvm libbpf-dev libbpf1 bpftool libelf-dev zlib1g-dev systemtap-sdt-dev gcc make golang-go)
+packages=(clang llvm libbpf-dev libbpf1 bpftool libelf-dev zlib1g-dev systemtap-sdt-dev gcc make golang-go
+          podman buildah runc debootstrap fuse-overlayfs uidmap slirp4netns)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
