@@ -71,13 +71,14 @@ class Agent:
             profilers = self._start_profilers(cleanup)
             profilers += self._start_gpu_time(cleanup, pipeline)
             exporters = self._start_profile_exporters(cleanup) if profilers else []
-            names = [source.name for source in profilers]
-            for source_name, up in (("nvml", gpu is not None), ("cpu_profiler", "cpu_profiler" in names),
-                                    ("gpu_time", "gpu_time" in names)):
-                selfmetrics.set_gauge(semconv.SELF_SOURCE_UP.name, 1 if up else 0, otel_gpu__source=source_name)
+            running = {source.name for source in profilers} | ({semconv.Source.NVML} if gpu is not None else set())
+            for source_name in (semconv.Source.NVML, semconv.Source.CPU_PROFILER, semconv.Source.GPU_TIME):
+                selfmetrics.set_gauge(semconv.SELF_SOURCE_UP.name, 1 if source_name in running else 0,
+                                      otel_gpu__source=source_name)
+            on = {source: "on" if source in running else "off" for source in semconv.Source}
             _logger.info("otel-gpu running: gpu metrics %s, cpu profiling %s, gpu-time profiling %s; %s",
-                         "on" if gpu else "off", "on" if "cpu_profiler" in names else "off",
-                         "on" if "gpu_time" in names else "off", self._destinations(pipeline.prometheus_address))
+                         on[semconv.Source.NVML], on[semconv.Source.CPU_PROFILER], on[semconv.Source.GPU_TIME],
+                         self._destinations(pipeline.prometheus_address))
             self._loop(profilers, exporters)
             self._shutdown_deadline = time.monotonic() + SHUTDOWN_TIMEOUT_S
             _logger.info("otel-gpu stopping (sending what is queued for at most %g s; a second signal stops at "
@@ -171,7 +172,8 @@ class Agent:
                 batches = source.drain()
             except Exception:  # loop boundary: one bad drain must not stop the agent
                 _logger.exception("draining %s failed", name)
-                selfmetrics.count(semconv.SELF_ERRORS.name, otel_gpu__source=name, otel_gpu__reason="drain")
+                selfmetrics.count(semconv.SELF_ERRORS.name, otel_gpu__source=name,
+                                  otel_gpu__reason=semconv.Reason.DRAIN)
                 continue
             selfmetrics.set_gauge(semconv.SELF_COLLECTION_DURATION.name, time.monotonic() - started,
                                   otel_gpu__source=name)

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from otel_gpu import selfmetrics, semconv
 
-SOURCE = "procfs"
+SOURCE = semconv.Source.PROCFS
 # caps on what is read of each file (bytes): far above what the kernel writes for any real process
 MAX_STAT_BYTES = 4096  # 52 numbers and a name of at most 64 bytes
 MAX_COMM_BYTES = 256  # 16 bytes (64 for kernel threads)
@@ -200,18 +200,20 @@ class ProcessResolver:
             exe_path = ""
         exe_path = exe_path.removesuffix(" (deleted)")
         name = os.path.basename(exe_path) if exe_path else comm
-        container_id, pod_uid = parse_cgroup(_text(self._capped(base / "cgroup", MAX_CGROUP_BYTES, "cgroup")))
-        service = parse_service_name(self._capped(base / "environ", MAX_ENVIRON_BYTES, "environ")) or name
+        cgroup = self._capped(base / "cgroup", MAX_CGROUP_BYTES, semconv.Reason.CGROUP_TOO_LARGE)
+        container_id, pod_uid = parse_cgroup(_text(cgroup))
+        environ = self._capped(base / "environ", MAX_ENVIRON_BYTES, semconv.Reason.ENVIRON_TOO_LARGE)
+        service = parse_service_name(environ) or name
         return ProcessInfo(pid=pid, executable_name=name, executable_path=exe_path, container_id=container_id,
                            pod_uid=pod_uid, service_name=service, start_time_ticks=start)
 
     @staticmethod
-    def _capped(path: Path, max_bytes: int, what: str) -> bytes:
-        """Up to ``max_bytes`` of ``path`` (b"" when unreadable); a longer file is counted as ``<what>_too_large``."""
+    def _capped(path: Path, max_bytes: int, too_large: semconv.Reason) -> bytes:
+        """Up to ``max_bytes`` of ``path`` (b"" when unreadable); a longer file is counted as ``too_large``."""
         try:
             data, more = read_capped(path, max_bytes)
         except OSError:
             return b""
         if more:
-            selfmetrics.count(semconv.SELF_ERRORS.name, otel_gpu__source=SOURCE, otel_gpu__reason=f"{what}_too_large")
+            selfmetrics.count(semconv.SELF_ERRORS.name, otel_gpu__source=SOURCE, otel_gpu__reason=too_large)
         return data

@@ -23,14 +23,14 @@ def _key(name: str, attributes: Mapping[str, str]) -> Key:
 
 def count(name: str, amount: float = 1, **attributes: str) -> None:
     """Add ``amount`` to the monotonic counter ``name`` with ``attributes`` (keys use ``_`` for ``.``)."""
-    key = _key(name, {k.replace("__", "."): v for k, v in attributes.items()})
+    key = _key(name, {k.replace("__", "."): str(v) for k, v in attributes.items()})
     with _lock:
         _counters[key] = _counters.get(key, 0) + amount
 
 
 def set_gauge(name: str, value: float, **attributes: str) -> None:
     """Set the gauge ``name`` to ``value``."""
-    key = _key(name, {k.replace("__", "."): v for k, v in attributes.items()})
+    key = _key(name, {k.replace("__", "."): str(v) for k, v in attributes.items()})
     with _lock:
         _gauges[key] = value
 

@@ -9,6 +9,7 @@ No other module spells these strings.
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 from typing import Final
 
@@ -159,15 +160,81 @@ GPU_METRICS: Final = (
 SELF_PROFILE_SAMPLES = MetricSpec("otel_gpu.profiling.samples", "counter", "{sample}",
                                   "CPU stack samples taken by the eBPF sampler (otel_gpu.source)")
 
-# otel_gpu.reason values of the CPU sampler (otel_gpu.dropped with otel_gpu.signal=profiles, otel_gpu.source.errors)
-REASON_STACK_COLLISION: Final = "stack_collision"  # stack-map hash collision (the sample is sent whole instead)
-REASON_RAW_FULL: Final = "raw_ringbuf_full"  # a collided sample could not be sent whole: sample dropped
-REASON_STACK_ERROR: Final = "stack_error"  # bpf_get_stackid failed otherwise
-REASON_COUNTS_FULL: Final = "counts_map_full"  # the in-kernel counts map was full: sample dropped
-REASON_EVENTS_FULL: Final = "events_ringbuf_full"  # new-process event dropped: that process may stay unsymbolized
-SIGNAL_PROFILES: Final = "profiles"
-# otel_gpu.reason values of the symbolizer (otel_gpu.source.errors with otel_gpu.source=symbolizer)
-REASON_KALLSYMS_TOO_LARGE: Final = "kallsyms_too_large"  # kallsyms past its read cap: later kernel symbols missing
+
+
+class Signal(enum.StrEnum):
+    """otel_gpu.signal: what kind of data an export or a drop concerns."""
+
+    PROFILES = "profiles"
+    METRICS = "metrics"
+
+
+class Source(enum.StrEnum):
+    """otel_gpu.source: the part of the agent that read (or failed to read) something."""
+
+    NVML = "nvml"
+    CPU_PROFILER = "cpu_profiler"
+    GPU_TIME = "gpu_time"
+    SYMBOLIZER = "symbolizer"
+    PROCFS = "procfs"
+    OTLP_METRICS = "otlp_metrics"
+    PROMETHEUS = "prometheus"
+
+
+class Reason(enum.StrEnum):
+    """otel_gpu.reason: why data was dropped (otel_gpu.dropped) or a read failed (otel_gpu.source.errors).
+
+    NVML call failures use the name of NVML's return code instead (``gpu._nvml.NVMLCallError.reason``).
+    """
+
+    # dropped on the way out (any signal)
+    QUEUE_FULL = "queue_full"  # the export queue was full: the oldest item went
+    TOO_LARGE = "too_large"  # one item larger than the queue's byte bound
+    REJECTED = "rejected"  # the backend refused it for good (or in part)
+    SHUTDOWN = "shutdown"  # still queued when stopping's time ran out
+    ENCODE_ERROR = "encode_error"
+    WRITE_ERROR = "write_error"  # a local file could not be written
+    EXPORT_FAILED = "export_failed"  # a metrics export failed
+    SUPERSEDED = "superseded"  # a newer collection replaced it while the previous one was still being sent
+    # dropped by the CPU sampler
+    RAW_FULL = "raw_ringbuf_full"  # a collided sample could not be sent whole: sample dropped
+    COUNTS_FULL = "counts_map_full"  # the in-kernel counts map was full: sample dropped
+    EVENTS_FULL = "events_ringbuf_full"  # new-process event dropped: that process may stay unsymbolized
+    # dropped on the GPU-time path
+    INJECTED_LIBRARY = "injected_library"  # records the injected library lost or timed out
+    BPF_RINGBUF_FULL = "bpf_ringbuf_full"  # abi.DropReason, prefixed: the eBPF program could not pass a record on
+    BPF_READ_FAILED = "bpf_read_failed"
+    BPF_BAD_LENGTH = "bpf_bad_length"
+    JOIN_LAUNCH_UNMATCHED = "join_launch_unmatched"  # a sampled launch whose GPU work never came
+    JOIN_ACTIVITY_UNMATCHED = "join_activity_unmatched"  # GPU work whose launch never came
+    # source errors: CPU sampler
+    STACK_COLLISION = "stack_collision"  # stack-map hash collision (the sample is sent whole instead)
+    STACK_ERROR = "stack_error"  # bpf_get_stackid failed otherwise
+    EVENT_POLL = "event_poll"
+    PROCESS_GONE = "process_gone"  # the process exited before its identity was read
+    # source errors: symbolizer and /proc
+    NO_SYMBOL = "no_symbol"
+    UNREADABLE_ELF = "unreadable_elf"
+    MISSING_FILE = "missing_file"
+    MAPS_TOO_LARGE = "maps_too_large"
+    PERF_MAP_TOO_LARGE = "perf_map_too_large"
+    KALLSYMS_TOO_LARGE = "kallsyms_too_large"  # kallsyms past its read cap: later kernel symbols missing
+    ENVIRON_TOO_LARGE = "environ_too_large"
+    CGROUP_TOO_LARGE = "cgroup_too_large"
+    # source errors: GPU time
+    ATTACH = "attach"
+    POLL = "poll"
+    DECODE = "decode"
+    CORRELATION_ID_REUSED = "correlation_id_reused"
+    # source errors: NVML beyond its return codes
+    TIMEOUT = "timeout"
+    UNEXPECTED = "unexpected"
+    GPM_FREE = "gpm_free"
+    XID_UNKNOWN_DEVICE = "xid_unknown_device"  # an XID event for a GPU the agent does not know
+    # source errors: the agent and the metrics pipeline
+    DRAIN = "drain"  # a profile source's drain raised
+    CERTIFICATE = "certificate"
+    LISTEN = "listen"  # the Prometheus port could not be opened
 
 SELF_SOURCE_UP = MetricSpec("otel_gpu.source.up", "updowncounter", "1",
                             "1 while a source (otel_gpu.source: nvml, cpu_profiler, gpu_time) runs, 0 when it is off")

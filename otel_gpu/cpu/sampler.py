@@ -31,7 +31,7 @@ from otel_gpu.errors import SourceUnavailable
 _logger = logging.getLogger(__name__)
 
 PROGRAM = "cpu_profiler"
-SOURCE = "cpu_profiler"
+SOURCE = semconv.Source.CPU_PROFILER
 BTF_PATH = "/sys/kernel/btf/vmlinux"
 _SETTLE_S = 0.002
 _EVENT_POLL_MS = 250  # only bounds how fast close() stops the thread: a new record wakes the poll at once
@@ -213,17 +213,17 @@ class CPUSampler:
         collisions = delta[abi.CPUStat.USER_COLLISION] + delta[abi.CPUStat.KERNEL_COLLISION]
         if collisions:  # not lost: those samples came whole through raw_samples
             selfmetrics.count(semconv.SELF_ERRORS.name, collisions, otel_gpu__source=SOURCE,
-                              otel_gpu__reason=semconv.REASON_STACK_COLLISION)
-        drops = ((semconv.REASON_RAW_FULL, delta[abi.CPUStat.RAW_FULL]),
-                 (semconv.REASON_COUNTS_FULL, delta[abi.CPUStat.COUNTS_FULL]),
-                 (semconv.REASON_EVENTS_FULL, delta[abi.CPUStat.EVENTS_FULL]))
+                              otel_gpu__reason=semconv.Reason.STACK_COLLISION)
+        drops = ((semconv.Reason.RAW_FULL, delta[abi.CPUStat.RAW_FULL]),
+                 (semconv.Reason.COUNTS_FULL, delta[abi.CPUStat.COUNTS_FULL]),
+                 (semconv.Reason.EVENTS_FULL, delta[abi.CPUStat.EVENTS_FULL]))
         for reason, amount in drops:
             if amount:
                 selfmetrics.count(semconv.SELF_DROPPED.name, amount, otel_gpu__reason=reason,
-                                  otel_gpu__signal=semconv.SIGNAL_PROFILES)
+                                  otel_gpu__signal=semconv.Signal.PROFILES)
         if delta[abi.CPUStat.STACK_ERROR]:
             selfmetrics.count(semconv.SELF_ERRORS.name, delta[abi.CPUStat.STACK_ERROR], otel_gpu__source=SOURCE,
-                              otel_gpu__reason=semconv.REASON_STACK_ERROR)
+                              otel_gpu__reason=semconv.Reason.STACK_ERROR)
         if delta[abi.CPUStat.COUNTS_FULL]:
             _logger.warning("CPU sampler: %d samples dropped because the counts map was full (shorten "
                             "--profiling-interval)", delta[abi.CPUStat.COUNTS_FULL])
@@ -250,7 +250,8 @@ class CPUSampler:
                 ring.poll(_EVENT_POLL_MS)
             except BPFError as exc:  # loop boundary: keep polling, count, log once
                 failures += 1
-                selfmetrics.count(semconv.SELF_ERRORS.name, otel_gpu__source=SOURCE, otel_gpu__reason="event_poll")
+                selfmetrics.count(semconv.SELF_ERRORS.name, otel_gpu__source=SOURCE,
+                                  otel_gpu__reason=semconv.Reason.EVENT_POLL)
                 if failures == 1:
                     _logger.warning("CPU sampler: polling process events failed: %s", exc)
                 time.sleep(_EVENT_POLL_MS / 1000)

@@ -100,7 +100,8 @@ class CPUProfileSource:
         if info is not None and not self._wanted(info, {comm}):
             return  # filtered out by name or container: no need to snapshot it
         if not self._symbolizer.remember(pid):
-            selfmetrics.count(semconv.SELF_ERRORS.name, otel_gpu__source=SOURCE, otel_gpu__reason="process_gone")
+            selfmetrics.count(semconv.SELF_ERRORS.name, otel_gpu__source=SOURCE,
+                              otel_gpu__reason=semconv.Reason.PROCESS_GONE)
 
     def _identity(self, pid: int, samples: list[StackCount]) -> ProcessInfo:
         info = self._resolver.info(pid) or self._resolver.cached(pid)

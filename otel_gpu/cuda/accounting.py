@@ -25,7 +25,7 @@ from otel_gpu.profiles.model import ProfileBatch, gpu_time_profile_type, sync_wa
 # the GPU-time source's parts log under its name, as its log lines always have
 _logger = logging.getLogger("otel_gpu.cuda.source")
 
-SOURCE = "gpu_time"
+SOURCE = semconv.Source.GPU_TIME
 
 WorkObserver = Callable[[GPUWork, float], None]
 
@@ -130,8 +130,9 @@ class GPUTimeAccounting:
         counters.until_ns = max(counters.until_ns, window.end_ns)
         self._account_yielded(counters, window)
         if window.dropped:
-            selfmetrics.count(semconv.SELF_DROPPED.name, window.dropped, otel_gpu__reason="injected_library",
-                              otel_gpu__signal="profiles")
+            selfmetrics.count(semconv.SELF_DROPPED.name, window.dropped,
+                              otel_gpu__reason=semconv.Reason.INJECTED_LIBRARY,
+                              otel_gpu__signal=semconv.Signal.PROFILES)
         still = []
         for work, age in self._pending:
             if work.launch.pid == window.pid and work.launch.window_id == window.window_id:
@@ -211,17 +212,18 @@ class GPUTimeAccounting:
         for index, (reason, total) in enumerate(zip(abi.DROP_REASONS, totals, strict=True)):
             if total > self._drops_seen[index]:
                 selfmetrics.count(semconv.SELF_DROPPED.name, total - self._drops_seen[index],
-                                  otel_gpu__reason=f"bpf_{reason}", otel_gpu__signal="profiles")
+                                  otel_gpu__reason=semconv.Reason(f"bpf_{reason}"),
+                                  otel_gpu__signal=semconv.Signal.PROFILES)
                 self._drops_seen[index] = total
 
     def _count_join_losses(self) -> None:
         stats = self._joiner.stats
         misses = (stats.launches_unmatched, stats.activities_unmatched)
-        for (reason, now, before) in (("join_launch_unmatched", misses[0], self._misses_seen[0]),
-                                      ("join_activity_unmatched", misses[1], self._misses_seen[1])):
+        for (reason, now, before) in ((semconv.Reason.JOIN_LAUNCH_UNMATCHED, misses[0], self._misses_seen[0]),
+                                      (semconv.Reason.JOIN_ACTIVITY_UNMATCHED, misses[1], self._misses_seen[1])):
             if now > before:
                 selfmetrics.count(semconv.SELF_DROPPED.name, now - before, otel_gpu__reason=reason,
-                                  otel_gpu__signal="profiles")
+                                  otel_gpu__signal=semconv.Signal.PROFILES)
         self._misses_seen = misses
         if stats.launches_duplicate_id > self._duplicates_seen:
             # The injected library keeps ids unique; a repeat means CUPTI behaves otherwise: the joiner's queue pairs
@@ -231,7 +233,7 @@ class GPUTimeAccounting:
                                 "may go to the wrong stacks (counted in %s, reason correlation_id_reused)",
                                 semconv.SELF_ERRORS.name)
             selfmetrics.count(semconv.SELF_ERRORS.name, stats.launches_duplicate_id - self._duplicates_seen,
-                              otel_gpu__source=SOURCE, otel_gpu__reason="correlation_id_reused")
+                              otel_gpu__source=SOURCE, otel_gpu__reason=semconv.Reason.CORRELATION_ID_REUSED)
             self._duplicates_seen = stats.launches_duplicate_id
 
     def _forget_exited(self) -> None:

@@ -144,7 +144,8 @@ class GPUTimeProbes:
             except OSError as exc:
                 self._failed.add(key)
                 _logger.warning("GPU-time profiling cannot attach to %s (pid %d): %s", library.path, library.pid, exc)
-                selfmetrics.count(semconv.SELF_ERRORS.name, otel_gpu__source=SOURCE, otel_gpu__reason="attach")
+                selfmetrics.count(semconv.SELF_ERRORS.name, otel_gpu__source=SOURCE,
+                                  otel_gpu__reason=semconv.Reason.ATTACH)
                 continue
             self._attached[key] = library
             added.append(library)
@@ -189,7 +190,8 @@ class GPUTimeProbes:
                 failures += 1
                 if failures == 1:
                     _logger.exception("GPU-time polling failed (counting further failures in otel_gpu.source.errors)")
-                selfmetrics.count(semconv.SELF_ERRORS.name, otel_gpu__source=SOURCE, otel_gpu__reason="poll")
+                selfmetrics.count(semconv.SELF_ERRORS.name, otel_gpu__source=SOURCE,
+                                  otel_gpu__reason=semconv.Reason.POLL)
                 self._stop.wait(1.0)
 
     def _decode(self, data: bytes) -> None:
@@ -199,7 +201,7 @@ class GPUTimeProbes:
             self.decode_errors += 1
             if self.decode_errors == 1:
                 _logger.warning("GPU-time: undecodable record (%s); counting further ones", exc)
-            selfmetrics.count(semconv.SELF_ERRORS.name, otel_gpu__source=SOURCE, otel_gpu__reason="decode")
+            selfmetrics.count(semconv.SELF_ERRORS.name, otel_gpu__source=SOURCE, otel_gpu__reason=semconv.Reason.DECODE)
             return
         self._on_record(record)
 

@@ -7,13 +7,10 @@ import logging
 from typing import Protocol, runtime_checkable
 
 from otel_gpu import selfmetrics, semconv
-from otel_gpu.exporters.queue import SIGNAL_PROFILES, Backoff, Payload, RetryQueue, SendResult
+from otel_gpu.exporters.queue import Backoff, Payload, RetryQueue, SendResult
 from otel_gpu.profiles.model import ProfileBatch
 
 _logger = logging.getLogger(__name__)
-
-REASON_ENCODE_ERROR = "encode_error"
-
 
 @runtime_checkable
 class ProfileExporter(Protocol):
@@ -54,8 +51,8 @@ class QueuedProfileExporter:
                 self._encode_error_logged = True
                 _logger.exception("%s: could not encode a profile batch; dropping it (further failures are only "
                                   "counted in %s)", self.name, semconv.SELF_DROPPED.name)
-            selfmetrics.count(semconv.SELF_DROPPED.name, otel_gpu__reason=REASON_ENCODE_ERROR,
-                              otel_gpu__signal=SIGNAL_PROFILES, otel_gpu__exporter=self.name)
+            selfmetrics.count(semconv.SELF_DROPPED.name, otel_gpu__reason=semconv.Reason.ENCODE_ERROR,
+                              otel_gpu__signal=semconv.Signal.PROFILES, otel_gpu__exporter=self.name)
             return False
         queued = [self.queue.put(payload) for payload in payloads]
         return all(queued)

@@ -17,7 +17,6 @@ import time
 from pathlib import Path
 
 from otel_gpu import selfmetrics, semconv
-from otel_gpu.exporters.queue import SIGNAL_PROFILES
 from otel_gpu.profiles.model import ProfileBatch
 from otel_gpu.profiles.pprof import encode_pprof
 
@@ -25,7 +24,6 @@ _logger = logging.getLogger(__name__)
 
 PREFIX = "profile-"
 SUFFIX = ".pb.gz"
-REASON_WRITE_ERROR = "write_error"
 
 
 def profile_file_name(batch: ProfileBatch, sequence: int) -> str:
@@ -62,9 +60,9 @@ class FilesProfileExporter:
             with contextlib.suppress(OSError):  # a full disk must not fill up further with half-written files
                 temporary.unlink(missing_ok=True)
             selfmetrics.count(semconv.SELF_EXPORT_FAILURES.name, otel_gpu__exporter=self.name,
-                              otel_gpu__signal=SIGNAL_PROFILES)
-            selfmetrics.count(semconv.SELF_DROPPED.name, otel_gpu__reason=REASON_WRITE_ERROR,
-                              otel_gpu__signal=SIGNAL_PROFILES, otel_gpu__exporter=self.name)
+                              otel_gpu__signal=semconv.Signal.PROFILES)
+            selfmetrics.count(semconv.SELF_DROPPED.name, otel_gpu__reason=semconv.Reason.WRITE_ERROR,
+                              otel_gpu__signal=semconv.Signal.PROFILES, otel_gpu__exporter=self.name)
             if not self._failing:
                 _logger.warning("cannot write profile files to %s: %s (further failures are only counted)",
                                 self.directory, exc)

@@ -27,8 +27,6 @@ from otel_gpu import __version__, selfmetrics, semconv
 from otel_gpu._log import once
 from otel_gpu.exporters.base import QueuedProfileExporter
 from otel_gpu.exporters.queue import (
-    REASON_REJECTED,
-    SIGNAL_PROFILES,
     Backoff,
     Outcome,
     Payload,
@@ -53,8 +51,8 @@ PROTOBUF_CONTENT_TYPE = "application/x-protobuf"
 def _partial_success(name: str, response: ExportProfilesServiceResponse) -> None:
     rejected = response.partial_success.rejected_profiles
     if rejected > 0:
-        selfmetrics.count(semconv.SELF_DROPPED.name, rejected, otel_gpu__reason=REASON_REJECTED,
-                          otel_gpu__signal=SIGNAL_PROFILES, otel_gpu__exporter=name)
+        selfmetrics.count(semconv.SELF_DROPPED.name, rejected, otel_gpu__reason=semconv.Reason.REJECTED,
+                          otel_gpu__signal=semconv.Signal.PROFILES, otel_gpu__exporter=name)
         once(_logger, logging.WARNING, f"{name}:partial", "%s: the backend rejected %d profiles: %s (further "
              "rejections are only counted)", name, rejected, response.partial_success.error_message)
 

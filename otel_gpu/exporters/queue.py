@@ -24,11 +24,6 @@ from otel_gpu import selfmetrics, semconv
 
 _logger = logging.getLogger(__name__)
 
-SIGNAL_PROFILES = "profiles"
-REASON_QUEUE_FULL = "queue_full"
-REASON_TOO_LARGE = "too_large"
-REASON_REJECTED = "rejected"
-REASON_SHUTDOWN = "shutdown"
 _JOIN_SLACK_S = 0.25  # time for the sender to notice shutdown's deadline; past it, shutdown drops what is left itself
 
 
@@ -82,7 +77,7 @@ class RetryQueue:
     """Payloads waiting for one destination, and the thread that sends them in order."""
 
     def __init__(self, name: str, send: Sender, max_bytes: int, backoff: Backoff | None = None,
-                 signal: str = SIGNAL_PROFILES) -> None:
+                 signal: semconv.Signal = semconv.Signal.PROFILES) -> None:
         self.name = name
         self._send = send
         self._max_bytes = max_bytes
@@ -119,10 +114,10 @@ class RetryQueue:
         size = payload.size_bytes
         with self._cond:
             if self._closing:
-                self._drop(1, REASON_SHUTDOWN)
+                self._drop(1, semconv.Reason.SHUTDOWN)
                 return False
             if size > self._max_bytes:
-                self._drop(1, REASON_TOO_LARGE)
+                self._drop(1, semconv.Reason.TOO_LARGE)
                 _logger.warning("%s: dropped a %d-byte payload larger than the whole queue (%d bytes; raise "
                                 "--queue-max-bytes)", self.name, size, self._max_bytes)
                 return False
@@ -152,7 +147,7 @@ class RetryQueue:
             self._waiting.clear()
             self._bytes = 0
             if left:
-                self._drop(left, REASON_SHUTDOWN)
+                self._drop(left, semconv.Reason.SHUTDOWN)
                 _logger.warning("%s: a send was still hanging at shutdown; dropped %d queued payloads",
                                 self.name, left)
 
@@ -165,9 +160,9 @@ class RetryQueue:
             self._bytes -= self._inflight.size_bytes
         else:
             self._bytes -= self._waiting.popleft().size_bytes
-        self._drop(1, REASON_QUEUE_FULL)
+        self._drop(1, semconv.Reason.QUEUE_FULL)
 
-    def _drop(self, count: int, reason: str) -> None:
+    def _drop(self, count: int, reason: semconv.Reason) -> None:
         self._outage_dropped += count
         selfmetrics.count(semconv.SELF_DROPPED.name, count, otel_gpu__reason=reason, otel_gpu__signal=self._signal,
                           otel_gpu__exporter=self.name)
@@ -185,7 +180,7 @@ class RetryQueue:
                     left = len(self._waiting)
                     self._bytes -= sum(p.size_bytes for p in self._waiting)
                     self._waiting.clear()
-                    self._drop(left, REASON_SHUTDOWN)
+                    self._drop(left, semconv.Reason.SHUTDOWN)
                     _logger.warning("%s: shutdown timeout reached; dropped %d queued payloads", self.name, left)
                     return
                 payload = self._inflight = self._waiting.popleft()
@@ -215,7 +210,7 @@ class RetryQueue:
                 return  # already dropped and counted (queue full, or shutdown gave up on it)
             if result.outcome is Outcome.FAIL:
                 with self._cond:
-                    self._drop(1, REASON_REJECTED)
+                    self._drop(1, semconv.Reason.REJECTED)
                 _logger.warning("%s: the backend refused a payload (%s); dropped it", self.name, result.detail)
                 return
             self._outage_failures += 1
@@ -248,7 +243,7 @@ class RetryQueue:
         self._bytes -= payload.size_bytes
         self._bytes -= sum(p.size_bytes for p in self._waiting)
         self._waiting.clear()
-        self._drop(left, REASON_SHUTDOWN)
+        self._drop(left, semconv.Reason.SHUTDOWN)
         _logger.warning("%s: backend still unavailable at shutdown; dropped %d queued payloads", self.name, left)
 
     def _recovered(self) -> None:

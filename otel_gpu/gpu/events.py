@@ -9,6 +9,7 @@ import threading
 import time
 from collections.abc import Sequence
 
+from otel_gpu import semconv
 from otel_gpu.gpu import _nvml as nvml
 from otel_gpu.gpu.model import GPUInfo, XIDErrors
 from otel_gpu.gpu.reader import count_error
@@ -94,7 +95,7 @@ class XIDWatcher:
     def _record(self, event: nvml.XIDEvent) -> None:
         info = self._devices.get(event.device_key)
         if info is None:
-            count_error("xid_unknown_device")
+            count_error(semconv.Reason.XID_UNKNOWN_DEVICE)
             return
         now_s = time.time()
         _logger.error("XID %d on GPU %d (%s, %s, %s); see NVIDIA's XID catalog for the action it calls for",

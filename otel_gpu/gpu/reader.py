@@ -22,14 +22,15 @@ _logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-SOURCE_NAME = "nvml"
+SOURCE_NAME = semconv.Source.NVML
 GPM_MIN_GAP_S = 0.1  # NVML needs two GPM samples at least 100 ms apart
 _MHZ = 1e6
 _GPM_IDS = (nvml.GPM_SM_UTIL, nvml.GPM_SM_OCCUPANCY, nvml.GPM_ANY_TENSOR_UTIL, nvml.GPM_DRAM_BW_UTIL)
 
 
 def count_error(reason: str) -> None:
-    """One NVML source error in self-metrics (``otel_gpu.source.errors``)."""
+    """One NVML source error in self-metrics (``otel_gpu.source.errors``): a :class:`semconv.Reason`, or the name of an
+    NVML return code (:attr:`nvml.NVMLCallError.reason`)."""
     selfmetrics.count(semconv.SELF_ERRORS.name, otel_gpu__source=SOURCE_NAME, otel_gpu__reason=reason)
 
 
@@ -99,7 +100,7 @@ class GPUReader:
             try:
                 nvml.gpm_sample_free(sample)
             except nvml.NVMLCallError:
-                count_error("gpm_free")
+                count_error(semconv.Reason.GPM_FREE)
         self._gpm_samples = []
 
     # --- the cycle ---------------------------------------------------------------------------------------------

@@ -173,7 +173,7 @@ class NVMLSource:
                 if slot.busy_since is not None and now - slot.busy_since > self.config.collection_timeout_s:
                     if not slot.stall_logged:
                         slot.stall_logged = True
-                        count_error("timeout")
+                        count_error(semconv.Reason.TIMEOUT)
                         _logger.warning("GPU %d (%s): NVML has not answered for %.1f s (limit "
                                         "--gpu-collection-timeout %.1f s); its readings are left out until it does",
                                         slot.reader.info.index, slot.reader.info.uuid, now - slot.busy_since,
@@ -213,7 +213,7 @@ class NVMLSource:
             try:
                 snapshot: GPUSnapshot | None = slot.reader.read()
             except Exception:  # loop boundary: one bad cycle must not end this GPU's collection
-                count_error("unexpected")
+                count_error(semconv.Reason.UNEXPECTED)
                 _logger.exception("GPU %d (%s): collection cycle failed", info.index, info.uuid)
                 snapshot = None
             duration_s = time.monotonic() - started

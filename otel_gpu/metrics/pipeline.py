@@ -47,9 +47,7 @@ from otel_gpu.metrics.self_instruments import SELF_METER_NAME, register_self_ins
 
 _logger = logging.getLogger(__name__)
 
-SIGNAL = "metrics"
-REASON_SUPERSEDED = "superseded"  # a newer collection replaced it while the previous one was still being sent
-REASON_SHUTDOWN = "shutdown"
+SIGNAL = semconv.Signal.METRICS
 _SHUTDOWN_GRACE_S = 5.0
 
 
@@ -84,7 +82,7 @@ class CountingExporter(MetricExporter):
                 return MetricExportResult.FAILURE
             if self._waiting is not None:
                 selfmetrics.count(semconv.SELF_DROPPED.name, _count_points(self._waiting[0]),
-                                  otel_gpu__reason=REASON_SUPERSEDED, otel_gpu__signal=SIGNAL)
+                                  otel_gpu__reason=semconv.Reason.SUPERSEDED, otel_gpu__signal=SIGNAL)
             self._waiting = (metrics_data, timeout_millis)
             self._cond.notify_all()
         return MetricExportResult.SUCCESS
@@ -109,7 +107,7 @@ class CountingExporter(MetricExporter):
         with self._cond:
             if self._waiting is not None:
                 selfmetrics.count(semconv.SELF_DROPPED.name, _count_points(self._waiting[0]),
-                                  otel_gpu__reason=REASON_SHUTDOWN, otel_gpu__signal=SIGNAL)
+                                  otel_gpu__reason=semconv.Reason.SHUTDOWN, otel_gpu__signal=SIGNAL)
                 self._waiting = None
         try:
             self.inner.shutdown(timeout_millis=0)
@@ -147,7 +145,8 @@ class CountingExporter(MetricExporter):
             return
         self.failures_in_outage += 1
         selfmetrics.count(semconv.SELF_EXPORT_FAILURES.name, otel_gpu__exporter=self.name, otel_gpu__signal=SIGNAL)
-        selfmetrics.count(semconv.SELF_DROPPED.name, _count_points(metrics_data), otel_gpu__reason="export_failed",
+        selfmetrics.count(semconv.SELF_DROPPED.name, _count_points(metrics_data),
+                          otel_gpu__reason=semconv.Reason.EXPORT_FAILED,
                           otel_gpu__signal=SIGNAL)
         if self.failures_in_outage == 1:
             if not reason:
@@ -211,8 +210,8 @@ def build_otlp_exporter(otlp: OTLPConfig) -> tuple[MetricExporter, str, str] | N
             except OSError as exc:
                 _logger.error("OTLP metrics export is off: cannot read the --otlp-certificate file %s (%s)",
                               otlp.certificate, exc.strerror or exc)
-                selfmetrics.count(semconv.SELF_ERRORS.name, otel_gpu__source="otlp_metrics",
-                                  otel_gpu__reason="certificate")
+                selfmetrics.count(semconv.SELF_ERRORS.name, otel_gpu__source=semconv.Source.OTLP_METRICS,
+                                  otel_gpu__reason=semconv.Reason.CERTIFICATE)
                 return None
             credentials = grpc.ssl_channel_credentials(root_certificates=root)
         compression = grpc.Compression.Gzip if otlp.compression == "gzip" else grpc.Compression.NoCompression
@@ -313,7 +312,8 @@ class MetricsPipeline:
         except OSError as exc:
             _logger.error("the Prometheus endpoint is off: cannot listen on %s:%d (%s); change --prometheus-port "
                           "or --prometheus-host", host, port, exc.strerror or exc)
-            selfmetrics.count(semconv.SELF_ERRORS.name, otel_gpu__source="prometheus", otel_gpu__reason="listen")
+            selfmetrics.count(semconv.SELF_ERRORS.name, otel_gpu__source=semconv.Source.PROMETHEUS,
+                              otel_gpu__reason=semconv.Reason.LISTEN)
             return None
         self._prometheus_server, self._prometheus_thread = server, thread
         self.prometheus_address = (host, server.server_address[1])

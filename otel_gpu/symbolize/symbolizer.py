@@ -39,7 +39,7 @@ from otel_gpu.symbolize.perfmap import PerfMap
 
 _logger = logging.getLogger(__name__)
 
-SOURCE = "symbolizer"
+SOURCE = semconv.Source.SYMBOLIZER
 FileKey = tuple[int, int, int, int]  # st_dev, st_ino, st_mtime_ns, st_size
 # address, is_leaf, raw symbol name, mapping entry, ELF file, model mapping, file offset (-1: none)
 _Resolved = tuple[int, bool, str, "MapEntry | None", "ElfSymbols | None", "Mapping | None", int]
@@ -188,7 +188,7 @@ class Symbolizer:
                 out.append(tuple(frames))
             if self._unsymbolized != unsymbolized_before:
                 selfmetrics.count(semconv.SELF_ERRORS.name, self._unsymbolized - unsymbolized_before,
-                                  otel_gpu__source=SOURCE, otel_gpu__reason="no_symbol")
+                                  otel_gpu__source=SOURCE, otel_gpu__reason=semconv.Reason.NO_SYMBOL)
             return out
 
     def load_kernel_symbols(self) -> bool:
@@ -202,7 +202,7 @@ class Symbolizer:
             self._kernel = KernelSymbols(self._kallsyms_path)
             if self._kernel.truncated:
                 selfmetrics.count(semconv.SELF_ERRORS.name, otel_gpu__source=SOURCE,
-                                  otel_gpu__reason=semconv.REASON_KALLSYMS_TOO_LARGE)
+                                  otel_gpu__reason=semconv.Reason.KALLSYMS_TOO_LARGE)
         return self._kernel
 
     def kernel_stack(self, addresses: Sequence[int]) -> tuple[Frame, ...]:
@@ -317,7 +317,8 @@ class Symbolizer:
                 continue
             except Exception as exc:  # noqa: BLE001 - any process may map any file: a parser failure costs its symbols
                 _logger.debug("cannot read symbols of %s: %s", entry.path, exc)
-                selfmetrics.count(semconv.SELF_ERRORS.name, otel_gpu__source=SOURCE, otel_gpu__reason="unreadable_elf")
+                selfmetrics.count(semconv.SELF_ERRORS.name, otel_gpu__source=SOURCE,
+                                  otel_gpu__reason=semconv.Reason.UNREADABLE_ELF)
                 elf = None
             if elf is not None and elf.build_id and not elf.has_symtab:
                 self._add_debug_symbols(elf)
@@ -326,7 +327,8 @@ class Symbolizer:
             self._files[key] = elf
             self._evict()
             return key, elf
-        selfmetrics.count(semconv.SELF_ERRORS.name, otel_gpu__source=SOURCE, otel_gpu__reason="missing_file")
+        selfmetrics.count(semconv.SELF_ERRORS.name, otel_gpu__source=SOURCE,
+                          otel_gpu__reason=semconv.Reason.MISSING_FILE)
         return None, None
 
     def _evict(self) -> None:
@@ -357,7 +359,8 @@ class Symbolizer:
         """Count once per process that its maps file is past the cap (mappings past it give unnamed frames)."""
         if capped and not process.maps_capped:
             process.maps_capped = True
-            selfmetrics.count(semconv.SELF_ERRORS.name, otel_gpu__source=SOURCE, otel_gpu__reason="maps_too_large")
+            selfmetrics.count(semconv.SELF_ERRORS.name, otel_gpu__source=SOURCE,
+                              otel_gpu__reason=semconv.Reason.MAPS_TOO_LARGE)
 
     def _perf_map_name(self, process: _Process, address: int) -> str | None:
         perf_map = self._perf_map(process)
@@ -382,7 +385,7 @@ class Symbolizer:
             if process.perf_map is not None and process.perf_map.truncated and not process.perf_map_capped:
                 process.perf_map_capped = True
                 selfmetrics.count(semconv.SELF_ERRORS.name, otel_gpu__source=SOURCE,
-                                  otel_gpu__reason="perf_map_too_large")
+                                  otel_gpu__reason=semconv.Reason.PERF_MAP_TOO_LARGE)
             return process.perf_map
         return process.perf_map
 
