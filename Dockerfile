@@ -5,8 +5,9 @@
 # .cache/image-context, then `docker build --build-arg BASE_IMAGE=debian:bookworm-slim -f Dockerfile .cache/image-context`.
 # The build stage compiles the eBPF objects (clang, CO-RE, vmlinux.h from the build machine's BTF) and the CUDA
 # injection library (gcc), builds the package's wheel and installs it with its dependencies into a virtual
-# environment; the runtime stage is Debian with python3, libbpf1 and libelf1, that environment, and the injection
-# library at /opt/otel-gpu/lib/libotel_gpu_inject.so (the Helm chart's init container copies it to the node).
+# environment; the runtime stage is Debian with python3, libbpf1, libelf1 and binutils (c++filt: the agent's one
+# C++ and Rust demangler, run in its own process), that environment, and the injection library at
+# /opt/otel-gpu/lib/libotel_gpu_inject.so (the Helm chart's init container copies it to the node).
 ARG BASE_IMAGE=debian:bookworm-slim
 
 FROM ${BASE_IMAGE} AS build
@@ -21,7 +22,6 @@ COPY pyproject.toml README.md ./
 COPY otel_gpu ./otel_gpu
 # vmlinux.h comes from the build machine's /sys/kernel/btf/vmlinux; the objects are CO-RE and load on other kernels
 RUN make -s -C otel_gpu/ebpf \
- && make -s -C otel_gpu/cuda/programs \
  && make -s -C otel_gpu/cuda/native CUDA_INCLUDE=/cuda/include \
  && python3 -m pip wheel -q --no-deps --no-build-isolation --no-index -w /dist . \
  && python3 -m venv /opt/otel-gpu/venv \
@@ -34,7 +34,7 @@ RUN make -s -C otel_gpu/ebpf \
 FROM ${BASE_IMAGE}
 ENV DEBIAN_FRONTEND=noninteractive
 RUN apt-get update -qq \
- && apt-get install -y -qq --no-install-recommends python3 libbpf1 libelf1 >/dev/null \
+ && apt-get install -y -qq --no-install-recommends python3 libbpf1 libelf1 binutils >/dev/null \
  && apt-get clean && rm -rf /var/lib/apt/lists/* /usr/share/doc/* /usr/share/man/* /usr/share/locale/*
 COPY --from=build /opt/otel-gpu /opt/otel-gpu
 ENV PATH=/opt/otel-gpu/venv/bin:$PATH PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 \

@@ -189,8 +189,10 @@ def test_each_gpu_time_capability_is_needed(image: str, workloads: dict[str, int
 def test_image_holds_only_the_runtime(image: str) -> None:
     listed = _podman("run", "--rm", "--network", "none", "--entrypoint", "/bin/sh", image, "-c",
                      "command -v clang gcc bpftool pip make || true; dpkg-query -W -f '${Package}\\n' libbpf1 "
-                     "libelf1 python3; test -f " + LIBRARY_IN_IMAGE + " && echo library")
-    lines = listed.stdout.split()
-    assert lines == ["libbpf1", "libelf1", "python3", "library"], listed.stdout + listed.stderr
+                     "libelf1 python3 binutils; test -f " + LIBRARY_IN_IMAGE + " && echo library; "
+                     "echo _ZNSt6vectorIiSaIiEE9push_backERKi | c++filt -i")
+    lines = listed.stdout.splitlines()
+    assert lines == ["libbpf1", "libelf1", "python3", "binutils", "library",
+                     "std::vector<int, std::allocator<int> >::push_back(int const&)"], listed.stdout + listed.stderr
     size = int(_podman("image", "inspect", "--format", "{{.Size}}", image).stdout)
     print(f"image size: {size / 1e6:.0f} MB")
