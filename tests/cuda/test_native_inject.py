@@ -537,7 +537,9 @@ def test_a_graph_program_within_the_budget_keeps_being_sampled(injected_lib: Pat
     without a finalize once graphs are in use."""
     argv = [str(WORKLOAD), "--steps", "800", "--graph-every", "4"]
     run = run_workload(injected_lib, tmp_path, argv, extra_env={"OTEL_GPU_CUDA_GRAPHS": "", "OTEL_GPU_DEBUG_STATS": "1"})
-    assert "graphs: kept sampling (5 looks" in run.stderr
+    # Looked at and kept; or, on a loaded machine, a window opened before the first graph call was seen, so CUPTI's
+    # lasting cost was paid already and sampling goes on without a look. Either way: sampled, never aside.
+    assert "graphs: kept sampling (5 looks" in run.stderr or "graphs: no choice made (0 looks" in run.stderr
     assert any(launch.kind == LAUNCH_GRAPH for launch in run.records.launches)
     assert not any(w.aside_since_ns for w in run.records.windows)
     assert run.stats["graph_faults"] == 0 and run.stats["finalizes"] == 0
