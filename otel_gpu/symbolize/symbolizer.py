@@ -28,6 +28,7 @@ import resource
 import threading
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
+from typing import NamedTuple
 
 from otel_gpu import procfs, selfmetrics, semconv
 from otel_gpu.profiles.model import Frame, FrameKind, Mapping
@@ -41,8 +42,18 @@ _logger = logging.getLogger(__name__)
 
 SOURCE = semconv.Source.SYMBOLIZER
 FileKey = tuple[int, int, int, int]  # st_dev, st_ino, st_mtime_ns, st_size
-# address, is_leaf, raw symbol name, mapping entry, ELF file, model mapping, file offset (-1: none)
-_Resolved = tuple[int, bool, str, "MapEntry | None", "ElfSymbols | None", "Mapping | None", int]
+
+
+class _Resolved(NamedTuple):
+    """One address looked up, before demangling (names of a batch are demangled together)."""
+
+    address: int
+    leaf: bool
+    name: str  # the raw symbol name, "" when none was found
+    entry: MapEntry | None  # the mapping of /proc/PID/maps it falls in
+    mapping: Mapping | None  # the profile's mapping (file-backed or the vDSO)
+    file_offset: int  # -1: none
+
 _EVICTED = object()  # a file key no longer in the cache
 
 
@@ -167,19 +178,19 @@ class Symbolizer:
                 for depth, address in enumerate(stack):
                     leaf = depth == 0
                     if (address, leaf) in process.frames:
-                        resolved.append((address, leaf, "", None, None, None, -1))
+                        resolved.append(_Resolved(address, leaf, "", None, None, -1))
                         continue
                     item = self._resolve(process, address, leaf)
                     resolved.append(item)
-                    if item[2]:
-                        names.add(item[2])
+                    if item.name:
+                        names.add(item.name)
                 raw.append(resolved)
             self._demangler.prepare(names)
             out = []
             unsymbolized_before = self._unsymbolized
             for resolved in raw:
                 frames = []
-                for address, leaf, name, entry, _elf, mapping, file_offset in resolved:
+                for address, leaf, name, entry, mapping, file_offset in resolved:
                     frame = process.frames.get((address, leaf))
                     if frame is None:
                         frame = self._frame(process, address, name, entry, mapping, file_offset)
@@ -240,7 +251,7 @@ class Symbolizer:
             return self._resolve_vdso(entry, address, leaf)
         if entry is None or not entry.file_backed:
             name = self._perf_map_name(process, address)
-            return address, leaf, name or "", entry, None, None, -1
+            return _Resolved(address, leaf, name or "", entry, None, -1)
         elf, mapping = self._file_for(process, entry)
         file_offset = address - entry.start + entry.offset
         if elf is not None:
@@ -248,8 +259,8 @@ class Symbolizer:
             vaddr = elf.vaddr_of(lookup_offset)
             found = elf.lookup(vaddr) if vaddr is not None else None
             if found is not None:
-                return address, leaf, found[0], entry, elf, mapping, file_offset
-        return address, leaf, "", entry, elf, mapping, file_offset
+                return _Resolved(address, leaf, found[0], entry, mapping, file_offset)
+        return _Resolved(address, leaf, "", entry, mapping, file_offset)
 
     def _resolve_vdso(self, entry: MapEntry, address: int, leaf: bool) -> _Resolved:
         """The vDSO is the same image in every process of this kernel: read once from our own memory."""
@@ -260,7 +271,7 @@ class Symbolizer:
         mapping = Mapping(entry.start, entry.end, 0, "[vdso]", vdso.build_id if vdso is not None else "")
         offset = address - entry.start
         found = vdso.lookup(offset if leaf else offset - 1) if vdso is not None else None
-        return address, leaf, found[0] if found else "", entry, vdso, mapping, offset
+        return _Resolved(address, leaf, found[0] if found else "", entry, mapping, offset)
 
     def _frame(self, process: _Process, address: int, name: str, entry: MapEntry | None, mapping: Mapping | None,
                file_offset: int) -> Frame:
