@@ -57,6 +57,16 @@ class MapBatchOpts(ctypes.Structure):
     _fields_ = [("sz", ctypes.c_size_t), ("elem_flags", ctypes.c_uint64), ("flags", ctypes.c_uint64)]
 
 
+class ProgInfoHead(ctypes.Structure):
+    """The head of struct bpf_prog_info, up to its name (the kernel fills as much as the size passed says)."""
+
+    _fields_ = [("type", ctypes.c_uint32), ("id", ctypes.c_uint32), ("tag", ctypes.c_uint8 * 8),
+                ("jited_prog_len", ctypes.c_uint32), ("xlated_prog_len", ctypes.c_uint32),
+                ("jited_prog_insns", ctypes.c_uint64), ("xlated_prog_insns", ctypes.c_uint64),
+                ("load_time", ctypes.c_uint64), ("created_by_uid", ctypes.c_uint32),
+                ("nr_map_ids", ctypes.c_uint32), ("map_ids", ctypes.c_uint64), ("name", ctypes.c_char * 16)]
+
+
 class BtfType(ctypes.Structure):
     """struct btf_type: name offset, info (kind in bits 24-28, vlen in bits 0-15), size/type."""
 
@@ -90,6 +100,10 @@ _SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
     "bpf_map__max_entries": (_U32, [_P]),
     "bpf_map__set_max_entries": (_I, [_P, _U32]),
     "bpf_map__initial_value": (_P, [_P, ctypes.POINTER(ctypes.c_size_t)]),
+    "bpf_object__next_program": (_P, [_P, _P]),
+    "bpf_program__name": (_S, [_P]),
+    "bpf_program__fd": (_I, [_P]),
+    "bpf_obj_get_info_by_fd": (_I, [_I, _P, ctypes.POINTER(_U32)]),
     "bpf_program__attach_perf_event": (_P, [_P, _I]),
     "bpf_program__attach_uprobe_opts": (_P, [_P, _I, _S, ctypes.c_size_t, ctypes.POINTER(UprobeOpts)]),
     "bpf_program__attach_usdt": (_P, [_P, _I, _S, _S, _S, ctypes.POINTER(UsdtOpts)]),

@@ -397,6 +397,25 @@ class BPFObject:
             self._lib.bpf_object__close(self._obj)
             self._obj = None
 
+    def program_ids(self) -> dict[str, int]:
+        """The kernel's id of each loaded program of this object, by program name (what ``bpftool prog`` lists);
+        empty once closed. Ids are not reused soon, so they tell this object's programs from another agent's."""
+        ids: dict[str, int] = {}
+        if self._obj is None:
+            return ids
+        program = self._lib.bpf_object__next_program(self._obj, None)
+        while program:
+            fd = self._lib.bpf_program__fd(program)
+            if fd >= 0:
+                info = _libbpf.ProgInfoHead()
+                size = ctypes.c_uint32(ctypes.sizeof(info))
+                err = self._lib.bpf_obj_get_info_by_fd(fd, ctypes.byref(info), ctypes.byref(size))
+                if err:
+                    _raise(f"reading the id of a program of {self.path.name}", err)
+                ids[self._lib.bpf_program__name(program).decode()] = int(info.id)
+            program = self._lib.bpf_object__next_program(self._obj, program)
+        return ids
+
     @property
     def closed(self) -> bool:
         return self._obj is None

@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 """The libbpf loader on the real kernel: uprobe and USDT (semaphore) attach with exact counts, perf events on every
-CPU, .rodata settings, error messages, and nothing of ours left loaded after close."""
+CPU, .rodata settings, error messages, and nothing the test loaded left loaded after close."""
 
 from __future__ import annotations
 
@@ -15,7 +15,10 @@ import pytest
 
 from otel_gpu.ebpf import abi
 from otel_gpu.ebpf.loader import BPFError, BPFObject, online_cpus, program_path
-from tests.ebpf.helpers import WORKLOADS, ours_loaded
+from tests.ebpf.helpers import WORKLOADS, BPFLoads
+
+# beside another otel-gpu instance, as on a node that runs the agent: each test checks only what it loaded
+pytestmark = pytest.mark.usefixtures("other_agent")
 
 LIBRARY = str(WORKLOADS / "libuprobe_target.so")
 CALLER = str(WORKLOADS / "uprobe_caller")
@@ -32,14 +35,14 @@ def _run_caller(count: int) -> int:
 
 
 @pytest.mark.root
-def test_counting_uprobe_on_a_library_function_counts_every_call() -> None:
+def test_counting_uprobe_on_a_library_function_counts_every_call(bpf_loads: BPFLoads) -> None:
     with BPFObject(program_path("probe_counter")) as bpf:
         bpf.attach_uprobe("count_uprobe", LIBRARY, "otel_test_target")
         pid = _run_caller(250)
         assert _hits(bpf, "uprobe_hits", pid) == 250
         # the probe reads the first argument: sum of 0..249
         assert struct.unpack("<Q", bpf.map("arg_sum").lookup(ctypes.c_uint32(0)) or b"")[0] == sum(range(250))
-    assert ours_loaded() == []
+    assert bpf_loads.leaked() == {}
 
 
 @pytest.mark.root
@@ -56,16 +59,16 @@ def test_uretprobe_and_pid_scoped_uprobe() -> None:
 
 
 @pytest.mark.root
-def test_usdt_probe_with_semaphore_counts_every_hit() -> None:
+def test_usdt_probe_with_semaphore_counts_every_hit(bpf_loads: BPFLoads) -> None:
     with BPFObject(program_path("probe_counter")) as bpf:
         bpf.attach_usdt("count_usdt", CALLER, "otel_test", "tick")
         pid = _run_caller(123)
         assert _hits(bpf, "usdt_hits", pid) == 123
-    assert ours_loaded() == []
+    assert bpf_loads.leaked() == {}
 
 
 @pytest.mark.root
-def test_perf_event_sampler_runs_on_every_cpu_and_obeys_rodata() -> None:
+def test_perf_event_sampler_runs_on_every_cpu_and_obeys_rodata(bpf_loads: BPFLoads) -> None:
     cpus = online_cpus()
     with BPFObject(program_path("cpu_profiler"), rodata={"self_tgid": os.getpid(), "filter_pids": 0}) as bpf:
         assert bpf.attach_perf_event("on_cpu_sample", frequency_hz=99) == len(cpus)
@@ -85,12 +88,12 @@ def test_perf_event_sampler_runs_on_every_cpu_and_obeys_rodata() -> None:
         assert os.getpid() not in pids
         filtered = bpf.map("stats").lookup(ctypes.c_uint32(abi.CPUStat.FILTERED))
         assert filtered is not None and sum(struct.unpack(f"<{len(filtered) // 8}Q", filtered)) > 0
-        assert "on_cpu_sample" in ours_loaded()
-    assert ours_loaded() == []
+        assert "on_cpu_sample" in bpf_loads.names()
+    assert bpf_loads.leaked() == {}
 
 
 @pytest.mark.root
-def test_missing_function_names_the_symbol_and_leaves_nothing_attached() -> None:
+def test_missing_function_names_the_symbol_and_leaves_nothing_attached(bpf_loads: BPFLoads) -> None:
     bpf = BPFObject(program_path("probe_counter"))
     try:
         with pytest.raises(BPFError) as caught:
@@ -101,7 +104,7 @@ def test_missing_function_names_the_symbol_and_leaves_nothing_attached() -> None
         bpf.close()
         bpf.close()  # idempotent
     assert bpf.closed
-    assert ours_loaded() == []
+    assert bpf_loads.leaked() == {}
 
 
 def test_missing_object_file_says_how_to_build_it(tmp_path: os.PathLike[str]) -> None:
@@ -110,10 +113,10 @@ def test_missing_object_file_says_how_to_build_it(tmp_path: os.PathLike[str]) ->
 
 
 @pytest.mark.root
-def test_unknown_rodata_name_fails_and_frees_the_object() -> None:
+def test_unknown_rodata_name_fails_and_frees_the_object(bpf_loads: BPFLoads) -> None:
     with pytest.raises(BPFError, match="no_such_setting"):
         BPFObject(program_path("cpu_profiler"), rodata={"no_such_setting": 1})
-    assert ours_loaded() == []
+    assert bpf_loads.leaked() == {}
 
 
 def test_online_cpu_list_parsing(tmp_path: os.PathLike[str]) -> None:
