@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 import sys
 import threading
 from typing import TextIO
@@ -13,9 +14,10 @@ from otel_gpu.profiles.model import ProfileBatch, Sample
 _STACK_DEPTH = 6  # frames shown per stack, leaf first
 
 
-def summarize(batch: ProfileBatch, top_n: int = 10, width: int = 120) -> str:
-    """The text printed for ``batch``: one header line, then one line per top stack (leaf <- caller <- ...)."""
-    kind = batch.type
+def summarize(batch: ProfileBatch, top_n: int = 10, width: int = 120, explain_yield: bool = True) -> str:
+    """The text printed for ``batch``: a header that states the unit of every value, a line of column headings,
+    then one line per top stack (leaf <- caller <- ...). A batch with no samples is one line. ``explain_yield``:
+    say why GPU time went unmeasured in full (the exporter says it once, then only the seconds)."""
     rows: dict[tuple[int, str, tuple[str, ...]], int] = {}
     total = 0
     for process in batch.processes:
@@ -25,16 +27,18 @@ def summarize(batch: ProfileBatch, top_n: int = 10, width: int = 120) -> str:
             rows[key] = rows.get(key, 0) + sample.value
             total += sample.value
     unit = _unit_label(batch)
-    title = kind.period_type if kind.sample_type == "samples" and kind.period_type else kind.sample_type
-    header = (f"== {title} ({kind.sample_unit}) over {batch.duration_nano / 1e9:.1f} s: "
-              f"{len(batch.processes)} processes, {batch.sample_count} stacks, total {_value(total, batch)} {unit}")
+    title = _title(batch)
+    over = f"== {title} over {batch.duration_nano / 1e9:.1f} s:"
+    if not rows:
+        return f"{over} nothing recorded" + _yield_note(batch, explain_yield)
+    processes = len(batch.processes)
+    header = (f"{over} {processes} process{'es' if processes != 1 else ''}, {batch.sample_count} stacks, "
+              f"total {_value(total, batch)} {unit}")
     if batch.sampling_fraction < 1.0:
-        header += f" (estimated from {batch.sampling_fraction:.0%} of events)"
-    yielded = dict(batch.attributes).get(semconv.OTEL_GPU_GPU_TIME_YIELDED)
-    if yielded:
-        header += (f"; not measured for {yielded:.1f} s while another tool (torch.profiler, ...) held CUPTI or "
-                   "the library stood aside for a program's CUDA graphs")
-    lines = [header]
+        header += f" (estimated from {_fraction(batch.sampling_fraction)} of events)"
+    header += _yield_note(batch, explain_yield)
+    value_heading = "TIME ms" if unit == "ms" else unit.upper()
+    lines = [header, f"{'SHARE':>6} {value_heading:>10} PROCESS[PID] STACK (leaf <- callers)"]
     for (pid, name, frames), value in sorted(rows.items(), key=lambda item: -item[1])[:top_n]:
         share = 100.0 * value / total if total else 0.0
         stack = " <- ".join(frames[:_STACK_DEPTH]) + (" <- ..." if len(frames) > _STACK_DEPTH else "")
@@ -64,8 +68,43 @@ def _value(value: int, batch: ProfileBatch) -> str:
     return str(value)
 
 
+def _yield_note(batch: ProfileBatch, explain: bool) -> str:
+    yielded = dict(batch.attributes).get(semconv.OTEL_GPU_GPU_TIME_YIELDED)
+    if not yielded:
+        return ""
+    note = f"; not measured for {yielded:.1f} s"
+    if explain:
+        note += (" while another tool (torch.profiler, ...) held CUPTI or the library stood aside for a program's"
+                 " CUDA graphs")
+    return note
+
+
+def _title(batch: ProfileBatch) -> str:
+    """What was measured: ``cpu samples at 19 Hz``, ``gpu_time``, ``sync_wait``."""
+    kind = batch.type
+    if kind.sample_type == "samples" and kind.period_type:
+        if kind.period_unit == "nanoseconds" and kind.period > 0:
+            return f"{kind.period_type} samples at {1e9 / kind.period:.3g} Hz"
+        return f"{kind.period_type} samples"
+    return kind.sample_type
+
+
+def _fraction(ratio: float) -> str:
+    """A share in percent with two significant digits below 10 % (0.19 %, 1.9 %), so that a small sampling
+    fraction is never rounded to 0."""
+    percent = ratio * 100
+    if percent <= 0:
+        return "0%"
+    if percent >= 10:
+        return f"{percent:.0f}%"
+    digits = max(1, 1 - math.floor(math.log10(percent)))
+    return f"{percent:.{digits}f}%"
+
+
 class ConsoleProfileExporter:
-    """Prints :func:`summarize` of each batch to ``stream`` (stdout by default)."""
+    """Prints :func:`summarize` of each batch to ``stream`` (stdout by default). Nothing repeats needlessly: an
+    empty batch is printed once until its profile type records something again, and why GPU time went unmeasured
+    is explained once."""
 
     def __init__(self, stream: TextIO | None = None, top_n: int = 10) -> None:
         self.name = "console"
@@ -73,13 +112,21 @@ class ConsoleProfileExporter:
         self._top_n = top_n
         self._lock = threading.Lock()
         self._closed = False
+        self._quiet: set[str] = set()  # profile types whose last batch was empty and said so
+        self._yield_explained = False
 
     def export(self, batch: ProfileBatch) -> bool:
         if self._closed:
             return False
         stream = self._stream or sys.stdout
-        text = summarize(batch, self._top_n) + "\n"
         with self._lock:
+            yielded = bool(dict(batch.attributes).get(semconv.OTEL_GPU_GPU_TIME_YIELDED))
+            empty = not any(process.samples for process in batch.processes) and not yielded
+            if empty and batch.type.sample_type in self._quiet:
+                return True
+            (self._quiet.add if empty else self._quiet.discard)(batch.type.sample_type)
+            text = summarize(batch, self._top_n, explain_yield=not self._yield_explained) + "\n"
+            self._yield_explained |= yielded
             try:
                 stream.write(text)
                 stream.flush()

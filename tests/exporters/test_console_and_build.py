@@ -21,25 +21,63 @@ from otel_gpu.exporters.console import summarize
 from tests.profiles import batches
 
 
-def test_summary_lists_top_stacks_by_value() -> None:
+def test_summary_lists_top_stacks_by_value_under_column_headings() -> None:
     text = summarize(batches.cpu_batch(frequency_hz=100), top_n=2)
     lines = text.splitlines()
-    assert lines[0].startswith("== cpu") and "total 520.0 ms" in lines[0] and "2 processes" in lines[0]
-    assert len(lines) == 3
-    assert "57.7%" in lines[1] and "300.0" in lines[1] and "checkout[4242] hot_loop <- main" in lines[1]
-    assert "cold_loop <- main" in lines[2]
+    assert lines[0] == "== cpu samples at 100 Hz over 10.0 s: 2 processes, 4 stacks, total 520.0 ms"
+    assert "(count)" not in text  # values are milliseconds of CPU time, not counts
+    assert lines[1].split() == ["SHARE", "TIME", "ms", "PROCESS[PID]", "STACK", "(leaf", "<-", "callers)"]
+    assert len(lines) == 4
+    assert lines[2].split() == ["57.7%", "300.0", "checkout[4242]", "hot_loop", "<-", "main"]
+    # each value sits under its heading
+    assert lines[2].index("300.0") + len("300.0") == lines[1].index("ms") + len("ms")
+    assert lines[2].index("checkout") == lines[1].index("PROCESS")
+    assert "cold_loop <- main" in lines[3]
 
 
-def test_summary_of_gpu_time_states_the_sampling_fraction() -> None:
+def test_summary_of_gpu_time_states_the_sampling_fraction_and_unit() -> None:
     text = summarize(batches.gpu_batch())
-    assert "gpu_time" in text.splitlines()[0] and "25% of events" in text
+    assert text.splitlines()[0] == ("== gpu_time over 10.0 s: 1 process, 2 stacks, total 4.0 ms "
+                                    "(estimated from 25% of events)")
+    assert "(nanoseconds)" not in text and "TIME ms" in text.splitlines()[1]
     assert "75.0%" in text and "gemm_kernel(float*, int) <- hot_loop <- main" in text
+
+
+def test_a_small_sampling_fraction_is_not_rounded_away() -> None:
+    def header(fraction: float) -> str:
+        return summarize(dataclasses.replace(batches.gpu_batch(), sampling_fraction=fraction)).splitlines()[0]
+
+    assert "(estimated from 1.9% of events)" in header(0.019)
+    assert "(estimated from 0.19% of events)" in header(0.0019)
+    assert "(estimated from 0.0012% of events)" in header(0.0000123)
+    assert "(estimated from 50% of events)" in header(0.5)
+    assert "estimated" not in header(1.0)
+
+
+def test_an_empty_batch_is_one_line_printed_once_until_samples_return() -> None:
+    empty = dataclasses.replace(batches.cpu_batch(frequency_hz=100), processes=())
+    assert summarize(empty) == "== cpu samples at 100 Hz over 10.0 s: nothing recorded"
+    stream = io.StringIO()
+    exporter = ConsoleProfileExporter(stream)
+    for batch in (empty, empty, empty, batches.gpu_batch(), batches.cpu_batch(), empty, empty):
+        assert exporter.export(batch)
+    text = stream.getvalue()
+    assert text.count("nothing recorded") == 2  # once at first, once after samples came and went
+    assert text.count("== gpu_time") == 1 and text.count("hot_loop") == 2
 
 
 def test_summary_of_gpu_time_states_the_time_another_tool_held_cupti() -> None:
     batch = dataclasses.replace(batches.gpu_batch(), attributes=((semconv.OTEL_GPU_GPU_TIME_YIELDED, 12.5),))
     assert "not measured for 12.5 s while another tool" in summarize(batch).splitlines()[0]
     assert "not measured" not in summarize(batches.gpu_batch())
+    # the exporter explains why once; later intervals state only the seconds
+    stream = io.StringIO()
+    exporter = ConsoleProfileExporter(stream)
+    exporter.export(batch)
+    exporter.export(dataclasses.replace(batch, processes=()))
+    headers = [line for line in stream.getvalue().splitlines() if line.startswith("==")]
+    assert len(headers) == 2 and "while another tool" in headers[0]
+    assert headers[1] == "== gpu_time over 10.0 s: nothing recorded; not measured for 12.5 s"
 
 
 def test_console_exporter_writes_to_its_stream() -> None:
