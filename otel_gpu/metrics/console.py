@@ -3,7 +3,8 @@
 
 ``render_console`` is pure: it reads the collected ``MetricsData`` by metric name (names from
 :mod:`otel_gpu.semconv`) and returns text. ``ConsoleTableExporter`` prints it each interval, redrawing in place
-when the stream is a terminal and printing plain blocks otherwise (logs, pipes, CI).
+when the stream is a terminal and printing plain blocks otherwise (logs, pipes, CI), where a status line that has
+not changed is not printed again.
 """
 
 from __future__ import annotations
@@ -50,22 +51,22 @@ class _GPURow:
 
 def render_console(metrics_data: MetricsData | None, *, interval_s: float, top_processes: int = 3,
                    now_s: float | None = None) -> str:
-    """The table for ``metrics_data`` (lines joined by newlines), or a one-line status when no GPU data exists."""
+    """The table for ``metrics_data`` (lines joined by newlines), or a one-line status when no GPU data exists.
+    Every column states its unit, in its heading or (utilization %, temperature C) in its cells; memory and power
+    are ``used/limit``."""
     stamp = time.strftime("%H:%M:%S", time.localtime(time.time() if now_s is None else now_s))
     gpus = _collect_rows(metrics_data)
     if not gpus:
-        if _source_off(metrics_data, "nvml"):
-            return f"otel-gpu {stamp}: GPU metrics are off (the log says why); profiles go to their destinations"
-        return f"otel-gpu {stamp}: no GPU metrics yet (next collection in {interval_s:g} s)"
+        return f"otel-gpu {stamp}: {console_status(metrics_data, interval_s=interval_s)}"
     lines = [f"otel-gpu {stamp}  {len(gpus)} GPU{'s' if len(gpus) != 1 else ''}, every {interval_s:g} s",
-             f"{'GPU':<4}{'NAME':<22}{'UTIL':>6}{'MEMORY GiB':>18}{'POWER W':>14}{'TEMP':>7}{'SM MHz':>9}"
-             f"{'MEM MHz':>9}"]
+             f"{'GPU':<4}{'NAME':<22}{'UTIL':>7}{'MEMORY GiB used/limit':>23}{'POWER W used/limit':>20}"
+             f"{'TEMP':>8}{'SM MHz':>8}{'MEM MHz':>9}"]
     for row in sorted(gpus.values(), key=lambda r: (r.index is None, r.index or 0, r.hw_id)):
         lines.append(
-            f"{_text(row.index):<4}{(row.name or row.hw_id)[:21]:<22}{_percent(row.utilization_ratio):>6}"
-            f"{_pair(row.memory_used_bytes, row.memory_limit_bytes, _GIB, 1):>18}"
-            f"{_pair(row.power_w, row.power_limit_w, 1, 0):>14}{_number(row.temperature_cel, 1, 0, 'C'):>7}"
-            f"{_number(row.sm_clock_hz, _MHZ, 0):>9}{_number(row.memory_clock_hz, _MHZ, 0):>9}"
+            f"{_text(row.index):<4}{(row.name or row.hw_id)[:21]:<22}{_percent(row.utilization_ratio):>7}"
+            f"{_pair(row.memory_used_bytes, row.memory_limit_bytes, _GIB, 1):>23}"
+            f"{_pair(row.power_w, row.power_limit_w, 1, 0):>20}{_number(row.temperature_cel, 1, 0, 'C'):>8}"
+            f"{_number(row.sm_clock_hz, _MHZ, 0):>8}{_number(row.memory_clock_hz, _MHZ, 0):>9}"
             + (f"  {row.state.upper()}" if row.state and row.state != "ok" else ""))
         top = sorted(row.processes.values(), key=lambda p: -p.memory_bytes)[:top_processes]
         if top:
@@ -75,6 +76,15 @@ def render_console(metrics_data: MetricsData | None, *, interval_s: float, top_p
             more = len(row.processes) - len(top)
             lines.append(f"    processes: {shown}" + (f" (+{more} more)" if more > 0 else ""))
     return "\n".join(lines)
+
+
+def console_status(metrics_data: MetricsData | None, *, interval_s: float) -> str | None:
+    """Why there is no table (GPU metrics off, or none collected yet), without a timestamp; None when there is."""
+    if _collect_rows(metrics_data):
+        return None
+    if _source_off(metrics_data, "nvml"):
+        return "GPU metrics are off (the log says why); profiles go to their destinations"
+    return f"no GPU metrics yet (next collection in {interval_s:g} s)"
 
 
 def _source_off(metrics_data: MetricsData | None, source: str) -> bool:
@@ -180,19 +190,23 @@ class ConsoleTableExporter(MetricExporter):
         self._interval_s = interval_s
         self._top_processes = top_processes
         self._previous_lines = 0
+        self._previous_status: str | None = None  # the status line printed last, while there is no table
         self._lock = threading.Lock()
         self.last_error = ""
 
     def export(self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: Any) -> MetricExportResult:
         text = render_console(metrics_data, interval_s=self._interval_s, top_processes=self._top_processes)
+        status = console_status(metrics_data, interval_s=self._interval_s)
         with self._lock:
+            repeated = status is not None and status == self._previous_status
+            self._previous_status = status
             try:
                 if self._is_tty():
                     # move to the first line of the previous table and clear to the end of the screen
                     prefix = f"\x1b[{self._previous_lines}F\x1b[J" if self._previous_lines else ""
                     self._stream.write(prefix + text + "\n")
                     self._previous_lines = text.count("\n") + 1
-                else:
+                elif not repeated:  # a log or pipe gets a status line once, not every interval
                     self._stream.write(text + "\n\n")
                 self._stream.flush()
             except (OSError, ValueError) as exc:  # a closed or broken stdout

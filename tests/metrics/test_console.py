@@ -28,16 +28,30 @@ def _data(gpus: int = 2):  # type: ignore[no-untyped-def]
     return reader.get_metrics_data()
 
 
-def test_table_shows_each_gpu_with_its_readings() -> None:
+HEADINGS = ("GPU", "NAME", "UTIL", "MEMORY GiB used/limit", "POWER W used/limit", "TEMP", "SM MHz", "MEM MHz")
+
+
+def _columns(heading: str, row: str) -> dict[str, str]:
+    """Each cell of ``row`` by its heading: GPU and NAME start at their heading, the readings end under theirs."""
+    starts = [heading.index(name) for name in HEADINGS]
+    ends = [start + len(name) for start, name in zip(starts, HEADINGS, strict=True)]
+    cells = {"GPU": row[:starts[1]].strip(), "NAME": row[starts[1]:starts[2]].strip()}
+    for i, name in enumerate(HEADINGS[2:], start=2):
+        cells[name] = row[starts[i] if i == 2 else ends[i - 1]:ends[i]].strip()
+    return cells
+
+
+def test_table_shows_each_gpu_with_its_readings_under_headings() -> None:
     text = render_console(_data(), interval_s=10, top_processes=3)
     lines = text.splitlines()
     assert "2 GPUs" in lines[0]
-    gpu0 = next(line for line in lines if line.startswith("0 "))
-    gpu1 = next(line for line in lines if line.startswith("1 "))
-    for expected in ("NVIDIA H200", "40%", "16.0/140.4", "300/700", "50C", "1980", "3201"):
-        assert expected in gpu0, (expected, gpu0)
-    for expected in ("70%", "32.0/140.4", "400/700", "60C", "1755", "3201"):
-        assert expected in gpu1, (expected, gpu1)
+    assert lines[1].split("  ")[0].split() == ["GPU", "NAME"] and all(name in lines[1] for name in HEADINGS)
+    gpu0 = _columns(lines[1], next(line for line in lines if line.startswith("0 ")))
+    gpu1 = _columns(lines[1], next(line for line in lines if line.startswith("1 ")))
+    assert gpu0 == {"GPU": "0", "NAME": "NVIDIA H200", "UTIL": "40%", "MEMORY GiB used/limit": "16.0/140.4",
+                    "POWER W used/limit": "300/700", "TEMP": "50C", "SM MHz": "1980", "MEM MHz": "3201"}
+    assert gpu1 == {"GPU": "1", "NAME": "NVIDIA H200", "UTIL": "70%", "MEMORY GiB used/limit": "32.0/140.4",
+                    "POWER W used/limit": "400/700", "TEMP": "60C", "SM MHz": "1755", "MEM MHz": "3201"}
 
 
 def test_top_processes_by_memory() -> None:
@@ -67,7 +81,7 @@ def test_a_failed_gpu_is_marked() -> None:
     assert "2 GPUs" in lines[0]
     row0 = next(line for line in lines if line.startswith("0 "))
     row1 = next(line for line in lines if line.startswith("1 "))
-    assert row1.endswith("FAILED") and "FAILED" not in row0 and "40%" in row0
+    assert row1.endswith("FAILED") and "FAILED" not in row0 and _columns(lines[1], row0)["UTIL"] == "40%"
 
 
 def test_status_line_before_any_gpu_data() -> None:
@@ -100,6 +114,24 @@ def test_terminal_redraws_in_place_and_pipes_get_plain_blocks() -> None:
     plain.export(_data())
     assert "\x1b" not in pipe.getvalue()
     assert pipe.getvalue().count("2 GPUs") == 2
+
+
+def test_a_log_gets_an_unchanged_status_line_once_a_terminal_redraws_it() -> None:
+    reader = InMemoryMetricReader()
+    MeterProvider(metric_readers=[reader], resource=Resource({}))
+    empty = reader.get_metrics_data()
+    pipe = io.StringIO()
+    plain = ConsoleTableExporter(pipe, interval_s=1)
+    for data in (empty, empty, empty, _data(), _data(), empty, empty):
+        assert plain.export(data) is MetricExportResult.SUCCESS
+    assert pipe.getvalue().count("no GPU metrics yet") == 2  # at first, and again after the tables
+    assert pipe.getvalue().count("2 GPUs") == 2
+
+    terminal = _Terminal()
+    redrawn = ConsoleTableExporter(terminal, interval_s=1)
+    redrawn.export(empty)
+    redrawn.export(empty)
+    assert terminal.getvalue().count("no GPU metrics yet") == 2 and "\x1b[1F\x1b[J" in terminal.getvalue()
 
 
 def test_closed_stream_is_a_failure_not_an_exception() -> None:
