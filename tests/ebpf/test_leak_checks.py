@@ -46,7 +46,7 @@ def test_an_object_not_closed_is_caught(other_agent: dict[int, str], bpf_loads: 
     assert bpf_loads.leaked() == {}
 
 
-def test_a_link_left_after_a_failed_construction_is_caught(bpf_loads: BPFLoads) -> None:
+def test_a_program_fd_kept_outside_any_recorded_object_is_caught(bpf_loads: BPFLoads) -> None:
     """A program whose fd is kept by this process but that no recorded object owns (e.g. a construction that
     failed half-way) is still found: the check also counts what this process newly holds."""
     from otel_gpu.ebpf import _libbpf
