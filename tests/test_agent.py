@@ -14,6 +14,7 @@ import socket
 import subprocess
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -311,3 +312,18 @@ def test_a_metrics_only_otlp_endpoint_never_receives_profiles(tmp_path: Path) ->
     assert paths == {"/otlp/v1/metrics"}, paths
     assert sorted((tmp_path / "out").glob("profile-cpu-*.pb.gz")), ran.stderr
     assert "has a path, as a metrics backend's has, so it gets no profiles" in ran.stderr
+
+
+def test_the_agent_resource_has_a_stable_instance_per_node() -> None:
+    from otel_gpu.resource import agent_resource, service_instance_id
+
+    def resource(**kwargs: object) -> dict[str, object]:
+        return dict(agent_resource(AgentConfig(**kwargs)).attributes)  # type: ignore[arg-type]
+
+    a, again, b = resource(node_name="node-a"), resource(node_name="node-a"), resource(node_name="node-b")
+    assert a["service.instance.id"] == again["service.instance.id"] == service_instance_id("node-a")
+    assert a["service.instance.id"] != b["service.instance.id"]
+    # the semantic conventions' namespace for UUID v5 service.instance.id values
+    assert service_instance_id("node-a") == str(uuid.uuid5(uuid.UUID("4d63009a-8d0f-11ee-aad7-4c796ed8e320"), "node-a"))
+    assert a["host.name"] == a["k8s.node.name"] == "node-a" and a["service.name"] == "otel-gpu"
+    assert resource(resource_attributes=(("service.instance.id", "mine"),))["service.instance.id"] == "mine"
