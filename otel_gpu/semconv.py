@@ -129,6 +129,9 @@ GPU_XID_LAST_TIME = MetricSpec("nvidia.gpu.xid.last_time", "gauge", "s",
                                "Unix time of the last XID error per nvidia.gpu.xid.code (counts are in hw.errors)")
 
 # --- per-process GPU metrics (process.pid, process.executable.name, container.id, k8s.pod.uid + GPU attrs) ---------
+# The process, container and pod ids are data-point attributes: the SDK's one MeterProvider has one resource (the
+# node's). The Collector's k8sattributes reads resource attributes only, so collector-config/ lifts container.id and
+# k8s.pod.uid to a resource of their own first (groupbyattrs/pod); the GPU-time series below are alike.
 GPU_PROCESS_MEMORY_USAGE = MetricSpec("nvidia.gpu.process.memory.usage", "updowncounter", "By",
                                       "GPU memory used by the process")
 GPU_PROCESS_SM_UTILIZATION = MetricSpec("nvidia.gpu.process.sm.utilization", "gauge", "1",
