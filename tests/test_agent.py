@@ -327,3 +327,17 @@ def test_the_agent_resource_has_a_stable_instance_per_node() -> None:
     assert service_instance_id("node-a") == str(uuid.uuid5(uuid.UUID("4d63009a-8d0f-11ee-aad7-4c796ed8e320"), "node-a"))
     assert a["host.name"] == a["k8s.node.name"] == "node-a" and a["service.name"] == "otel-gpu"
     assert resource(resource_attributes=(("service.instance.id", "mine"),))["service.instance.id"] == "mine"
+
+
+@pytest.mark.root
+def test_profiles_with_every_destination_off_are_announced_at_start(tmp_path: Path) -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    with _busy_process() as pid:
+        ran = _profiling_run(tmp_path, pid, "--prometheus-port", str(port), "--prometheus-host", "127.0.0.1",
+                             "--local-files", "off", "--console", "off")
+    assert ran.returncode == 0, ran.stderr
+    warning = [line for line in ran.stderr.splitlines() if "profiles have no destination" in line]
+    assert len(warning) == 1 and "otel_gpu.dropped" in warning[0], ran.stderr
+    assert "profiles -> nowhere" in ran.stderr and not (tmp_path / "out").exists()
