@@ -8,6 +8,7 @@ A source that cannot start (no NVIDIA driver, no BTF, no privileges) is logged o
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import signal
@@ -22,7 +23,7 @@ from otel_gpu.config import EXIT_CONFIG_ERROR, AgentConfig
 from otel_gpu.errors import SourceUnavailable
 from otel_gpu.procfs import ProcessResolver
 from otel_gpu.profiles.source import ProcessSelection, ProfileSource
-from otel_gpu.resource import agent_resource
+from otel_gpu.resource import agent_resource, node_attributes
 from otel_gpu.symbolize.symbolizer import Symbolizer
 
 _logger = logging.getLogger(__name__)
@@ -45,6 +46,7 @@ class Agent:
         self._symbolizer: Symbolizer | None = None
         self._shutdown_deadline = 0.0  # monotonic; set when the loop ends
         self._signals = 0  # SIGINT and SIGTERM received: the first stops, the second ends the process at once
+        self._node = node_attributes(config)  # host.name, k8s.node.name, ... on every profile's resource
 
     def _shared_symbolizer(self) -> Symbolizer:
         """One symbolizer (and one symbol cache) for the CPU and GPU-time sources; it is thread-safe."""
@@ -58,7 +60,8 @@ class Agent:
     def run(self) -> int:
         config = self.config
         self._install_signal_handlers()
-        if config.write_files:
+        profiling = config.profiling.enabled or config.profiling.gpu_time
+        if config.writes_files("metrics") or (profiling and config.writes_files("profiles")):
             try:
                 os.makedirs(config.output.dir, exist_ok=True)
             except OSError as exc:  # validation looked, but the folder can still be refused (a race, a quota)
@@ -71,6 +74,10 @@ class Agent:
             profilers = self._start_profilers(cleanup)
             profilers += self._start_gpu_time(cleanup, pipeline)
             exporters = self._start_profile_exporters(cleanup) if profilers else []
+            if profilers and not exporters:
+                _logger.warning("profiles have no destination (--local-files off, --console off, no profile backend):"
+                                " they are dropped and counted in %s (reason %s)", semconv.SELF_DROPPED.name,
+                                semconv.Reason.NO_DESTINATION)
             running = {source.name for source in profilers} | ({semconv.Source.NVML} if gpu is not None else set())
             for source_name in (semconv.Source.NVML, semconv.Source.CPU_PROFILER, semconv.Source.GPU_TIME):
                 selfmetrics.set_gauge(semconv.SELF_SOURCE_UP.name, 1 if source_name in running else 0,
@@ -180,6 +187,11 @@ class Agent:
             for batch in batches:
                 if not batch.processes:
                     continue
+                if not exporters:
+                    selfmetrics.count(semconv.SELF_DROPPED.name, otel_gpu__reason=semconv.Reason.NO_DESTINATION,
+                                      otel_gpu__signal=semconv.Signal.PROFILES)
+                    continue
+                batch = dataclasses.replace(batch, node=self._node)
                 for exporter in exporters:
                     try:
                         exporter.export(batch)
@@ -189,21 +201,29 @@ class Agent:
     # --- helpers ---------------------------------------------------------------------------------------------------
 
     def _destinations(self, prometheus_address: tuple[str, int] | None) -> str:
-        """Where data goes, for the start-up line; the Prometheus endpoint only when it really listens."""
+        """Where each signal goes, for the start-up line; the Prometheus endpoint only when it really listens."""
         config = self.config
-        parts = []
+        metrics = []
         if (target := config.otlp.metrics_target()) is not None:
-            parts.append(f"metrics -> OTLP {target[0]} {target[1]}")
+            metrics.append(f"OTLP {target[0]} {target[1]}")
         if prometheus_address is not None:
             host, port = prometheus_address
-            parts.append(f"Prometheus scrape on {f'[{host}]' if ':' in host else host}:{port}/metrics")
+            metrics.append(f"Prometheus scrape on {f'[{host}]' if ':' in host else host}:{port}/metrics")
+        profiles = []
         if (target := config.otlp.profiles_target()) is not None:
-            parts.append(f"profiles -> OTLP {target[0]} {target[1]}")
+            profiles.append(f"OTLP {target[0]} {target[1]}")
         if config.pyroscope.url:
-            parts.append(f"profiles -> Pyroscope {config.pyroscope.url} ({config.pyroscope.api})")
-        if config.write_files:
-            parts.append(f"files in {config.output.dir}")
-        return ", ".join(parts) or "no destination"
+            profiles.append(f"Pyroscope {config.pyroscope.url} ({config.pyroscope.api})")
+        for kind, parts in (("metrics", metrics), ("profiles", profiles)):
+            if config.writes_files(kind):
+                parts.append(f"files in {config.output.dir}")
+            if config.shows_console(kind):
+                parts.append("terminal")
+        line = f"metrics -> {' + '.join(metrics) or 'nowhere'}; profiles -> {' + '.join(profiles) or 'nowhere'}"
+        if config.otlp.generic_endpoint_is_metrics_only() and not config.otlp.profiles_endpoint:
+            line += (f" (the OTLP endpoint {config.otlp.endpoint} has a path, as a metrics backend's has, so it gets"
+                     " no profiles: give profiles --otlp-profiles-endpoint or --pyroscope-url)")
+        return line
 
     def _install_signal_handlers(self) -> None:
         if threading.current_thread() is not threading.main_thread():

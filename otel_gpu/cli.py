@@ -23,8 +23,10 @@ from otel_gpu import __version__, config
 _EPILOG = """examples:
   otel-gpu run                                   local mode: files under ./otel-gpu-data and a terminal summary
   otel-gpu run --otlp-endpoint http://collector:4317
-  OTEL_EXPORTER_OTLP_ENDPOINT=http://mimir:9009/otlp OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf otel-gpu run
-  otel-gpu run --prometheus-port 9400 --pyroscope-url http://pyroscope:4040
+  OTEL_EXPORTER_OTLP_ENDPOINT=http://mimir:8080/otlp OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf otel-gpu run \\
+      --pyroscope-url http://pyroscope:4040      metrics to Mimir (an endpoint with a path gets no profiles),
+                                                 profiles to Pyroscope
+  otel-gpu run --prometheus-port 9464            metrics scraped; profiles (no backend) to files and the terminal
   otel-gpu config --config agent.yaml            show what the agent would use
 """
 

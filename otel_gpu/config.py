@@ -72,13 +72,25 @@ class OTLPConfig:
         return None
 
     def profiles_target(self) -> tuple[str, str] | None:
-        """(protocol, URL) of the profiles backend, or None when none is configured."""
+        """(protocol, URL) of the profiles backend, or None when none is configured.
+
+        The generic endpoint feeds profiles only where it can be a Collector (or Pyroscope): gRPC, or HTTP at the
+        root of its address. An HTTP endpoint with a path is a metrics backend's OTLP mount (Mimir ``/otlp``,
+        Prometheus ``/api/v1/otlp``, VictoriaMetrics ``/opentelemetry``), which serves no profiles; profiles then
+        need their own endpoint (``profiles_endpoint``) or Pyroscope.
+        """
         protocol = self.profiles_protocol or self.protocol
         if self.profiles_endpoint:
             return protocol, self.profiles_endpoint
-        if self.endpoint:
+        if self.endpoint and not self.generic_endpoint_is_metrics_only():
             return protocol, _signal_url(self.endpoint, protocol, "v1development/profiles")
         return None
+
+    def generic_endpoint_is_metrics_only(self) -> bool:
+        """Whether the generic endpoint is an HTTP URL with a path: a metrics backend's mount, never given profiles."""
+        if not self.endpoint or (self.profiles_protocol or self.protocol) == "grpc":
+            return False
+        return urllib.parse.urlsplit(self.endpoint).path.strip("/") != ""
 
     def headers_for(self, signal: str) -> dict[str, str]:
         """Generic headers overlaid with the signal's own (``metrics`` or ``profiles``)."""
@@ -183,15 +195,30 @@ class AgentConfig:
             or self.metrics.prometheus_port
         )
 
+    def has_backend_for(self, signal: str) -> bool:
+        """Whether ``signal`` ("metrics" or "profiles") has a remote destination of its own."""
+        if signal == "metrics":
+            return bool(self.otlp.metrics_target() or self.metrics.prometheus_port)
+        return bool(self.otlp.profiles_target() or self.pyroscope.url)
+
+    def writes_files(self, signal: str) -> bool:
+        """Whether ``signal`` goes to files under ``output.dir``: --files on, or auto and the signal has no backend
+        (a signal never goes nowhere because the other one has a backend)."""
+        return self.output.files == "on" or (self.output.files == "auto" and not self.has_backend_for(signal))
+
+    def shows_console(self, signal: str) -> bool:
+        """Whether ``signal``'s terminal summary is printed each interval (the same rule as files)."""
+        return self.output.console == "on" or (self.output.console == "auto" and not self.has_backend_for(signal))
+
     @property
     def write_files(self) -> bool:
-        """Whether metrics and profiles also go to files under ``output.dir``."""
-        return self.output.files == "on" or (self.output.files == "auto" and not self.has_backend)
+        """Whether metrics or profiles go to files under ``output.dir``."""
+        return self.writes_files("metrics") or self.writes_files("profiles")
 
     @property
     def show_console(self) -> bool:
-        """Whether the terminal summary is printed each interval."""
-        return self.output.console == "on" or (self.output.console == "auto" and not self.has_backend)
+        """Whether a terminal summary (of metrics or profiles) is printed each interval."""
+        return self.shows_console("metrics") or self.shows_console("profiles")
 
 
 # --- option table -------------------------------------------------------------------------------------------------
@@ -417,9 +444,9 @@ OPTIONS: tuple[Option, ...] = (
     # output
     Option("output.dir", "--output-dir", "folder for local metric and profile files", str,
            env=("OTEL_GPU_OUTPUT_DIR",), check=_not_empty),
-    Option("output.files", "--local-files", "write local files (auto: only when no backend is configured)", str,
+    Option("output.files", "--local-files", "write local files (auto: each signal without a backend of its own)", str,
            env=("OTEL_GPU_OUTPUT_FILES",), choices=_TRISTATE),
-    Option("output.console", "--console", "print the terminal summary each interval (auto: only without backend)",
+    Option("output.console", "--console", "print the terminal summary each interval (auto: as --local-files)",
            str, env=("OTEL_GPU_OUTPUT_CONSOLE",), choices=_TRISTATE),
     Option("output.queue_max_bytes", "--queue-max-bytes",
            "bytes of encoded profiles kept for retry while a backend is down", int,

@@ -47,6 +47,9 @@ NVIDIA_GPU_POWER_LIMIT_TYPE: Final = "nvidia.gpu.power.limit_type"
 HOST_NAME: Final = "host.name"
 SERVICE_NAME: Final = "service.name"
 SERVICE_VERSION: Final = "service.version"
+SERVICE_INSTANCE_ID: Final = "service.instance.id"
+# semantic conventions' namespace for UUID v5 service.instance.id values (service.instance.id's note)
+SERVICE_INSTANCE_ID_NAMESPACE: Final = "4d63009a-8d0f-11ee-aad7-4c796ed8e320"
 K8S_NODE_NAME: Final = "k8s.node.name"
 K8S_POD_UID: Final = "k8s.pod.uid"
 K8S_POD_NAME: Final = "k8s.pod.name"
@@ -126,6 +129,9 @@ GPU_XID_LAST_TIME = MetricSpec("nvidia.gpu.xid.last_time", "gauge", "s",
                                "Unix time of the last XID error per nvidia.gpu.xid.code (counts are in hw.errors)")
 
 # --- per-process GPU metrics (process.pid, process.executable.name, container.id, k8s.pod.uid + GPU attrs) ---------
+# The process, container and pod ids are data-point attributes: the SDK's one MeterProvider has one resource (the
+# node's). The Collector's k8sattributes reads resource attributes only, so collector-config/ lifts container.id and
+# k8s.pod.uid to a resource of their own first (groupbyattrs/pod); the GPU-time series below are alike.
 GPU_PROCESS_MEMORY_USAGE = MetricSpec("nvidia.gpu.process.memory.usage", "updowncounter", "By",
                                       "GPU memory used by the process")
 GPU_PROCESS_SM_UTILIZATION = MetricSpec("nvidia.gpu.process.sm.utilization", "gauge", "1",
@@ -196,6 +202,7 @@ class Reason(enum.StrEnum):
     WRITE_ERROR = "write_error"  # a local file could not be written
     EXPORT_FAILED = "export_failed"  # a metrics export failed
     SUPERSEDED = "superseded"  # a newer collection replaced it while the previous one was still being sent
+    NO_DESTINATION = "no_destination"  # every destination of the signal was turned off (--local-files/--console off)
     # dropped by the CPU sampler
     RAW_FULL = "raw_ringbuf_full"  # a collided sample could not be sent whole: sample dropped
     COUNTS_FULL = "counts_map_full"  # the in-kernel counts map was full: sample dropped

@@ -14,6 +14,7 @@ import socket
 import subprocess
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -143,7 +144,7 @@ def test_a_taken_prometheus_port_is_not_announced() -> None:
         running = agent.wait_for_line("otel-gpu running")
         assert agent.finish(60) == 0
     assert "ERROR" in error and f"127.0.0.1:{port}" in error
-    assert "Prometheus" not in running and "no destination" in running
+    assert "Prometheus" not in running and "metrics -> nowhere" in running
 
 
 def test_a_prometheus_port_that_listens_is_announced_with_its_address() -> None:
@@ -219,3 +220,124 @@ def test_secrets_never_show_in_logs_at_any_level_or_in_self_metrics(tmp_path: Pa
     for secret in (*secrets, basic):
         for where, text in (("stdout", result.stdout), ("stderr", result.stderr), ("metrics.jsonl", self_metrics)):
             assert secret not in text, f"{secret} in {where}"
+
+
+# --- where data goes: every signal reaches a destination; the node's identity on every profile ----------------------
+
+def test_profiles_carry_the_node_and_a_profile_without_destination_is_counted() -> None:
+    from otel_gpu import selfmetrics, semconv
+
+    config = AgentConfig(node_name="gpu-node-7", resource_attributes=(("k8s.cluster.name", "east"),
+                                                                     ("service.name", "the-agent")))
+    exporter = _Exporter()
+    Agent(config)._report([_Source("gpu_time", [_batch(11)])], [exporter])
+    assert dict(exporter.exported[0].node) == {"host.name": "gpu-node-7", "k8s.node.name": "gpu-node-7",
+                                               "k8s.cluster.name": "east"}
+    selfmetrics.reset()
+    Agent(config)._report([_Source("gpu_time", [_batch(11), _batch(12)])], [])
+    assert selfmetrics.total(semconv.SELF_DROPPED.name, otel_gpu__reason=semconv.Reason.NO_DESTINATION,
+                             otel_gpu__signal=semconv.Signal.PROFILES) == 2
+
+
+def test_a_generic_endpoint_with_a_path_is_a_metrics_backend_and_gets_no_profiles() -> None:
+    from otel_gpu.config import OTLPConfig
+
+    mimir = OTLPConfig(endpoint="http://mimir:8080/otlp", protocol="http/protobuf")
+    assert mimir.metrics_target() == ("http/protobuf", "http://mimir:8080/otlp/v1/metrics")
+    assert mimir.profiles_target() is None
+    collector = OTLPConfig(endpoint="http://collector:4318/", protocol="http/protobuf")
+    assert collector.profiles_target() == ("http/protobuf", "http://collector:4318/v1development/profiles")
+    assert OTLPConfig(endpoint="http://collector:4317").profiles_target() == ("grpc", "http://collector:4317")
+    explicit = OTLPConfig(endpoint="http://mimir:8080/otlp", protocol="http/protobuf",
+                          profiles_endpoint="http://collector:4318/v1development/profiles")
+    assert explicit.profiles_target() == ("http/protobuf", "http://collector:4318/v1development/profiles")
+
+    config = AgentConfig(otlp=mimir, output=OutputConfig(dir="out"))
+    assert not config.writes_files("metrics") and config.writes_files("profiles") and config.shows_console("profiles")
+    line = Agent(config)._destinations(None)
+    assert line.startswith("metrics -> OTLP http/protobuf http://mimir:8080/otlp/v1/metrics; "
+                           "profiles -> files in out + terminal (the OTLP endpoint http://mimir:8080/otlp has a path")
+    assert "--otlp-profiles-endpoint or --pyroscope-url" in line
+
+
+@contextlib.contextmanager
+def _busy_process() -> Iterator[int]:
+    busy = subprocess.Popen(["sh", "-c", "while :; do :; done"])
+    try:
+        yield busy.pid
+    finally:
+        busy.kill()
+        busy.wait()
+
+
+def _profiling_run(tmp_path: Path, pid: int, *args: str, env: dict[str, str] | None = None
+                   ) -> subprocess.CompletedProcess[str]:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    return subprocess.run(
+        agent_command("run", "--duration", "3", "--profiling-interval", "1", "--no-gpu-metrics",
+                      "--no-gpu-time-profiling", "--pid", str(pid), "--output-dir", str(tmp_path / "out"), *args),
+        capture_output=True, text=True, timeout=120, cwd=REPO, env={**clean, **(env or {})})
+
+
+@pytest.mark.root
+def test_a_metrics_backend_leaves_profiles_on_the_local_default(tmp_path: Path) -> None:
+    """The README's `--prometheus-port` example: metrics are scraped, profiles still go to files and the terminal."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    with _busy_process() as pid:
+        ran = _profiling_run(tmp_path, pid, "--prometheus-port", str(port), "--prometheus-host", "127.0.0.1")
+    assert ran.returncode == 0, ran.stderr
+    assert f"metrics -> Prometheus scrape on 127.0.0.1:{port}/metrics; profiles -> files in" in ran.stderr
+    assert sorted((tmp_path / "out").glob("profile-cpu-*.pb.gz")), ran.stderr
+    assert not (tmp_path / "out" / "metrics.jsonl").exists()  # metrics have their backend
+    assert f"sh[{pid}]" in ran.stdout  # the profile's terminal summary
+
+
+@pytest.mark.root
+def test_a_metrics_only_otlp_endpoint_never_receives_profiles(tmp_path: Path) -> None:
+    """The Mimir example: the generic endpoint has a path; metrics go there, profiles to the local default."""
+    from tests.exporters.receivers import HttpReceiver
+
+    mimir = HttpReceiver().start()
+    try:
+        with _busy_process() as pid:
+            ran = _profiling_run(tmp_path, pid, "--metric-export-interval", "0.5",
+                                 env={"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{mimir.port}/otlp",
+                                      "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf"})
+    finally:
+        mimir.stop()
+    assert ran.returncode == 0, ran.stderr
+    paths = {request.path for request in mimir.requests}
+    assert paths == {"/otlp/v1/metrics"}, paths
+    assert sorted((tmp_path / "out").glob("profile-cpu-*.pb.gz")), ran.stderr
+    assert "has a path, as a metrics backend's has, so it gets no profiles" in ran.stderr
+
+
+def test_the_agent_resource_has_a_stable_instance_per_node() -> None:
+    from otel_gpu.resource import agent_resource, service_instance_id
+
+    def resource(**kwargs: object) -> dict[str, object]:
+        return dict(agent_resource(AgentConfig(**kwargs)).attributes)  # type: ignore[arg-type]
+
+    a, again, b = resource(node_name="node-a"), resource(node_name="node-a"), resource(node_name="node-b")
+    assert a["service.instance.id"] == again["service.instance.id"] == service_instance_id("node-a")
+    assert a["service.instance.id"] != b["service.instance.id"]
+    # the semantic conventions' namespace for UUID v5 service.instance.id values
+    assert service_instance_id("node-a") == str(uuid.uuid5(uuid.UUID("4d63009a-8d0f-11ee-aad7-4c796ed8e320"), "node-a"))
+    assert a["host.name"] == a["k8s.node.name"] == "node-a" and a["service.name"] == "otel-gpu"
+    assert resource(resource_attributes=(("service.instance.id", "mine"),))["service.instance.id"] == "mine"
+
+
+@pytest.mark.root
+def test_profiles_with_every_destination_off_are_announced_at_start(tmp_path: Path) -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    with _busy_process() as pid:
+        ran = _profiling_run(tmp_path, pid, "--prometheus-port", str(port), "--prometheus-host", "127.0.0.1",
+                             "--local-files", "off", "--console", "off")
+    assert ran.returncode == 0, ran.stderr
+    warning = [line for line in ran.stderr.splitlines() if "profiles have no destination" in line]
+    assert len(warning) == 1 and "otel_gpu.dropped" in warning[0], ran.stderr
+    assert "profiles -> nowhere" in ran.stderr and not (tmp_path / "out").exists()

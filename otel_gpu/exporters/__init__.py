@@ -60,9 +60,9 @@ def build_profile_exporters(config: AgentConfig) -> list[ProfileExporter]:
         else:
             exporters.append(pyroscope_otlp_exporter(pyroscope.url, headers=headers, timeout_s=otlp.timeout_s,
                                                      queue_max_bytes=queue_max_bytes))
-    if config.write_files:
+    if config.writes_files("profiles"):
         exporters.append(FilesProfileExporter(config.output.dir, max_files=config.output.max_profile_files,
                                               max_bytes=config.output.max_profile_bytes))
-    if config.show_console:
+    if config.shows_console("profiles"):
         exporters.append(ConsoleProfileExporter())
     return exporters

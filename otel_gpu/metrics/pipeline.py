@@ -253,10 +253,10 @@ class MetricsPipeline:
             reader = self._start_prometheus(config.metrics.prometheus_host, config.metrics.prometheus_port)
             if reader is not None:
                 readers.append(reader)
-        if config.write_files:
+        if config.writes_files("metrics"):
             files = JsonLinesMetricExporter(config.output.dir)
             self.exporters.append(CountingExporter(files, "file", str(files.path)))
-        if config.show_console:
+        if config.shows_console("metrics"):
             console = ConsoleTableExporter(sys.stdout, interval_s=config.metrics.export_interval_s)
             self.exporters.append(CountingExporter(console, "console", "stdout"))
         built = build_otlp_exporter(config.otlp)

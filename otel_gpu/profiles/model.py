@@ -107,7 +107,8 @@ class ProfileBatch:
     """One reporting interval of one profile type, all processes.
 
     ``sampling_fraction`` is the share of events the values were measured on before re-weighting (1.0 when every
-    event was measured); it is exported as a profile attribute so users can judge the estimate.
+    event was measured); it is exported as a profile attribute so users can judge the estimate. ``node`` holds the
+    resource attributes every process of the batch shares (``host.name``, ``k8s.node.name``, ...); the agent sets it.
     """
 
     type: ProfileType
@@ -116,6 +117,7 @@ class ProfileBatch:
     processes: tuple[ProcessProfile, ...]
     sampling_fraction: float = 1.0
     attributes: tuple[tuple[str, str | int | float], ...] = field(default=())
+    node: tuple[tuple[str, str], ...] = field(default=())
 
     @property
     def sample_count(self) -> int:

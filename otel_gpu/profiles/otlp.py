@@ -6,7 +6,8 @@ Grafana Pyroscope >= 1.20 and the Collector >= 0.148 read it:
 
 - one shared ``ProfilesDictionary``; each of its seven tables starts with its zero entry, so index 0 means "unset";
 - one ``ResourceProfiles`` per process with plain ``KeyValue`` resource attributes (``process.pid``,
-  ``process.executable.name``/``.path``, ``container.id``, ``k8s.pod.uid``, ``service.name``);
+  ``process.executable.name``/``.path``, ``container.id``, ``k8s.pod.uid``, ``service.name``), then the node's
+  (``host.name``, ``k8s.node.name``, ...: :attr:`ProfileBatch.node`), so two nodes' pid 1 stay apart;
 - one ``Profile`` per process: one ``sample_type``, ``period_type``/``period``, time and duration, the batch's
   sampling fraction and attributes as profile attributes;
 - one aggregated value per sample; sample attributes ``thread.id``, ``thread.name`` and :attr:`Sample.attributes`;
@@ -38,7 +39,7 @@ def encode_otlp(batch: ProfileBatch) -> ExportProfilesServiceRequest:
     profile_attributes += [builder.attribute(key, value) for key, value in batch.attributes]
     for process in batch.processes:
         resource_profiles = request.resource_profiles.add()
-        resource_profiles.resource.CopyFrom(process_resource(process.process))
+        resource_profiles.resource.CopyFrom(process_resource(process.process, batch.node))
         scope_profiles = resource_profiles.scope_profiles.add()
         scope_profiles.scope.CopyFrom(InstrumentationScope(name=SCOPE_NAME, version=__version__))
         _fill_profile(scope_profiles.profiles.add(), batch, process, builder, profile_attributes)
@@ -46,8 +47,9 @@ def encode_otlp(batch: ProfileBatch) -> ExportProfilesServiceRequest:
     return request
 
 
-def process_resource(info: ProcessInfo) -> Resource:
-    """The process's resource: plain ``KeyValue`` keys and ``string_value``/``int_value`` (what Pyroscope reads)."""
+def process_resource(info: ProcessInfo, node: tuple[tuple[str, str], ...] = ()) -> Resource:
+    """The process's resource, then the node's attributes (a process's own key wins): plain ``KeyValue`` keys and
+    ``string_value``/``int_value`` (what Pyroscope reads)."""
     pairs: list[tuple[str, AttributeValue]] = [
         (semconv.SERVICE_NAME, info.service_name or info.executable_name),
         (semconv.PROCESS_PID, info.pid),
@@ -56,6 +58,8 @@ def process_resource(info: ProcessInfo) -> Resource:
         (semconv.CONTAINER_ID, info.container_id),
         (semconv.K8S_POD_UID, info.pod_uid),
     ]
+    own = {key for key, value in pairs if value != ""}
+    pairs += [(key, value) for key, value in node if key not in own]
     return Resource(attributes=[KeyValue(key=key, value=any_value(value)) for key, value in pairs if value != ""])
 
 

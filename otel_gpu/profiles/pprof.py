@@ -8,7 +8,9 @@ strings are deduplicated; every id is non-zero and ``string_table[0]`` is "".
 Sample types: a ``samples/count`` batch (CPU) gets ``samples/count`` and ``<period_type>/<period_unit>``
 (= count x period, e.g. ``cpu/nanoseconds``); any other batch gets its own type (e.g. ``gpu_time/nanoseconds``).
 Labels: ``pid`` and ``thread_id`` (numbers), ``thread_name`` and ``container_id`` (strings), ``trace_id``/``span_id``
-(strings, as Pyroscope reads them) and every :attr:`Sample.attributes` pair (int -> num label, str -> str label).
+(strings, as Pyroscope reads them), the node's ``host_name`` and ``k8s_node_name`` (strings, from
+:attr:`ProfileBatch.node`; a pprof file has no resource, and Pyroscope's /ingest keeps str labels as series labels)
+and every :attr:`Sample.attributes` pair (int -> num label, str -> str label).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from otel_gpu.profiles.model import Frame, Mapping, ProcessProfile, ProfileBatch
 
 # perftools.profiles.Profile field numbers
 _P_SAMPLE_TYPE, _P_SAMPLE, _P_MAPPING, _P_LOCATION, _P_FUNCTION, _P_STRING = 1, 2, 3, 4, 5, 6
+_NODE_LABELS = (semconv.HOST_NAME, semconv.K8S_NODE_NAME)  # not all of the node's attributes: Pyroscope allows 30
 _P_TIME_NANOS, _P_DURATION_NANOS, _P_PERIOD_TYPE, _P_PERIOD, _P_DEFAULT_SAMPLE_TYPE = 9, 10, 11, 12, 14
 
 
@@ -104,6 +107,8 @@ class _PprofBuilder:
         self.out = _Writer()
         self.locations_out = _Writer()
         self.functions_out = _Writer()
+        self.node_labels = b"".join(self._label(key.replace(".", "_"), text=value) for key, value in batch.node
+                                    if key in _NODE_LABELS and value)
 
     def s(self, text: str) -> int:
         index = self.strings.get(text)
@@ -159,6 +164,7 @@ class _PprofBuilder:
             w.buf += self._label(semconv.PPROF_LABEL_THREAD_NAME, text=sample.thread_name)
         if info.container_id:
             w.buf += self._label(semconv.PPROF_LABEL_CONTAINER_ID, text=info.container_id)
+        w.buf += self.node_labels
         if sample.trace_id:
             w.buf += self._label(semconv.PPROF_LABEL_TRACE_ID, text=sample.trace_id)
         if sample.span_id:

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from otel_gpu import semconv
+from otel_gpu.resource import service_instance_id
 from tests.backends import (
     Prometheus,
     VictoriaMetrics,
@@ -31,6 +32,7 @@ from tests.e2e.agent import GIB, GPU_UUIDS, MEMORY_TOTAL_BYTES, AgentProcess, bu
 __all__ = ["prometheus_factory", "sleepers", "victoria_metrics"]  # fixtures used below
 
 GPU0, GPU1 = GPU_UUIDS
+NODE = "gpu-node-7"
 # a generous OTLP timeout: on a busy machine a slow answer must not read as an outage
 INTERVAL_ARGS = ["--metric-export-interval", "1", "--otlp-timeout", "5", "--log-level", "info"]
 
@@ -88,13 +90,21 @@ def test_agent_into_victoria_metrics_and_prometheus(tmp_path: Path, victoria_met
     port = free_port()
     agent = AgentProcess(tmp_path, [*INTERVAL_ARGS, "--otlp-metrics-endpoint", victoria_metrics.otlp_metrics_url,
                                     "--otlp-metrics-protocol", "http/protobuf", "--prometheus-port", str(port),
-                                    "--prometheus-host", "127.0.0.1"],
+                                    "--prometheus-host", "127.0.0.1", "--node-name", NODE],
                          fake_nvml={"PROCESSES": _processes_knob(sleepers)})
     try:
         prometheus = prometheus_factory([f"127.0.0.1:{port}"])
         _check_agent_series(victoria_metrics, sleepers)
         wait_until(prometheus.targets_up, 60, "Prometheus scraping the agent")
         _check_agent_series(prometheus, sleepers)
+        # each node its own instance: service.instance.id (a UUID v5 of the node name) on every pushed series, and
+        # in the scraped target_info next to the node's name
+        instance = service_instance_id(NODE)
+        labels = [item["metric"] for item in victoria_metrics.query(semconv.prometheus_name(semconv.GPU_POWER))]
+        assert labels and all(item.get("service_instance_id") == instance for item in labels), labels
+        target_info = settle(lambda: [item["metric"] for item in prometheus.query("target_info")], None)
+        assert target_info[0].get("service_instance_id") == instance, target_info
+        assert target_info[0].get("k8s_node_name") == NODE and target_info[0].get("host_name") == NODE, target_info
         assert agent.running(), agent.stderr()
     finally:
         code = agent.stop()

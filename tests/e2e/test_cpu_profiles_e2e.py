@@ -26,7 +26,8 @@ CHAIN_HEAVY = ("leaf_heavy", "busy_loop", "run", "main")
 CHAIN_LIGHT = ("leaf_light", "busy_loop", "run", "main")
 AGENT_SECONDS = 6
 FREQUENCY_HZ = 499
-TOLERANCE = 0.10  # the heavy leaf's share of both leaves: 0.75 +- 10 % of 0.75
+TOLERANCE = 0.10
+NODE = "gpu-node-7"  # the heavy leaf's share of both leaves: 0.75 +- 10 % of 0.75
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +48,8 @@ def agent_run(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-unty
     agent = run_profiling_agent(workload, receiver, "--duration", str(AGENT_SECONDS), "--no-gpu-metrics",
                                 "--no-gpu-time-profiling", "--pid", str(pid), "--output-dir", str(out_dir),
                                 "--local-files", "on", "--console", "on", "--profiling-frequency-hz",
-                                str(FREQUENCY_HZ), "--profiling-interval", "2")
+                                str(FREQUENCY_HZ), "--profiling-interval", "2", "--node-name", NODE,
+                                "--resource-attributes", "k8s.cluster.name=gpu-east,service.name=not-for-profiles")
     files = sorted(out_dir.glob("profile-cpu-*.pb.gz"))
     assert files, f"no profile files in {out_dir}: {sorted(p.name for p in out_dir.iterdir())}\n{agent.stderr[-4000:]}"
     # CPU profiles only: each request holds one batch, so one profile type
@@ -128,7 +130,10 @@ def test_otlp_grpc_receiver_gets_the_workload_profiles(agent_run) -> None:  # ty
     first = resources[0]
     assert first["process.executable.name"].string_value == "cpu_3to1"
     assert first["process.executable.path"].string_value == str(WORKLOAD.resolve())
-    assert first["service.name"].string_value  # the process's OTEL_SERVICE_NAME or its executable name
+    assert first["service.name"].string_value == "cpu_3to1"  # the process's, never the agent's nor its override
+    # the node's identity, so that two nodes' processes stay apart; OTEL_RESOURCE_ATTRIBUTES other than service.*
+    assert first["host.name"].string_value == NODE and first["k8s.node.name"].string_value == NODE
+    assert first["k8s.cluster.name"].string_value == "gpu-east"
     assert heavy + light >= 200
     assert abs(_share_heavy(heavy, light) - 0.75) <= 0.75 * TOLERANCE, (heavy, light)
 

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from opentelemetry.proto.collector.profiles.v1development.profiles_service_pb2 import ExportProfilesServiceRequest
 
 from otel_gpu.profiles.otlp import encode_otlp
@@ -76,6 +78,16 @@ def test_one_resource_per_process_with_plain_keys() -> None:
                                      "process.executable.name": "other", "process.executable.path": "/opt/other"}
     scope = request.resource_profiles[0].scope_profiles[0].scope
     assert scope.name == "otel-gpu"
+
+
+def test_the_node_is_on_every_resource_and_a_process_key_wins() -> None:
+    node = (("host.name", "gpu-node-7"), ("k8s.node.name", "gpu-node-7"), ("container.id", "not-the-process"))
+    request = _decoded(dataclasses.replace(batches.cpu_batch(), node=node))
+    first, second = _resource(request, 0), _resource(request, 1)
+    assert first["host.name"] == second["host.name"] == "gpu-node-7"
+    assert first["k8s.node.name"] == second["k8s.node.name"] == "gpu-node-7"
+    assert first["container.id"] == "c" * 64  # the process's own
+    assert second["container.id"] == "not-the-process"  # it had none; the node's stands
 
 
 def test_samples_stacks_and_values_round_trip() -> None:

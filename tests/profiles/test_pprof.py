@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import subprocess
 from pathlib import Path
@@ -51,6 +52,15 @@ def test_labels_name_process_thread_container_and_trace() -> None:
     # pid and thread id are numbers (Pyroscope leaves num labels out of its series)
     pid_key = list(profile.string_table).index("pid")
     assert all(label.num and not label.str for s in profile.sample for label in s.label if label.key == pid_key)
+
+
+def test_every_sample_names_the_node() -> None:
+    node = (("host.name", "gpu-node-7"), ("k8s.node.name", "gpu-node-7"), ("k8s.cluster.name", "east"))
+    profile = pprof_proto.decode(encode_pprof(dataclasses.replace(batches.cpu_batch(), node=node)))
+    for sample in profile.sample:
+        labels = _labels(profile, sample)
+        assert labels["host_name"] == labels["k8s_node_name"] == "gpu-node-7"
+        assert "k8s_cluster_name" not in labels  # only the node's names: Pyroscope allows 30 labels a series
 
 
 def test_mappings_locations_functions_are_deduplicated() -> None:
