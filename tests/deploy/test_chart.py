@@ -45,9 +45,9 @@ TOGGLES: dict[str, list[str]] = {
                   "pyroscope.password=p"],
     "pyroscope-existing-secret": ["pyroscope.url=http://pyroscope:4040", "pyroscope.existingSecret=pyro",
                                   "pyroscope.passwordKey=pw"],
-    "service-monitor": ["metrics.prometheusPort=9400", "metrics.serviceMonitor.enabled=true",
+    "service-monitor": ["metrics.prometheusPort=9464", "metrics.serviceMonitor.enabled=true",
                         "metrics.serviceMonitor.labels.release=kube-prometheus"],
-    "pod-monitor": ["metrics.prometheusPort=9400", "metrics.podMonitor.enabled=true"],
+    "pod-monitor": ["metrics.prometheusPort=9464", "metrics.podMonitor.enabled=true"],
     "priority-class": ["priorityClass.create=true"],
     "priority-class-name": ["priorityClassName=system-node-critical"],
     "runtime-class": ["runtimeClassName=nvidia"],
@@ -236,8 +236,8 @@ def test_pyroscope_values_and_password_secret() -> None:
 
 def test_monitors_scrape_the_prometheus_port() -> None:
     objects = render(TOGGLES["service-monitor"])
-    assert env_of(agent(objects))["OTEL_GPU_METRICS_PROMETHEUS_PORT"] == "9400"
-    assert agent(objects)["ports"] == [{"name": "metrics", "containerPort": 9400, "protocol": "TCP"}]
+    assert env_of(agent(objects))["OTEL_GPU_METRICS_PROMETHEUS_PORT"] == "9464"
+    assert agent(objects)["ports"] == [{"name": "metrics", "containerPort": 9464, "protocol": "TCP"}]
     (service,) = by_kind(objects, "Service")
     (monitor,) = by_kind(objects, "ServiceMonitor")
     assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
@@ -375,5 +375,5 @@ def test_the_agent_accepts_the_chart_environment(tmp_path: Path) -> None:
     pyroscope = loaded["pyroscope"].pyroscope
     assert (pyroscope.url, pyroscope.tenant_id, pyroscope.basic_auth_user, pyroscope.basic_auth_password) == \
         ("http://pyroscope:4040", "team-a", "u", "p")
-    assert loaded["service-monitor"].metrics.prometheus_port == 9400
+    assert loaded["service-monitor"].metrics.prometheus_port == 9464
     assert loaded["no-gpu-time"].profiling.gpu_time is False and loaded["defaults"].profiling.gpu_time is True
