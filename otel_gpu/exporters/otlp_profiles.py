@@ -21,6 +21,7 @@ from pathlib import Path
 
 import grpc
 from google.protobuf.message import DecodeError
+from google.rpc import status_pb2
 from opentelemetry.proto.collector.profiles.v1development.profiles_service_pb2 import ExportProfilesServiceResponse
 
 from otel_gpu import __version__, selfmetrics, semconv
@@ -116,7 +117,8 @@ class HttpPoster:
             with urllib.request.urlopen(request, timeout=self._timeout_s, context=self._ssl) as response:
                 return SendResult(Outcome.OK), response.read()
         except urllib.error.HTTPError as exc:
-            detail = f"HTTP {exc.code} from {url}: {_short(exc.read())}"
+            explained = describe_error_body(exc.read(), exc.headers.get("Content-Type", ""))
+            detail = f"HTTP {exc.code} from {url}: {explained}"
             if exc.code in RETRYABLE_HTTP_STATUSES:
                 return SendResult(Outcome.RETRY, detail, _retry_after_s(exc.headers.get("Retry-After"))), b""
             return SendResult(Outcome.FAIL, detail), b""
@@ -125,9 +127,29 @@ class HttpPoster:
             return SendResult(Outcome.RETRY, f"{url}: {reason}"), b""
 
 
-def _short(body: bytes, limit: int = 200) -> str:
-    text = body[:limit].decode("utf-8", "replace").strip()
-    return text or "(empty body)"
+def describe_error_body(body: bytes, content_type: str = "", limit: int = 200) -> str:
+    """An OTLP backend's error answer in words: a protobuf ``google.rpc.Status`` (what the OTLP/HTTP specification
+    says a failed request returns) as its code name, number and message; anything else (JSON, text, HTML) as a
+    short excerpt with unprintable characters escaped, so raw bytes never reach a log line."""
+    if not body:
+        return "(empty body)"
+    if "json" not in content_type and "text" not in content_type and "html" not in content_type:
+        status = status_pb2.Status()
+        try:
+            status.ParseFromString(body)
+        except DecodeError:
+            status = None  # type: ignore[assignment]
+        if status is not None and (status.code or status.message) and status.message.isprintable():
+            name = _GRPC_CODE_NAMES.get(status.code, "code")
+            message = status.message[:limit] if status.message else "(no message)"
+            return f"{name} ({status.code}): {message}"
+    text = body[:limit].decode("utf-8", "replace")
+    printable = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text).strip()
+    more = f" ... ({len(body)} bytes)" if len(body) > limit else ""
+    return (printable or "(empty body)") + more
+
+
+_GRPC_CODE_NAMES = {code.value[0]: code.name for code in grpc.StatusCode}
 
 
 def _retry_after_s(value: str | None) -> float:

@@ -222,13 +222,41 @@ def build_otlp_exporter(otlp: OTLPConfig) -> tuple[MetricExporter, str, str] | N
             compression=compression, preferred_temporality=CUMULATIVE_EVERYWHERE)
         return exporter, "otlp_grpc", url
     from opentelemetry.exporter.otlp.proto.http import Compression as HTTPCompression
-    from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter as HTTPExporter
 
-    exporter = HTTPExporter(
+    exporter = _http_exporter_class()(
         endpoint=url, certificate_file=otlp.certificate or None, headers=headers, timeout=otlp.timeout_s,
         compression=HTTPCompression.Gzip if otlp.compression == "gzip" else HTTPCompression.NoCompression,
         preferred_temporality=CUMULATIVE_EVERYWHERE)
     return exporter, "otlp_http", url
+
+
+def _http_exporter_class() -> type[MetricExporter]:
+    """The SDK's OTLP/HTTP metric exporter, which also keeps the backend's last error answer in words
+    (``last_error``: a ``google.rpc.Status`` decoded, see ``describe_error_body``); the SDK logs only the HTTP
+    reason phrase. The answer is read by a response hook of the exporter's own ``requests`` session."""
+    import requests
+    from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+
+    from otel_gpu.exporters.otlp_profiles import describe_error_body
+
+    class ExplainingHTTPMetricExporter(OTLPMetricExporter):
+        def __init__(self, **kwargs: Any) -> None:
+            self.last_error = ""
+            session = requests.Session()
+            session.hooks["response"].append(self._record)
+            super().__init__(session=session, **kwargs)
+
+        def _record(self, response: requests.Response, *args: Any, **kwargs: Any) -> None:
+            if response.status_code >= 400:
+                self.last_error = (f"HTTP {response.status_code} from {response.url}: "
+                                   f"{describe_error_body(response.content, response.headers.get('Content-Type', ''))}")
+
+        def export(self, metrics_data: MetricsData, timeout_millis: float = 10_000,
+                   **kwargs: Any) -> MetricExportResult:
+            self.last_error = ""
+            return super().export(metrics_data, timeout_millis=timeout_millis, **kwargs)
+
+    return ExplainingHTTPMetricExporter
 
 
 class MetricsPipeline:

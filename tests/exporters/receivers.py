@@ -103,6 +103,7 @@ class HttpReceiver:
     requests: list[HttpRequestRecord] = field(default_factory=list)
     fail_next: deque[tuple[int, dict[str, str]]] = field(default_factory=deque)
     response_body: bytes = b""
+    fail_body: tuple[bytes, str] = (b"nope", "text/plain")  # the body and content type of a failure answer
     attempts: int = 0
     tls: tuple[str, str] | None = None  # (certificate file, key file) to serve HTTPS
 
@@ -121,9 +122,11 @@ class HttpReceiver:
                     self.send_response(status)
                     for key, value in headers.items():
                         self.send_header(key, value)
-                    self.send_header("Content-Length", "4")
+                    body, content_type = receiver.fail_body
+                    self.send_header("Content-Type", content_type)
+                    self.send_header("Content-Length", str(len(body)))
                     self.end_headers()
-                    self.wfile.write(b"nope")
+                    self.wfile.write(body)
                     return
                 with receiver._cond:
                     receiver.requests.append(HttpRequestRecord(

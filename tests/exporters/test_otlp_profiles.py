@@ -10,6 +10,7 @@ from pathlib import Path
 
 import grpc
 import pytest
+from google.rpc import status_pb2
 from opentelemetry.proto.collector.profiles.v1development import profiles_service_pb2 as svc
 
 from otel_gpu import selfmetrics, semconv
@@ -182,6 +183,28 @@ def test_http_503_and_429_are_retried_400_is_dropped() -> None:
     assert _dropped("rejected") == 1
     request = svc.ExportProfilesServiceRequest.FromString(receiver.requests[0].decoded_body())
     assert profile_type_ids(request) == ["gpu:gpu_time:nanoseconds:gpu:nanoseconds"]
+
+
+@pytest.mark.parametrize(("body", "content_type", "expected"), [
+    (status_pb2.Status(code=3, message="profile has no sample type").SerializeToString(), "application/x-protobuf",
+     "HTTP 400 from http://127.0.0.1:{port}/v1development/profiles: INVALID_ARGUMENT (3): profile has no sample type"),
+    (b'{"code": 3, "message": "bad"}', "application/json", '{"code": 3, "message": "bad"}'),
+    (b"\x00\xffbinary" + b"x" * 500, "application/octet-stream", "\\x00\ufffdbinary"),
+], ids=["rpc-status", "json", "binary"])
+def test_http_error_bodies_are_logged_in_words(body: bytes, content_type: str, expected: str,
+                                               caplog: pytest.LogCaptureFixture) -> None:
+    receiver = HttpReceiver(fail_body=(body, content_type)).start()
+    receiver.fail_next.append((400, {}))
+    exporter = OTLPHttpProfileExporter(f"http://127.0.0.1:{receiver.port}/v1development/profiles", backoff=FAST)
+    try:
+        exporter.export(batches.cpu_batch())
+        assert _eventually(lambda: _dropped("rejected") == 1)
+    finally:
+        exporter.shutdown(5.0)
+        receiver.stop()
+    refused = [r.getMessage() for r in caplog.records if "refused a payload" in r.getMessage()]
+    assert len(refused) == 1 and expected.replace("{port}", str(receiver.port)) in refused[0], refused
+    assert len(refused[0]) < 400  # an excerpt, not the whole body
 
 
 def test_http_backend_down_then_up() -> None:

@@ -157,6 +157,28 @@ def test_otlp_http_sends_headers_and_compression(compression: str) -> None:
     assert semconv.GPU_MEMORY_USAGE.name in names
 
 
+def test_an_http_backend_s_rpc_status_is_logged_in_words(caplog: pytest.LogCaptureFixture) -> None:
+    from google.rpc import status_pb2
+
+    from tests.exporters.receivers import HttpReceiver
+
+    receiver = HttpReceiver(fail_body=(status_pb2.Status(code=3, message="metric name is too long").SerializeToString(),
+                                       "application/x-protobuf")).start()
+    receiver.fail_next.extend([(400, {})] * 1000)
+    url = f"http://127.0.0.1:{receiver.port}/v1/metrics"
+    config = AgentConfig(otlp=OTLPConfig(metrics_endpoint=url, protocol="http/protobuf"),
+                         metrics=MetricsConfig(export_interval_s=0.2), output=QUIET)
+    pipeline = MetricsPipeline(config, RESOURCE)
+    try:
+        SimReadings(pipeline.meter("otel_gpu.gpu"), gpus=1)
+        wait_until(lambda: any("is failing" in r.getMessage() for r in caplog.records), 20, "a failure line")
+    finally:
+        pipeline.shutdown()
+        receiver.stop()
+    failing = [r.getMessage() for r in caplog.records if "is failing" in r.getMessage()]
+    assert f"(HTTP 400 from {url}: INVALID_ARGUMENT (3): metric name is too long)" in failing[0], failing
+
+
 def test_otlp_grpc_over_tls_trusts_the_configured_certificate(tmp_path: Path) -> None:
     key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
     subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=localhost",
