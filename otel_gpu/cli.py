@@ -16,8 +16,6 @@ import logging
 import sys
 from collections.abc import Sequence
 
-import yaml
-
 from otel_gpu import __version__, config
 
 _EPILOG = """examples:
@@ -82,7 +80,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "config":
         for warning in cfg.warnings:
             print(f"otel-gpu: warning: {warning}", file=sys.stderr)
-        sys.stdout.write(yaml.safe_dump(config.effective(cfg), sort_keys=False))
+        sys.stdout.write(config.effective_yaml(cfg))
         return 0
 
     from otel_gpu import _log

@@ -508,6 +508,10 @@ def load(args: argparse.Namespace | None = None, environ: Mapping[str, str] | No
         if option.choices and value not in option.choices:
             problems.append(f"{origin}: {value!r} is not allowed{_allowed(option)}")
             continue
+        if _masked(option, value):
+            problems.append(f"{origin}: holds {MASK!r}, the mask 'otel-gpu config' prints in place of a secret; "
+                            f"give the secret itself (best in {' or '.join(option.env) or option.flag})")
+            continue
         failed = _check(option, value)
         if failed:
             problems.append(f"{origin}: {redacted(failed[0])!r} {failed[1]}")
@@ -733,11 +737,27 @@ def _get(config: Any, path: str) -> Any:
     return config
 
 
+MASK = "***"
+
+
+def _masked(option: Option, value: Any) -> bool:
+    """Whether ``value`` still holds the mask ``otel-gpu config`` prints in place of a secret (a hand-copied
+    ``authorization=***`` or ``?api_key=***`` would otherwise be sent as the credential)."""
+    if option.secret:
+        if isinstance(value, tuple):
+            return any(v == MASK for _, v in value)
+        return value == MASK
+    if isinstance(value, str) and MASK in value and option.check is _url:  # masked where a secret would be
+        unmasked = value.replace(MASK, "x")
+        return redacted(value) == value and redacted(unmasked) != unmasked
+    return False
+
+
 def _render(value: Any, option: Option) -> Any:
     if option.secret and value:
         if isinstance(value, tuple):
-            return ",".join(f"{k}=***" for k, _ in value)
-        return "***"
+            return ",".join(f"{k}={MASK}" for k, _ in value)
+        return MASK
     value = redacted(value)
     if isinstance(value, tuple) and value and isinstance(value[0], tuple):
         return ",".join(f"{k}={v}" for k, v in value)
@@ -747,15 +767,41 @@ def _render(value: Any, option: Option) -> Any:
 
 
 def effective(config: AgentConfig) -> dict[str, Any]:
-    """The configuration as nested YAML-ready data, secrets masked."""
+    """The configuration as nested YAML-ready data that ``--config`` loads back: every option under its YAML key,
+    secrets that are set left out (``secrets_left_out`` names them), URL secrets masked (a masked URL is refused
+    on load, see ``_masked``)."""
     out: dict[str, Any] = {}
-    if config.config_file:
-        out["config_file"] = config.config_file
     for option in OPTIONS:
-        value = _render(_get(config, option.path), option)
+        value = _get(config, option.path)
+        if option.secret and value:
+            continue
+        value = _render(value, option)
         if "." in option.path:
             group, name = option.path.split(".", 1)
             out.setdefault(group, {})[name] = value
         else:
             out[option.path] = value
     return out
+
+
+def secrets_left_out(config: AgentConfig) -> list[str]:
+    """One line per secret that is set but not printed by ``effective``: its YAML key, the names it has (header
+    names, never values) and where to set it."""
+    lines = []
+    for option in OPTIONS:
+        value = _get(config, option.path)
+        if option.secret and value:
+            lines.append(f"{option.path}: {_render(value, option)} (a secret, left out; set it with "
+                         f"{' or '.join(option.env)} or {option.flag})")
+    return lines
+
+
+def effective_yaml(config: AgentConfig) -> str:
+    """What ``otel-gpu config`` prints: YAML that ``otel-gpu run --config FILE`` loads back to the same
+    configuration, less the secrets, which are named in comments at the top and must come from the environment
+    or flags (a file written by a command should not hold a password)."""
+    head = ["# otel-gpu effective configuration; load it with: otel-gpu run --config FILE"]
+    if config.config_file:
+        head.append(f"# read from {config.config_file} (and the environment and flags)")
+    head += [f"# {line}" for line in secrets_left_out(config)]
+    return "\n".join(head) + "\n" + yaml.safe_dump(effective(config), sort_keys=False)

@@ -6,6 +6,7 @@ The last tests run the real ``otel-gpu`` command in a subprocess (exit codes, ou
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import subprocess
@@ -99,10 +100,52 @@ def test_config_command_masks_secrets() -> None:
     assert result.returncode == 0, result.stderr
     assert "topsecret" not in result.stdout and "hunter2" not in result.stdout and "k3y" not in result.stdout
     shown = yaml.safe_load(result.stdout)
-    assert shown["otlp"]["headers"] == "authorization=***"
-    assert shown["otlp"]["metrics_headers"] == "x-key=***"
-    assert shown["pyroscope"]["basic_auth_password"] == "***"
-    assert shown["pyroscope"]["basic_auth_user"] == "me"
+    # secrets are left out of the YAML and named (never their values) in comments, with where to set them
+    assert "headers" not in shown["otlp"] and "metrics_headers" not in shown["otlp"]
+    assert "basic_auth_password" not in shown["pyroscope"] and shown["pyroscope"]["basic_auth_user"] == "me"
+    assert "# otlp.headers: authorization=*** (a secret, left out; set it with OTEL_EXPORTER_OTLP_HEADERS or " \
+           "--otlp-headers)" in result.stdout
+    assert "# otlp.metrics_headers: x-key=***" in result.stdout
+    assert "# pyroscope.basic_auth_password: ***" in result.stdout
+
+
+def test_the_printed_configuration_loads_back(tmp_path: Path) -> None:
+    """otel-gpu config > f.yaml; otel-gpu run --config f.yaml: the same configuration, secrets from the environment."""
+    source = _yaml(tmp_path, {"metrics": {"prometheus_port": 9464}, "profiling": {"pids": [os.getpid()]}})
+    secrets = {"OTEL_EXPORTER_OTLP_HEADERS": "authorization=Bearer%20topsecret", "OTEL_GPU_PYROSCOPE_PASSWORD": "pw"}
+    flags = ("--config", source, "--otlp-endpoint", "http://collector:4318/?api_key=K", "--otlp-protocol",
+             "http/protobuf", "--resource-attributes", "a=1,b=2", "--process-name", "python", "--pyroscope-url",
+             "http://pyroscope:4040", "--pyroscope-user", "me")
+    printed = _run("config", *flags, env=secrets)
+    assert printed.returncode == 0, printed.stderr
+    assert "topsecret" not in printed.stdout and "api_key=***" in printed.stdout
+    saved = tmp_path / "effective.yaml"
+    saved.write_text(printed.stdout.replace("api_key=***", "api_key=K"))  # a URL secret is masked too: put it back
+    again = _run("config", "--config", str(saved), env=secrets)
+    assert again.returncode == 0, again.stderr
+    assert again.stdout.split("\n", 2)[2] == printed.stdout.split("\n", 2)[2]  # all but the "read from" line
+    args = cli._parser().parse_args(["run", *flags])
+    original = config.load(args, environ=secrets)
+    loaded = config.load(cli._parser().parse_args(["run", "--config", str(saved)]), environ=secrets)
+    assert loaded == dataclasses.replace(original, config_file=str(saved))
+    assert loaded.otlp.headers_for("metrics") == {"authorization": "Bearer topsecret"}
+    ran = _run("run", "--config", str(saved), "--duration", "0.1", "--no-cpu-profiling", "--no-gpu-metrics",
+               "--no-gpu-time-profiling", "--prometheus-port", "0", "--otlp-endpoint", "", "--pyroscope-url", "",
+               "--local-files", "off", "--console", "off", env=secrets)
+    assert ran.returncode == 0, ran.stderr
+
+
+@pytest.mark.parametrize(("content", "names"), [
+    ("otlp:\n  headers: authorization=***\n", "otlp.headers"),
+    ("pyroscope:\n  basic_auth_user: me\n  basic_auth_password: '***'\n", "pyroscope.basic_auth_password"),
+    ("otlp:\n  endpoint: http://c:4318/?token=***\n", "otlp.endpoint"),
+])
+def test_a_masked_secret_is_refused_on_load(tmp_path: Path, content: str, names: str) -> None:
+    path = tmp_path / "agent.yaml"
+    path.write_text(content)
+    result = _run("run", "--config", str(path), "--duration", "0.1")
+    assert result.returncode == 2, result.stderr
+    assert f"key {names!r}" in result.stderr and "the mask 'otel-gpu config' prints" in result.stderr, result.stderr
 
 
 def test_bad_configuration_exits_2_naming_each_flag() -> None:
