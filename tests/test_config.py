@@ -354,3 +354,63 @@ def test_timeouts_are_finite_and_positive(value: str) -> None:
     with pytest.raises(config.ConfigError) as caught:
         _load(["--otlp-timeout", value, "--gpu-collection-timeout", value])
     assert [p.split(":")[0] for p in caught.value.problems] == ["flag --otlp-timeout", "flag --gpu-collection-timeout"]
+
+
+def test_otlp_timeout_compression_and_tls_files_per_signal_over_generic(tmp_path: Path) -> None:
+    """The OTLP exporter specification: per-signal variables win over generic ones; timeouts are milliseconds;
+    compression is none unless asked."""
+    files = {name: tmp_path / f"{name}.pem" for name in ("ca", "mca", "key", "cert", "pkey", "pcert")}
+    for file in files.values():
+        file.write_text("PEM")
+    assert config.OTLPConfig().signal("metrics").compression == "none"
+    env = {"OTEL_EXPORTER_OTLP_ENDPOINT": "https://c:4317", "OTEL_EXPORTER_OTLP_TIMEOUT": "2500",
+           "OTEL_EXPORTER_OTLP_PROFILES_TIMEOUT": "30000", "OTEL_EXPORTER_OTLP_COMPRESSION": "gzip",
+           "OTEL_EXPORTER_OTLP_METRICS_COMPRESSION": "none", "OTEL_EXPORTER_OTLP_CERTIFICATE": str(files["ca"]),
+           "OTEL_EXPORTER_OTLP_METRICS_CERTIFICATE": str(files["mca"]),
+           "OTEL_EXPORTER_OTLP_CLIENT_KEY": str(files["key"]),
+           "OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE": str(files["cert"]),
+           "OTEL_EXPORTER_OTLP_PROFILES_CLIENT_KEY": str(files["pkey"]),
+           "OTEL_EXPORTER_OTLP_PROFILES_CLIENT_CERTIFICATE": str(files["pcert"])}
+    cfg = _load([], env)
+    metrics, profiles = cfg.otlp.signal("metrics"), cfg.otlp.signal("profiles")
+    assert (metrics.timeout_s, profiles.timeout_s) == (2.5, 30.0)
+    assert (metrics.compression, profiles.compression) == ("none", "gzip")
+    assert (metrics.certificate, profiles.certificate) == (str(files["mca"]), str(files["ca"]))
+    assert (metrics.client_key, metrics.client_certificate) == (str(files["key"]), str(files["cert"]))
+    assert (profiles.client_key, profiles.client_certificate) == (str(files["pkey"]), str(files["pcert"]))
+    # a flag beats the variable (seconds there); the project's own variable beats the standard one
+    assert _load(["--otlp-metrics-timeout", "4"], env).otlp.signal("metrics").timeout_s == 4.0
+    assert _load([], {**env, "OTEL_GPU_OTLP_TIMEOUT": "3"}).otlp.signal("metrics").timeout_s == 3.0
+
+
+def test_http_json_is_refused_naming_the_variable_and_the_alternatives() -> None:
+    for name in ("OTEL_EXPORTER_OTLP_PROTOCOL", "OTEL_EXPORTER_OTLP_METRICS_PROTOCOL"):
+        result = _run("run", "--duration", "0.1", env={name: "http/json",
+                                                       "OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4318"})
+        assert result.returncode == 2, result.stderr
+        assert f"environment variable {name}" in result.stderr and "'http/json' is not supported" in result.stderr
+        assert "no OTLP/JSON exporter" in result.stderr and "'http/protobuf'" in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize(("name", "value", "expected"), [
+    ("OTEL_EXPORTER_OTLP_TIMEOUT", "ten", "'ten' is not a number of milliseconds"),
+    ("OTEL_EXPORTER_OTLP_METRICS_TIMEOUT", "-5", "must be 0 (unset) or between"),
+    ("OTEL_EXPORTER_OTLP_COMPRESSION", "brotli", "'brotli' is not allowed"),
+    ("OTEL_EXPORTER_OTLP_PROFILES_COMPRESSION", "zstd", "'zstd' is not allowed"),
+    ("OTEL_EXPORTER_OTLP_METRICS_CERTIFICATE", "/nonexistent/ca.pem", "is not a readable file"),
+    ("OTEL_EXPORTER_OTLP_CLIENT_KEY", "/nonexistent/key.pem", "is not a readable file"),
+])
+def test_invalid_otlp_variables_exit_2_naming_the_variable(name: str, value: str, expected: str) -> None:
+    result = _run("run", "--duration", "0.1", env={name: value})
+    assert result.returncode == 2, result.stderr
+    assert name in result.stderr and expected in result.stderr, result.stderr
+
+
+def test_a_client_key_needs_a_client_certificate(tmp_path: Path) -> None:
+    key = tmp_path / "key.pem"
+    key.write_text("PEM")
+    with pytest.raises(config.ConfigError) as caught:
+        _load([], {"OTEL_EXPORTER_OTLP_METRICS_CLIENT_KEY": str(key)})
+    assert len(caught.value.problems) == 1
+    assert "--otlp-metrics-client-certificate" in caught.value.problems[0]
+    assert "client key but no client certificate" in caught.value.problems[0]

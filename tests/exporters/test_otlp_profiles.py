@@ -133,10 +133,11 @@ def test_grpc_partial_success_is_counted() -> None:
     assert _dropped("rejected") == 2
 
 
-def test_http_export_is_gzipped_protobuf_on_the_profiles_path() -> None:
+def test_http_export_is_gzipped_protobuf_on_the_profiles_path_when_asked() -> None:
     receiver = HttpReceiver().start()
     url = f"http://127.0.0.1:{receiver.port}/v1development/profiles"
-    exporter = OTLPHttpProfileExporter(url, headers={"Authorization": "Bearer t0k"}, backoff=FAST)
+    exporter = OTLPHttpProfileExporter(url, headers={"Authorization": "Bearer t0k"}, compression="gzip",
+                                       backoff=FAST)
     try:
         exporter.export(batches.cpu_batch(frequency_hz=100))
         assert receiver.wait_for(1)
@@ -153,10 +154,9 @@ def test_http_export_is_gzipped_protobuf_on_the_profiles_path() -> None:
     assert profile_type_ids(request) == ["process_cpu:cpu:nanoseconds:cpu:nanoseconds"] * 2
 
 
-def test_http_uncompressed_when_asked() -> None:
+def test_http_uncompressed_by_default() -> None:
     receiver = HttpReceiver().start()
-    exporter = OTLPHttpProfileExporter(f"http://127.0.0.1:{receiver.port}/v1development/profiles",
-                                       compression="none", backoff=FAST)
+    exporter = OTLPHttpProfileExporter(f"http://127.0.0.1:{receiver.port}/v1development/profiles", backoff=FAST)
     try:
         exporter.export(batches.cpu_batch())
         assert receiver.wait_for(1)
@@ -252,6 +252,40 @@ def test_http_tls_with_the_configured_ca_certificate(tmp_path: Path) -> None:
         exporter.shutdown(5.0)
         receiver.stop()
     assert len(svc.ExportProfilesServiceRequest.FromString(receiver.requests[0].decoded_body()).resource_profiles) == 2
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])
+def test_mutual_tls_from_the_per_signal_variables(tmp_path: Path, protocol: str) -> None:
+    """The server requires a client certificate: the profiles exporter built from OTEL_EXPORTER_OTLP_PROFILES_CLIENT_*
+    presents it (and without one nothing arrives)."""
+    from otel_gpu import config as config_module
+    from otel_gpu.exporters import build_profile_exporters
+
+    cert, key = self_signed_certificate(tmp_path)
+    (tmp_path / "client").mkdir()
+    client_cert, client_key = self_signed_certificate(tmp_path / "client")
+    if protocol == "grpc":
+        receiver = GrpcProfilesReceiver(tls=(cert.read_bytes(), key.read_bytes()),
+                                        client_ca=client_cert.read_bytes()).start()
+    else:
+        receiver = HttpReceiver(tls=(str(cert), str(key)), client_ca=str(client_cert)).start()  # type: ignore[assignment]
+    base = {"OTEL_EXPORTER_OTLP_ENDPOINT": f"https://127.0.0.1:{receiver.port}",
+            "OTEL_EXPORTER_OTLP_PROTOCOL": protocol, "OTEL_EXPORTER_OTLP_CERTIFICATE": str(cert),
+            "OTEL_GPU_OUTPUT_FILES": "off", "OTEL_GPU_OUTPUT_CONSOLE": "off"}
+    mutual = {"OTEL_EXPORTER_OTLP_PROFILES_CLIENT_KEY": str(client_key),
+              "OTEL_EXPORTER_OTLP_PROFILES_CLIENT_CERTIFICATE": str(client_cert)}
+    try:
+        without, = build_profile_exporters(config_module.load(None, base))
+        without.export(batches.cpu_batch())
+        assert _eventually(lambda: _failures(without.name) >= 1)
+        without.shutdown(0.5)
+        assert receiver.requests == []
+        exporter, = build_profile_exporters(config_module.load(None, {**base, **mutual}))
+        exporter.export(batches.cpu_batch())
+        assert receiver.wait_for(1)
+        exporter.shutdown(5.0)
+    finally:
+        receiver.stop()
 
 
 def test_tls_without_the_ca_certificate_is_not_delivered(tmp_path: Path) -> None:

@@ -199,6 +199,44 @@ def test_otlp_grpc_over_tls_trusts_the_configured_certificate(tmp_path: Path) ->
     assert selfmetrics.total(semconv.SELF_EXPORT_FAILURES.name) == 0
 
 
+@pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])
+def test_mutual_tls_and_timeout_from_the_per_signal_variables(tmp_path: Path, protocol: str) -> None:
+    """A backend that requires a client certificate gets the one OTEL_EXPORTER_OTLP_METRICS_CLIENT_* names."""
+    from otel_gpu import config as config_module
+    from tests.exporters.receivers import HttpReceiver, self_signed_certificate
+
+    cert, key = self_signed_certificate(tmp_path)
+    (tmp_path / "client").mkdir()
+    client_cert, client_key = self_signed_certificate(tmp_path / "client")
+    environ = {"OTEL_EXPORTER_OTLP_PROTOCOL": protocol, "OTEL_EXPORTER_OTLP_CERTIFICATE": str(cert),
+               "OTEL_EXPORTER_OTLP_METRICS_CLIENT_KEY": str(client_key),
+               "OTEL_EXPORTER_OTLP_METRICS_CLIENT_CERTIFICATE": str(client_cert),
+               "OTEL_EXPORTER_OTLP_TIMEOUT": "1000", "OTEL_EXPORTER_OTLP_METRICS_TIMEOUT": "7000",
+               "OTEL_GPU_METRICS_EXPORT_INTERVAL": "0.2", "OTEL_GPU_OUTPUT_FILES": "off",
+               "OTEL_GPU_OUTPUT_CONSOLE": "off"}
+    if protocol == "grpc":
+        port = free_port()
+        server, receiver = _serve(port, grpc.ssl_server_credentials(
+            [(key.read_bytes(), cert.read_bytes())], root_certificates=client_cert.read_bytes(),
+            require_client_auth=True))
+        stop, arrived = (lambda: server.stop(0)), (lambda: receiver.points(semconv.GPU_UTILIZATION.name))
+        environ["OTEL_EXPORTER_OTLP_ENDPOINT"] = f"https://localhost:{port}"
+    else:
+        http_receiver = HttpReceiver(tls=(str(cert), str(key)), client_ca=str(client_cert)).start()
+        stop, arrived = http_receiver.stop, (lambda: http_receiver.requests)
+        environ["OTEL_EXPORTER_OTLP_ENDPOINT"] = f"https://localhost:{http_receiver.port}"
+    config = config_module.load(None, environ)
+    assert config.otlp.signal("metrics").timeout_s == 7.0 and config.otlp.signal("profiles").timeout_s == 1.0
+    pipeline = MetricsPipeline(config, RESOURCE)
+    try:
+        SimReadings(pipeline.meter("otel_gpu.gpu"), gpus=1)
+        wait_until(arrived, 20, "an export over mutual TLS")
+    finally:
+        pipeline.shutdown()
+        stop()
+    assert selfmetrics.total(semconv.SELF_EXPORT_FAILURES.name) == 0
+
+
 def test_unreadable_certificate_turns_otlp_off_with_one_line(tmp_path: Path,
                                                             caplog: pytest.LogCaptureFixture) -> None:
     config = AgentConfig(otlp=OTLPConfig(endpoint="https://localhost:4317", protocol="grpc",
