@@ -46,7 +46,8 @@ def _parser() -> argparse.ArgumentParser:
     run = commands.add_parser("run", help="run the agent until interrupted (or for --duration seconds)",
                               epilog=_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     config.add_arguments(run)
-    show = commands.add_parser("config", help="print the effective configuration (secrets masked) and exit")
+    show = commands.add_parser("config", help="print the effective configuration as YAML that --config loads back "
+                                              "(secrets left out) and exit")
     config.add_arguments(show)
     inject = commands.add_parser("inject", help="run a CUDA workload with the GPU-time library injected",
                                  usage="otel-gpu inject [--overhead-budget PERCENT] -- COMMAND [ARGS ...]")
