@@ -16,8 +16,6 @@ import logging
 import sys
 from collections.abc import Sequence
 
-import yaml
-
 from otel_gpu import __version__, config
 
 _EPILOG = """examples:
@@ -50,7 +48,8 @@ def _parser() -> argparse.ArgumentParser:
     run = commands.add_parser("run", help="run the agent until interrupted (or for --duration seconds)",
                               epilog=_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     config.add_arguments(run)
-    show = commands.add_parser("config", help="print the effective configuration (secrets masked) and exit")
+    show = commands.add_parser("config", help="print the effective configuration as YAML that --config loads back "
+                                              "(secrets left out) and exit")
     config.add_arguments(show)
     inject = commands.add_parser("inject", help="run a CUDA workload with the GPU-time library injected",
                                  usage="otel-gpu inject [--overhead-budget PERCENT] -- COMMAND [ARGS ...]")
@@ -84,7 +83,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "config":
         for warning in cfg.warnings:
             print(f"otel-gpu: warning: {warning}", file=sys.stderr)
-        sys.stdout.write(yaml.safe_dump(config.effective(cfg), sort_keys=False))
+        sys.stdout.write(config.effective_yaml(cfg))
         return 0
 
     from otel_gpu import _log

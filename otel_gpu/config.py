@@ -27,6 +27,9 @@ MAX_CONFIG_FILE_BYTES = 1 << 20  # a configuration file is a page of YAML; /dev/
 PID_MAX = 1 << 22  # PID_MAX_LIMIT: no process id on Linux is larger
 
 _PROTOCOLS = ("grpc", "http/protobuf")
+_UNSUPPORTED_PROTOCOLS = (("http/json", "the OpenTelemetry Python SDK the agent exports with has no OTLP/JSON "
+                                        "exporter (http/protobuf goes to the same endpoint and port, 4318)"),)
+_COMPRESSIONS = ("none", "gzip")
 _LOG_LEVELS = ("debug", "info", "warning", "error")
 _TRISTATE = ("auto", "on", "off")
 _PYROSCOPE_APIS = ("otlp", "ingest")
@@ -55,9 +58,36 @@ class OTLPConfig:
     metrics_headers: tuple[tuple[str, str], ...] = field(default=(), repr=False)
     profiles_headers: tuple[tuple[str, str], ...] = field(default=(), repr=False)
     certificate: str = ""
+    metrics_certificate: str = ""
+    profiles_certificate: str = ""
+    client_key: str = ""
+    metrics_client_key: str = ""
+    profiles_client_key: str = ""
+    client_certificate: str = ""
+    metrics_client_certificate: str = ""
+    profiles_client_certificate: str = ""
     insecure: bool = False
-    compression: str = "gzip"
+    compression: str = "none"  # the specification's default; gzip only when asked
+    metrics_compression: str = ""
+    profiles_compression: str = ""
     timeout_s: float = 10.0
+    metrics_timeout_s: float = 0.0  # 0: the generic timeout_s
+    profiles_timeout_s: float = 0.0
+
+    def signal(self, signal: str) -> OTLPSignal:
+        """The settings one signal (``metrics`` or ``profiles``) uses: its own where set, else the generic ones,
+        as the OTLP exporter specification orders them. ``url`` is empty when no endpoint is configured."""
+        own = "metrics_" if signal == "metrics" else "profiles_"
+        target = self.metrics_target() if signal == "metrics" else self.profiles_target()
+        protocol, url = target or (getattr(self, own + "protocol") or self.protocol, "")
+        return OTLPSignal(
+            protocol=protocol, url=url, headers=tuple(self.headers_for(signal).items()),
+            timeout_s=getattr(self, own + "timeout_s") or self.timeout_s,
+            compression=getattr(self, own + "compression") or self.compression,
+            certificate=getattr(self, own + "certificate") or self.certificate,
+            client_key=getattr(self, own + "client_key") or self.client_key,
+            client_certificate=getattr(self, own + "client_certificate") or self.client_certificate,
+            insecure=self.insecure)
 
     def metrics_target(self) -> tuple[str, str] | None:
         """(protocol, URL) of the metrics backend, or None when none is configured.
@@ -97,6 +127,21 @@ class OTLPConfig:
         merged = dict(self.headers)
         merged.update(dict(self.metrics_headers if signal == "metrics" else self.profiles_headers))
         return merged
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OTLPSignal:
+    """One signal's resolved OTLP settings (see ``OTLPConfig.signal``); file settings are paths of PEM files."""
+
+    protocol: str
+    url: str
+    headers: tuple[tuple[str, str], ...] = field(default=(), repr=False)
+    timeout_s: float
+    compression: str
+    certificate: str
+    client_key: str
+    client_certificate: str
+    insecure: bool
 
 
 def _signal_url(endpoint: str, protocol: str, path: str) -> str:
@@ -240,6 +285,7 @@ class Option:
     secret: bool = False
     repeatable: bool = False
     boolean: bool = False
+    unsupported: tuple[tuple[str, str], ...] = ()  # (value, why it is refused): values users may rightly expect
 
 
 def _bool(text: str) -> bool:
@@ -268,12 +314,28 @@ def _pairs(text: str) -> tuple[tuple[str, str], ...]:
 
 
 def _millis_to_s(text: str) -> float:
-    return float(text) / 1000.0
+    try:
+        return float(text) / 1000.0
+    except ValueError:
+        raise ValueError(f"{text!r} is not a number of milliseconds") from None
+
+
+# Standard variables whose value is milliseconds where the option's flag takes seconds (the OTLP exporter
+# specification: OTEL_EXPORTER_OTLP_TIMEOUT and its per-signal forms).
+_MILLIS_VARIABLES = frozenset({"OTEL_EXPORTER_OTLP_TIMEOUT", "OTEL_EXPORTER_OTLP_METRICS_TIMEOUT",
+                               "OTEL_EXPORTER_OTLP_PROFILES_TIMEOUT"})
 
 
 def _range(low: float, high: float) -> Callable[[Any], str | None]:
     def check(value: Any) -> str | None:
         return None if low <= value <= high else f"must be between {low:g} and {high:g}"
+
+    return check
+
+
+def _unset_or_range(low: float, high: float) -> Callable[[Any], str | None]:
+    def check(value: Any) -> str | None:
+        return None if value == 0 or low <= value <= high else f"must be 0 (unset) or between {low:g} and {high:g}"
 
     return check
 
@@ -376,11 +438,13 @@ OPTIONS: tuple[Option, ...] = (
     Option("otlp.profiles_endpoint", "--otlp-profiles-endpoint", "OTLP endpoint for profiles, used as-is", str,
            env=("OTEL_EXPORTER_OTLP_PROFILES_ENDPOINT",), check=_url),
     Option("otlp.protocol", "--otlp-protocol", "OTLP transport", str, env=("OTEL_EXPORTER_OTLP_PROTOCOL",),
-           choices=_PROTOCOLS),
+           choices=_PROTOCOLS, unsupported=_UNSUPPORTED_PROTOCOLS),
     Option("otlp.metrics_protocol", "--otlp-metrics-protocol", "OTLP transport for metrics", str,
-           env=("OTEL_EXPORTER_OTLP_METRICS_PROTOCOL",), choices=("",) + _PROTOCOLS),
+           env=("OTEL_EXPORTER_OTLP_METRICS_PROTOCOL",), choices=("",) + _PROTOCOLS,
+           unsupported=_UNSUPPORTED_PROTOCOLS),
     Option("otlp.profiles_protocol", "--otlp-profiles-protocol", "OTLP transport for profiles", str,
-           env=("OTEL_EXPORTER_OTLP_PROFILES_PROTOCOL",), choices=("",) + _PROTOCOLS),
+           env=("OTEL_EXPORTER_OTLP_PROFILES_PROTOCOL",), choices=("",) + _PROTOCOLS,
+           unsupported=_UNSUPPORTED_PROTOCOLS),
     Option("otlp.headers", "--otlp-headers", "headers for every OTLP request, k1=v1,k2=v2", _pairs,
            env=("OTEL_EXPORTER_OTLP_HEADERS",), secret=True),
     Option("otlp.metrics_headers", "--otlp-metrics-headers", "headers for OTLP metrics requests", _pairs,
@@ -389,12 +453,40 @@ OPTIONS: tuple[Option, ...] = (
            env=("OTEL_EXPORTER_OTLP_PROFILES_HEADERS",), secret=True),
     Option("otlp.certificate", "--otlp-certificate", "PEM file of trusted CA certificates for TLS", str,
            env=("OTEL_EXPORTER_OTLP_CERTIFICATE",)),
+    Option("otlp.metrics_certificate", "--otlp-metrics-certificate", "trusted CA certificates for OTLP metrics",
+           str, env=("OTEL_EXPORTER_OTLP_METRICS_CERTIFICATE",)),
+    Option("otlp.profiles_certificate", "--otlp-profiles-certificate", "trusted CA certificates for OTLP profiles",
+           str, env=("OTEL_EXPORTER_OTLP_PROFILES_CERTIFICATE",)),
+    Option("otlp.client_key", "--otlp-client-key", "PEM file of the client's private key for mutual TLS", str,
+           env=("OTEL_EXPORTER_OTLP_CLIENT_KEY",)),
+    Option("otlp.metrics_client_key", "--otlp-metrics-client-key", "client private key for OTLP metrics (mTLS)",
+           str, env=("OTEL_EXPORTER_OTLP_METRICS_CLIENT_KEY",)),
+    Option("otlp.profiles_client_key", "--otlp-profiles-client-key", "client private key for OTLP profiles (mTLS)",
+           str, env=("OTEL_EXPORTER_OTLP_PROFILES_CLIENT_KEY",)),
+    Option("otlp.client_certificate", "--otlp-client-certificate",
+           "PEM file of the client's certificate (chain) for mutual TLS", str,
+           env=("OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE",)),
+    Option("otlp.metrics_client_certificate", "--otlp-metrics-client-certificate",
+           "client certificate for OTLP metrics (mTLS)", str, env=("OTEL_EXPORTER_OTLP_METRICS_CLIENT_CERTIFICATE",)),
+    Option("otlp.profiles_client_certificate", "--otlp-profiles-client-certificate",
+           "client certificate for OTLP profiles (mTLS)", str,
+           env=("OTEL_EXPORTER_OTLP_PROFILES_CLIENT_CERTIFICATE",)),
     Option("otlp.insecure", "--otlp-insecure", "plaintext gRPC (no TLS) for endpoints without a scheme", _bool,
            env=("OTEL_EXPORTER_OTLP_INSECURE",), boolean=True),
     Option("otlp.compression", "--otlp-compression", "OTLP compression", str,
-           env=("OTEL_EXPORTER_OTLP_COMPRESSION",), choices=("gzip", "none")),
-    Option("otlp.timeout_s", "--otlp-timeout", "OTLP request timeout in seconds", float,
-           env=("OTEL_GPU_OTLP_TIMEOUT",), check=_range(0.001, 3600)),
+           env=("OTEL_EXPORTER_OTLP_COMPRESSION",), choices=_COMPRESSIONS),
+    Option("otlp.metrics_compression", "--otlp-metrics-compression", "OTLP compression for metrics", str,
+           env=("OTEL_EXPORTER_OTLP_METRICS_COMPRESSION",), choices=("",) + _COMPRESSIONS),
+    Option("otlp.profiles_compression", "--otlp-profiles-compression", "OTLP compression for profiles", str,
+           env=("OTEL_EXPORTER_OTLP_PROFILES_COMPRESSION",), choices=("",) + _COMPRESSIONS),
+    Option("otlp.timeout_s", "--otlp-timeout", "OTLP request timeout in seconds (the OTEL_ variable: milliseconds)",
+           float, env=("OTEL_GPU_OTLP_TIMEOUT", "OTEL_EXPORTER_OTLP_TIMEOUT"), check=_range(0.001, 3600)),
+    Option("otlp.metrics_timeout_s", "--otlp-metrics-timeout",
+           "OTLP metrics request timeout in seconds, 0: --otlp-timeout (the variable: milliseconds)", float,
+           env=("OTEL_EXPORTER_OTLP_METRICS_TIMEOUT",), check=_unset_or_range(0.001, 3600)),
+    Option("otlp.profiles_timeout_s", "--otlp-profiles-timeout",
+           "OTLP profiles request timeout in seconds, 0: --otlp-timeout (the variable: milliseconds)", float,
+           env=("OTEL_EXPORTER_OTLP_PROFILES_TIMEOUT",), check=_unset_or_range(0.001, 3600)),
     # metrics
     Option("metrics.export_interval_s", "--metric-export-interval",
            "seconds between metric collections and exports (env OTEL_METRIC_EXPORT_INTERVAL is in ms)", float,
@@ -506,7 +598,11 @@ def load(args: argparse.Namespace | None = None, environ: Mapping[str, str] | No
     for option in OPTIONS:
         for name in option.env:
             if name in environ and environ[name].strip() != "":
-                values[option.path] = (environ[name], f"environment variable {name} (flag {option.flag})")
+                if name in _MILLIS_VARIABLES:
+                    values[option.path] = (_Converted(_millis_to_s, environ[name]),
+                                           f"environment variable {name} (milliseconds; flag {option.flag})")
+                else:
+                    values[option.path] = (environ[name], f"environment variable {name} (flag {option.flag})")
                 break
     if "OTEL_METRIC_EXPORT_INTERVAL" in environ and "OTEL_GPU_METRICS_EXPORT_INTERVAL" not in environ:
         values["metrics.export_interval_s"] = (
@@ -532,8 +628,17 @@ def load(args: argparse.Namespace | None = None, environ: Mapping[str, str] | No
             else:
                 problems.append(f"{origin}: {exc}{_allowed(option)}")
             continue
+        why = dict(option.unsupported).get(value) if isinstance(value, str) else None
+        if why:
+            problems.append(f"{origin}: {value!r} is not supported: {why}; set {' or '.join(option.env)} (or "
+                            f"{option.flag}) to one of {', '.join(repr(c) for c in option.choices if c)}")
+            continue
         if option.choices and value not in option.choices:
             problems.append(f"{origin}: {value!r} is not allowed{_allowed(option)}")
+            continue
+        if _masked(option, value):
+            problems.append(f"{origin}: holds {MASK!r}, the mask 'otel-gpu config' prints in place of a secret; "
+                            f"give the secret itself (best in {' or '.join(option.env) or option.flag})")
             continue
         failed = _check(option, value)
         if failed:
@@ -692,8 +797,19 @@ def _build(parsed: Mapping[str, Any], config_file: str, warnings: tuple[str, ...
 
 def _cross_checks(config: AgentConfig) -> list[str]:
     problems: list[str] = []
-    if config.otlp.certificate and not Path(config.otlp.certificate).is_file():
-        problems.append(f"flag --otlp-certificate: {config.otlp.certificate!r} is not a readable file")
+    for option in OPTIONS:  # every TLS file: CA certificates, client keys and client certificates
+        if option.path.startswith("otlp.") and option.path.endswith(("certificate", "client_key")):
+            path = _get(config, option.path)
+            if path and not Path(path).is_file():
+                problems.append(f"flag {option.flag} (environment variable {', '.join(option.env)}): {path!r} is "
+                                "not a readable file")
+    for signal in ("metrics", "profiles"):
+        resolved = config.otlp.signal(signal)
+        if bool(resolved.client_key) != bool(resolved.client_certificate):
+            have, lack = ("key", "certificate") if resolved.client_key else ("certificate", "key")
+            problems.append(f"flag --otlp-{signal}-client-{lack} (or --otlp-client-{lack}): mutual TLS for {signal} "
+                            f"has a client {have} but no client {lack} (OTEL_EXPORTER_OTLP_CLIENT_KEY and "
+                            "OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE go together)")
     if config.pyroscope.basic_auth_password and not config.pyroscope.basic_auth_user:
         problems.append("flag --pyroscope-password: needs --pyroscope-user as well")
     if config.write_files and (message := output_dir_problem(config.output.dir)):
@@ -760,11 +876,27 @@ def _get(config: Any, path: str) -> Any:
     return config
 
 
+MASK = "***"
+
+
+def _masked(option: Option, value: Any) -> bool:
+    """Whether ``value`` still holds the mask ``otel-gpu config`` prints in place of a secret (a hand-copied
+    ``authorization=***`` or ``?api_key=***`` would otherwise be sent as the credential)."""
+    if option.secret:
+        if isinstance(value, tuple):
+            return any(v == MASK for _, v in value)
+        return value == MASK
+    if isinstance(value, str) and MASK in value and option.check is _url:  # masked where a secret would be
+        unmasked = value.replace(MASK, "x")
+        return redacted(value) == value and redacted(unmasked) != unmasked
+    return False
+
+
 def _render(value: Any, option: Option) -> Any:
     if option.secret and value:
         if isinstance(value, tuple):
-            return ",".join(f"{k}=***" for k, _ in value)
-        return "***"
+            return ",".join(f"{k}={MASK}" for k, _ in value)
+        return MASK
     value = redacted(value)
     if isinstance(value, tuple) and value and isinstance(value[0], tuple):
         return ",".join(f"{k}={v}" for k, v in value)
@@ -774,15 +906,41 @@ def _render(value: Any, option: Option) -> Any:
 
 
 def effective(config: AgentConfig) -> dict[str, Any]:
-    """The configuration as nested YAML-ready data, secrets masked."""
+    """The configuration as nested YAML-ready data that ``--config`` loads back: every option under its YAML key,
+    secrets that are set left out (``secrets_left_out`` names them), URL secrets masked (a masked URL is refused
+    on load, see ``_masked``)."""
     out: dict[str, Any] = {}
-    if config.config_file:
-        out["config_file"] = config.config_file
     for option in OPTIONS:
-        value = _render(_get(config, option.path), option)
+        value = _get(config, option.path)
+        if option.secret and value:
+            continue
+        value = _render(value, option)
         if "." in option.path:
             group, name = option.path.split(".", 1)
             out.setdefault(group, {})[name] = value
         else:
             out[option.path] = value
     return out
+
+
+def secrets_left_out(config: AgentConfig) -> list[str]:
+    """One line per secret that is set but not printed by ``effective``: its YAML key, the names it has (header
+    names, never values) and where to set it."""
+    lines = []
+    for option in OPTIONS:
+        value = _get(config, option.path)
+        if option.secret and value:
+            lines.append(f"{option.path}: {_render(value, option)} (a secret, left out; set it with "
+                         f"{' or '.join(option.env)} or {option.flag})")
+    return lines
+
+
+def effective_yaml(config: AgentConfig) -> str:
+    """What ``otel-gpu config`` prints: YAML that ``otel-gpu run --config FILE`` loads back to the same
+    configuration, less the secrets, which are named in comments at the top and must come from the environment
+    or flags (a file written by a command should not hold a password)."""
+    head = ["# otel-gpu effective configuration; load it with: otel-gpu run --config FILE"]
+    if config.config_file:
+        head.append(f"# read from {config.config_file} (and the environment and flags)")
+    head += [f"# {line}" for line in secrets_left_out(config)]
+    return "\n".join(head) + "\n" + yaml.safe_dump(effective(config), sort_keys=False)

@@ -6,6 +6,7 @@ The last tests run the real ``otel-gpu`` command in a subprocess (exit codes, ou
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import subprocess
@@ -99,10 +100,52 @@ def test_config_command_masks_secrets() -> None:
     assert result.returncode == 0, result.stderr
     assert "topsecret" not in result.stdout and "hunter2" not in result.stdout and "k3y" not in result.stdout
     shown = yaml.safe_load(result.stdout)
-    assert shown["otlp"]["headers"] == "authorization=***"
-    assert shown["otlp"]["metrics_headers"] == "x-key=***"
-    assert shown["pyroscope"]["basic_auth_password"] == "***"
-    assert shown["pyroscope"]["basic_auth_user"] == "me"
+    # secrets are left out of the YAML and named (never their values) in comments, with where to set them
+    assert "headers" not in shown["otlp"] and "metrics_headers" not in shown["otlp"]
+    assert "basic_auth_password" not in shown["pyroscope"] and shown["pyroscope"]["basic_auth_user"] == "me"
+    assert "# otlp.headers: authorization=*** (a secret, left out; set it with OTEL_EXPORTER_OTLP_HEADERS or " \
+           "--otlp-headers)" in result.stdout
+    assert "# otlp.metrics_headers: x-key=***" in result.stdout
+    assert "# pyroscope.basic_auth_password: ***" in result.stdout
+
+
+def test_the_printed_configuration_loads_back(tmp_path: Path) -> None:
+    """otel-gpu config > f.yaml; otel-gpu run --config f.yaml: the same configuration, secrets from the environment."""
+    source = _yaml(tmp_path, {"metrics": {"prometheus_port": 9464}, "profiling": {"pids": [os.getpid()]}})
+    secrets = {"OTEL_EXPORTER_OTLP_HEADERS": "authorization=Bearer%20topsecret", "OTEL_GPU_PYROSCOPE_PASSWORD": "pw"}
+    flags = ("--config", source, "--otlp-endpoint", "http://collector:4318/?api_key=K", "--otlp-protocol",
+             "http/protobuf", "--resource-attributes", "a=1,b=2", "--process-name", "python", "--pyroscope-url",
+             "http://pyroscope:4040", "--pyroscope-user", "me")
+    printed = _run("config", *flags, env=secrets)
+    assert printed.returncode == 0, printed.stderr
+    assert "topsecret" not in printed.stdout and "api_key=***" in printed.stdout
+    saved = tmp_path / "effective.yaml"
+    saved.write_text(printed.stdout.replace("api_key=***", "api_key=K"))  # a URL secret is masked too: put it back
+    again = _run("config", "--config", str(saved), env=secrets)
+    assert again.returncode == 0, again.stderr
+    assert again.stdout.split("\n", 2)[2] == printed.stdout.split("\n", 2)[2]  # all but the "read from" line
+    args = cli._parser().parse_args(["run", *flags])
+    original = config.load(args, environ=secrets)
+    loaded = config.load(cli._parser().parse_args(["run", "--config", str(saved)]), environ=secrets)
+    assert loaded == dataclasses.replace(original, config_file=str(saved))
+    assert loaded.otlp.headers_for("metrics") == {"authorization": "Bearer topsecret"}
+    ran = _run("run", "--config", str(saved), "--duration", "0.1", "--no-cpu-profiling", "--no-gpu-metrics",
+               "--no-gpu-time-profiling", "--prometheus-port", "0", "--otlp-endpoint", "", "--pyroscope-url", "",
+               "--local-files", "off", "--console", "off", env=secrets)
+    assert ran.returncode == 0, ran.stderr
+
+
+@pytest.mark.parametrize(("content", "names"), [
+    ("otlp:\n  headers: authorization=***\n", "otlp.headers"),
+    ("pyroscope:\n  basic_auth_user: me\n  basic_auth_password: '***'\n", "pyroscope.basic_auth_password"),
+    ("otlp:\n  endpoint: http://c:4318/?token=***\n", "otlp.endpoint"),
+])
+def test_a_masked_secret_is_refused_on_load(tmp_path: Path, content: str, names: str) -> None:
+    path = tmp_path / "agent.yaml"
+    path.write_text(content)
+    result = _run("run", "--config", str(path), "--duration", "0.1")
+    assert result.returncode == 2, result.stderr
+    assert f"key {names!r}" in result.stderr and "the mask 'otel-gpu config' prints" in result.stderr, result.stderr
 
 
 def test_bad_configuration_exits_2_naming_each_flag() -> None:
@@ -311,3 +354,63 @@ def test_timeouts_are_finite_and_positive(value: str) -> None:
     with pytest.raises(config.ConfigError) as caught:
         _load(["--otlp-timeout", value, "--gpu-collection-timeout", value])
     assert [p.split(":")[0] for p in caught.value.problems] == ["flag --otlp-timeout", "flag --gpu-collection-timeout"]
+
+
+def test_otlp_timeout_compression_and_tls_files_per_signal_over_generic(tmp_path: Path) -> None:
+    """The OTLP exporter specification: per-signal variables win over generic ones; timeouts are milliseconds;
+    compression is none unless asked."""
+    files = {name: tmp_path / f"{name}.pem" for name in ("ca", "mca", "key", "cert", "pkey", "pcert")}
+    for file in files.values():
+        file.write_text("PEM")
+    assert config.OTLPConfig().signal("metrics").compression == "none"
+    env = {"OTEL_EXPORTER_OTLP_ENDPOINT": "https://c:4317", "OTEL_EXPORTER_OTLP_TIMEOUT": "2500",
+           "OTEL_EXPORTER_OTLP_PROFILES_TIMEOUT": "30000", "OTEL_EXPORTER_OTLP_COMPRESSION": "gzip",
+           "OTEL_EXPORTER_OTLP_METRICS_COMPRESSION": "none", "OTEL_EXPORTER_OTLP_CERTIFICATE": str(files["ca"]),
+           "OTEL_EXPORTER_OTLP_METRICS_CERTIFICATE": str(files["mca"]),
+           "OTEL_EXPORTER_OTLP_CLIENT_KEY": str(files["key"]),
+           "OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE": str(files["cert"]),
+           "OTEL_EXPORTER_OTLP_PROFILES_CLIENT_KEY": str(files["pkey"]),
+           "OTEL_EXPORTER_OTLP_PROFILES_CLIENT_CERTIFICATE": str(files["pcert"])}
+    cfg = _load([], env)
+    metrics, profiles = cfg.otlp.signal("metrics"), cfg.otlp.signal("profiles")
+    assert (metrics.timeout_s, profiles.timeout_s) == (2.5, 30.0)
+    assert (metrics.compression, profiles.compression) == ("none", "gzip")
+    assert (metrics.certificate, profiles.certificate) == (str(files["mca"]), str(files["ca"]))
+    assert (metrics.client_key, metrics.client_certificate) == (str(files["key"]), str(files["cert"]))
+    assert (profiles.client_key, profiles.client_certificate) == (str(files["pkey"]), str(files["pcert"]))
+    # a flag beats the variable (seconds there); the project's own variable beats the standard one
+    assert _load(["--otlp-metrics-timeout", "4"], env).otlp.signal("metrics").timeout_s == 4.0
+    assert _load([], {**env, "OTEL_GPU_OTLP_TIMEOUT": "3"}).otlp.signal("metrics").timeout_s == 3.0
+
+
+def test_http_json_is_refused_naming_the_variable_and_the_alternatives() -> None:
+    for name in ("OTEL_EXPORTER_OTLP_PROTOCOL", "OTEL_EXPORTER_OTLP_METRICS_PROTOCOL"):
+        result = _run("run", "--duration", "0.1", env={name: "http/json",
+                                                       "OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4318"})
+        assert result.returncode == 2, result.stderr
+        assert f"environment variable {name}" in result.stderr and "'http/json' is not supported" in result.stderr
+        assert "no OTLP/JSON exporter" in result.stderr and "'http/protobuf'" in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize(("name", "value", "expected"), [
+    ("OTEL_EXPORTER_OTLP_TIMEOUT", "ten", "'ten' is not a number of milliseconds"),
+    ("OTEL_EXPORTER_OTLP_METRICS_TIMEOUT", "-5", "must be 0 (unset) or between"),
+    ("OTEL_EXPORTER_OTLP_COMPRESSION", "brotli", "'brotli' is not allowed"),
+    ("OTEL_EXPORTER_OTLP_PROFILES_COMPRESSION", "zstd", "'zstd' is not allowed"),
+    ("OTEL_EXPORTER_OTLP_METRICS_CERTIFICATE", "/nonexistent/ca.pem", "is not a readable file"),
+    ("OTEL_EXPORTER_OTLP_CLIENT_KEY", "/nonexistent/key.pem", "is not a readable file"),
+])
+def test_invalid_otlp_variables_exit_2_naming_the_variable(name: str, value: str, expected: str) -> None:
+    result = _run("run", "--duration", "0.1", env={name: value})
+    assert result.returncode == 2, result.stderr
+    assert name in result.stderr and expected in result.stderr, result.stderr
+
+
+def test_a_client_key_needs_a_client_certificate(tmp_path: Path) -> None:
+    key = tmp_path / "key.pem"
+    key.write_text("PEM")
+    with pytest.raises(config.ConfigError) as caught:
+        _load([], {"OTEL_EXPORTER_OTLP_METRICS_CLIENT_KEY": str(key)})
+    assert len(caught.value.problems) == 1
+    assert "--otlp-metrics-client-certificate" in caught.value.problems[0]
+    assert "client key but no client certificate" in caught.value.problems[0]

@@ -9,6 +9,7 @@ encoders in :mod:`otel_gpu.profiles` and send it. Network exporters queue the en
 from __future__ import annotations
 
 import logging
+import ssl
 
 from otel_gpu.config import AgentConfig
 from otel_gpu.exporters.base import ProfileExporter, QueuedProfileExporter
@@ -31,26 +32,22 @@ def build_profile_exporters(config: AgentConfig) -> list[ProfileExporter]:
     exporters: list[ProfileExporter] = []
     otlp = config.otlp
     queue_max_bytes = config.output.queue_max_bytes
-    target = otlp.profiles_target()
-    if target is not None:
-        protocol, url = target
-        headers = otlp.headers_for("profiles")
-        if protocol == "grpc":
-            try:
+    settings = otlp.signal("profiles")
+    if settings.url:
+        tls = {"certificate": settings.certificate, "client_key": settings.client_key,
+               "client_certificate": settings.client_certificate}
+        try:
+            if settings.protocol == "grpc":
                 exporters.append(OTLPGrpcProfileExporter(
-                    url, headers=headers, insecure=otlp.insecure, certificate=otlp.certificate,
-                    compression=otlp.compression, timeout_s=otlp.timeout_s, queue_max_bytes=queue_max_bytes))
-            except OSError as exc:  # an unreadable --otlp-certificate
-                _logger.error("OTLP profiles export is off: cannot read the TLS certificate %s (--otlp-certificate):"
-                              " %s", otlp.certificate, exc)
-        else:
-            try:
+                    settings.url, headers=dict(settings.headers), insecure=settings.insecure, **tls,
+                    compression=settings.compression, timeout_s=settings.timeout_s, queue_max_bytes=queue_max_bytes))
+            else:
                 exporters.append(OTLPHttpProfileExporter(
-                    url, headers=headers, certificate=otlp.certificate, compression=otlp.compression,
-                    timeout_s=otlp.timeout_s, queue_max_bytes=queue_max_bytes))
-            except OSError as exc:
-                _logger.error("OTLP profiles export is off: cannot read the TLS certificate %s (--otlp-certificate):"
-                              " %s", otlp.certificate, exc)
+                    settings.url, headers=dict(settings.headers), **tls, compression=settings.compression,
+                    timeout_s=settings.timeout_s, queue_max_bytes=queue_max_bytes))
+        except (OSError, ssl.SSLError) as exc:  # a TLS file gone or unusable since validation
+            _logger.error("OTLP profiles export is off: cannot use the TLS files (--otlp-certificate, "
+                          "--otlp-client-key, --otlp-client-certificate): %s", exc)
     pyroscope = config.pyroscope
     if pyroscope.url:
         headers = pyroscope_headers(pyroscope.tenant_id, pyroscope.basic_auth_user, pyroscope.basic_auth_password)

@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""OTLP profiles over gRPC (``ProfilesService/Export``) and HTTP (``/v1development/profiles``, protobuf, gzip).
+"""OTLP profiles over gRPC (``ProfilesService/Export``) and HTTP (``/v1development/profiles``, protobuf).
 
 Retryable outcomes follow the OTLP specification: gRPC ``CANCELLED``, ``DEADLINE_EXCEEDED``,
 ``RESOURCE_EXHAUSTED``, ``ABORTED``, ``OUT_OF_RANGE``, ``UNAVAILABLE``, ``DATA_LOSS``; HTTP 429, 502, 503, 504 and
@@ -21,6 +21,7 @@ from pathlib import Path
 
 import grpc
 from google.protobuf.message import DecodeError
+from google.rpc import status_pb2
 from opentelemetry.proto.collector.profiles.v1development.profiles_service_pb2 import ExportProfilesServiceResponse
 
 from otel_gpu import __version__, selfmetrics, semconv
@@ -61,8 +62,9 @@ class OTLPGrpcProfileExporter(QueuedProfileExporter):
     """Sends ``ExportProfilesServiceRequest`` over gRPC; TLS unless the URL is http:// or ``insecure`` is set."""
 
     def __init__(self, endpoint: str, *, headers: Mapping[str, str] | None = None, insecure: bool = False,
-                 certificate: str = "", compression: str = "gzip", timeout_s: float = 10.0,
-                 queue_max_bytes: int = 64 << 20, backoff: Backoff | None = None, name: str = "otlp-grpc") -> None:
+                 certificate: str = "", client_key: str = "", client_certificate: str = "",
+                 compression: str = "none", timeout_s: float = 10.0, queue_max_bytes: int = 64 << 20,
+                 backoff: Backoff | None = None, name: str = "otlp-grpc") -> None:
         parsed = urllib.parse.urlparse(endpoint if "://" in endpoint else f"//{endpoint}")
         target = parsed.netloc or endpoint
         plaintext = parsed.scheme == "http" or (parsed.scheme == "" and insecure)
@@ -70,9 +72,10 @@ class OTLPGrpcProfileExporter(QueuedProfileExporter):
         if plaintext:
             self._channel = grpc.insecure_channel(target, options=options)
         else:
-            root = Path(certificate).read_bytes() if certificate else None
-            self._channel = grpc.secure_channel(target, grpc.ssl_channel_credentials(root_certificates=root),
-                                                options=options)
+            root, key, chain = (Path(name).read_bytes() if name else None
+                                for name in (certificate, client_key, client_certificate))
+            credentials = grpc.ssl_channel_credentials(root_certificates=root, private_key=key, certificate_chain=chain)
+            self._channel = grpc.secure_channel(target, credentials, options=options)
         self._call = self._channel.unary_unary(EXPORT_METHOD, request_serializer=None,
                                                response_deserializer=ExportProfilesServiceResponse.FromString)
         self._metadata = tuple((key.lower(), value) for key, value in (headers or {}).items())
@@ -103,11 +106,13 @@ class OTLPGrpcProfileExporter(QueuedProfileExporter):
 class HttpPoster:
     """POSTs one body to one URL; maps the answer to a :class:`SendResult`. Shared by OTLP/HTTP and Pyroscope."""
 
-    def __init__(self, headers: Mapping[str, str] | None = None, *, certificate: str = "",
-                 timeout_s: float = 10.0) -> None:
+    def __init__(self, headers: Mapping[str, str] | None = None, *, certificate: str = "", client_key: str = "",
+                 client_certificate: str = "", timeout_s: float = 10.0) -> None:
         self._headers = {"User-Agent": USER_AGENT, **(headers or {})}
         self._timeout_s = timeout_s
         self._ssl = ssl.create_default_context(cafile=certificate or None)
+        if client_certificate:  # mutual TLS
+            self._ssl.load_cert_chain(client_certificate, client_key or None)
 
     def post(self, url: str, body: bytes, headers: Mapping[str, str]) -> tuple[SendResult, bytes]:
         """(result, response body). Never raises for network or HTTP errors."""
@@ -116,7 +121,8 @@ class HttpPoster:
             with urllib.request.urlopen(request, timeout=self._timeout_s, context=self._ssl) as response:
                 return SendResult(Outcome.OK), response.read()
         except urllib.error.HTTPError as exc:
-            detail = f"HTTP {exc.code} from {url}: {_short(exc.read())}"
+            explained = describe_error_body(exc.read(), exc.headers.get("Content-Type", ""))
+            detail = f"HTTP {exc.code} from {url}: {explained}"
             if exc.code in RETRYABLE_HTTP_STATUSES:
                 return SendResult(Outcome.RETRY, detail, _retry_after_s(exc.headers.get("Retry-After"))), b""
             return SendResult(Outcome.FAIL, detail), b""
@@ -125,9 +131,29 @@ class HttpPoster:
             return SendResult(Outcome.RETRY, f"{url}: {reason}"), b""
 
 
-def _short(body: bytes, limit: int = 200) -> str:
-    text = body[:limit].decode("utf-8", "replace").strip()
-    return text or "(empty body)"
+def describe_error_body(body: bytes, content_type: str = "", limit: int = 200) -> str:
+    """An OTLP backend's error answer in words: a protobuf ``google.rpc.Status`` (what the OTLP/HTTP specification
+    says a failed request returns) as its code name, number and message; anything else (JSON, text, HTML) as a
+    short excerpt with unprintable characters escaped, so raw bytes never reach a log line."""
+    if not body:
+        return "(empty body)"
+    if "json" not in content_type and "text" not in content_type and "html" not in content_type:
+        status = status_pb2.Status()
+        try:
+            status.ParseFromString(body)
+        except DecodeError:
+            status = None  # type: ignore[assignment]
+        if status is not None and (status.code or status.message) and status.message.isprintable():
+            name = _GRPC_CODE_NAMES.get(status.code, "code")
+            message = status.message[:limit] if status.message else "(no message)"
+            return f"{name} ({status.code}): {message}"
+    text = body[:limit].decode("utf-8", "replace")
+    printable = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text).strip()
+    more = f" ... ({len(body)} bytes)" if len(body) > limit else ""
+    return (printable or "(empty body)") + more
+
+
+_GRPC_CODE_NAMES = {code.value[0]: code.name for code in grpc.StatusCode}
 
 
 def _retry_after_s(value: str | None) -> float:
@@ -138,14 +164,16 @@ def _retry_after_s(value: str | None) -> float:
 
 
 class OTLPHttpProfileExporter(QueuedProfileExporter):
-    """Sends protobuf ``ExportProfilesServiceRequest`` bodies (gzip unless ``compression='none'``) to ``url``."""
+    """Sends protobuf ``ExportProfilesServiceRequest`` bodies (gzipped when ``compression='gzip'``) to ``url``."""
 
     def __init__(self, url: str, *, headers: Mapping[str, str] | None = None, certificate: str = "",
-                 compression: str = "gzip", timeout_s: float = 10.0, queue_max_bytes: int = 64 << 20,
-                 backoff: Backoff | None = None, name: str = "otlp-http") -> None:
+                 client_key: str = "", client_certificate: str = "", compression: str = "none",
+                 timeout_s: float = 10.0, queue_max_bytes: int = 64 << 20, backoff: Backoff | None = None,
+                 name: str = "otlp-http") -> None:
         self.url = url
         self._gzip = compression == "gzip"
-        self._poster = HttpPoster(headers, certificate=certificate, timeout_s=timeout_s)
+        self._poster = HttpPoster(headers, certificate=certificate, client_key=client_key,
+                                  client_certificate=client_certificate, timeout_s=timeout_s)
         super().__init__(name, queue_max_bytes, backoff)
 
     def payloads(self, batch: ProfileBatch) -> list[Payload]:

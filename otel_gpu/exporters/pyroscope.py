@@ -43,6 +43,7 @@ def pyroscope_otlp_exporter(url: str, *, headers: Mapping[str, str], timeout_s: 
                             ) -> OTLPHttpProfileExporter:
     """OTLP/HTTP profiles to Pyroscope's own receiver (same wire as a Collector)."""
     return OTLPHttpProfileExporter(url.rstrip("/") + HTTP_PATH, headers=headers, timeout_s=timeout_s,
+                                   compression="gzip",  # Pyroscope's own receiver, not OTEL_EXPORTER_OTLP_*: as ever
                                    queue_max_bytes=queue_max_bytes, backoff=backoff, name="pyroscope-otlp")
 
 

@@ -191,44 +191,85 @@ def diagnose_connection(url: str, protocol: str, timeout_s: float) -> str:
 
 
 def build_otlp_exporter(otlp: OTLPConfig) -> tuple[MetricExporter, str, str] | None:
-    """(exporter, exporter name, URL) for ``otlp.metrics_target()``, or None when no OTLP backend is configured."""
-    target = otlp.metrics_target()
-    if target is None:
+    """(exporter, exporter name, URL) for ``otlp.signal("metrics")``, or None when no OTLP backend is configured
+    (or a TLS file cannot be read: logged and counted)."""
+    settings = otlp.signal(SIGNAL)
+    if not settings.url:
         return None
-    protocol, url = target
-    headers = otlp.headers_for(SIGNAL)
-    if protocol == "grpc":
+    url, headers = settings.url, dict(settings.headers)
+    if settings.protocol == "grpc":
         import grpc
         from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter as GRPCExporter
 
         scheme = urllib.parse.urlparse(url).scheme
-        insecure = scheme == "http" or (otlp.insecure and scheme != "https")
+        insecure = scheme == "http" or (settings.insecure and scheme != "https")
         credentials = None
         if not insecure:
             try:
-                root = Path(otlp.certificate).read_bytes() if otlp.certificate else None
+                root, key, chain = (Path(name).read_bytes() if name else None for name in (
+                    settings.certificate, settings.client_key, settings.client_certificate))
             except OSError as exc:
-                _logger.error("OTLP metrics export is off: cannot read the --otlp-certificate file %s (%s)",
-                              otlp.certificate, exc.strerror or exc)
+                _logger.error("OTLP metrics export is off: cannot read the TLS file %s (--otlp-certificate, "
+                              "--otlp-client-key, --otlp-client-certificate): %s", exc.filename,
+                              exc.strerror or exc)
                 selfmetrics.count(semconv.SELF_ERRORS.name, otel_gpu__source=semconv.Source.OTLP_METRICS,
                                   otel_gpu__reason=semconv.Reason.CERTIFICATE)
                 return None
-            credentials = grpc.ssl_channel_credentials(root_certificates=root)
-        compression = grpc.Compression.Gzip if otlp.compression == "gzip" else grpc.Compression.NoCompression
+            credentials = grpc.ssl_channel_credentials(root_certificates=root, private_key=key,
+                                                       certificate_chain=chain)
+        compression = grpc.Compression.Gzip if settings.compression == "gzip" else grpc.Compression.NoCompression
         exporter: MetricExporter = GRPCExporter(
             endpoint=url, insecure=insecure, credentials=credentials,
             headers={key.lower(): value for key, value in headers.items()},  # gRPC metadata keys are lowercase
-            timeout=otlp.timeout_s,
+            timeout=settings.timeout_s,
             compression=compression, preferred_temporality=CUMULATIVE_EVERYWHERE)
         return exporter, "otlp_grpc", url
     from opentelemetry.exporter.otlp.proto.http import Compression as HTTPCompression
-    from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter as HTTPExporter
 
-    exporter = HTTPExporter(
-        endpoint=url, certificate_file=otlp.certificate or None, headers=headers, timeout=otlp.timeout_s,
-        compression=HTTPCompression.Gzip if otlp.compression == "gzip" else HTTPCompression.NoCompression,
+    exporter = _http_exporter_class()(
+        endpoint=url, certificate_file=settings.certificate or None, client_key_file=settings.client_key or None,
+        client_certificate_file=settings.client_certificate or None, headers=headers, timeout=settings.timeout_s,
+        compression=HTTPCompression.Gzip if settings.compression == "gzip" else HTTPCompression.NoCompression,
         preferred_temporality=CUMULATIVE_EVERYWHERE)
     return exporter, "otlp_http", url
+
+
+def _http_exporter_class() -> type[MetricExporter]:
+    """The SDK's OTLP/HTTP metric exporter, which also keeps the backend's last error answer in words
+    (``last_error``: a ``google.rpc.Status`` decoded, see ``describe_error_body``); the SDK logs only the HTTP
+    reason phrase. The answer is read by a response hook of the exporter's own ``requests`` session."""
+    import requests
+    from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+
+    from otel_gpu.exporters.otlp_profiles import describe_error_body
+
+    class OwnTrustSession(requests.Session):
+        """requests replaces a session's CA file with REQUESTS_CA_BUNDLE or CURL_CA_BUNDLE when either is set (as
+        in many images), which would ignore --otlp-certificate; the session's own setting wins here."""
+
+        def merge_environment_settings(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+            settings: dict[str, Any] = super().merge_environment_settings(*args, **kwargs)
+            settings["verify"] = self.verify
+            return settings
+
+    class ExplainingHTTPMetricExporter(OTLPMetricExporter):
+        def __init__(self, **kwargs: Any) -> None:
+            self.last_error = ""
+            session = OwnTrustSession()
+            session.hooks["response"].append(self._record)
+            super().__init__(session=session, **kwargs)
+
+        def _record(self, response: requests.Response, *args: Any, **kwargs: Any) -> None:
+            if response.status_code >= 400:
+                self.last_error = (f"HTTP {response.status_code} from {response.url}: "
+                                   f"{describe_error_body(response.content, response.headers.get('Content-Type', ''))}")
+
+        def export(self, metrics_data: MetricsData, timeout_millis: float = 10_000,
+                   **kwargs: Any) -> MetricExportResult:
+            self.last_error = ""
+            return super().export(metrics_data, timeout_millis=timeout_millis, **kwargs)
+
+    return ExplainingHTTPMetricExporter
 
 
 class MetricsPipeline:
@@ -244,7 +285,8 @@ class MetricsPipeline:
         self._shutdown_lock = threading.Lock()
         self._closed = False
         interval_ms = config.metrics.export_interval_s * 1000.0
-        timeout_ms = config.otlp.timeout_s * 1000.0
+        self._timeout_s = config.otlp.signal(SIGNAL).timeout_s
+        timeout_ms = self._timeout_s * 1000.0
 
         # Shutdown runs the readers in this order: local outputs and the scrape endpoint first, so a slow last
         # export to a backend that is down cannot hold them up.
@@ -264,7 +306,7 @@ class MetricsPipeline:
             exporter, name, url = built
             protocol = "gRPC" if name == "otlp_grpc" else "HTTP/protobuf"
             self.exporters.append(CountingExporter(
-                exporter, name, url, lambda: diagnose_connection(url, protocol, config.otlp.timeout_s)))
+                exporter, name, url, lambda: diagnose_connection(url, protocol, self._timeout_s)))
         for counting in self.exporters:
             readers.append(PeriodicExportingMetricReader(counting, export_interval_millis=interval_ms,
                                                          export_timeout_millis=timeout_ms))
@@ -290,7 +332,7 @@ class MetricsPipeline:
                 return
             self._closed = True
         if timeout_s is None:
-            timeout_s = self.config.otlp.timeout_s + _SHUTDOWN_GRACE_S
+            timeout_s = self._timeout_s + _SHUTDOWN_GRACE_S
         try:
             self._provider.shutdown(timeout_millis=timeout_s * 1000.0)
         except Exception as exc:  # noqa: BLE001 - shutdown boundary: the HTTP server must still stop

@@ -40,8 +40,9 @@ def self_signed_certificate(directory: Path) -> tuple[Path, Path]:
 class GrpcProfilesReceiver(svc_grpc.ProfilesServiceServicer):
     """A real gRPC ProfilesService on 127.0.0.1; ``requests`` holds every decoded request received."""
 
-    def __init__(self, port: int = 0, tls: tuple[bytes, bytes] | None = None) -> None:
-        """``tls``: (PEM certificate chain, PEM private key) to serve TLS instead of plaintext."""
+    def __init__(self, port: int = 0, tls: tuple[bytes, bytes] | None = None, client_ca: bytes | None = None) -> None:
+        """``tls``: (PEM certificate chain, PEM private key) to serve TLS instead of plaintext; ``client_ca``: PEM
+        certificates a client must present a certificate of (mutual TLS)."""
         self.requests: list[svc.ExportProfilesServiceRequest] = []
         self.metadata: list[dict[str, str]] = []
         self.fail_next: deque[grpc.StatusCode] = deque()
@@ -53,7 +54,8 @@ class GrpcProfilesReceiver(svc_grpc.ProfilesServiceServicer):
         if tls is None:
             self.port = self._server.add_insecure_port(f"127.0.0.1:{port}")
         else:
-            credentials = grpc.ssl_server_credentials([(tls[1], tls[0])])
+            credentials = grpc.ssl_server_credentials([(tls[1], tls[0])], root_certificates=client_ca,
+                                                      require_client_auth=client_ca is not None)
             self.port = self._server.add_secure_port(f"127.0.0.1:{port}", credentials)
         assert self.port, f"could not bind 127.0.0.1:{port}"
 
@@ -103,8 +105,10 @@ class HttpReceiver:
     requests: list[HttpRequestRecord] = field(default_factory=list)
     fail_next: deque[tuple[int, dict[str, str]]] = field(default_factory=deque)
     response_body: bytes = b""
+    fail_body: tuple[bytes, str] = (b"nope", "text/plain")  # the body and content type of a failure answer
     attempts: int = 0
     tls: tuple[str, str] | None = None  # (certificate file, key file) to serve HTTPS
+    client_ca: str | None = None  # a PEM file: HTTPS then requires a client certificate it signed (mutual TLS)
 
     def __post_init__(self) -> None:
         receiver = self
@@ -121,9 +125,11 @@ class HttpReceiver:
                     self.send_response(status)
                     for key, value in headers.items():
                         self.send_header(key, value)
-                    self.send_header("Content-Length", "4")
+                    body, content_type = receiver.fail_body
+                    self.send_header("Content-Type", content_type)
+                    self.send_header("Content-Length", str(len(body)))
                     self.end_headers()
-                    self.wfile.write(b"nope")
+                    self.wfile.write(body)
                     return
                 with receiver._cond:
                     receiver.requests.append(HttpRequestRecord(
@@ -142,6 +148,9 @@ class HttpReceiver:
         if self.tls is not None:
             context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
             context.load_cert_chain(*self.tls)
+            if self.client_ca is not None:
+                context.verify_mode = ssl.CERT_REQUIRED
+                context.load_verify_locations(cafile=self.client_ca)
             self._server.socket = context.wrap_socket(self._server.socket, server_side=True)
         self.port = int(self._server.server_address[1])
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)

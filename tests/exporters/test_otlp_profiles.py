@@ -10,6 +10,7 @@ from pathlib import Path
 
 import grpc
 import pytest
+from google.rpc import status_pb2
 from opentelemetry.proto.collector.profiles.v1development import profiles_service_pb2 as svc
 
 from otel_gpu import selfmetrics, semconv
@@ -132,10 +133,11 @@ def test_grpc_partial_success_is_counted() -> None:
     assert _dropped("rejected") == 2
 
 
-def test_http_export_is_gzipped_protobuf_on_the_profiles_path() -> None:
+def test_http_export_is_gzipped_protobuf_on_the_profiles_path_when_asked() -> None:
     receiver = HttpReceiver().start()
     url = f"http://127.0.0.1:{receiver.port}/v1development/profiles"
-    exporter = OTLPHttpProfileExporter(url, headers={"Authorization": "Bearer t0k"}, backoff=FAST)
+    exporter = OTLPHttpProfileExporter(url, headers={"Authorization": "Bearer t0k"}, compression="gzip",
+                                       backoff=FAST)
     try:
         exporter.export(batches.cpu_batch(frequency_hz=100))
         assert receiver.wait_for(1)
@@ -152,10 +154,9 @@ def test_http_export_is_gzipped_protobuf_on_the_profiles_path() -> None:
     assert profile_type_ids(request) == ["process_cpu:cpu:nanoseconds:cpu:nanoseconds"] * 2
 
 
-def test_http_uncompressed_when_asked() -> None:
+def test_http_uncompressed_by_default() -> None:
     receiver = HttpReceiver().start()
-    exporter = OTLPHttpProfileExporter(f"http://127.0.0.1:{receiver.port}/v1development/profiles",
-                                       compression="none", backoff=FAST)
+    exporter = OTLPHttpProfileExporter(f"http://127.0.0.1:{receiver.port}/v1development/profiles", backoff=FAST)
     try:
         exporter.export(batches.cpu_batch())
         assert receiver.wait_for(1)
@@ -182,6 +183,28 @@ def test_http_503_and_429_are_retried_400_is_dropped() -> None:
     assert _dropped("rejected") == 1
     request = svc.ExportProfilesServiceRequest.FromString(receiver.requests[0].decoded_body())
     assert profile_type_ids(request) == ["gpu:gpu_time:nanoseconds:gpu:nanoseconds"]
+
+
+@pytest.mark.parametrize(("body", "content_type", "expected"), [
+    (status_pb2.Status(code=3, message="profile has no sample type").SerializeToString(), "application/x-protobuf",
+     "HTTP 400 from http://127.0.0.1:{port}/v1development/profiles: INVALID_ARGUMENT (3): profile has no sample type"),
+    (b'{"code": 3, "message": "bad"}', "application/json", '{"code": 3, "message": "bad"}'),
+    (b"\x00\xffbinary" + b"x" * 500, "application/octet-stream", "\\x00\ufffdbinary"),
+], ids=["rpc-status", "json", "binary"])
+def test_http_error_bodies_are_logged_in_words(body: bytes, content_type: str, expected: str,
+                                               caplog: pytest.LogCaptureFixture) -> None:
+    receiver = HttpReceiver(fail_body=(body, content_type)).start()
+    receiver.fail_next.append((400, {}))
+    exporter = OTLPHttpProfileExporter(f"http://127.0.0.1:{receiver.port}/v1development/profiles", backoff=FAST)
+    try:
+        exporter.export(batches.cpu_batch())
+        assert _eventually(lambda: _dropped("rejected") == 1)
+    finally:
+        exporter.shutdown(5.0)
+        receiver.stop()
+    refused = [r.getMessage() for r in caplog.records if "refused a payload" in r.getMessage()]
+    assert len(refused) == 1 and expected.replace("{port}", str(receiver.port)) in refused[0], refused
+    assert len(refused[0]) < 400  # an excerpt, not the whole body
 
 
 def test_http_backend_down_then_up() -> None:
@@ -229,6 +252,40 @@ def test_http_tls_with_the_configured_ca_certificate(tmp_path: Path) -> None:
         exporter.shutdown(5.0)
         receiver.stop()
     assert len(svc.ExportProfilesServiceRequest.FromString(receiver.requests[0].decoded_body()).resource_profiles) == 2
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])
+def test_mutual_tls_from_the_per_signal_variables(tmp_path: Path, protocol: str) -> None:
+    """The server requires a client certificate: the profiles exporter built from OTEL_EXPORTER_OTLP_PROFILES_CLIENT_*
+    presents it (and without one nothing arrives)."""
+    from otel_gpu import config as config_module
+    from otel_gpu.exporters import build_profile_exporters
+
+    cert, key = self_signed_certificate(tmp_path)
+    (tmp_path / "client").mkdir()
+    client_cert, client_key = self_signed_certificate(tmp_path / "client")
+    if protocol == "grpc":
+        receiver = GrpcProfilesReceiver(tls=(cert.read_bytes(), key.read_bytes()),
+                                        client_ca=client_cert.read_bytes()).start()
+    else:
+        receiver = HttpReceiver(tls=(str(cert), str(key)), client_ca=str(client_cert)).start()  # type: ignore[assignment]
+    base = {"OTEL_EXPORTER_OTLP_ENDPOINT": f"https://127.0.0.1:{receiver.port}",
+            "OTEL_EXPORTER_OTLP_PROTOCOL": protocol, "OTEL_EXPORTER_OTLP_CERTIFICATE": str(cert),
+            "OTEL_GPU_OUTPUT_FILES": "off", "OTEL_GPU_OUTPUT_CONSOLE": "off"}
+    mutual = {"OTEL_EXPORTER_OTLP_PROFILES_CLIENT_KEY": str(client_key),
+              "OTEL_EXPORTER_OTLP_PROFILES_CLIENT_CERTIFICATE": str(client_cert)}
+    try:
+        without, = build_profile_exporters(config_module.load(None, base))
+        without.export(batches.cpu_batch())
+        assert _eventually(lambda: _failures(without.name) >= 1)
+        without.shutdown(0.5)
+        assert receiver.requests == []
+        exporter, = build_profile_exporters(config_module.load(None, {**base, **mutual}))
+        exporter.export(batches.cpu_batch())
+        assert receiver.wait_for(1)
+        exporter.shutdown(5.0)
+    finally:
+        receiver.stop()
 
 
 def test_tls_without_the_ca_certificate_is_not_delivered(tmp_path: Path) -> None:

@@ -157,6 +157,28 @@ def test_otlp_http_sends_headers_and_compression(compression: str) -> None:
     assert semconv.GPU_MEMORY_USAGE.name in names
 
 
+def test_an_http_backend_s_rpc_status_is_logged_in_words(caplog: pytest.LogCaptureFixture) -> None:
+    from google.rpc import status_pb2
+
+    from tests.exporters.receivers import HttpReceiver
+
+    receiver = HttpReceiver(fail_body=(status_pb2.Status(code=3, message="metric name is too long").SerializeToString(),
+                                       "application/x-protobuf")).start()
+    receiver.fail_next.extend([(400, {})] * 1000)
+    url = f"http://127.0.0.1:{receiver.port}/v1/metrics"
+    config = AgentConfig(otlp=OTLPConfig(metrics_endpoint=url, protocol="http/protobuf"),
+                         metrics=MetricsConfig(export_interval_s=0.2), output=QUIET)
+    pipeline = MetricsPipeline(config, RESOURCE)
+    try:
+        SimReadings(pipeline.meter("otel_gpu.gpu"), gpus=1)
+        wait_until(lambda: any("is failing" in r.getMessage() for r in caplog.records), 20, "a failure line")
+    finally:
+        pipeline.shutdown()
+        receiver.stop()
+    failing = [r.getMessage() for r in caplog.records if "is failing" in r.getMessage()]
+    assert f"(HTTP 400 from {url}: INVALID_ARGUMENT (3): metric name is too long)" in failing[0], failing
+
+
 def test_otlp_grpc_over_tls_trusts_the_configured_certificate(tmp_path: Path) -> None:
     key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
     subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=localhost",
@@ -174,6 +196,44 @@ def test_otlp_grpc_over_tls_trusts_the_configured_certificate(tmp_path: Path) ->
     finally:
         pipeline.shutdown()
         server.stop(0)
+    assert selfmetrics.total(semconv.SELF_EXPORT_FAILURES.name) == 0
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])
+def test_mutual_tls_and_timeout_from_the_per_signal_variables(tmp_path: Path, protocol: str) -> None:
+    """A backend that requires a client certificate gets the one OTEL_EXPORTER_OTLP_METRICS_CLIENT_* names."""
+    from otel_gpu import config as config_module
+    from tests.exporters.receivers import HttpReceiver, self_signed_certificate
+
+    cert, key = self_signed_certificate(tmp_path)
+    (tmp_path / "client").mkdir()
+    client_cert, client_key = self_signed_certificate(tmp_path / "client")
+    environ = {"OTEL_EXPORTER_OTLP_PROTOCOL": protocol, "OTEL_EXPORTER_OTLP_CERTIFICATE": str(cert),
+               "OTEL_EXPORTER_OTLP_METRICS_CLIENT_KEY": str(client_key),
+               "OTEL_EXPORTER_OTLP_METRICS_CLIENT_CERTIFICATE": str(client_cert),
+               "OTEL_EXPORTER_OTLP_TIMEOUT": "1000", "OTEL_EXPORTER_OTLP_METRICS_TIMEOUT": "7000",
+               "OTEL_GPU_METRICS_EXPORT_INTERVAL": "0.2", "OTEL_GPU_OUTPUT_FILES": "off",
+               "OTEL_GPU_OUTPUT_CONSOLE": "off"}
+    if protocol == "grpc":
+        port = free_port()
+        server, receiver = _serve(port, grpc.ssl_server_credentials(
+            [(key.read_bytes(), cert.read_bytes())], root_certificates=client_cert.read_bytes(),
+            require_client_auth=True))
+        stop, arrived = (lambda: server.stop(0)), (lambda: receiver.points(semconv.GPU_UTILIZATION.name))
+        environ["OTEL_EXPORTER_OTLP_ENDPOINT"] = f"https://localhost:{port}"
+    else:
+        http_receiver = HttpReceiver(tls=(str(cert), str(key)), client_ca=str(client_cert)).start()
+        stop, arrived = http_receiver.stop, (lambda: http_receiver.requests)
+        environ["OTEL_EXPORTER_OTLP_ENDPOINT"] = f"https://localhost:{http_receiver.port}"
+    config = config_module.load(None, environ)
+    assert config.otlp.signal("metrics").timeout_s == 7.0 and config.otlp.signal("profiles").timeout_s == 1.0
+    pipeline = MetricsPipeline(config, RESOURCE)
+    try:
+        SimReadings(pipeline.meter("otel_gpu.gpu"), gpus=1)
+        wait_until(arrived, 20, "an export over mutual TLS")
+    finally:
+        pipeline.shutdown()
+        stop()
     assert selfmetrics.total(semconv.SELF_EXPORT_FAILURES.name) == 0
 
 
