@@ -1063,7 +1063,7 @@ def test_windows_weigh_the_time_outside_them_at_the_pace_the_program_keeps_there
     every step, so it runs about a third slower inside windows: weighted by time alone, windows miss the steps they
     slowed down. The waits the library counts inside windows and inside the gaps' shadow windows measure that pace,
     and WindowWeights puts the missing work back."""
-    run = run_workload(injected_lib, tmp_path, [str(WORKLOAD), "--steps", "1200", "--graph-every", "0"],
+    run = run_workload(injected_lib, tmp_path, [str(WORKLOAD), "--steps", "2400", "--graph-every", "0"],
                        extra_env={"FAKE_CUPTI_TRACE_COST_US": "800", "OTEL_GPU_OVERHEAD_BUDGET": "0.1"})
     windows = run.records.windows
     last = windows[-1]
