@@ -1,9 +1,13 @@
 # SPDX-License-Identifier: Apache-2.0
 """GPUTimeProbes: the kernel side of GPU-time profiling, from loading the eBPF program to decoded records.
 
-It loads ebpf/programs/gpu_time.bpf.o, attaches its four USDT handlers system-wide to each distinct copy of
-libotel_gpu_inject.so it finds mapped (new processes every ``rescan_interval_s``, every process again every
-``full_rescan_s``, for those that initialise CUDA late), reads the ring buffer on a thread every ``poll_interval_s``
+It loads ebpf/programs/gpu_time.bpf.o and attaches its four USDT handlers system-wide (pid -1: by file) to each
+distinct copy of libotel_gpu_inject.so. The files it knows of - the packaged library that ``otel-gpu inject`` names,
+and ``library_paths`` - are attached at once, before any process maps them: the kernel then sets the semaphores and
+places the probes in every process that loads such a file, from its first mapping, so a new process is profiled from
+its CUDA initialisation with no scan at all. Other copies (containers, other paths) are found by scanning /proc (new
+processes every ``rescan_interval_s``, every process again every ``full_rescan_s``, for those that initialise CUDA
+late) and counted as late attaches. It reads the ring buffer on a thread every ``poll_interval_s``
 (the program wakes it early only when a quarter of the buffer is used) and hands each decoded record to
 ``on_record``. What the records mean is :mod:`otel_gpu.cuda.accounting`'s job.
 """
@@ -50,7 +54,8 @@ class GPUTimeProbes:
     def __init__(self, on_record: Callable[[abi.Record], None], on_processes: Callable[[Iterable[int]], None], *,
                  proc_root: str = "/proc", program_path: str | os.PathLike[str] = PROGRAM_PATH,
                  ringbuf_bytes: int = 4 << 20, poll_interval_s: float = 0.1, rescan_interval_s: float = 2.0,
-                 full_rescan_s: float = 10.0, library_name: str = LIBRARY_NAME) -> None:
+                 full_rescan_s: float = 10.0, library_name: str = LIBRARY_NAME,
+                 library_paths: Iterable[str | os.PathLike[str]] | None = None) -> None:
         self._on_record = on_record
         self._on_processes = on_processes
         self._proc_root = proc_root
@@ -60,6 +65,8 @@ class GPUTimeProbes:
         self._rescan_interval_s = rescan_interval_s
         self._full_rescan_s = full_rescan_s
         self._library_name = library_name
+        # None: the packaged library, when built
+        self._library_paths = [Path(p) for p in library_paths] if library_paths is not None else _packaged()
         self._checked: dict[int, float] = {}  # pid -> when its maps were last read (monotonic s)
         self._last_scan = 0.0
         self._ring_lock = threading.Lock()  # libbpf's ring buffer has one consumer at a time
@@ -69,6 +76,7 @@ class GPUTimeProbes:
         self._ring: RingBuffer | None = None
         self._attached: dict[tuple[int, int], InjectedLibrary] = {}
         self._failed: set[tuple[int, int]] = set()
+        self.late_attaches = 0  # library files attached only after a process had mapped them
         self.decode_errors = 0  # guarded by _ring_lock: records are decoded while the ring buffer is consumed
 
     # --- lifecycle -------------------------------------------------------------------------------------------------
@@ -96,8 +104,9 @@ class GPUTimeProbes:
                 self._bpf = None
             raise SourceUnavailable(f"GPU-time profiling could not load its eBPF program (needs root, or "
                                     f"CAP_BPF+CAP_PERFMON): {exc}") from exc
+        self._attach_known()
         self.rescan()
-        if not self._attached:
+        if not any(library.pid for library in self._attached.values()):
             _logger.info("GPU-time profiling is waiting: no process has %s loaded; %s", self._library_name,
                          _HOW_TO.format(path=_library_hint()))
         self._thread = threading.Thread(target=self._run, name="otel-gpu-gpu-time", daemon=True)
@@ -122,6 +131,35 @@ class GPUTimeProbes:
 
     # --- discovery -------------------------------------------------------------------------------------------------
 
+    def _attach_known(self) -> None:
+        """Attach to the library files named up front, whether or not a process maps them yet."""
+        for path in self._library_paths:
+            try:
+                st = path.stat()
+            except OSError as exc:
+                _logger.warning("GPU-time profiling cannot read %s (%s); processes that load it are found by scanning "
+                                "/proc instead", path, exc)
+                continue
+            library = InjectedLibrary(st.st_dev, st.st_ino, str(path), str(path), 0)
+            if self._attach(library):
+                _logger.info("GPU-time profiling attached to %s: processes that load it are profiled from their start",
+                             path)
+
+    def _attach(self, library: InjectedLibrary) -> bool:
+        key = (library.device, library.inode)
+        if key in self._attached or key in self._failed or self._bpf is None:
+            return False
+        try:
+            for program, probe in PROBES:
+                self._bpf.attach_usdt(program, library.host_path, "otel_gpu", probe)
+        except OSError as exc:
+            self._failed.add(key)
+            _logger.warning("GPU-time profiling cannot attach to %s (pid %d): %s", library.path, library.pid, exc)
+            selfmetrics.count(semconv.SELF_ERRORS.name, otel_gpu__source=SOURCE, otel_gpu__reason=semconv.Reason.ATTACH)
+            return False
+        self._attached[key] = library
+        return True
+
     def rescan(self) -> list[InjectedLibrary]:
         """Attach to library files not seen before; returns the newly attached ones."""
         now = self._last_scan = time.monotonic()
@@ -135,20 +173,12 @@ class GPUTimeProbes:
         self._checked.update({pid: now for pid in checked})
         self._on_processes(pids)
         added: list[InjectedLibrary] = []
-        for key, library in libraries.items():
-            if key in self._attached or key in self._failed or self._bpf is None:
+        for library in libraries.values():
+            if not self._attach(library):
                 continue
-            try:
-                for program, probe in PROBES:
-                    self._bpf.attach_usdt(program, library.host_path, "otel_gpu", probe)
-            except OSError as exc:
-                self._failed.add(key)
-                _logger.warning("GPU-time profiling cannot attach to %s (pid %d): %s", library.path, library.pid, exc)
-                selfmetrics.count(semconv.SELF_ERRORS.name, otel_gpu__source=SOURCE,
-                                  otel_gpu__reason=semconv.Reason.ATTACH)
-                continue
-            self._attached[key] = library
             added.append(library)
+            # the process ran with the library before the agent attached: what it did until now is not profiled
+            self.late_attaches += 1
             _logger.info("GPU-time profiling attached to %s (first seen in pid %d)", library.path, library.pid)
         return added
 
@@ -207,6 +237,13 @@ class GPUTimeProbes:
 
     def _alive(self, pid: int) -> bool:
         return os.path.exists(f"{self._proc_root}/{pid}")
+
+
+def _packaged() -> list[Path]:
+    from otel_gpu.cuda.inject import library_path
+
+    path = library_path()
+    return [path] if path is not None else []
 
 
 def _library_hint() -> str:

@@ -501,6 +501,13 @@ static void *controller_main(void *arg)
 int window_start(void)
 {
     ctl.fraction = fraction_for_budget(g_settings.overhead_budget, PRIOR_SLOWDOWN);
+    /* An agent attached to this library file before the process loaded it (the kernel set the semaphores when the
+     * file was mapped): take CUPTI here, before cuInit returns, so that the program's first waits are seen and its
+     * first windows follow; otherwise the controller looks every POLL_NS. */
+    pthread_mutex_lock(&ctl_lock);
+    if (agent_present())
+        (void)attach_locked();
+    pthread_mutex_unlock(&ctl_lock);
     pthread_attr_t attr;
     pthread_attr_init(&attr);
     pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
