@@ -475,7 +475,10 @@ def test_every_wait_is_recorded_with_its_blocked_time(c_run: Run) -> None:
 
 
 def test_waits_missed_while_cupti_is_taken_again_after_a_finalize(injected_lib: Path, tmp_path: Path) -> None:
-    run = run_workload(injected_lib, tmp_path, [str(WORKLOAD), "--steps", "400", "--graph-every", "0"])
+    # no graph at all (--graph-from past the end): the library, attached from cuInit on, sees the one the workload
+    # otherwise instantiates in its setup, and a process with graphs is never finalized
+    argv = [str(WORKLOAD), "--steps", "400", "--graph-every", "0", "--graph-from", "100000"]
+    run = run_workload(injected_lib, tmp_path, argv)
     missed = _waits_missed(run)
     # Without graphs CUPTI is finalized after a window's linger, at a synchronize's exit, and taken again at once: a
     # wait that begins before it is taken again goes unseen (here the next step's blocking copy or event wait,
