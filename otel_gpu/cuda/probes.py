@@ -134,6 +134,8 @@ class GPUTimeProbes:
     def _attach_known(self) -> None:
         """Attach to the library files named up front, whether or not a process maps them yet."""
         for path in self._library_paths:
+            if not path.name.startswith(self._library_name):
+                continue
             try:
                 st = path.stat()
             except OSError as exc:
@@ -141,9 +143,9 @@ class GPUTimeProbes:
                                 "/proc instead", path, exc)
                 continue
             library = InjectedLibrary(st.st_dev, st.st_ino, str(path), str(path), 0)
-            if self._attach(library):
-                _logger.info("GPU-time profiling attached to %s: processes that load it are profiled from their start",
-                             path)
+            if self._attach(library):  # the waiting line at open names the path already
+                _logger.debug("GPU-time profiling attached to %s: processes that load it are profiled from their "
+                              "start", path)
 
     def _attach(self, library: InjectedLibrary) -> bool:
         key = (library.device, library.inode)
