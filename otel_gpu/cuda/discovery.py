@@ -22,7 +22,7 @@ class InjectedLibrary:
     inode: int
     host_path: str  # e.g. /proc/1234/root/opt/otel-gpu/libotel_gpu_inject.so
     path: str  # the path inside the process's mount namespace
-    pid: int
+    pid: int  # 0: a file the agent attached to before any process mapped it (GPUTimeProbes.library_paths)
 
 
 def scan(proc_root: str = "/proc", library_name: str = LIBRARY_NAME, exclude_pids: frozenset[int] = frozenset(),
