@@ -26,6 +26,7 @@ import logging
 import os
 import resource
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from typing import NamedTuple
@@ -53,6 +54,7 @@ class _Resolved(NamedTuple):
     entry: MapEntry | None  # the mapping of /proc/PID/maps it falls in
     mapping: Mapping | None  # the profile's mapping (file-backed or the vDSO)
     file_offset: int  # -1: none
+    deferred: bool = False  # its file was not read (the call's deadline had passed): not cached, named file+offset
 
 _EVICTED = object()  # a file key no longer in the cache
 
@@ -101,6 +103,7 @@ class Symbolizer:
         self._max_files = max(1, min(max_files, _descriptor_budget()))  # each cached file holds one descriptor
         self._max_symbol_bytes = max_symbol_bytes
         self._symbol_bytes = 0
+        self.evictions = 0  # ELF files dropped from the cache to stay within max_files and max_symbol_bytes
         self._unsymbolized = 0  # frames in a known file without a symbol, counted per call into selfmetrics
         self._vdso: ElfSymbols | None = None
         self._vdso_read = False
@@ -108,6 +111,7 @@ class Symbolizer:
         self._processes: OrderedDict[int, _Process] = OrderedDict()
         self._demangler = Demangler()
         self._lock = threading.RLock()
+        self._deadline: float | None = None  # monotonic s; set during user_stacks(deadline=...): no new file after it
 
     # --- processes -------------------------------------------------------------------------------------------------
 
@@ -160,8 +164,22 @@ class Symbolizer:
 
     # --- stacks ----------------------------------------------------------------------------------------------------
 
-    def user_stacks(self, pid: int, stacks: Sequence[Sequence[int]]) -> list[tuple[Frame, ...]]:
-        """Frames (leaf first) for each stack of user addresses (leaf first) of process ``pid``."""
+    def user_stacks(self, pid: int, stacks: Sequence[Sequence[int]],
+                    deadline: float | None = None) -> list[tuple[Frame, ...]]:
+        """Frames (leaf first) for each stack of user addresses (leaf first) of process ``pid``.
+
+        ``deadline`` (``time.monotonic()`` seconds) bounds the one slow step: reading a file's symbol table (0.3 s
+        for a 150 MB library). Past it, a frame in a file not yet read is named ``file+0xOFFSET`` with its mapping and
+        address (symbolizable off the node), counted as ``symbols_deferred``, and not remembered: the next call that
+        has time reads the file and names it."""
+        with self._lock:
+            self._deadline = deadline
+            try:
+                return self._user_stacks(pid, stacks)
+            finally:
+                self._deadline = None
+
+    def _user_stacks(self, pid: int, stacks: Sequence[Sequence[int]]) -> list[tuple[Frame, ...]]:
         with self._lock:
             process = self._processes.get(pid)
             if process is None:
@@ -188,11 +206,17 @@ class Symbolizer:
             self._demangler.prepare(names)
             out = []
             unsymbolized_before = self._unsymbolized
+            deferred = 0
             for resolved in raw:
                 frames = []
-                for address, leaf, name, entry, mapping, file_offset in resolved:
+                for address, leaf, name, entry, mapping, file_offset, later in resolved:
                     frame = process.frames.get((address, leaf))
-                    if frame is None:
+                    if frame is None and later:
+                        deferred += 1
+                        assert mapping is not None  # a deferred frame is always in a file
+                        frame = Frame(f"{os.path.basename(mapping.path)}+0x{file_offset:x}", FrameKind.NATIVE,
+                                      address, mapping)
+                    elif frame is None:
                         frame = self._frame(process, address, name, entry, mapping, file_offset)
                         process.frames[(address, leaf)] = frame
                     frames.append(frame)
@@ -200,6 +224,9 @@ class Symbolizer:
             if self._unsymbolized != unsymbolized_before:
                 selfmetrics.count(semconv.SELF_ERRORS.name, self._unsymbolized - unsymbolized_before,
                                   otel_gpu__source=SOURCE, otel_gpu__reason=semconv.Reason.NO_SYMBOL)
+            if deferred:
+                selfmetrics.count(semconv.SELF_ERRORS.name, deferred, otel_gpu__source=SOURCE,
+                                  otel_gpu__reason=semconv.Reason.SYMBOLS_DEFERRED)
             return out
 
     def load_kernel_symbols(self) -> bool:
@@ -252,8 +279,11 @@ class Symbolizer:
         if entry is None or not entry.file_backed:
             name = self._perf_map_name(process, address)
             return _Resolved(address, leaf, name or "", entry, None, -1)
-        elf, mapping = self._file_for(process, entry)
         file_offset = address - entry.start + entry.offset
+        if self._past_deadline() and not self._file_cached(process, entry):
+            mapping = Mapping(entry.start, entry.end, entry.offset, _exported(entry.path), "")
+            return _Resolved(address, leaf, "", entry, mapping, file_offset, deferred=True)
+        elf, mapping = self._file_for(process, entry)
         if elf is not None:
             lookup_offset = file_offset if leaf else file_offset - 1
             vaddr = elf.vaddr_of(lookup_offset)
@@ -285,6 +315,14 @@ class Symbolizer:
             return Frame(self._demangler.demangle(name), kind, address, system_name=name)
         label = _exported(entry.path) if entry is not None and entry.path else "unknown"
         return Frame(f"[{label.strip('[]')}] 0x{address:x}", FrameKind.NATIVE, address)
+
+    def _past_deadline(self) -> bool:
+        return self._deadline is not None and time.monotonic() >= self._deadline
+
+    def _file_cached(self, process: _Process, entry: MapEntry) -> bool:
+        """True when ``entry``'s file needs no reading: known unreadable, or its symbols are in the cache."""
+        known = process.files.get(entry.start)
+        return known is not None and (known[0] is None or known[0] in self._files)
 
     def _file_for(self, process: _Process, entry: MapEntry) -> tuple[ElfSymbols | None, Mapping]:
         known = process.files.get(entry.start)
@@ -350,6 +388,9 @@ class Symbolizer:
             _, dropped = self._files.popitem(last=False)
             if dropped is not None:
                 self._symbol_bytes -= dropped.size_bytes
+                self.evictions += 1
+                selfmetrics.count(semconv.SELF_ERRORS.name, otel_gpu__source=SOURCE,
+                                  otel_gpu__reason=semconv.Reason.SYMBOL_FILE_EVICTED)
 
     def _add_debug_symbols(self, elf: ElfSymbols) -> None:
         for folder in self._debug_dirs:
