@@ -45,7 +45,8 @@ SOURCES = {"nvml": ("--no-cpu-profiling", "--no-gpu-time-profiling"),
            "all": ()}
 # short-lived processes of the busy node: a dozen executables, each run with arguments that end at once
 CHURN = [["/bin/true"], ["/bin/ls", "/"], ["/bin/cat", "/proc/self/stat"], ["/bin/date"], ["/bin/uname", "-a"],
-         ["/bin/sed", "-n", "1p", "/etc/passwd"], ["/usr/bin/id"], ["/usr/bin/env"], ["/bin/grep", "-c", "x", "/etc/passwd"],
+         ["/bin/sed", "-n", "1p", "/etc/passwd"], ["/usr/bin/id"], ["/usr/bin/env"],
+         ["/bin/grep", "-c", "x", "/etc/passwd"],
          ["/usr/bin/sort", "/etc/passwd"], ["/usr/bin/awk", "BEGIN{for(i=0;i<20000;i++)s+=i}"],
          [sys.executable, "-c", "sum(range(200000))"]]
 RUSTC = [p for p in (Path.home() / ".rustup/toolchains").glob("*/bin/rustc")] if (Path.home() / ".rustup").exists() \
@@ -83,7 +84,8 @@ def scenario(name: str) -> Iterator[dict[str, float]]:
     churner = None
     try:
         if name in ("busy", "node"):
-            started += [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(os.cpu_count() or 1)]
+            busy = [sys.executable, "-c", "while True: pass"]
+            started += [subprocess.Popen(busy) for _ in range(os.cpu_count() or 1)]
         if name == "node":
             started += [subprocess.Popen(["/bin/sleep", "3600"]) for _ in range(300)]
             for lib in LARGE_LIBS:
@@ -211,7 +213,8 @@ def main() -> int:
         cpu_target, mb_target = TARGETS[str(row["scenario"])]
         longest = row["longest_interval_s"]
         print(f"{row['scenario']:>8} {row['source']:>8} | {row['steady_cpu_percent']:>12.2f} {cpu_target:>6g} | "
-              f"{row['peak_rss_mb']:>7.1f} {mb_target:>6g} | {row['startup_cpu_s']:>11.2f} {row['startup_wall_s']:>7.2f} | "
+              f"{row['peak_rss_mb']:>7.1f} {mb_target:>6g} | "
+              f"{row['startup_cpu_s']:>11.2f} {row['startup_wall_s']:>7.2f} | "
               f"{row['duration_s']:>6.2f} {seconds:>5g} | {longest if longest is not None else '-':>17}")
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))
