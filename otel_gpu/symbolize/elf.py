@@ -14,14 +14,14 @@ its process exits; the descriptor is closed when the object is garbage or :meth:
 from __future__ import annotations
 
 import bisect
-import itertools
+import heapq
 import os
 import stat
 import struct
 import weakref
 from array import array
 from collections import OrderedDict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from operator import itemgetter
 
@@ -266,24 +266,18 @@ class ElfSymbols:
                      and name_off < str_size]
             found.sort(key=_get_first)
             begin = len(starts)
-            starts.extend([value for value, _size, _name in found])
-            sizes.extend([min(sym_size, _MAX_SIZE) for _value, sym_size, _name in found])
-            name_at.extend([name for _value, _size, name in found])
+            for value, sym_size, name in found:
+                starts.append(value)
+                sizes.append(min(sym_size, _MAX_SIZE))
+                name_at.append(name)
             if found:
                 runs.append((begin, len(starts)))
         return position - offset
 
     def _store(self, starts: array[int], sizes: array[int], name_at: array[int], runs: list[tuple[int, int]]) -> None:
-        """Merge the sorted chunks by address (first symbol wins at an address, the largest size kept).
-
-        One stable sort of the indices: Timsort finds the sorted runs and merges them in C, several times faster
-        than a heap merge keyed in Python (the slowest step of reading a large table)."""
+        """Merge the sorted chunks by address (first symbol wins at an address, the largest size kept)."""
         kept_starts, kept_sizes, kept_names = self._starts, self._sizes, self._name_at
-        if len(runs) == 1 and runs[0] == (0, len(starts)):
-            ordered: Iterable[int] = range(len(starts))
-        else:
-            ordered = sorted(itertools.chain.from_iterable(range(begin, end) for begin, end in runs),
-                             key=starts.__getitem__)  # stable: the first symbol at an address stays first
+        ordered = heapq.merge(*(range(begin, end) for begin, end in runs), key=starts.__getitem__)  # stable
         last = -1
         for index in ordered:
             start = starts[index]
