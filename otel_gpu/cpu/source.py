@@ -23,6 +23,7 @@ from otel_gpu.cpu.sampler import SOURCE, CPUSampler, StackCount
 from otel_gpu.procfs import ProcessInfo, ProcessResolver
 from otel_gpu.profiles.model import Frame, ProcessProfile, ProfileBatch, Sample, cpu_profile_type
 from otel_gpu.profiles.source import ProcessSelection
+from otel_gpu.symbolize.allowance import ReadAllowance
 from otel_gpu.symbolize.symbolizer import Symbolizer
 
 _logger = logging.getLogger(__name__)
@@ -35,6 +36,10 @@ _UNKNOWN = Frame("[unknown]")
 SYMBOLIZE_SHARE_OF_INTERVAL = 0.25
 # What the last drain, after stop(), may spend reading new symbol tables: stopping must not wait on slow work.
 SYMBOLIZE_WHEN_STOPPING_S = 0.5
+# On average, reading new symbol tables may take this share of one core (after a burst at start): on a node that
+# keeps starting new binaries, that reading is what would otherwise grow without bound (symbolize/allowance.py).
+SYMBOL_READ_SHARE = 0.005
+SYMBOL_READ_BURST_S = 5.0
 
 
 class CPUProfileSource:
@@ -55,6 +60,7 @@ class CPUProfileSource:
                                               on_new_process=self._on_new_process)
         self._started_ns = 0
         self._stopping = False
+        self._allowance = ReadAllowance(SYMBOL_READ_SHARE, SYMBOL_READ_BURST_S, time.monotonic())
 
     @property
     def sampler(self) -> CPUSampler:
@@ -72,10 +78,11 @@ class CPUProfileSource:
         self._stopping = True
 
     def symbolize_budget_s(self) -> float:
-        """Seconds a drain may spend reading new symbol tables (see SYMBOLIZE_SHARE_OF_INTERVAL)."""
-        if self._stopping:
-            return SYMBOLIZE_WHEN_STOPPING_S
-        return max(SYMBOLIZE_WHEN_STOPPING_S, SYMBOLIZE_SHARE_OF_INTERVAL * self.config.interval_s)
+        """Seconds this drain may spend reading new symbol tables: the allowance left (SYMBOL_READ_SHARE), at most
+        SYMBOLIZE_SHARE_OF_INTERVAL of the interval, SYMBOLIZE_WHEN_STOPPING_S for the last drain."""
+        most = SYMBOLIZE_WHEN_STOPPING_S if self._stopping else \
+            max(SYMBOLIZE_WHEN_STOPPING_S, SYMBOLIZE_SHARE_OF_INTERVAL * self.config.interval_s)
+        return min(most, self._allowance.available_s(time.monotonic()))
 
     def close(self) -> None:
         """Detach and free everything. Idempotent."""
@@ -86,6 +93,7 @@ class CPUProfileSource:
         raw = self._sampler.drain()
         now_ns = time.time_ns()
         deadline = time.monotonic() + self.symbolize_budget_s()
+        read_before_s = self._symbolizer.read_seconds
         start_ns, self._started_ns = self._started_ns or now_ns, now_ns
         by_pid: dict[int, list[StackCount]] = defaultdict(list)
         for sample in raw:
@@ -96,6 +104,7 @@ class CPUProfileSource:
             if not self._wanted(info, {s.comm for s in samples}):
                 continue
             processes.append(ProcessProfile(info, self._samples(pid, samples, deadline)))
+        self._allowance.spend(self._symbolizer.read_seconds - read_before_s)
         self._symbolizer.prune(by_pid)
         with self._comms_lock:
             known = list(self._comms)

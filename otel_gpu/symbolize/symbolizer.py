@@ -103,6 +103,7 @@ class Symbolizer:
         self._max_files = max(1, min(max_files, _descriptor_budget()))  # each cached file holds one descriptor
         self._max_symbol_bytes = max_symbol_bytes
         self._symbol_bytes = 0
+        self.read_seconds = 0.0  # CPU time spent reading symbol tables (ELF and debug files), all threads together
         self.evictions = 0  # ELF files dropped from the cache to stay within max_files and max_symbol_bytes
         self._unsymbolized = 0  # frames in a known file without a symbol, counted per call into selfmetrics
         self._vdso: ElfSymbols | None = None
@@ -359,6 +360,7 @@ class Symbolizer:
             if key in self._files:
                 self._files.move_to_end(key)
                 return key, self._files[key]
+            read_from = time.thread_time()
             try:
                 elf = ElfSymbols(candidate)
             except OSError as exc:  # gone between stat and open (the process exited): try the next path
@@ -371,6 +373,7 @@ class Symbolizer:
                 elf = None
             if elf is not None and elf.build_id and not elf.has_symtab:
                 self._add_debug_symbols(elf)
+            self.read_seconds += time.thread_time() - read_from
             if elf is not None:
                 self._symbol_bytes += elf.size_bytes
             self._files[key] = elf

@@ -107,6 +107,28 @@ def test_the_last_drain_does_not_wait_to_read_new_symbol_tables(monkeypatch: pyt
 
 
 @pytest.mark.root
+def test_with_the_read_allowance_spent_new_files_wait_and_their_frames_keep_file_and_offset(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """No allowance left for reading symbol tables (none at start, none refilling): a new binary's frames are sent as
+    file+0xOFFSET with their mapping, and nothing is read."""
+    monkeypatch.setattr(cpu_source, "SYMBOL_READ_BURST_S", 0.0)
+    monkeypatch.setattr(cpu_source, "SYMBOL_READ_SHARE", 0.0)
+    process, pid = start("cpu_3to1", "3")
+    source = CPUProfileSource(ProfilingConfig(frequency_hz=99, pids=(pid,)), ProcessResolver())
+    source.open()
+    try:
+        time.sleep(1.5)
+        (batch,) = source.drain()
+    finally:
+        source.close()
+        process.kill()
+        process.wait()
+    own = [f for p in _process([batch], pid) for s in p.samples for f in s.frames
+           if f.mapping is not None and f.mapping.path.endswith("cpu_3to1")]
+    assert own and all(f.function.startswith("cpu_3to1+0x") for f in own), {f.function for f in own}
+
+
+@pytest.mark.root
 def test_syscall_heavy_workload_has_kernel_frames_under_its_user_frames() -> None:
     source = CPUProfileSource(ProfilingConfig(frequency_hz=99), ProcessResolver())
     source.open()
