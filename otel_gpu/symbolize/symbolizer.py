@@ -34,7 +34,7 @@ from typing import NamedTuple
 from otel_gpu import procfs, selfmetrics, semconv
 from otel_gpu.profiles.model import Frame, FrameKind, Mapping
 from otel_gpu.symbolize.demangle import Demangler
-from otel_gpu.symbolize.elf import ElfError, ElfSymbols
+from otel_gpu.symbolize.elf import ElfError, ElfSymbols, read_build_id
 from otel_gpu.symbolize.kallsyms import KernelSymbols
 from otel_gpu.symbolize.maps import MapEntry, read_maps, read_maps_capped
 from otel_gpu.symbolize.perfmap import PerfMap
@@ -70,6 +70,7 @@ class _Process:
         # only in the Symbolizer's bounded cache, so evicting it frees its memory and file descriptor
         self.files: dict[int, tuple[FileKey | None, Mapping]] = {}
         self.frames: dict[tuple[int, bool], Frame] = {}  # (address, is_leaf)
+        self.build_ids: dict[int, str] = {}  # by entry start: files whose symbols were not read yet (deferred frames)
         self.perf_map: PerfMap | None = None
         self.perf_map_checked = False
         self.perf_map_capped = False  # counted once: its perf map is larger than the symbolizer reads
@@ -282,7 +283,8 @@ class Symbolizer:
             return _Resolved(address, leaf, name or "", entry, None, -1)
         file_offset = address - entry.start + entry.offset
         if self._past_deadline() and not self._file_cached(process, entry):
-            mapping = Mapping(entry.start, entry.end, entry.offset, _exported(entry.path), "")
+            mapping = Mapping(entry.start, entry.end, entry.offset, _exported(entry.path),
+                              self._build_id_only(process, entry))
             return _Resolved(address, leaf, "", entry, mapping, file_offset, deferred=True)
         elf, mapping = self._file_for(process, entry)
         if elf is not None:
@@ -325,6 +327,30 @@ class Symbolizer:
         known = process.files.get(entry.start)
         return known is not None and (known[0] is None or known[0] in self._files)
 
+    def _build_id_only(self, process: _Process, entry: MapEntry) -> str:
+        """The build id of ``entry``'s file without its symbols (a few KiB of headers and notes), so a frame sent as
+        file+offset can be symbolized off the node; "" when the file cannot be read. Kept per mapping."""
+        found = process.build_ids.get(entry.start)
+        if found is not None:
+            return found
+        build_id = ""
+        for candidate, must_match_inode in self._candidates(process.pid, entry):
+            try:
+                if must_match_inode and os.stat(candidate).st_ino != entry.inode:
+                    continue
+                build_id = read_build_id(candidate)
+                break
+            except (OSError, ElfError):
+                continue
+        process.build_ids[entry.start] = build_id
+        return build_id
+
+    def _candidates(self, pid: int, entry: MapEntry) -> tuple[tuple[str, bool], ...]:
+        """Paths that may hold ``entry``'s file, and whether each must still have the mapped inode."""
+        return ((f"{self._proc}/{pid}/map_files/{entry.start:x}-{entry.end:x}", False),
+                (f"{self._proc}/{pid}/root{entry.path}", True),
+                (entry.path, True))
+
     def _file_for(self, process: _Process, entry: MapEntry) -> tuple[ElfSymbols | None, Mapping]:
         known = process.files.get(entry.start)
         if known is not None:
@@ -347,9 +373,7 @@ class Symbolizer:
 
     def _open_elf(self, pid: int, entry: MapEntry) -> tuple[FileKey | None, ElfSymbols | None]:
         """The cache key and symbols of ``entry``'s file (None, None when no candidate path holds it)."""
-        for candidate, must_match_inode in ((f"{self._proc}/{pid}/map_files/{entry.start:x}-{entry.end:x}", False),
-                                            (f"{self._proc}/{pid}/root{entry.path}", True),
-                                            (entry.path, True)):
+        for candidate, must_match_inode in self._candidates(pid, entry):
             try:
                 stat = os.stat(candidate)
             except OSError:

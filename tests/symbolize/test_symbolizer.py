@@ -371,6 +371,7 @@ def test_past_the_deadline_no_new_file_is_read_and_frames_keep_file_and_offset()
     assert read[0].function == "main"
     assert late[0].function.startswith("libuprobe_target.so+0x") and late[0].address == target
     assert late[0].mapping is not None and late[0].mapping.path == os.path.realpath(library)
+    assert late[0].mapping.build_id == ElfSymbols(str(library)).build_id != ""  # symbolizable off the node
     assert late[1].function == "main"  # its file was already read: the deadline does not cost it its name
     assert files_after_late == 1  # the library was not read
     assert named[0].function == "otel_test_target" and named[0].mapping is not None
