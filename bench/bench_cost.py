@@ -10,10 +10,11 @@ only (waiting for injected processes), all three. Scenarios:
          libLLVM when present), and sleeping processes that keep large libraries mapped.
 
 Measured from /proc/PID/stat and status of the agent: steady-state CPU (% of one core, from just after the first
-profile report, which reads most symbol tables the run needs, to the last reading before it exits), peak RSS (VmHWM), start-up CPU-s (at the start-up line), how long
-``--duration`` really ran (from the exec to the exit) and the longest profile interval written (pprof duration).
+two profile reports, which read the symbol tables of what already runs, to the last reading before it exits), peak
+RSS (VmHWM), start-up CPU-s (at the start-up line), how long ``--duration`` really ran (from the exec to the exit)
+and the longest profile interval written (pprof duration).
 
-Run (as root, after make build): .venv/bin/python bench/bench_cost.py [--seconds 16] [--quick] [--json out.json]
+Run (as root, after make build): .venv/bin/python bench/bench_cost.py [--seconds 20] [--quick] [--json out.json]
   [--scenario node --source all] [--agent-arg=--flag ...]
 """
 
@@ -164,8 +165,8 @@ def run_agent(source: str, seconds: float, extra: list[str]) -> dict[str, object
     if agent.returncode != 0 or not running_at or not readings:
         return {"error": f"exit {agent.returncode}: {' | '.join(log[-3:])}"}
     ready = running_at[0]
-    # steady state: after the first report, which reads most of the symbol tables the run will need
-    steady_from = next((r for r in readings if r[0] >= ready + INTERVAL_S + 0.5), readings[0])
+    # steady state: after the second report (the first reports read the symbol tables of what already runs)
+    steady_from = next((r for r in readings if r[0] >= ready + 2 * INTERVAL_S + 0.5), readings[0])
     last = readings[-1]
     steady_s = last[0] - steady_from[0]
     return {"startup_cpu_s": round(startup_cpu[0], 2) if startup_cpu else 0.0,
@@ -182,8 +183,8 @@ def run_agent(source: str, seconds: float, extra: list[str]) -> dict[str, object
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--seconds", type=float, default=16.0, help="--duration of each agent run (default 16)")
-    parser.add_argument("--quick", action="store_true", help="10 s runs, every source only in the node scenario")
+    parser.add_argument("--seconds", type=float, default=20.0, help="--duration of each agent run (default 20)")
+    parser.add_argument("--quick", action="store_true", help="15 s runs, every source only in the node scenario")
     parser.add_argument("--scenario", action="append", choices=list(TARGETS), help="only this scenario (repeatable)")
     parser.add_argument("--source", action="append", choices=list(SOURCES), help="only this source (repeatable)")
     parser.add_argument("--agent-arg", action="append", default=[], help="an extra flag for otel-gpu run")
@@ -195,7 +196,7 @@ def main() -> int:
     if not (FAKE_NVML / "libnvidia-ml.so.1").exists():
         print("bench_cost: build the fake NVML first (make -C tests/native)", file=sys.stderr)
         return 1
-    seconds = 10.0 if args.quick else args.seconds
+    seconds = 15.0 if args.quick else args.seconds
     plan = [(scene, source) for scene in (args.scenario or list(TARGETS)) for source in (args.source or list(SOURCES))
             if not args.quick or scene == "node" or source == "all"]
     results = []
@@ -203,6 +204,7 @@ def main() -> int:
         with scenario(scene) as stats:
             row = {"scenario": scene, "source": source, **run_agent(source, seconds, args.agent_arg)}
             row["churned_per_s"] = round(stats["churned"] / max(seconds, 1), 1)
+            row["load_1m"] = round(os.getloadavg()[0], 1)  # the machine's own load besides the scenario's
         results.append(row)
         print(f"  {scene:>5} {source:>8}: {row}", file=sys.stderr, flush=True)
     print(f"\nCost of the whole agent: --duration {seconds:g}, --profiling-interval {INTERVAL_S} (metrics every 10 s), "
@@ -218,7 +220,8 @@ def main() -> int:
         print(f"{row['scenario']:>8} {row['source']:>8} | {row['steady_cpu_percent']:>12.2f} {cpu_target:>6g} | "
               f"{row['peak_rss_mb']:>7.1f} {mb_target:>6g} | "
               f"{row['startup_cpu_s']:>11.2f} {row['startup_wall_s']:>7.2f} | "
-              f"{row['duration_s']:>6.2f} {seconds:>5g} | {longest if longest is not None else '-':>17}")
+              f"{row['duration_s']:>6.2f} {seconds:>5g} | {longest if longest is not None else '-':>17} | "
+              f"{row['load_1m']:>4}")
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))
     return 0
