@@ -184,7 +184,8 @@ def run_agent(source: str, seconds: float, extra: list[str]) -> dict[str, object
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seconds", type=float, default=20.0, help="--duration of each agent run (default 20)")
-    parser.add_argument("--quick", action="store_true", help="15 s runs, every source only in the node scenario")
+    parser.add_argument("--quick", action="store_true",
+                        help="15 s runs (a steady window of about 4 s: noisy), every source only in the node scenario")
     parser.add_argument("--scenario", action="append", choices=list(TARGETS), help="only this scenario (repeatable)")
     parser.add_argument("--source", action="append", choices=list(SOURCES), help="only this source (repeatable)")
     parser.add_argument("--agent-arg", action="append", default=[], help="an extra flag for otel-gpu run")
