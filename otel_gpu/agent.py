@@ -38,8 +38,11 @@ _LAST_METRICS_S = 1.0
 class Agent:
     """One agent process: ``run()`` blocks until SIGINT/SIGTERM or ``--duration`` elapses."""
 
-    def __init__(self, config: AgentConfig) -> None:
+    def __init__(self, config: AgentConfig, started_monotonic: float | None = None) -> None:
+        """``started_monotonic``: when ``--duration`` starts counting (``time.monotonic()``); the CLI passes the
+        process's start, so start-up (imports, loading eBPF programs, reading kallsyms) is part of the duration."""
         self.config = config
+        self._started = time.monotonic() if started_monotonic is None else started_monotonic
         self._stop = threading.Event()
         self._resolver = ProcessResolver()
         self._selection = ProcessSelection(config.profiling)  # one selection for every profile source
@@ -154,7 +157,7 @@ class Agent:
 
     def _loop(self, profilers: list[ProfileSource], exporters: list) -> None:  # type: ignore[type-arg]
         interval_s = self.config.profiling.interval_s
-        deadline = time.monotonic() + self.config.duration_s if self.config.duration_s else None
+        deadline = self._started + self.config.duration_s if self.config.duration_s else None
         next_report = time.monotonic() + interval_s
         while not self._stop.is_set():
             now = time.monotonic()
@@ -162,11 +165,11 @@ class Agent:
             if self._stop.wait(max(0.0, wake - now)):
                 break
             now = time.monotonic()
+            if deadline is not None and now >= deadline:
+                break  # the last report below covers this interval: one report, not two back to back
             if now >= next_report:
                 next_report = now + interval_s
                 self._report(profilers, exporters)
-            if deadline is not None and now >= deadline:
-                break
         for source in profilers:  # the last report holds every record a counter has counted
             source.stop()
         self._report(profilers, exporters)  # what was sampled since the last report is not lost

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+import time
 from collections.abc import Sequence
 
 from otel_gpu import __version__, config
@@ -86,7 +87,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stdout.write(config.effective_yaml(cfg))
         return 0
 
-    from otel_gpu import _log
+    from otel_gpu import _log, procfs
     from otel_gpu.agent import Agent
 
     _log.configure(cfg.log_level)
@@ -95,7 +96,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     for warning in cfg.warnings:
         logging.getLogger("otel_gpu.config").warning("%s", warning)
     try:
-        return Agent(cfg).run()
+        # --duration counts from the process's start: start-up is part of the time asked for
+        return Agent(cfg, started_monotonic=time.monotonic() - procfs.process_age_s()).run()
     except KeyboardInterrupt:
         return 0
     except Exception:  # the one boundary where anything unexpected becomes exit code 1 with a traceback

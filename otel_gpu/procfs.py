@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import re
 import threading
+import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
@@ -89,6 +90,17 @@ def parse_stat_start_time(stat: bytes) -> int:
         return max(0, int(fields[19]))
     except (IndexError, ValueError):
         return 0
+
+
+def process_age_s(pid: int | str = "self", proc_root: str = "/proc") -> float:
+    """Seconds since ``pid`` started (its start time in /proc/PID/stat against CLOCK_BOOTTIME); 0 when unknown."""
+    try:
+        ticks = parse_stat_start_time(read_capped(f"{proc_root}/{pid}/stat", MAX_STAT_BYTES)[0])
+    except OSError:
+        return 0.0
+    if ticks <= 0:
+        return 0.0
+    return max(0.0, time.clock_gettime(time.CLOCK_BOOTTIME) - ticks / os.sysconf("SC_CLK_TCK"))
 
 
 def parse_namespace_pid(status: bytes) -> int | None:

@@ -221,6 +221,8 @@ class Reason(enum.StrEnum):
     PROCESS_GONE = "process_gone"  # the process exited before its identity was read
     # source errors: symbolizer and /proc
     NO_SYMBOL = "no_symbol"
+    SYMBOLS_DEFERRED = "symbols_deferred"  # a drain's time for reading new ELF files ran out: frame sent as file+offset
+    SYMBOL_FILE_EVICTED = "symbol_file_evicted"  # an ELF file's symbols left the bounded cache (read again if needed)
     UNREADABLE_ELF = "unreadable_elf"
     MISSING_FILE = "missing_file"
     MAPS_TOO_LARGE = "maps_too_large"

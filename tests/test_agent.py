@@ -78,6 +78,22 @@ def test_the_loop_treats_every_source_alike() -> None:
     assert [[p.process.pid for p in b.processes] for b in exporter.exported] == [[10], [11]]
 
 
+def test_duration_counts_from_the_start_and_ends_with_one_report() -> None:
+    """--duration counts from when the agent started (the CLI passes the process's start), so a start-up that took
+    longer than the duration leaves no wait: the loop ends with the last report only (stop, then one drain), never
+    a regular report followed by the last one."""
+    source = _Source("cpu_profiler", [_batch(10)])
+    exporter = _Exporter()
+    config = AgentConfig(duration_s=60.0, profiling=ProfilingConfig(interval_s=30.0))
+    agent = Agent(config, started_monotonic=time.monotonic() - 61.0)
+    loop = threading.Thread(target=agent._loop, args=([source], [exporter]), daemon=True)
+    loop.start()
+    loop.join(timeout=30.0)  # counted from the loop's start it would wait 60 s
+    finished = not loop.is_alive()
+    agent.stop()
+    assert finished and source.calls == ["stop", "drain"] and len(exporter.exported) == 1
+
+
 # --- the agent as a process: start-up line, stopping with a backend that hangs, a second signal ---------------------
 
 QUIET_RUN = ("--no-cpu-profiling", "--no-gpu-metrics", "--no-gpu-time-profiling", "--console", "off",

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 import tracemalloc
 from pathlib import Path
 
@@ -163,3 +164,13 @@ def test_an_executable_path_that_is_not_utf8_is_exported_readable(tmp_path: Path
         process.wait()
     assert info is not None and info.executable_name == "sleep-\ufffd"
     assert info.executable_path.encode() == bytes(tmp_path) + b"/sleep-\xef\xbf\xbd"
+
+
+def test_process_age_is_counted_from_the_start_time_in_stat(tmp_path: Path) -> None:
+    ticks_per_s = os.sysconf("SC_CLK_TCK")
+    started = int((time.clock_gettime(time.CLOCK_BOOTTIME) - 100.0) * ticks_per_s)  # 100 s ago
+    stat = f"4242 (worker) S 1 4242 4242 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 {started} 1000 10\n".encode()
+    _fake_process(tmp_path, stat=stat)
+    assert 99.0 <= procfs.process_age_s(4242, str(tmp_path)) <= 200.0
+    assert procfs.process_age_s(4343, str(tmp_path)) == 0.0  # no such process
+    assert 0.0 < procfs.process_age_s() < time.clock_gettime(time.CLOCK_BOOTTIME)  # this test's own process

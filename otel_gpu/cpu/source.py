@@ -23,11 +23,23 @@ from otel_gpu.cpu.sampler import SOURCE, CPUSampler, StackCount
 from otel_gpu.procfs import ProcessInfo, ProcessResolver
 from otel_gpu.profiles.model import Frame, ProcessProfile, ProfileBatch, Sample, cpu_profile_type
 from otel_gpu.profiles.source import ProcessSelection
+from otel_gpu.symbolize.allowance import ReadAllowance
 from otel_gpu.symbolize.symbolizer import Symbolizer
 
 _logger = logging.getLogger(__name__)
 
 _UNKNOWN = Frame("[unknown]")
+# Reading a new binary's symbol table is the one slow step of a drain (0.3 s for a 150 MB library, minutes for a
+# node's worth of them at once); it may use this share of the profiling interval, so a drain never pushes the next
+# report late. Frames in files it had no time for are sent as file+offset (with their mapping) and named by a later
+# drain.
+SYMBOLIZE_SHARE_OF_INTERVAL = 0.25
+# What the last drain, after stop(), may spend reading new symbol tables: stopping must not wait on slow work.
+SYMBOLIZE_WHEN_STOPPING_S = 0.5
+# On average, reading new symbol tables may take this share of one core (after a burst at start): on a node that
+# keeps starting new binaries, that reading is what would otherwise grow without bound (symbolize/allowance.py).
+SYMBOL_READ_SHARE = 0.005
+SYMBOL_READ_BURST_S = 5.0
 
 
 class CPUProfileSource:
@@ -47,6 +59,8 @@ class CPUProfileSource:
                                               exclude_tgid=0 if config.include_self else os.getpid(),
                                               on_new_process=self._on_new_process)
         self._started_ns = 0
+        self._stopping = False
+        self._allowance = ReadAllowance(SYMBOL_READ_SHARE, SYMBOL_READ_BURST_S, time.monotonic())
 
     @property
     def sampler(self) -> CPUSampler:
@@ -59,7 +73,16 @@ class CPUProfileSource:
         self._started_ns = time.time_ns()
 
     def stop(self) -> None:
-        """Nothing runs in the background that the next drain would miss: the kernel keeps counting until close."""
+        """The next drain is the last: it gives reading new symbol tables only SYMBOLIZE_WHEN_STOPPING_S (the kernel
+        keeps counting until close, so nothing is missed)."""
+        self._stopping = True
+
+    def symbolize_budget_s(self) -> float:
+        """Seconds this drain may spend reading new symbol tables: the allowance left (SYMBOL_READ_SHARE), at most
+        SYMBOLIZE_SHARE_OF_INTERVAL of the interval, SYMBOLIZE_WHEN_STOPPING_S for the last drain."""
+        most = SYMBOLIZE_WHEN_STOPPING_S if self._stopping else \
+            max(SYMBOLIZE_WHEN_STOPPING_S, SYMBOLIZE_SHARE_OF_INTERVAL * self.config.interval_s)
+        return min(most, self._allowance.available_s(time.monotonic()))
 
     def close(self) -> None:
         """Detach and free everything. Idempotent."""
@@ -69,6 +92,8 @@ class CPUProfileSource:
         """Every sample since the last drain, symbolized, one :class:`ProcessProfile` per process (one batch)."""
         raw = self._sampler.drain()
         now_ns = time.time_ns()
+        deadline = time.monotonic() + self.symbolize_budget_s()
+        read_before_s = self._symbolizer.read_seconds
         start_ns, self._started_ns = self._started_ns or now_ns, now_ns
         by_pid: dict[int, list[StackCount]] = defaultdict(list)
         for sample in raw:
@@ -78,7 +103,8 @@ class CPUProfileSource:
             info = self._identity(pid, samples)
             if not self._wanted(info, {s.comm for s in samples}):
                 continue
-            processes.append(ProcessProfile(info, self._samples(pid, samples)))
+            processes.append(ProcessProfile(info, self._samples(pid, samples, deadline)))
+        self._allowance.spend(self._symbolizer.read_seconds - read_before_s)
         self._symbolizer.prune(by_pid)
         with self._comms_lock:
             known = list(self._comms)
@@ -114,9 +140,9 @@ class CPUProfileSource:
         """The selection, with the name the process had when first sampled among its thread names."""
         return self._selection.selects(info, thread_names | {self._comms.get(info.pid, "")})
 
-    def _samples(self, pid: int, samples: list[StackCount]) -> tuple[Sample, ...]:
+    def _samples(self, pid: int, samples: list[StackCount], deadline: float) -> tuple[Sample, ...]:
         stacks = sorted({s.user_stack for s in samples if s.user_stack})
-        user_frames = dict(zip(stacks, self._symbolizer.user_stacks(pid, stacks), strict=True))
+        user_frames = dict(zip(stacks, self._symbolizer.user_stacks(pid, stacks, deadline), strict=True))
         merged: dict[tuple[tuple[Frame, ...], int, str], int] = defaultdict(int)
         for sample in samples:
             frames = self._symbolizer.kernel_stack(sample.kernel_stack) if sample.kernel_stack else ()

@@ -26,6 +26,7 @@ import logging
 import os
 import resource
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from typing import NamedTuple
@@ -33,7 +34,7 @@ from typing import NamedTuple
 from otel_gpu import procfs, selfmetrics, semconv
 from otel_gpu.profiles.model import Frame, FrameKind, Mapping
 from otel_gpu.symbolize.demangle import Demangler
-from otel_gpu.symbolize.elf import ElfError, ElfSymbols
+from otel_gpu.symbolize.elf import ElfError, ElfSymbols, read_build_id
 from otel_gpu.symbolize.kallsyms import KernelSymbols
 from otel_gpu.symbolize.maps import MapEntry, read_maps, read_maps_capped
 from otel_gpu.symbolize.perfmap import PerfMap
@@ -53,6 +54,7 @@ class _Resolved(NamedTuple):
     entry: MapEntry | None  # the mapping of /proc/PID/maps it falls in
     mapping: Mapping | None  # the profile's mapping (file-backed or the vDSO)
     file_offset: int  # -1: none
+    deferred: bool = False  # its file was not read (the call's deadline had passed): not cached, named file+offset
 
 _EVICTED = object()  # a file key no longer in the cache
 
@@ -68,6 +70,7 @@ class _Process:
         # only in the Symbolizer's bounded cache, so evicting it frees its memory and file descriptor
         self.files: dict[int, tuple[FileKey | None, Mapping]] = {}
         self.frames: dict[tuple[int, bool], Frame] = {}  # (address, is_leaf)
+        self.build_ids: dict[int, str] = {}  # by entry start: files whose symbols were not read yet (deferred frames)
         self.perf_map: PerfMap | None = None
         self.perf_map_checked = False
         self.perf_map_capped = False  # counted once: its perf map is larger than the symbolizer reads
@@ -101,6 +104,8 @@ class Symbolizer:
         self._max_files = max(1, min(max_files, _descriptor_budget()))  # each cached file holds one descriptor
         self._max_symbol_bytes = max_symbol_bytes
         self._symbol_bytes = 0
+        self.read_seconds = 0.0  # CPU time spent reading symbol tables (ELF and debug files), all threads together
+        self.evictions = 0  # ELF files dropped from the cache to stay within max_files and max_symbol_bytes
         self._unsymbolized = 0  # frames in a known file without a symbol, counted per call into selfmetrics
         self._vdso: ElfSymbols | None = None
         self._vdso_read = False
@@ -108,6 +113,7 @@ class Symbolizer:
         self._processes: OrderedDict[int, _Process] = OrderedDict()
         self._demangler = Demangler()
         self._lock = threading.RLock()
+        self._deadline: float | None = None  # monotonic s; set during user_stacks(deadline=...): no new file after it
 
     # --- processes -------------------------------------------------------------------------------------------------
 
@@ -160,8 +166,22 @@ class Symbolizer:
 
     # --- stacks ----------------------------------------------------------------------------------------------------
 
-    def user_stacks(self, pid: int, stacks: Sequence[Sequence[int]]) -> list[tuple[Frame, ...]]:
-        """Frames (leaf first) for each stack of user addresses (leaf first) of process ``pid``."""
+    def user_stacks(self, pid: int, stacks: Sequence[Sequence[int]],
+                    deadline: float | None = None) -> list[tuple[Frame, ...]]:
+        """Frames (leaf first) for each stack of user addresses (leaf first) of process ``pid``.
+
+        ``deadline`` (``time.monotonic()`` seconds) bounds the one slow step: reading a file's symbol table (0.3 s
+        for a 150 MB library). Past it, a frame in a file not yet read is named ``file+0xOFFSET`` with its mapping and
+        address (symbolizable off the node), counted as ``symbols_deferred``, and not remembered: the next call that
+        has time reads the file and names it."""
+        with self._lock:
+            self._deadline = deadline
+            try:
+                return self._user_stacks(pid, stacks)
+            finally:
+                self._deadline = None
+
+    def _user_stacks(self, pid: int, stacks: Sequence[Sequence[int]]) -> list[tuple[Frame, ...]]:
         with self._lock:
             process = self._processes.get(pid)
             if process is None:
@@ -188,11 +208,17 @@ class Symbolizer:
             self._demangler.prepare(names)
             out = []
             unsymbolized_before = self._unsymbolized
+            deferred = 0
             for resolved in raw:
                 frames = []
-                for address, leaf, name, entry, mapping, file_offset in resolved:
+                for address, leaf, name, entry, mapping, file_offset, later in resolved:
                     frame = process.frames.get((address, leaf))
-                    if frame is None:
+                    if frame is None and later:
+                        deferred += 1
+                        assert mapping is not None  # a deferred frame is always in a file
+                        frame = Frame(f"{os.path.basename(mapping.path)}+0x{file_offset:x}", FrameKind.NATIVE,
+                                      address, mapping)
+                    elif frame is None:
                         frame = self._frame(process, address, name, entry, mapping, file_offset)
                         process.frames[(address, leaf)] = frame
                     frames.append(frame)
@@ -200,6 +226,9 @@ class Symbolizer:
             if self._unsymbolized != unsymbolized_before:
                 selfmetrics.count(semconv.SELF_ERRORS.name, self._unsymbolized - unsymbolized_before,
                                   otel_gpu__source=SOURCE, otel_gpu__reason=semconv.Reason.NO_SYMBOL)
+            if deferred:
+                selfmetrics.count(semconv.SELF_ERRORS.name, deferred, otel_gpu__source=SOURCE,
+                                  otel_gpu__reason=semconv.Reason.SYMBOLS_DEFERRED)
             return out
 
     def load_kernel_symbols(self) -> bool:
@@ -252,8 +281,12 @@ class Symbolizer:
         if entry is None or not entry.file_backed:
             name = self._perf_map_name(process, address)
             return _Resolved(address, leaf, name or "", entry, None, -1)
-        elf, mapping = self._file_for(process, entry)
         file_offset = address - entry.start + entry.offset
+        if self._past_deadline() and not self._file_cached(process, entry):
+            mapping = Mapping(entry.start, entry.end, entry.offset, _exported(entry.path),
+                              self._build_id_only(process, entry))
+            return _Resolved(address, leaf, "", entry, mapping, file_offset, deferred=True)
+        elf, mapping = self._file_for(process, entry)
         if elf is not None:
             lookup_offset = file_offset if leaf else file_offset - 1
             vaddr = elf.vaddr_of(lookup_offset)
@@ -286,6 +319,38 @@ class Symbolizer:
         label = _exported(entry.path) if entry is not None and entry.path else "unknown"
         return Frame(f"[{label.strip('[]')}] 0x{address:x}", FrameKind.NATIVE, address)
 
+    def _past_deadline(self) -> bool:
+        return self._deadline is not None and time.monotonic() >= self._deadline
+
+    def _file_cached(self, process: _Process, entry: MapEntry) -> bool:
+        """True when ``entry``'s file needs no reading: known unreadable, or its symbols are in the cache."""
+        known = process.files.get(entry.start)
+        return known is not None and (known[0] is None or known[0] in self._files)
+
+    def _build_id_only(self, process: _Process, entry: MapEntry) -> str:
+        """The build id of ``entry``'s file without its symbols (a few KiB of headers and notes), so a frame sent as
+        file+offset can be symbolized off the node; "" when the file cannot be read. Kept per mapping."""
+        found = process.build_ids.get(entry.start)
+        if found is not None:
+            return found
+        build_id = ""
+        for candidate, must_match_inode in self._candidates(process.pid, entry):
+            try:
+                if must_match_inode and os.stat(candidate).st_ino != entry.inode:
+                    continue
+                build_id = read_build_id(candidate)
+                break
+            except (OSError, ElfError):
+                continue
+        process.build_ids[entry.start] = build_id
+        return build_id
+
+    def _candidates(self, pid: int, entry: MapEntry) -> tuple[tuple[str, bool], ...]:
+        """Paths that may hold ``entry``'s file, and whether each must still have the mapped inode."""
+        return ((f"{self._proc}/{pid}/map_files/{entry.start:x}-{entry.end:x}", False),
+                (f"{self._proc}/{pid}/root{entry.path}", True),
+                (entry.path, True))
+
     def _file_for(self, process: _Process, entry: MapEntry) -> tuple[ElfSymbols | None, Mapping]:
         known = process.files.get(entry.start)
         if known is not None:
@@ -308,9 +373,7 @@ class Symbolizer:
 
     def _open_elf(self, pid: int, entry: MapEntry) -> tuple[FileKey | None, ElfSymbols | None]:
         """The cache key and symbols of ``entry``'s file (None, None when no candidate path holds it)."""
-        for candidate, must_match_inode in ((f"{self._proc}/{pid}/map_files/{entry.start:x}-{entry.end:x}", False),
-                                            (f"{self._proc}/{pid}/root{entry.path}", True),
-                                            (entry.path, True)):
+        for candidate, must_match_inode in self._candidates(pid, entry):
             try:
                 stat = os.stat(candidate)
             except OSError:
@@ -321,6 +384,7 @@ class Symbolizer:
             if key in self._files:
                 self._files.move_to_end(key)
                 return key, self._files[key]
+            read_from = time.thread_time()
             try:
                 elf = ElfSymbols(candidate)
             except OSError as exc:  # gone between stat and open (the process exited): try the next path
@@ -333,6 +397,7 @@ class Symbolizer:
                 elf = None
             if elf is not None and elf.build_id and not elf.has_symtab:
                 self._add_debug_symbols(elf)
+            self.read_seconds += time.thread_time() - read_from
             if elf is not None:
                 self._symbol_bytes += elf.size_bytes
             self._files[key] = elf
@@ -350,6 +415,9 @@ class Symbolizer:
             _, dropped = self._files.popitem(last=False)
             if dropped is not None:
                 self._symbol_bytes -= dropped.size_bytes
+                self.evictions += 1
+                selfmetrics.count(semconv.SELF_ERRORS.name, otel_gpu__source=SOURCE,
+                                  otel_gpu__reason=semconv.Reason.SYMBOL_FILE_EVICTED)
 
     def _add_debug_symbols(self, elf: ElfSymbols) -> None:
         for folder in self._debug_dirs:

@@ -13,6 +13,7 @@ import pytest
 
 from otel_gpu import selfmetrics, semconv
 from otel_gpu.config import ProfilingConfig
+from otel_gpu.cpu import source as cpu_source
 from otel_gpu.cpu.sampler import CPUSampler
 from otel_gpu.cpu.source import CPUProfileSource
 from otel_gpu.errors import SourceUnavailable
@@ -70,6 +71,61 @@ def test_cpu_3to1_full_call_chain_and_share() -> None:
     ours = [s for s in samples if s.thread_name == "cpu_3to1"]
     assert all(s.thread_id == pid for s in ours)
     assert sum(s.value for s in samples if s.thread_name != "cpu_3to1") <= 2, [s.thread_name for s in samples]
+
+
+def test_a_drain_may_spend_a_share_of_the_interval_reading_symbols_and_the_last_one_little() -> None:
+    source = CPUProfileSource(ProfilingConfig(interval_s=20.0), ProcessResolver(), sampler=CPUSampler(19))
+    assert source.symbolize_budget_s() == cpu_source.SYMBOLIZE_SHARE_OF_INTERVAL * 20.0
+    source.stop()
+    assert source.symbolize_budget_s() == cpu_source.SYMBOLIZE_WHEN_STOPPING_S < 1.0
+
+
+@pytest.mark.root
+def test_the_last_drain_does_not_wait_to_read_new_symbol_tables(monkeypatch: pytest.MonkeyPatch) -> None:
+    """After stop() (its time for new symbol tables set to none here), frames in files never read are sent as
+    file+0xOFFSET with their mapping; a source that has the time names them."""
+    monkeypatch.setattr(cpu_source, "SYMBOLIZE_WHEN_STOPPING_S", 0.0)
+    process, pid = start("cpu_3to1", "3")
+    stopping = CPUProfileSource(ProfilingConfig(frequency_hz=99, pids=(pid,)), ProcessResolver())
+    timely = CPUProfileSource(ProfilingConfig(frequency_hz=99, pids=(pid,)), ProcessResolver())
+    stopping.open()
+    timely.open()
+    try:
+        time.sleep(1.5)
+        stopping.stop()
+        (last,) = stopping.drain()
+        (named,) = timely.drain()
+    finally:
+        stopping.close()
+        timely.close()
+        process.kill()
+        process.wait()
+    own = [f for p in _process([last], pid) for s in p.samples for f in s.frames
+           if f.mapping is not None and f.mapping.path.endswith("cpu_3to1")]
+    assert own and all(f.function.startswith("cpu_3to1+0x") for f in own), {f.function for f in own}
+    assert "leaf_heavy" in {f.function for p in _process([named], pid) for s in p.samples for f in s.frames}
+
+
+@pytest.mark.root
+def test_with_the_read_allowance_spent_new_files_wait_and_their_frames_keep_file_and_offset(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """No allowance left for reading symbol tables (none at start, none refilling): a new binary's frames are sent as
+    file+0xOFFSET with their mapping, and nothing is read."""
+    monkeypatch.setattr(cpu_source, "SYMBOL_READ_BURST_S", 0.0)
+    monkeypatch.setattr(cpu_source, "SYMBOL_READ_SHARE", 0.0)
+    process, pid = start("cpu_3to1", "3")
+    source = CPUProfileSource(ProfilingConfig(frequency_hz=99, pids=(pid,)), ProcessResolver())
+    source.open()
+    try:
+        time.sleep(1.5)
+        (batch,) = source.drain()
+    finally:
+        source.close()
+        process.kill()
+        process.wait()
+    own = [f for p in _process([batch], pid) for s in p.samples for f in s.frames
+           if f.mapping is not None and f.mapping.path.endswith("cpu_3to1")]
+    assert own and all(f.function.startswith("cpu_3to1+0x") for f in own), {f.function for f in own}
 
 
 @pytest.mark.root

@@ -326,6 +326,58 @@ def test_evicted_files_are_freed_and_read_again_when_needed() -> None:
     assert evicted and len(symbolizer._files) == 1
     assert again[0].mapping is not None and first[0].mapping is not None
     assert again[0].mapping.build_id == first[0].mapping.build_id != ""
+    assert symbolizer.evictions == 2  # the library, then the executable
+
+
+def test_the_cache_is_bounded_by_bytes_of_symbols_and_counts_evictions() -> None:
+    """Two files whose tables together pass max_symbol_bytes: the older goes, counted in the self-metric."""
+    process, pid = _start(WORKLOADS / "uprobe_caller", "1", "3000")
+    library = WORKLOADS / "libuprobe_target.so"
+    executable = WORKLOADS / "uprobe_caller"
+    one_file = max(ElfSymbols(str(library)).size_bytes, ElfSymbols(str(executable)).size_bytes)
+    before = selfmetrics.total(semconv.SELF_ERRORS.name, otel_gpu__reason=semconv.Reason.SYMBOL_FILE_EVICTED)
+    try:
+        symbolizer = Symbolizer(max_symbol_bytes=one_file)  # room for either file, never both
+        (first,) = symbolizer.user_stacks(pid, [[_runtime_address(pid, library, "otel_test_target", 1)]])
+        held_one = symbolizer._symbol_bytes
+        (second,) = symbolizer.user_stacks(pid, [[_runtime_address(pid, executable, "main", 1)]])
+    finally:
+        process.kill()
+        process.wait()
+    assert first[0].function == "otel_test_target" and second[0].function == "main"
+    assert len(symbolizer._files) == 1 and symbolizer._symbol_bytes <= one_file and held_one <= one_file
+    assert symbolizer.evictions == 1
+    assert selfmetrics.total(semconv.SELF_ERRORS.name,
+                             otel_gpu__reason=semconv.Reason.SYMBOL_FILE_EVICTED) == before + 1
+
+
+def test_past_the_deadline_no_new_file_is_read_and_frames_keep_file_and_offset() -> None:
+    """A deadline already passed: a frame in a file not yet read is named file+0xOFFSET with its mapping, counted,
+    and not remembered (a later call with time names it); a file already read is still used."""
+    process, pid = _start(WORKLOADS / "uprobe_caller", "1", "3000")
+    library = WORKLOADS / "libuprobe_target.so"
+    before = selfmetrics.total(semconv.SELF_ERRORS.name, otel_gpu__reason=semconv.Reason.SYMBOLS_DEFERRED)
+    try:
+        symbolizer = Symbolizer()
+        main = _runtime_address(pid, WORKLOADS / "uprobe_caller", "main", 1)
+        target = _runtime_address(pid, library, "otel_test_target", 1)
+        (read,) = symbolizer.user_stacks(pid, [[main]])  # the executable's table is read (no deadline)
+        (late,) = symbolizer.user_stacks(pid, [[target, main]], deadline=0.0)
+        files_after_late = len(symbolizer._files)
+        (named,) = symbolizer.user_stacks(pid, [[target, main]])
+    finally:
+        process.kill()
+        process.wait()
+    assert read[0].function == "main"
+    assert late[0].function.startswith("libuprobe_target.so+0x") and late[0].address == target
+    assert late[0].mapping is not None and late[0].mapping.path == os.path.realpath(library)
+    assert late[0].mapping.build_id == ElfSymbols(str(library)).build_id != ""  # symbolizable off the node
+    assert late[1].function == "main"  # its file was already read: the deadline does not cost it its name
+    assert files_after_late == 1  # the library was not read
+    assert named[0].function == "otel_test_target" and named[0].mapping is not None
+    assert named[0].mapping.build_id != ""
+    assert selfmetrics.total(semconv.SELF_ERRORS.name,
+                             otel_gpu__reason=semconv.Reason.SYMBOLS_DEFERRED) == before + 1
 
 
 def test_demangler_cache_is_bounded_by_bytes() -> None:
