@@ -19,6 +19,7 @@ from collections import defaultdict
 
 from otel_gpu import selfmetrics, semconv
 from otel_gpu.config import ProfilingConfig
+from otel_gpu.cpu.python import PythonFrames
 from otel_gpu.cpu.sampler import SOURCE, CPUSampler, StackCount
 from otel_gpu.procfs import ProcessInfo, ProcessResolver
 from otel_gpu.profiles.model import Frame, ProcessProfile, ProfileBatch, Sample, cpu_profile_type
@@ -46,6 +47,7 @@ class CPUProfileSource:
         self._sampler = sampler or CPUSampler(config.frequency_hz, pids=self._selection.pids,
                                               exclude_tgid=0 if config.include_self else os.getpid(),
                                               on_new_process=self._on_new_process)
+        self._python = PythonFrames()
         self._started_ns = 0
 
     @property
@@ -86,6 +88,7 @@ class CPUProfileSource:
         with self._comms_lock:
             for pid in gone:
                 self._comms.pop(pid, None)
+        self._python.forget(gone)
         self._sampler.forget(gone)  # a process that reuses the pid gets announced (and snapshotted) again
         return [ProfileBatch(type=cpu_profile_type(self.config.frequency_hz), start_unix_nano=start_ns,
                              duration_nano=max(0, now_ns - start_ns), processes=tuple(processes))]
@@ -102,6 +105,9 @@ class CPUProfileSource:
         if not self._symbolizer.remember(pid):
             selfmetrics.count(semconv.SELF_ERRORS.name, otel_gpu__source=SOURCE,
                               otel_gpu__reason=semconv.Reason.PROCESS_GONE)
+        python = self._python.discover(pid)
+        if python is not None:
+            self._sampler.register_python(pid, python.proc)
 
     def _identity(self, pid: int, samples: list[StackCount]) -> ProcessInfo:
         info = self._resolver.info(pid) or self._resolver.cached(pid)
@@ -117,10 +123,12 @@ class CPUProfileSource:
     def _samples(self, pid: int, samples: list[StackCount]) -> tuple[Sample, ...]:
         stacks = sorted({s.user_stack for s in samples if s.user_stack})
         user_frames = dict(zip(stacks, self._symbolizer.user_stacks(pid, stacks), strict=True))
+        python = self._sampler.python_stacks({s.python_stack_id for s in samples if s.python_stack_id})
         merged: dict[tuple[tuple[Frame, ...], int, str], int] = defaultdict(int)
         for sample in samples:
             frames = self._symbolizer.kernel_stack(sample.kernel_stack) if sample.kernel_stack else ()
-            frames += user_frames.get(sample.user_stack, ())
+            frames += self._python.merged(pid, user_frames.get(sample.user_stack, ()),
+                                          python.get(sample.python_stack_id))
             merged[(frames or (_UNKNOWN,), sample.tid, sample.comm)] += sample.count
         return tuple(Sample(frames, count, thread_id=tid, thread_name=comm)
                      for (frames, tid, comm), count in merged.items())

@@ -57,19 +57,63 @@ static __always_inline __u64 mix(__u64 hash, __u64 value) {
     return hash * 0xff51afd7ed558ccdull;
 }
 
-/* The current thread's PyThreadState in a registered process, 0 when there is none (a thread without one). */
-static __always_inline __u64 find_thread_state(const struct otel_gpu_python_proc *proc) {
-    struct task_struct *task = (struct task_struct *)bpf_get_current_task();
-    __u64 fsbase = BPF_CORE_READ(task, thread.fsbase);
-    __u64 interp = read_pointer(proc->interpreters_head);
-    if (!interp)
-        return 0;
-    __u64 tstate = read_pointer(interp + proc->interp_threads_head);
-    for (int i = 0; i < PYTHON_THREADS_WALKED && tstate; i++) {
-        if (read_pointer(tstate + proc->tstate_thread_id) == fsbase)
-            return tstate;
-        tstate = read_pointer(tstate + proc->tstate_next);
+/* State of one walk, shared with the bpf_loop callbacks (loops the verifier checks once, not per iteration). */
+struct python_walk {
+    struct otel_gpu_python_proc proc;
+    __u64 fsbase; /* the sampled thread's pthread_self() */
+    __u64 tstate; /* the thread list's cursor, then the thread's PyThreadState (0: not found) */
+    __u64 frame;
+    __u64 hash;
+    __u32 depth;
+    __u32 found;
+};
+
+static long find_thread_step(__u64 index, void *data) {
+    struct python_walk *walk = data;
+    if (!walk->tstate)
+        return 1;
+    if (read_pointer(walk->tstate + walk->proc.tstate_thread_id) == walk->fsbase) {
+        walk->found = 1;
+        return 1;
     }
+    walk->tstate = read_pointer(walk->tstate + walk->proc.tstate_next);
+    return 0;
+}
+
+static long walk_frame_step(__u64 index, void *data) {
+    struct python_walk *walk = data;
+    __u64 frame = walk->frame;
+    if (!frame)
+        return 1;
+    __u32 zero = 0;
+    struct otel_gpu_python_stack *stack = bpf_map_lookup_elem(&python_scratch, &zero);
+    if (!stack)
+        return 1;
+    __u64 code = read_pointer(frame + walk->proc.frame_code);
+    walk->frame = read_pointer(frame + walk->proc.frame_previous);
+    if (walk->proc.frame_owner != OTEL_GPU_PYTHON_NO_OFFSET) {
+        __u8 owner = 0;
+        if (bpf_probe_read_user(&owner, 1, (const void *)(frame + walk->proc.frame_owner)) == 0 &&
+            owner == walk->proc.owner_cstack)
+            return 0; /* the C stack's shim frame between two evaluation loops (3.12+) */
+    }
+    __u32 offset = 0;
+    if (walk->proc.instr_is_lasti) { /* 3.10: f_lasti, an int counting 2-byte code units */
+        __s32 lasti = 0;
+        bpf_probe_read_user(&lasti, sizeof(lasti), (const void *)(frame + walk->proc.frame_instr));
+        offset = lasti < 0 ? 0 : (__u32)lasti * 2;
+    } else { /* 3.11+: a pointer into the code object's co_code_adaptive */
+        __u64 instr = read_pointer(frame + walk->proc.frame_instr);
+        __u64 instructions = code + walk->proc.code_adaptive;
+        offset = instr > instructions ? (__u32)(instr - instructions) : 0;
+    }
+    __u32 depth = walk->depth;
+    if (depth >= OTEL_GPU_MAX_PYTHON_DEPTH)
+        return 1;
+    stack->code[depth] = code;
+    stack->offset[depth] = offset;
+    walk->depth = depth + 1;
+    walk->hash = mix(mix(walk->hash, code), offset);
     return 0;
 }
 
@@ -78,55 +122,29 @@ static __always_inline __u64 python_stack(__u32 pid) {
     struct otel_gpu_python_proc *proc = bpf_map_lookup_elem(&python_procs, &pid);
     if (!proc)
         return 0;
-    __u64 tstate = find_thread_state(proc);
-    if (!tstate) {
+    struct python_walk walk = {.proc = *proc};
+    struct task_struct *task = (struct task_struct *)bpf_get_current_task();
+    walk.fsbase = BPF_CORE_READ(task, thread.fsbase);
+    __u64 interp = read_pointer(walk.proc.interpreters_head);
+    walk.tstate = interp ? read_pointer(interp + walk.proc.interp_threads_head) : 0;
+    bpf_loop(PYTHON_THREADS_WALKED, find_thread_step, &walk, 0);
+    if (!walk.found) {
         bump(OTEL_GPU_STAT_PYTHON_NO_THREAD);
         return 0;
     }
+    walk.frame = read_pointer(walk.tstate + walk.proc.tstate_frame);
+    if (walk.proc.cframe_current != OTEL_GPU_PYTHON_NO_OFFSET && walk.frame)
+        walk.frame = read_pointer(walk.frame + walk.proc.cframe_current);
+    walk.hash = mix(0, pid);
+    /* more iterations than frames kept: shim frames take one each and are skipped */
+    bpf_loop(2 * OTEL_GPU_MAX_PYTHON_DEPTH, walk_frame_step, &walk, 0);
     __u32 zero = 0;
     struct otel_gpu_python_stack *stack = bpf_map_lookup_elem(&python_scratch, &zero);
-    if (!stack)
+    if (!stack || !walk.depth)
         return 0;
-    stack->depth = 0;
-    stack->flags = 0;
-    __u64 frame = read_pointer(tstate + proc->tstate_frame);
-    if (proc->cframe_current != OTEL_GPU_PYTHON_NO_OFFSET && frame)
-        frame = read_pointer(frame + proc->cframe_current);
-    __u64 hash = mix(0, pid);
-    __u32 depth = 0;
-    for (int i = 0; i < OTEL_GPU_MAX_PYTHON_DEPTH && frame; i++) {
-        __u64 code = read_pointer(frame + proc->frame_code);
-        __u64 next = read_pointer(frame + proc->frame_previous);
-        __u8 owner = 0;
-        if (proc->frame_owner != OTEL_GPU_PYTHON_NO_OFFSET &&
-            bpf_probe_read_user(&owner, 1, (const void *)(frame + proc->frame_owner)) == 0 &&
-            owner == proc->owner_cstack) {
-            frame = next; /* the C stack's shim frame between two evaluation loops (3.12+) */
-            continue;
-        }
-        __u32 offset = 0;
-        if (proc->instr_is_lasti) { /* 3.10: f_lasti, an int counting 2-byte code units */
-            __s32 lasti = 0;
-            bpf_probe_read_user(&lasti, sizeof(lasti), (const void *)(frame + proc->frame_instr));
-            offset = lasti < 0 ? 0 : (__u32)lasti * 2;
-        } else { /* 3.11+: a pointer into the code object's co_code_adaptive */
-            __u64 instr = read_pointer(frame + proc->frame_instr);
-            offset = instr > code + proc->code_adaptive ? (__u32)(instr - code - proc->code_adaptive) : 0;
-        }
-        if (depth < OTEL_GPU_MAX_PYTHON_DEPTH) {
-            stack->code[depth] = code;
-            stack->offset[depth] = offset;
-            depth++;
-        }
-        hash = mix(mix(hash, code), offset);
-        frame = next;
-    }
-    if (frame)
-        stack->flags |= OTEL_GPU_PYTHON_TRUNCATED;
-    stack->depth = depth;
-    if (!depth)
-        return 0;
-    hash |= 1; /* never 0, which means "no Python stack" */
+    stack->depth = walk.depth;
+    stack->flags = walk.frame ? OTEL_GPU_PYTHON_TRUNCATED : 0;
+    __u64 hash = walk.hash | 1; /* never 0, which means "no Python stack" */
     if (!bpf_map_lookup_elem(&python_stacks, &hash) && bpf_map_update_elem(&python_stacks, &hash, stack, BPF_ANY))
         bump(OTEL_GPU_STAT_PYTHON_STACKS_FULL);
     bump(OTEL_GPU_STAT_PYTHON_SAMPLES);
