@@ -14,6 +14,7 @@ import sys
 import threading
 
 SPIN = None
+C_SCALE = 200  # a C loop iteration costs far less than a Python one: the ctypes case runs about as long
 
 
 def loop(n):
@@ -24,11 +25,11 @@ def loop(n):
 
 
 def heavy(n):
-    return SPIN.spin_work(3 * n) if SPIN else loop(3 * n)  # LINE heavy
+    return SPIN.spin_work(3 * n * C_SCALE) if SPIN else loop(3 * n)  # LINE heavy
 
 
 def light(n):
-    return SPIN.spin_work(n) if SPIN else loop(n)  # LINE light
+    return SPIN.spin_work(n * C_SCALE) if SPIN else loop(n)  # LINE light
 
 
 class Steps:
