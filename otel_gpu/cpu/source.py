@@ -123,7 +123,8 @@ class CPUProfileSource:
     def _samples(self, pid: int, samples: list[StackCount]) -> tuple[Sample, ...]:
         stacks = sorted({s.user_stack for s in samples if s.user_stack})
         user_frames = dict(zip(stacks, self._symbolizer.user_stacks(pid, stacks), strict=True))
-        python = self._sampler.python_stacks({s.python_stack_id for s in samples if s.python_stack_id})
+        python_ids = {s.python_stack_id for s in samples if s.python_stack_id}
+        python = self._sampler.python_stacks(python_ids) if python_ids else {}
         merged: dict[tuple[tuple[Frame, ...], int, str], int] = defaultdict(int)
         for sample in samples:
             frames = self._symbolizer.kernel_stack(sample.kernel_stack) if sample.kernel_stack else ()
