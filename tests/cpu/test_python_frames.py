@@ -196,7 +196,10 @@ def test_each_interpreter_is_found_with_its_version(name: str) -> None:
         pid = int(process.stdout.readline().split()[1])
         found = find_python(pid)
         assert found is not None and not isinstance(found, str), found
-        assert "%d.%d" % found.version == name.removeprefix("debian-")
+        assert f"{found.version[0]}.{found.version[1]}" == name.removeprefix("debian-")
+        if found.version >= (3, 13):  # read from _Py_DebugOffsets: the same as the table's row
+            row = load_layouts()[found.version]
+            assert {k: v for k, v in found.layout.items() if k in row} == {k: row[k] for k in found.layout if k in row}
         assert PythonFrames().discover(pid) is not None
     finally:
         process.kill()
