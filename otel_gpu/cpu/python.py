@@ -377,9 +377,13 @@ class PythonFrames:
         self._proc_root = proc_root
         self._readers: dict[int, CodeReader] = {}
         self._unsupported: dict[int, str] = {}
+        self._executables: dict[int, str] = {}  # pid -> its executable when discovered
 
     def discover(self, pid: int) -> PythonProcess | None:
         """Looks at a new process once; returns what the walker must be given (None: nothing to walk)."""
+        self._readers.pop(pid, None)
+        self._unsupported.pop(pid, None)
+        self._executables[pid] = self._executable(pid)
         try:
             found = find_python(pid, self._proc_root)
         except (OSError, ValueError, struct.error) as exc:  # a file that changed under us: native frames only
@@ -409,7 +413,19 @@ class PythonFrames:
                               otel_gpu__reason=semconv.Reason.PYTHON_CODE_UNREADABLE)
         return merge(native, python)
 
+    def executable_changed(self, pid: int) -> bool:
+        """True when ``pid`` was discovered and has run exec since (it was first sampled between fork and exec)."""
+        known = self._executables.get(pid)
+        return known is not None and known != self._executable(pid) != ""
+
     def forget(self, pids: Sequence[int]) -> None:
         for pid in pids:
             self._readers.pop(pid, None)
             self._unsupported.pop(pid, None)
+            self._executables.pop(pid, None)
+
+    def _executable(self, pid: int) -> str:
+        try:
+            return os.readlink(f"{self._proc_root}/{pid}/exe")
+        except OSError:
+            return ""

@@ -160,6 +160,12 @@ class CPUSampler:
         if bpf is not None:
             bpf.map("python_procs").update(ctypes.c_uint32(pid), proc)
 
+    def unregister_python(self, pid: int) -> None:
+        """Stop walking the Python frames of ``pid`` (it no longer runs a supported CPython)."""
+        bpf = self._bpf
+        if bpf is not None:
+            bpf.map("python_procs").delete(ctypes.c_uint32(pid))
+
     def python_stacks(self, ids: Iterable[int]) -> dict[int, abi.PythonStack]:
         """The Python stacks of these ids (from :attr:`StackCount.python_stack_id`); ids evicted meanwhile are
         missing."""

@@ -75,6 +75,9 @@ class CPUProfileSource:
         by_pid: dict[int, list[StackCount]] = defaultdict(list)
         for sample in raw:
             by_pid[sample.pid].append(sample)
+        for pid in by_pid:
+            if self._python.executable_changed(pid):  # first sampled between fork and exec: look again
+                self._register_python(pid)
         processes = []
         for pid, samples in sorted(by_pid.items()):
             info = self._identity(pid, samples)
@@ -105,9 +108,14 @@ class CPUProfileSource:
         if not self._symbolizer.remember(pid):
             selfmetrics.count(semconv.SELF_ERRORS.name, otel_gpu__source=SOURCE,
                               otel_gpu__reason=semconv.Reason.PROCESS_GONE)
+        self._register_python(pid)
+
+    def _register_python(self, pid: int) -> None:
         python = self._python.discover(pid)
         if python is not None:
             self._sampler.register_python(pid, python.proc)
+        else:
+            self._sampler.unregister_python(pid)
 
     def _identity(self, pid: int, samples: list[StackCount]) -> ProcessInfo:
         info = self._resolver.info(pid) or self._resolver.cached(pid)

@@ -222,3 +222,30 @@ def test_an_unsupported_version_gets_one_frame_naming_it() -> None:
     finally:
         process.kill()
         process.wait()
+
+
+@pytest.mark.root
+def test_a_process_first_sampled_before_it_execs_python_gets_its_frames() -> None:
+    """A shell spins (sampled and announced as a shell), then execs Python: the next drain sees the new executable
+    and registers it, so the Python work after that has its frames."""
+    python = _interpreter("3.12")
+    script = f"i=0; while [ $i -lt 300000 ]; do i=$((i+1)); done; exec {python} {WORKLOAD} one 30 {UNIT}"
+    source = CPUProfileSource(ProfilingConfig(frequency_hz=199), ProcessResolver())
+    source.open()
+    process = subprocess.Popen(["sh", "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert process.stdin is not None and process.stdout is not None
+    try:
+        line = process.stdout.readline().split()
+        pid = int(line[1])
+        assert pid == process.pid
+        first = [s for b in source.drain() for p in b.processes if p.process.pid == pid for s in p.samples]
+        assert sum(s.value for s in first) > 5  # the shell was sampled: the process was announced before exec
+        process.stdin.write("go\n")
+        process.stdin.flush()
+        assert process.stdout.readline().strip() == "done"
+        samples = [s for b in source.drain() for p in b.processes if p.process.pid == pid for s in p.samples]
+    finally:
+        source.close()
+        process.kill()
+        process.wait()
+    _check_chain_and_split(samples, "3.12")
