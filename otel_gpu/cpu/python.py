@@ -224,6 +224,7 @@ class CodeReader:
         self.process = process
         self._proc_root = proc_root
         self._cache: dict[int, _Code | None] = {}
+        self._frames: dict[tuple[int, int], Frame] = {}  # (code address, instruction offset) -> its frame
         self.read_errors = 0
 
     def frames(self, stack: abi.PythonStack) -> tuple[Frame, ...]:
@@ -232,18 +233,25 @@ class CodeReader:
         missing = [stack.code[i] for i in range(depth) if stack.code[i] not in self._cache]
         if missing:
             self._read(missing)
+        if len(self._frames) > _CODE_CACHE_ENTRIES:
+            self._frames.clear()
         out = []
         for i in range(depth):
-            code = self._cache.get(stack.code[i])
-            if code is None:
-                continue
-            out.append(Frame(code.name, FrameKind.PYTHON, filename=code.filename,
-                             line=self._line(code, stack.offset[i])))
+            key = (stack.code[i], stack.offset[i])
+            frame = self._frames.get(key)
+            if frame is None:
+                code = self._cache.get(key[0])
+                if code is None:
+                    continue
+                frame = self._frames[key] = Frame(code.name, FrameKind.PYTHON, filename=code.filename,
+                                                  line=self._line(code, key[1]))
+            out.append(frame)
         return tuple(out)
 
     def _read(self, addresses: list[int]) -> None:
         if len(self._cache) + len(addresses) > _CODE_CACHE_ENTRIES:
             self._cache.clear()
+            self._frames.clear()
         try:
             memory = ProcessMemory(self.process.pid, self._proc_root)
         except OSError:
