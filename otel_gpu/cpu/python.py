@@ -215,40 +215,47 @@ class _Code:
     filename: str
     first_line: int
     linetable: bytes
+    identity: tuple[int, ...]  # type, name, file and line table pointers, first line: differ when the address is reused
 
 
 class CodeReader:
-    """Names, files and lines of one process's code objects, read from its memory and cached within a bound."""
+    """Names, files and lines of one process's code objects, read from its memory and cached within a bound.
+
+    A cached code object is checked once per drain (:meth:`new_drain`) with one small read: a code object freed and
+    another allocated at its address must not keep the old name."""
 
     def __init__(self, process: PythonProcess, proc_root: str = "/proc") -> None:
         self.process = process
         self._proc_root = proc_root
         self._cache: dict[int, _Code | None] = {}
-        self._frames: dict[tuple[int, int], Frame] = {}  # (code address, instruction offset) -> its frame
+        self._frames: dict[int, dict[int, Frame]] = {}  # code address -> instruction offset -> its frame
+        self._checked: set[int] = set()  # code addresses checked since the last drain began
         self.read_errors = 0
+
+    def new_drain(self) -> None:
+        self._checked.clear()
 
     def frames(self, stack: abi.PythonStack) -> tuple[Frame, ...]:
         """The stack's frames, innermost first; code objects that cannot be read are left out (and counted)."""
         depth = min(stack.depth, abi.MAX_PYTHON_DEPTH)
-        missing = [stack.code[i] for i in range(depth) if stack.code[i] not in self._cache]
-        if missing:
-            self._read(missing)
-        if len(self._frames) > _CODE_CACHE_ENTRIES:
-            self._frames.clear()
+        unchecked = [stack.code[i] for i in range(depth) if stack.code[i] not in self._checked]
+        if unchecked:
+            self._refresh(unchecked)
         out = []
         for i in range(depth):
-            key = (stack.code[i], stack.offset[i])
-            frame = self._frames.get(key)
+            address, offset = stack.code[i], stack.offset[i]
+            by_offset = self._frames.get(address)
+            frame = by_offset.get(offset) if by_offset is not None else None
             if frame is None:
-                code = self._cache.get(key[0])
+                code = self._cache.get(address)
                 if code is None:
                     continue
-                frame = self._frames[key] = Frame(code.name, FrameKind.PYTHON, filename=code.filename,
-                                                  line=self._line(code, key[1]))
+                frame = Frame(code.name, FrameKind.PYTHON, filename=code.filename, line=self._line(code, offset))
+                self._frames.setdefault(address, {})[offset] = frame
             out.append(frame)
         return tuple(out)
 
-    def _read(self, addresses: list[int]) -> None:
+    def _refresh(self, addresses: list[int]) -> None:
         if len(self._cache) + len(addresses) > _CODE_CACHE_ENTRIES:
             self._cache.clear()
             self._frames.clear()
@@ -258,7 +265,12 @@ class CodeReader:
             self.read_errors += len(addresses)
             return
         try:
-            for address in addresses:
+            for address in dict.fromkeys(addresses):
+                self._checked.add(address)
+                cached = self._cache.get(address)
+                if cached is not None and cached.identity == self._identity(memory, address):
+                    continue
+                self._frames.pop(address, None)
                 code = self._read_code(memory, address)
                 if code is None:
                     self.read_errors += 1
@@ -266,24 +278,30 @@ class CodeReader:
         finally:
             memory.close()
 
-    def _read_code(self, memory: ProcessMemory, address: int) -> _Code | None:
+    def _identity(self, memory: ProcessMemory, address: int) -> tuple[int, ...]:
         layout = self.process.layout
-        if memory.u64(address + 8) != self.process.code_type:  # ob_type
-            return None
         header = memory.read(address, max(layout["code_linetable"], layout["code_qualname"],
                                           layout["code_filename"], layout["code_firstlineno"]) + 8)
         if not header:
-            return None
+            return ()
         pointer = struct.Struct("<Q")
-        name = self._str(memory, pointer.unpack_from(header, layout["code_qualname"])[0])
-        filename = self._str(memory, pointer.unpack_from(header, layout["code_filename"])[0])
-        first_line = struct.unpack_from("<i", header, layout["code_firstlineno"])[0]
-        table = pointer.unpack_from(header, layout["code_linetable"])[0]
+        return (pointer.unpack_from(header, 8)[0], pointer.unpack_from(header, layout["code_qualname"])[0],
+                pointer.unpack_from(header, layout["code_filename"])[0],
+                pointer.unpack_from(header, layout["code_linetable"])[0],
+                struct.unpack_from("<i", header, layout["code_firstlineno"])[0])
+
+    def _read_code(self, memory: ProcessMemory, address: int) -> _Code | None:
+        layout = self.process.layout
+        identity = self._identity(memory, address)
+        if not identity or identity[0] != self.process.code_type:  # ob_type
+            return None
+        _type, qualname, filename, table, first_line = identity
+        name, file = self._str(memory, qualname), self._str(memory, filename)
         size = memory.u64(table + layout.get("bytes_size", 16)) or 0
         linetable = memory.read(table + layout.get("bytes_data", 32), min(size, 1 << 20)) if size else b""
-        if name is None or filename is None:
+        if name is None or file is None:
             return None
-        return _Code(name, filename, first_line, linetable)
+        return _Code(name, file, first_line, linetable, identity)
 
     def _str(self, memory: ProcessMemory, address: int) -> str | None:
         """A compact str's text (every str the compiler makes is compact)."""
@@ -405,6 +423,11 @@ class PythonFrames:
         if found is not None:
             self._readers[pid] = CodeReader(found, self._proc_root)
         return found
+
+    def new_drain(self) -> None:
+        """Cached code objects get checked again (once) from now on."""
+        for reader in self._readers.values():
+            reader.new_drain()
 
     def merged(self, pid: int, native: tuple[Frame, ...], stack: abi.PythonStack | None) -> tuple[Frame, ...]:
         """The user frames of one sample, leaf first, with its Python frames merged in."""

@@ -75,6 +75,7 @@ class CPUProfileSource:
         by_pid: dict[int, list[StackCount]] = defaultdict(list)
         for sample in raw:
             by_pid[sample.pid].append(sample)
+        self._python.new_drain()
         for pid in by_pid:
             if self._python.executable_changed(pid):  # first sampled between fork and exec: look again
                 self._register_python(pid)

@@ -5,13 +5,15 @@ offsetof() compiled with each installed interpreter's own internal headers; the 
 from __future__ import annotations
 
 import glob
+import os
 import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 
-from otel_gpu.cpu.python import _line_310, _line_311, load_layouts, merge
+from otel_gpu.cpu.python import CodeReader, PythonProcess, _line_310, _line_311, find_python, load_layouts, merge
+from otel_gpu.ebpf import abi
 from otel_gpu.profiles.model import Frame, FrameKind
 
 PROGRAM = r"""
@@ -116,3 +118,24 @@ def test_line_tables() -> None:
     expected = [line for _, _, line in sample.__code__.co_lines() if line is not None]
     assert lines_of(sample) == expected
     assert len(set(expected)) == 4
+
+
+def test_a_code_address_reused_by_another_code_object_is_read_again() -> None:
+    """The reader checks cached code objects once per drain; here the cache holds another function's entry at the
+    address (as after the old code object was freed and a new one allocated there)."""
+    found = find_python(os.getpid())  # this test's own interpreter, read through /proc/PID/mem like any other
+    assert isinstance(found, PythonProcess), found
+    reader = CodeReader(found)
+
+    def first() -> None: ...
+
+    def second() -> None: ...
+
+    stack = abi.PythonStack(depth=1)
+    stack.code[0] = id(first.__code__)
+    assert reader.frames(stack)[0].function.endswith("first")
+    reader._cache[id(second.__code__)] = reader._cache[id(first.__code__)]  # what the address held before
+    reader.new_drain()
+    stack.code[0] = id(second.__code__)
+    frame = reader.frames(stack)[0]
+    assert frame.function.endswith("second") and frame.filename == __file__ and frame.line > 0
