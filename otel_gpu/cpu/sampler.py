@@ -8,6 +8,8 @@ already read the old value to finish (they run for microseconds), then reads and
 The first sample of each process is announced through a ring buffer, which a background thread polls, so that
 the process's mappings can be captured while it still runs (``on_new_process``). A sample whose stack id collides in
 the stack map comes whole through a second ring buffer (polled by the same thread) and is added to the next drain.
+Processes registered with :meth:`CPUSampler.register_python` also get their Python stack walked at each sample
+(``programs/python_frames.h``); :meth:`CPUSampler.python_stacks` reads those by the id each sample carries.
 """
 
 from __future__ import annotations

@@ -2,6 +2,7 @@
 """A Python workload with a known call chain and a 3:1 split of work by iteration counts, for any CPython 3.10+.
 
     python py_chain.py MODE ROUNDS UNIT     MODE: one | two (two threads) | ctypes (the work in libpyspin.so)
+                                            | crowd (one, behind 100 idle Python threads created after main's)
 
 main -> run_rounds -> step -> heavy (3 x UNIT iterations) / light (UNIT iterations); heavy and light run the same
 loop, so their CPU time is 3:1. Prints "ready PID", waits for a line on stdin, works, prints "done", waits again
@@ -52,6 +53,10 @@ def main():
                                         "libpyspin.so"))
         SPIN.spin_work.argtypes = [ctypes.c_uint64]
         SPIN.spin_work.restype = ctypes.c_uint64
+    idle = threading.Event()
+    if mode == "crowd":  # newer thread states come first in the interpreter's list: main's is the 101st
+        for _ in range(100):
+            threading.Thread(target=idle.wait, daemon=True).start()
     print("ready", os.getpid(), flush=True)
     sys.stdin.readline()
     if mode == "two":

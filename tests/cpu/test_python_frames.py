@@ -131,6 +131,12 @@ def test_one_thread_chain_lines_and_split(name: str, tmp_path: Path) -> None:
     _pprof_reads(batch, tmp_path)
 
 
+@pytest.mark.root
+def test_a_thread_behind_a_hundred_others_is_found() -> None:
+    samples, _, _ = _profile(_interpreter("3.12"), "crowd", 30)
+    _check_chain_and_split(samples, "3.12")
+
+
 def _pprof_reads(batch: ProfileBatch, tmp_path: Path) -> None:
     path = tmp_path / "cpu.pb.gz"
     path.write_bytes(encode_pprof(batch))

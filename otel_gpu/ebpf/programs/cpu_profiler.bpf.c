@@ -4,7 +4,9 @@
  * and kernel stacks (frame-pointer unwinding by bpf_get_stackid) and counts it in the current generation's hash map
  * keyed by (tgid, tid, user stack id, kernel stack id). User space flips the generation in `control` and drains
  * the other one. The first sample of a process is announced through the process_events ring buffer. When a stack id
- * collides in the stack map (-EEXIST), the whole sample goes through the raw_samples ring buffer instead.
+ * collides in the stack map (-EEXIST), the whole sample goes through the raw_samples ring buffer instead. In a
+ * process the agent registered as CPython, the thread's Python frames are walked too (python_frames.h) and the
+ * sample's key carries the id of that Python stack.
  */
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>

@@ -21,7 +21,7 @@
 #ifdef __BPF__ /* the BPF program's code: user space shares only cpu_profiler.h's structs */
 #include <bpf/bpf_core_read.h>
 
-#define PYTHON_THREADS_WALKED 64 /* threads of one interpreter looked at, at most */
+#define PYTHON_THREADS_WALKED 128 /* threads of one interpreter looked at, at most (the newest first) */
 
 struct {
     __uint(type, BPF_MAP_TYPE_HASH);
