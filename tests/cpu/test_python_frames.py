@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import glob
 import subprocess
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -15,6 +16,7 @@ import pytest
 
 from otel_gpu.config import ProfilingConfig
 from otel_gpu.cpu.python import PythonFrames, find_python, load_layouts
+from otel_gpu.cpu.sampler import CPUSampler
 from otel_gpu.cpu.source import CPUProfileSource
 from otel_gpu.procfs import ProcessResolver
 from otel_gpu.profiles.model import Frame, FrameKind, ProfileBatch, Sample
@@ -255,3 +257,32 @@ def test_a_process_first_sampled_before_it_execs_python_gets_its_frames() -> Non
         process.kill()
         process.wait()
     _check_chain_and_split(samples, "3.12")
+
+
+@pytest.mark.root
+def test_whole_samples_through_the_ring_buffer_carry_their_python_stack() -> None:
+    """raw_only sends every sample whole (the path a stack-id collision takes): each still carries its Python stack."""
+    process = subprocess.Popen([_interpreter("3.11"), str(WORKLOAD), "one", "10", str(UNIT)], stdin=subprocess.PIPE,
+                               stdout=subprocess.PIPE, text=True)
+    assert process.stdin is not None and process.stdout is not None
+    sampler = CPUSampler(199, pids=[int(process.stdout.readline().split()[1])], raw_only=True)
+    sampler.open()
+    try:
+        frames = PythonFrames()
+        found = frames.discover(process.pid)
+        assert found is not None
+        sampler.register_python(process.pid, found.proc)
+        process.stdin.write("go\n")
+        process.stdin.flush()
+        assert process.stdout.readline().strip() == "done"
+        time.sleep(0.3)  # the ring buffer's poller hands the last samples over
+        samples = [s for s in sampler.drain() if s.pid == process.pid]
+        stacks = sampler.python_stacks({s.python_stack_id for s in samples if s.python_stack_id})
+        names = Counter(f.function for s in samples for f in frames.merged(process.pid, (), stacks.get(
+            s.python_stack_id)))
+    finally:
+        sampler.close()
+        process.kill()
+        process.wait()
+    assert len(samples) > 50 and sum(1 for s in samples if s.python_stack_id) / len(samples) > 0.9
+    assert names["heavy"] > 2 * names["light"] > 0, names
