@@ -140,8 +140,7 @@ def find_python(pid: int, proc_root: str = "/proc") -> PythonProcess | str | Non
             continue
         bias = starts[path] - base
         match = _LIBRARY.search(path)
-        assert match is not None
-        version = (int(match.group(1)), int(match.group(2)))
+        version = (int(match.group(1)), int(match.group(2))) if match else (0, 0)
         try:
             memory = ProcessMemory(pid, proc_root)
         except OSError:
@@ -171,6 +170,10 @@ def _describe(pid: int, version: tuple[int, int], runtime: int, code_type: int,
             return name
         layout = table[version]
     none = abi.PYTHON_NO_OFFSET
+    walked = ("interp_threads_head", "tstate_next", "tstate_thread_id", "tstate_frame", "cframe_current",
+              "frame_code", "frame_previous", "frame_instr", "frame_owner", "code_adaptive")
+    if any(not 0 <= layout[field] < none for field in walked):
+        return name  # an offset the walker's 16-bit fields cannot hold: not this layout
     legacy = bool(layout.get("frame_objects"))
     proc = abi.PythonProc(
         interpreters_head=runtime + layout["runtime_interpreters_head"],
