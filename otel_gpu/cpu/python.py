@@ -30,8 +30,9 @@ LAYOUTS_HEADER = Path(__file__).resolve().parent.parent / "cuda" / "native" / "p
 INTERPRETER_LOOPS = frozenset({"_PyEval_EvalFrameDefault", "_PyEval_EvalFrame", "PyEval_EvalFrameEx"})
 _LIBRARY = re.compile(r"(?:^|/)(?:lib)?python(\d)\.(\d+)[a-z]*(?:\.so[.\d]*)?$")
 _DEBUG_COOKIE = b"xdebugpy"
-_CODE_CACHE_ENTRIES = 65536
+_CODE_CACHE_ENTRIES = 16384  # per process; with line tables of at most _LINETABLE_BYTES
 _NAME_BYTES = 1024
+_LINETABLE_BYTES = 65536  # a longer table is cut: lines past it read as 0
 _OWNER_CSTACK_NONE = 0xFF
 
 
@@ -301,7 +302,7 @@ class CodeReader:
         _type, qualname, filename, table, first_line = identity
         name, file = self._str(memory, qualname), self._str(memory, filename)
         size = memory.u64(table + layout.get("bytes_size", 16)) or 0
-        linetable = memory.read(table + layout.get("bytes_data", 32), min(size, 1 << 20)) if size else b""
+        linetable = memory.read(table + layout.get("bytes_data", 32), min(size, _LINETABLE_BYTES)) if size else b""
         if name is None or file is None:
             return None
         return _Code(name, file, first_line, linetable, identity)
