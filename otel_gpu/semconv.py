@@ -218,6 +218,11 @@ class Reason(enum.StrEnum):
     STACK_COLLISION = "stack_collision"  # stack-map hash collision (the sample is sent whole instead)
     STACK_ERROR = "stack_error"  # bpf_get_stackid failed otherwise
     EVENT_POLL = "event_poll"
+    PYTHON_NO_THREAD = "python_no_thread"  # a Python process's thread without a PyThreadState: native frames only
+    PYTHON_TRUNCATED = "python_truncated"  # Python stack deeper than the walker's bound: outermost frames cut
+    PYTHON_STACKS_FULL = "python_stacks_full"  # the BPF map of Python stacks refused one: its frames lost
+    PYTHON_CODE_UNREADABLE = "python_code_unreadable"  # a code object could not be read: that frame left out
+    PYTHON_UNSUPPORTED = "python_unsupported"  # a CPython version without a layout: native frames only
     PROCESS_GONE = "process_gone"  # the process exited before its identity was read
     # source errors: symbolizer and /proc
     NO_SYMBOL = "no_symbol"

@@ -8,6 +8,8 @@ already read the old value to finish (they run for microseconds), then reads and
 The first sample of each process is announced through a ring buffer, which a background thread polls, so that
 the process's mappings can be captured while it still runs (``on_new_process``). A sample whose stack id collides in
 the stack map comes whole through a second ring buffer (polled by the same thread) and is added to the next drain.
+Processes registered with :meth:`CPUSampler.register_python` also get their Python stack walked at each sample
+(``programs/python_frames.h``); :meth:`CPUSampler.python_stacks` reads those by the id each sample carries.
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ class StackCount:
     user_stack: tuple[int, ...]
     kernel_stack: tuple[int, ...]
     user_stack_lost: bool = False
+    python_stack_id: int = 0  # key in the python_stacks map (python_frames.h), 0 when none
 
 
 class CPUSampler:
@@ -150,7 +153,33 @@ class CPUSampler:
                 pid=key.pid, tid=key.tid, comm=value.comm.decode(errors="replace"), count=value.count,
                 user_stack=stacks.get(user_id, ()) if user_id >= 0 else (),
                 kernel_stack=stacks.get(kernel_id, ()) if kernel_id >= 0 else (),
-                user_stack_lost=user_id < 0 and user_id != _EFAULT))
+                user_stack_lost=user_id < 0 and user_id != _EFAULT, python_stack_id=key.python_stack_id))
+        return out
+
+    def register_python(self, pid: int, proc: abi.PythonProc) -> None:
+        """Have the BPF program walk the Python frames of ``pid`` (see :mod:`otel_gpu.cpu.python`)."""
+        bpf = self._bpf
+        if bpf is not None:
+            bpf.map("python_procs").update(ctypes.c_uint32(pid), proc)
+
+    def unregister_python(self, pid: int) -> None:
+        """Stop walking the Python frames of ``pid`` (it no longer runs a supported CPython)."""
+        bpf = self._bpf
+        if bpf is not None:
+            bpf.map("python_procs").delete(ctypes.c_uint32(pid))
+
+    def python_stacks(self, ids: Iterable[int]) -> dict[int, abi.PythonStack]:
+        """The Python stacks of these ids (from :attr:`StackCount.python_stack_id`); ids evicted meanwhile are
+        missing."""
+        bpf = self._bpf
+        if bpf is None:
+            return {}
+        stacks = bpf.map("python_stacks")
+        out = {}
+        for stack_id in ids:
+            raw = stacks.lookup(ctypes.c_uint64(stack_id))
+            if raw is not None:
+                out[stack_id] = abi.PythonStack.from_buffer_copy(raw[:ctypes.sizeof(abi.PythonStack)])
         return out
 
     def forget(self, pids: Iterable[int]) -> None:
@@ -158,9 +187,10 @@ class CPUSampler:
         bpf = self._bpf
         if bpf is None:
             return
-        known = bpf.map("known_pids")
+        known, python = bpf.map("known_pids"), bpf.map("python_procs")
         for pid in pids:
             known.delete(ctypes.c_uint32(pid))
+            python.delete(ctypes.c_uint32(pid))
 
     def stats(self) -> dict[str, int]:
         """Totals of the BPF-side statistics since open (names of :class:`otel_gpu.ebpf.abi.CPUStat`)."""
@@ -224,6 +254,12 @@ class CPUSampler:
         if delta[abi.CPUStat.STACK_ERROR]:
             selfmetrics.count(semconv.SELF_ERRORS.name, delta[abi.CPUStat.STACK_ERROR], otel_gpu__source=SOURCE,
                               otel_gpu__reason=semconv.Reason.STACK_ERROR)
+        python_errors = ((semconv.Reason.PYTHON_NO_THREAD, delta[abi.CPUStat.PYTHON_NO_THREAD]),
+                         (semconv.Reason.PYTHON_TRUNCATED, delta[abi.CPUStat.PYTHON_TRUNCATED]),
+                         (semconv.Reason.PYTHON_STACKS_FULL, delta[abi.CPUStat.PYTHON_STACKS_FULL]))
+        for reason, amount in python_errors:
+            if amount:
+                selfmetrics.count(semconv.SELF_ERRORS.name, amount, otel_gpu__source=SOURCE, otel_gpu__reason=reason)
         if delta[abi.CPUStat.COUNTS_FULL]:
             _logger.warning("CPU sampler: %d samples dropped because the counts map was full (shorten "
                             "--profiling-interval)", delta[abi.CPUStat.COUNTS_FULL])
@@ -239,7 +275,8 @@ class CPUSampler:
         kernel = tuple(raw.kernel[:max(0, raw.kernel_bytes) // 8])
         sample = StackCount(pid=raw.pid, tid=raw.tid, comm=raw.comm.decode(errors="replace"), count=1,
                            user_stack=user, kernel_stack=kernel,
-                           user_stack_lost=raw.user_bytes < 0 and raw.user_bytes != _EFAULT)
+                           user_stack_lost=raw.user_bytes < 0 and raw.user_bytes != _EFAULT,
+                           python_stack_id=raw.python_stack_id)
         with self._raw_lock:
             self._raw.append(sample)
 

@@ -19,6 +19,7 @@ from collections import defaultdict
 
 from otel_gpu import selfmetrics, semconv
 from otel_gpu.config import ProfilingConfig
+from otel_gpu.cpu.python import PythonFrames
 from otel_gpu.cpu.sampler import SOURCE, CPUSampler, StackCount
 from otel_gpu.procfs import ProcessInfo, ProcessResolver
 from otel_gpu.profiles.model import Frame, ProcessProfile, ProfileBatch, Sample, cpu_profile_type
@@ -58,6 +59,7 @@ class CPUProfileSource:
         self._sampler = sampler or CPUSampler(config.frequency_hz, pids=self._selection.pids,
                                               exclude_tgid=0 if config.include_self else os.getpid(),
                                               on_new_process=self._on_new_process)
+        self._python = PythonFrames()
         self._started_ns = 0
         self._stopping = False
         self._allowance = ReadAllowance(SYMBOL_READ_SHARE, SYMBOL_READ_BURST_S, time.monotonic())
@@ -98,6 +100,10 @@ class CPUProfileSource:
         by_pid: dict[int, list[StackCount]] = defaultdict(list)
         for sample in raw:
             by_pid[sample.pid].append(sample)
+        self._python.new_drain()
+        for pid in by_pid:
+            if self._python.executable_changed(pid):  # first sampled between fork and exec: look again
+                self._register_python(pid)
         processes = []
         for pid, samples in sorted(by_pid.items()):
             info = self._identity(pid, samples)
@@ -112,6 +118,7 @@ class CPUProfileSource:
         with self._comms_lock:
             for pid in gone:
                 self._comms.pop(pid, None)
+        self._python.forget(gone)
         self._sampler.forget(gone)  # a process that reuses the pid gets announced (and snapshotted) again
         return [ProfileBatch(type=cpu_profile_type(self.config.frequency_hz), start_unix_nano=start_ns,
                              duration_nano=max(0, now_ns - start_ns), processes=tuple(processes))]
@@ -128,6 +135,14 @@ class CPUProfileSource:
         if not self._symbolizer.remember(pid):
             selfmetrics.count(semconv.SELF_ERRORS.name, otel_gpu__source=SOURCE,
                               otel_gpu__reason=semconv.Reason.PROCESS_GONE)
+        self._register_python(pid)
+
+    def _register_python(self, pid: int) -> None:
+        python = self._python.discover(pid)
+        if python is not None:
+            self._sampler.register_python(pid, python.proc)
+        else:
+            self._sampler.unregister_python(pid)
 
     def _identity(self, pid: int, samples: list[StackCount]) -> ProcessInfo:
         info = self._resolver.info(pid) or self._resolver.cached(pid)
@@ -143,10 +158,13 @@ class CPUProfileSource:
     def _samples(self, pid: int, samples: list[StackCount], deadline: float) -> tuple[Sample, ...]:
         stacks = sorted({s.user_stack for s in samples if s.user_stack})
         user_frames = dict(zip(stacks, self._symbolizer.user_stacks(pid, stacks, deadline), strict=True))
+        python_ids = {s.python_stack_id for s in samples if s.python_stack_id}
+        python = self._sampler.python_stacks(python_ids) if python_ids else {}
         merged: dict[tuple[tuple[Frame, ...], int, str], int] = defaultdict(int)
         for sample in samples:
             frames = self._symbolizer.kernel_stack(sample.kernel_stack) if sample.kernel_stack else ()
-            frames += user_frames.get(sample.user_stack, ())
+            frames += self._python.merged(pid, user_frames.get(sample.user_stack, ()),
+                                          python.get(sample.python_stack_id))
             merged[(frames or (_UNKNOWN,), sample.tid, sample.comm)] += sample.count
         return tuple(Sample(frames, count, thread_id=tid, thread_name=comm)
                      for (frames, tid, comm), count in merged.items())

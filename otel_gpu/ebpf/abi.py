@@ -34,9 +34,16 @@ class CPUStat(enum.IntEnum):
     EVENTS_FULL = 6
     RAW_SENT = 7
     RAW_FULL = 8
+    PYTHON_SAMPLES = 9
+    PYTHON_NO_THREAD = 10
+    PYTHON_TRUNCATED = 11
+    PYTHON_STACKS_FULL = 12
 
 
-STAT_COUNT = 9
+STAT_COUNT = 13
+PYTHON_NO_OFFSET = 0xFFFF
+MAX_PYTHON_DEPTH = 64
+PYTHON_TRUNCATED = 1
 
 
 class SampleKey(ctypes.Structure):
@@ -47,6 +54,7 @@ class SampleKey(ctypes.Structure):
         ("tid", ctypes.c_uint32),
         ("user_stack_id", ctypes.c_int32),
         ("kernel_stack_id", ctypes.c_int32),
+        ("python_stack_id", ctypes.c_uint64),
     ]
 
 
@@ -76,8 +84,42 @@ class RawSample(ctypes.Structure):
         ("user_bytes", ctypes.c_int32),
         ("kernel_bytes", ctypes.c_int32),
         ("comm", ctypes.c_char * COMM_LEN),
+        ("python_stack_id", ctypes.c_uint64),
         ("user", ctypes.c_uint64 * MAX_STACK_DEPTH),
         ("kernel", ctypes.c_uint64 * MAX_STACK_DEPTH),
+    ]
+
+
+class PythonProc(ctypes.Structure):
+    """struct otel_gpu_python_proc."""
+
+    _fields_ = [
+        ("interpreters_head", ctypes.c_uint64),
+        ("version", ctypes.c_uint32),
+        ("interp_threads_head", ctypes.c_uint16),
+        ("tstate_next", ctypes.c_uint16),
+        ("tstate_thread_id", ctypes.c_uint16),
+        ("tstate_frame", ctypes.c_uint16),
+        ("cframe_current", ctypes.c_uint16),
+        ("frame_code", ctypes.c_uint16),
+        ("frame_previous", ctypes.c_uint16),
+        ("frame_instr", ctypes.c_uint16),
+        ("frame_owner", ctypes.c_uint16),
+        ("code_adaptive", ctypes.c_uint16),
+        ("instr_is_lasti", ctypes.c_uint8),
+        ("owner_cstack", ctypes.c_uint8),
+        ("reserved", ctypes.c_uint8 * 6),
+    ]
+
+
+class PythonStack(ctypes.Structure):
+    """struct otel_gpu_python_stack."""
+
+    _fields_ = [
+        ("depth", ctypes.c_uint32),
+        ("flags", ctypes.c_uint32),
+        ("code", ctypes.c_uint64 * MAX_PYTHON_DEPTH),
+        ("offset", ctypes.c_uint32 * MAX_PYTHON_DEPTH),
     ]
 
 

@@ -36,6 +36,8 @@ STRUCTS: dict[str, type[ctypes.Structure]] = {
     "otel_gpu_process_event": ebpf_abi.ProcessEvent,
     "otel_gpu_raw_sample": ebpf_abi.RawSample,
     "otel_gpu_control": ebpf_abi.Control,
+    "otel_gpu_python_proc": ebpf_abi.PythonProc,
+    "otel_gpu_python_stack": ebpf_abi.PythonStack,
     # gpu_time.h
     "otel_gpu_event": cuda_abi.EventC,
     "otel_gpu_kstack": cuda_abi.KStackC,
@@ -55,6 +57,9 @@ CONSTANTS: dict[str, int] = {
     # cpu_profiler.h
     "OTEL_GPU_MAX_STACK_DEPTH": ebpf_abi.MAX_STACK_DEPTH,
     "OTEL_GPU_STAT_COUNT": ebpf_abi.STAT_COUNT,
+    "OTEL_GPU_PYTHON_NO_OFFSET": ebpf_abi.PYTHON_NO_OFFSET,
+    "OTEL_GPU_MAX_PYTHON_DEPTH": ebpf_abi.MAX_PYTHON_DEPTH,
+    "OTEL_GPU_PYTHON_TRUNCATED": ebpf_abi.PYTHON_TRUNCATED,
     # gpu_time.h
     "OTEL_GPU_KSTACK_DEPTH": cuda_abi.KSTACK_DEPTH,
     "OTEL_GPU_DROP_REASONS": len(cuda_abi.DROP_REASONS),

@@ -6,8 +6,7 @@
  * everything read here is immutable (code objects, their name/filename strings and line tables), so reading without
  * the GIL is safe; nothing is written, no reference counts are touched, nothing is allocated.
  *
- * Layouts of CPython 3.11, 3.12 and 3.13 (default build; offsets printed by offsetof() against each version's
- * internal headers: Include/internal/pycore_frame.h, Include/cpython/code.h, Include/cpython/unicodeobject.h).
+ * Layouts of CPython 3.11, 3.12 and 3.13 from python_layouts.h, the table the agent's BPF walker reads too.
  * Any other version, or a free-threaded build, makes this reader switch itself off (the C-API reader in stack.c
  * still works when the GIL is held). Every object read is type-checked (PyCode_Type, PyUnicode_Type, PyBytes_Type).
  */
@@ -20,93 +19,7 @@
 
 #include "inject.h"
 
-struct py_layout {
-    unsigned long minor_hex;       /* 0x030B0000 etc.: major.minor of Py_Version */
-    int has_cframe;                /* 3.11, 3.12: tstate->cframe->current_frame; 3.13: tstate->current_frame */
-    size_t tstate_frame;           /* offset of cframe (3.11/3.12) or current_frame (3.13) in PyThreadState */
-    size_t cframe_current;         /* offset of current_frame in _PyCFrame */
-    size_t frame_code;             /* f_code (3.11/3.12), f_executable (3.13) */
-    size_t frame_previous;
-    size_t frame_instr;            /* prev_instr (3.11/3.12), instr_ptr (3.13) */
-    size_t frame_owner;
-    int owner_cstack;              /* FRAME_OWNED_BY_CSTACK (3.12+), -1 when the version has none */
-    size_t code_filename;
-    size_t code_qualname;
-    size_t code_firstlineno;
-    size_t code_linetable;
-    size_t code_firsttraceable;
-    size_t code_adaptive;          /* co_code_adaptive: the instructions */
-    size_t ascii_size;             /* sizeof(PyASCIIObject): where compact ASCII data starts */
-    size_t compact_utf8_length;
-    size_t compact_utf8;
-    size_t compact_size;           /* sizeof(PyCompactUnicodeObject): where compact non-ASCII data starts */
-};
-
-static const struct py_layout layouts[] = {
-    { /* CPython 3.11 */
-        .minor_hex = 0x030B0000,
-        .has_cframe = 1,                /* tstate->cframe->current_frame */
-        .tstate_frame = 56,             /* PyThreadState.cframe */
-        .cframe_current = 8,            /* _PyCFrame.current_frame */
-        .frame_code = 32,               /* _PyInterpreterFrame.f_code */
-        .frame_previous = 48,           /* _PyInterpreterFrame.previous */
-        .frame_instr = 56,              /* _PyInterpreterFrame.prev_instr */
-        .frame_owner = 69,              /* _PyInterpreterFrame.owner */
-        .owner_cstack = -1,             /* (none in 3.11) */
-        .code_filename = 112,           /* PyCodeObject.co_filename */
-        .code_qualname = 128,           /* PyCodeObject.co_qualname */
-        .code_firstlineno = 72,         /* PyCodeObject.co_firstlineno */
-        .code_linetable = 136,          /* PyCodeObject.co_linetable */
-        .code_firsttraceable = 168,     /* PyCodeObject._co_firsttraceable */
-        .code_adaptive = 184,           /* PyCodeObject.co_code_adaptive */
-        .ascii_size = 48,               /* sizeof(PyASCIIObject) */
-        .compact_utf8_length = 48,      /* PyCompactUnicodeObject.utf8_length */
-        .compact_utf8 = 56,             /* PyCompactUnicodeObject.utf8 */
-        .compact_size = 72,             /* sizeof(PyCompactUnicodeObject) */
-    },
-    { /* CPython 3.12 */
-        .minor_hex = 0x030C0000,
-        .has_cframe = 1,                /* tstate->cframe->current_frame */
-        .tstate_frame = 56,             /* PyThreadState.cframe */
-        .cframe_current = 0,            /* _PyCFrame.current_frame */
-        .frame_code = 0,                /* _PyInterpreterFrame.f_code */
-        .frame_previous = 8,            /* _PyInterpreterFrame.previous */
-        .frame_instr = 56,              /* _PyInterpreterFrame.prev_instr */
-        .frame_owner = 70,              /* _PyInterpreterFrame.owner */
-        .owner_cstack = 3,              /* FRAME_OWNED_BY_CSTACK */
-        .code_filename = 112,           /* PyCodeObject.co_filename */
-        .code_qualname = 128,           /* PyCodeObject.co_qualname */
-        .code_firstlineno = 68,         /* PyCodeObject.co_firstlineno */
-        .code_linetable = 136,          /* PyCodeObject.co_linetable */
-        .code_firsttraceable = 176,     /* PyCodeObject._co_firsttraceable */
-        .code_adaptive = 192,           /* PyCodeObject.co_code_adaptive */
-        .ascii_size = 40,               /* sizeof(PyASCIIObject) */
-        .compact_utf8_length = 40,      /* PyCompactUnicodeObject.utf8_length */
-        .compact_utf8 = 48,             /* PyCompactUnicodeObject.utf8 */
-        .compact_size = 56,             /* sizeof(PyCompactUnicodeObject) */
-    },
-    { /* CPython 3.13 */
-        .minor_hex = 0x030D0000,
-        .has_cframe = 0,                /* tstate->current_frame */
-        .tstate_frame = 72,             /* PyThreadState.current_frame */
-        .cframe_current = 0,            /* (no _PyCFrame) */
-        .frame_code = 0,                /* _PyInterpreterFrame.f_executable */
-        .frame_previous = 8,            /* _PyInterpreterFrame.previous */
-        .frame_instr = 56,              /* _PyInterpreterFrame.instr_ptr */
-        .frame_owner = 70,              /* _PyInterpreterFrame.owner */
-        .owner_cstack = 3,              /* FRAME_OWNED_BY_CSTACK */
-        .code_filename = 112,           /* PyCodeObject.co_filename */
-        .code_qualname = 128,           /* PyCodeObject.co_qualname */
-        .code_firstlineno = 68,         /* PyCodeObject.co_firstlineno */
-        .code_linetable = 136,          /* PyCodeObject.co_linetable */
-        .code_firsttraceable = 184,     /* PyCodeObject._co_firsttraceable */
-        .code_adaptive = 200,           /* PyCodeObject.co_code_adaptive */
-        .ascii_size = 40,               /* sizeof(PyASCIIObject) */
-        .compact_utf8_length = 40,      /* PyCompactUnicodeObject.utf8_length */
-        .compact_utf8 = 48,             /* PyCompactUnicodeObject.utf8 */
-        .compact_size = 56,             /* sizeof(PyCompactUnicodeObject) */
-    },
-};
+#include "python_layouts.h"
 
 #define OB_TYPE 8         /* offsetof(PyObject, ob_type) */
 #define VAR_SIZE 16       /* offsetof(PyVarObject, ob_size) */
@@ -177,9 +90,9 @@ int pyframes_init(void)
     /* The object header must be the default build's (a free-threaded build's is larger). */
     if (!is_type(code_type, type_type) || !is_type(unicode_type, type_type))
         return 0;
-    for (size_t i = 0; i < sizeof(layouts) / sizeof(layouts[0]); i++)
-        if ((*version & 0xFFFF0000ul) == layouts[i].minor_hex)
-            layout = &layouts[i];
+    for (size_t i = 0; i < sizeof(py_layouts) / sizeof(py_layouts[0]); i++)
+        if ((*version & 0xFFFF0000ul) == py_layouts[i].minor_hex && !py_layouts[i].frame_objects)
+            layout = &py_layouts[i];
     if (layout != NULL && !layout_checks_out()) {
         log_once("this CPython's frame layout is not the expected one; Python frames only when the GIL is held");
         layout = NULL;

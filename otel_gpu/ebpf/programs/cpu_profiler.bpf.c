@@ -4,7 +4,9 @@
  * and kernel stacks (frame-pointer unwinding by bpf_get_stackid) and counts it in the current generation's hash map
  * keyed by (tgid, tid, user stack id, kernel stack id). User space flips the generation in `control` and drains
  * the other one. The first sample of a process is announced through the process_events ring buffer. When a stack id
- * collides in the stack map (-EEXIST), the whole sample goes through the raw_samples ring buffer instead.
+ * collides in the stack map (-EEXIST), the whole sample goes through the raw_samples ring buffer instead. In a
+ * process the agent registered as CPython, the thread's Python frames are walked too (python_frames.h) and the
+ * sample's key carries the id of that Python stack.
  */
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
@@ -102,6 +104,8 @@ static __always_inline void announce(__u32 pid, __u32 tid) {
     bpf_ringbuf_submit(event, 0);
 }
 
+#include "python_frames.h"
+
 static __always_inline void check_stack_id(__s32 id, __u32 collision_stat) {
     if (id >= 0 || id == -EFAULT)
         return;
@@ -109,7 +113,7 @@ static __always_inline void check_stack_id(__s32 id, __u32 collision_stat) {
 }
 
 /* A stack id collided: send the whole sample instead of counting it, so the collision costs nothing. */
-static __always_inline int send_raw(struct bpf_perf_event_data *ctx, __u32 pid, __u32 tid) {
+static __always_inline int send_raw(struct bpf_perf_event_data *ctx, __u32 pid, __u32 tid, __u64 python_stack_id) {
     struct otel_gpu_raw_sample *raw = bpf_ringbuf_reserve(&raw_samples, sizeof(*raw), 0);
     if (!raw) {
         bump(OTEL_GPU_STAT_RAW_FULL);
@@ -117,6 +121,7 @@ static __always_inline int send_raw(struct bpf_perf_event_data *ctx, __u32 pid, 
     }
     raw->pid = pid;
     raw->tid = tid;
+    raw->python_stack_id = python_stack_id;
     raw->user_bytes = bpf_get_stack(ctx, raw->user, sizeof(raw->user), BPF_F_USER_STACK);
     raw->kernel_bytes = bpf_get_stack(ctx, raw->kernel, sizeof(raw->kernel), 0);
     bpf_get_current_comm(raw->comm, sizeof(raw->comm));
@@ -156,15 +161,16 @@ int on_cpu_sample(struct bpf_perf_event_data *ctx) {
     }
     bump(OTEL_GPU_STAT_SAMPLES);
     announce(pid, tid);
+    __u64 python_stack_id = python_stack(pid);
 
     if (raw_only) {
-        send_raw(ctx, pid, tid);
+        send_raw(ctx, pid, tid, python_stack_id);
         return 0;
     }
     __u32 zero = 0;
     struct otel_gpu_control *ctl = bpf_map_lookup_elem(&control, &zero);
     __u32 generation = ctl ? ctl->generation : 0;
-    struct otel_gpu_sample_key key = {.pid = pid, .tid = tid};
+    struct otel_gpu_sample_key key = {.pid = pid, .tid = tid, .python_stack_id = python_stack_id};
     if (generation) {
         key.user_stack_id = bpf_get_stackid(ctx, &stacks1, BPF_F_USER_STACK);
         key.kernel_stack_id = bpf_get_stackid(ctx, &stacks1, 0);
@@ -175,7 +181,7 @@ int on_cpu_sample(struct bpf_perf_event_data *ctx) {
     check_stack_id(key.user_stack_id, OTEL_GPU_STAT_USER_COLLISION);
     check_stack_id(key.kernel_stack_id, OTEL_GPU_STAT_KERNEL_COLLISION);
     if (key.user_stack_id == -EEXIST || key.kernel_stack_id == -EEXIST) {
-        send_raw(ctx, pid, tid);
+        send_raw(ctx, pid, tid, python_stack_id);
         return 0;
     }
     if (generation)

@@ -28,7 +28,11 @@ enum otel_gpu_cpu_stat {
     OTEL_GPU_STAT_EVENTS_FULL = 6,      /* the process-event ring buffer was full: new-process event dropped */
     OTEL_GPU_STAT_RAW_SENT = 7,         /* samples sent whole through raw_samples because a stack id collided */
     OTEL_GPU_STAT_RAW_FULL = 8,         /* raw_samples was full: a collided sample lost its stacks */
-    OTEL_GPU_STAT_COUNT = 9,
+    OTEL_GPU_STAT_PYTHON_SAMPLES = 9,      /* samples of a registered Python process with a Python stack */
+    OTEL_GPU_STAT_PYTHON_NO_THREAD = 10,   /* registered process, but no PyThreadState for the sampled thread */
+    OTEL_GPU_STAT_PYTHON_TRUNCATED = 11,   /* Python stack deeper than OTEL_GPU_MAX_PYTHON_DEPTH: outer frames cut */
+    OTEL_GPU_STAT_PYTHON_STACKS_FULL = 12, /* python_stacks could not take the stack: its frames are lost */
+    OTEL_GPU_STAT_COUNT = 13,
 };
 
 /* Key of the aggregated counts: one entry per distinct (process, thread, user stack, kernel stack). */
@@ -37,6 +41,7 @@ struct otel_gpu_sample_key {
     __u32 tid;
     __s32 user_stack_id;   /* id in the generation's stack map, < 0 when there is none (error code) */
     __s32 kernel_stack_id; /* id in the generation's stack map, < 0 when the sample was taken in user mode */
+    __u64 python_stack_id; /* key in python_stacks, 0 when the thread runs no Python code (python_frames.h) */
 };
 
 struct otel_gpu_sample_value {
@@ -61,8 +66,41 @@ struct otel_gpu_raw_sample {
     __s32 user_bytes;   /* bytes written into user (bpf_get_stack), < 0: error */
     __s32 kernel_bytes; /* bytes written into kernel, < 0: error (-EFAULT in user mode) */
     char comm[OTEL_GPU_COMM_LEN];
+    __u64 python_stack_id; /* as in otel_gpu_sample_key */
     __u64 user[OTEL_GPU_MAX_STACK_DEPTH];
     __u64 kernel[OTEL_GPU_MAX_STACK_DEPTH];
+};
+
+/* A registered CPython process (python_procs, keyed by tgid): where its main interpreter's pointer sits and the
+ * offsets of the structures the BPF program reads, in bytes; OTEL_GPU_PYTHON_NO_OFFSET where the version has none. */
+#define OTEL_GPU_PYTHON_NO_OFFSET 0xFFFF
+#define OTEL_GPU_MAX_PYTHON_DEPTH 64
+#define OTEL_GPU_PYTHON_TRUNCATED 1 /* otel_gpu_python_stack.flags: the outermost frames were cut */
+
+struct otel_gpu_python_proc {
+    __u64 interpreters_head;    /* address of _PyRuntime.interpreters.head (PyInterpreterState *) */
+    __u32 version;              /* Py_Version's major.minor, e.g. 0x030C0000 */
+    __u16 interp_threads_head;  /* PyInterpreterState.threads.head (3.11+), .tstate_head (3.10) */
+    __u16 tstate_next;          /* PyThreadState.next */
+    __u16 tstate_thread_id;     /* PyThreadState.thread_id: pthread_self(), the task's fsbase */
+    __u16 tstate_frame;         /* PyThreadState.frame (3.10), .cframe (3.11, 3.12), .current_frame (3.13+) */
+    __u16 cframe_current;       /* _PyCFrame.current_frame (3.11, 3.12) */
+    __u16 frame_code;           /* f_code, f_executable (3.13+) */
+    __u16 frame_previous;       /* f_back (3.10), previous */
+    __u16 frame_instr;          /* f_lasti (3.10), prev_instr (3.11, 3.12), instr_ptr (3.13+) */
+    __u16 frame_owner;          /* _PyInterpreterFrame.owner (3.11+) */
+    __u16 code_adaptive;        /* PyCodeObject.co_code_adaptive (3.11+): where frame_instr points into */
+    __u8 instr_is_lasti;        /* 1: frame_instr is an int of code units (3.10), 0: a pointer (3.11+) */
+    __u8 owner_cstack;          /* FRAME_OWNED_BY_CSTACK (3.12+), 0xFF when the version has none */
+    __u8 reserved[6];
+};
+
+/* One thread's Python stack, innermost first: code object addresses and instruction byte offsets into them. */
+struct otel_gpu_python_stack {
+    __u32 depth;
+    __u32 flags;
+    __u64 code[OTEL_GPU_MAX_PYTHON_DEPTH];
+    __u32 offset[OTEL_GPU_MAX_PYTHON_DEPTH];
 };
 
 /* Single entry of the control array: which generation of counts/stack maps the sampler writes to (0 or 1).

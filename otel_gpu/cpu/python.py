@@ -1,0 +1,466 @@
+# SPDX-License-Identifier: Apache-2.0
+"""CPython frames in CPU profiles: finds Python processes, registers them with the BPF walker
+(``programs/python_frames.h``), and turns the walker's (code object, instruction offset) stacks into frames.
+
+A process runs CPython when its executable or a mapped ``libpython3.X`` defines ``_PyRuntime``. The version comes
+from ``Py_Version`` (3.11+) or the file's name (3.10). Offsets come from ``_Py_DebugOffsets`` at the start of
+``_PyRuntime`` on 3.13 (the layout of that struct is the one thing this module knows of 3.13), else from the one
+table of layouts, ``otel_gpu/cuda/native/python_layouts.h``, shared with the injected library. Code objects are read
+through ``/proc/PID/mem``, type-checked against ``PyCode_Type``, and cached per (pid, address) within a bound: a
+frame whose code object cannot be read or is not one is dropped rather than named wrongly.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from otel_gpu import selfmetrics, semconv
+from otel_gpu.ebpf import abi
+from otel_gpu.profiles.model import Frame, FrameKind
+
+_logger = logging.getLogger(__name__)
+
+LAYOUTS_HEADER = Path(__file__).resolve().parent.parent / "cuda" / "native" / "python_layouts.h"
+INTERPRETER_LOOPS = frozenset({"_PyEval_EvalFrameDefault", "_PyEval_EvalFrame", "PyEval_EvalFrameEx"})
+_LIBRARY = re.compile(r"(?:^|/)(?:lib)?python(\d)\.(\d+)[a-z]*(?:\.so[.\d]*)?$")
+_DEBUG_COOKIE = b"xdebugpy"
+_CODE_CACHE_ENTRIES = 16384  # per process; with line tables of at most _LINETABLE_BYTES
+_NAME_BYTES = 1024
+_LINETABLE_BYTES = 65536  # a longer table is cut: lines past it read as 0
+_OWNER_CSTACK_NONE = 0xFF
+
+
+def load_layouts(path: Path = LAYOUTS_HEADER) -> dict[tuple[int, int], dict[str, int]]:
+    """(major, minor) -> field -> value, parsed from the ``py_layouts`` table of the C header."""
+    text = path.read_text()
+    layouts: dict[tuple[int, int], dict[str, int]] = {}
+    for block in re.finditer(r"\{ /\* CPython (\d+)\.(\d+) \*/(.*?)\n    \}", text, re.S):
+        fields = {name: int(value, 0) for name, value in re.findall(r"^\s+\.(\w+) = (-?\w+),", block.group(3), re.M)}
+        layouts[(int(block.group(1)), int(block.group(2)))] = fields
+    return layouts
+
+
+def elf_symbols(path: str, names: Sequence[str]) -> tuple[dict[str, int], int]:
+    """The values of ``names`` in the ELF file's .dynsym/.symtab, and the vaddr its first PT_LOAD maps at file
+    offset 0 (the load bias is the mapping's start minus that)."""
+    wanted = set(names)
+    found: dict[str, int] = {}
+    with open(path, "rb") as f:
+        header = f.read(64)
+        if header[:4] != b"\x7fELF" or header[4] != 2:
+            return {}, 0
+        phoff, shoff = struct.unpack_from("<QQ", header, 32)
+        phentsize, phnum, shentsize, shnum = struct.unpack_from("<HHHH", header, 54)
+        f.seek(phoff)
+        program = f.read(phentsize * phnum)
+        base = 0
+        for i in range(phnum):
+            p_type, _flags, p_offset, p_vaddr = struct.unpack_from("<IIQQ", program, i * phentsize)
+            if p_type == 1:  # PT_LOAD
+                base = p_vaddr - p_offset
+                break
+        f.seek(shoff)
+        sections = [struct.unpack_from("<IIQQQQIIQQ", f.read(shentsize)) for _ in range(shnum)]
+        for section in sections:
+            if section[1] not in (2, 11):  # SHT_SYMTAB, SHT_DYNSYM
+                continue
+            strtab = sections[section[6]]
+            f.seek(strtab[4])
+            strings = f.read(strtab[5])
+            f.seek(section[4])
+            table = f.read(section[5])
+            for name_off, _info, _other, shndx, value, _size in struct.iter_unpack("<IBBHQQ", table):
+                if not shndx or not value:
+                    continue
+                end = strings.find(b"\0", name_off)
+                name = strings[name_off:end].decode(errors="replace")
+                if name in wanted:
+                    found.setdefault(name, value)
+            if len(found) == len(wanted):
+                break
+    return found, base
+
+
+@dataclass(frozen=True, slots=True)
+class PythonProcess:
+    """One CPython process as the walker and the frame reader see it."""
+
+    pid: int
+    version: tuple[int, int]
+    proc: abi.PythonProc
+    code_type: int  # address of PyCode_Type
+    layout: dict[str, int]  # code and str offsets: code_filename, code_qualname, ..., ascii_size, ...
+
+
+class ProcessMemory:
+    """Reads another process's memory through /proc/PID/mem."""
+
+    def __init__(self, pid: int, proc_root: str = "/proc") -> None:
+        self._fd = os.open(f"{proc_root}/{pid}/mem", os.O_RDONLY)
+
+    def read(self, address: int, size: int) -> bytes:
+        try:
+            data = os.pread(self._fd, size, address)
+        except OSError:
+            return b""
+        return data if len(data) == size else b""
+
+    def u64(self, address: int) -> int | None:
+        data = self.read(address, 8)
+        return struct.unpack("<Q", data)[0] if data else None
+
+    def close(self) -> None:
+        os.close(self._fd)
+
+
+def find_python(pid: int, proc_root: str = "/proc") -> PythonProcess | str | None:
+    """The process's CPython, a description of an unsupported one ("CPython 3.9"), or None when it runs none."""
+    try:
+        maps = Path(f"{proc_root}/{pid}/maps").read_text().splitlines()
+    except OSError:
+        return None
+    starts: dict[str, int] = {}
+    for line in maps:
+        parts = line.split(maxsplit=5)
+        if len(parts) == 6 and parts[5].startswith("/") and int(parts[2], 16) == 0:
+            starts.setdefault(parts[5], int(parts[0].split("-")[0], 16))
+    candidates = sorted((path for path in starts if _LIBRARY.search(path)), key=lambda p: "libpython" not in p)
+    for path in candidates:
+        try:
+            symbols, base = elf_symbols(f"{proc_root}/{pid}/root{path}",
+                                        ("_PyRuntime", "Py_Version", "PyCode_Type"))
+        except OSError:
+            continue
+        if "_PyRuntime" not in symbols or "PyCode_Type" not in symbols:
+            continue
+        bias = starts[path] - base
+        match = _LIBRARY.search(path)
+        version = (int(match.group(1)), int(match.group(2))) if match else (0, 0)
+        try:
+            memory = ProcessMemory(pid, proc_root)
+        except OSError:
+            return None
+        try:
+            if "Py_Version" in symbols:
+                raw = memory.read(bias + symbols["Py_Version"], 4)
+                if raw:
+                    hexversion = struct.unpack("<I", raw)[0]
+                    version = (hexversion >> 24, (hexversion >> 16) & 0xFF)
+            return _describe(pid, version, bias + symbols["_PyRuntime"], bias + symbols["PyCode_Type"], memory)
+        finally:
+            memory.close()
+    return None
+
+
+def _describe(pid: int, version: tuple[int, int], runtime: int, code_type: int,
+              memory: ProcessMemory) -> PythonProcess | str:
+    name = f"CPython {version[0]}.{version[1]}"
+    if version >= (3, 13):
+        layout = _debug_offsets(memory, runtime, version)
+        if layout is None:
+            return name
+    else:
+        table = load_layouts()
+        if version not in table:
+            return name
+        layout = table[version]
+    none = abi.PYTHON_NO_OFFSET
+    walked = ("interp_threads_head", "tstate_next", "tstate_thread_id", "tstate_frame", "cframe_current",
+              "frame_code", "frame_previous", "frame_instr", "frame_owner", "code_adaptive")
+    if any(not 0 <= layout[field] < none for field in walked):
+        return name  # an offset the walker's 16-bit fields cannot hold: not this layout
+    legacy = bool(layout.get("frame_objects"))
+    proc = abi.PythonProc(
+        interpreters_head=runtime + layout["runtime_interpreters_head"],
+        version=(version[0] << 24) | (version[1] << 16),
+        interp_threads_head=layout["interp_threads_head"], tstate_next=layout["tstate_next"],
+        tstate_thread_id=layout["tstate_thread_id"], tstate_frame=layout["tstate_frame"],
+        cframe_current=layout["cframe_current"] if layout["has_cframe"] else none,
+        frame_code=layout["frame_code"], frame_previous=layout["frame_previous"], frame_instr=layout["frame_instr"],
+        frame_owner=none if legacy else layout["frame_owner"], code_adaptive=layout["code_adaptive"],
+        instr_is_lasti=1 if legacy else 0,
+        owner_cstack=layout["owner_cstack"] if layout["owner_cstack"] >= 0 else _OWNER_CSTACK_NONE)
+    return PythonProcess(pid, version, proc, code_type, layout)
+
+
+def _debug_offsets(memory: ProcessMemory, runtime: int, version: tuple[int, int]) -> dict[str, int] | None:
+    """The offsets 3.13 publishes in _Py_DebugOffsets (its 3.13 layout: 71 u64 words), None when absent or another
+    layout of that struct (3.14 changed it) or a free-threaded build."""
+    raw = memory.read(runtime, 71 * 8)
+    if len(raw) != 71 * 8 or raw[:8] != _DEBUG_COOKIE:
+        return None
+    words = struct.unpack("<71Q", raw)
+    published = ((words[1] >> 24) & 0xFF, (words[1] >> 16) & 0xFF)
+    if published != (3, 13) or published != version or words[2]:
+        return None
+    return {
+        "frame_objects": 0, "has_cframe": 0, "cframe_current": 0,
+        "runtime_interpreters_head": words[5], "interp_threads_head": words[9], "tstate_next": words[21],
+        "tstate_frame": words[23], "tstate_thread_id": words[24],
+        "frame_previous": words[29], "frame_code": words[30], "frame_instr": words[31], "frame_owner": words[33],
+        "owner_cstack": 3,  # FRAME_OWNED_BY_CSTACK, an enum value the struct does not publish
+        "code_filename": words[35], "code_name": words[36], "code_qualname": words[37], "code_linetable": words[38],
+        "code_firstlineno": words[39], "code_adaptive": words[43],
+        "bytes_size": words[65], "bytes_data": words[66], "str_state": words[68], "str_length": words[69],
+        "ascii_size": words[70], "compact_utf8_length": words[70], "compact_utf8": words[70] + 8,
+        "compact_size": words[70] + 16,
+    }
+
+
+@dataclass(frozen=True, slots=True)
+class _Code:
+    name: str
+    filename: str
+    first_line: int
+    linetable: bytes
+    identity: tuple[int, ...]  # type, name, file and line table pointers, first line: differ when the address is reused
+
+
+class CodeReader:
+    """Names, files and lines of one process's code objects, read from its memory and cached within a bound.
+
+    A cached code object is checked once per drain (:meth:`new_drain`) with one small read: a code object freed and
+    another allocated at its address must not keep the old name."""
+
+    def __init__(self, process: PythonProcess, proc_root: str = "/proc") -> None:
+        self.process = process
+        self._proc_root = proc_root
+        self._cache: dict[int, _Code | None] = {}
+        self._frames: dict[int, dict[int, Frame]] = {}  # code address -> instruction offset -> its frame
+        self._checked: set[int] = set()  # code addresses checked since the last drain began
+        self.read_errors = 0
+
+    def new_drain(self) -> None:
+        self._checked.clear()
+
+    def frames(self, stack: abi.PythonStack) -> tuple[Frame, ...]:
+        """The stack's frames, innermost first; code objects that cannot be read are left out (and counted)."""
+        depth = min(stack.depth, abi.MAX_PYTHON_DEPTH)
+        unchecked = [stack.code[i] for i in range(depth) if stack.code[i] not in self._checked]
+        if unchecked:
+            self._refresh(unchecked)
+        out = []
+        for i in range(depth):
+            address, offset = stack.code[i], stack.offset[i]
+            by_offset = self._frames.get(address)
+            frame = by_offset.get(offset) if by_offset is not None else None
+            if frame is None:
+                code = self._cache.get(address)
+                if code is None:
+                    continue
+                frame = Frame(code.name, FrameKind.PYTHON, filename=code.filename, line=self._line(code, offset))
+                self._frames.setdefault(address, {})[offset] = frame
+            out.append(frame)
+        return tuple(out)
+
+    def _refresh(self, addresses: list[int]) -> None:
+        if len(self._cache) + len(addresses) > _CODE_CACHE_ENTRIES:
+            self._cache.clear()
+            self._frames.clear()
+        try:
+            memory = ProcessMemory(self.process.pid, self._proc_root)
+        except OSError:
+            self.read_errors += len(addresses)
+            return
+        try:
+            for address in dict.fromkeys(addresses):
+                self._checked.add(address)
+                cached = self._cache.get(address)
+                if cached is not None and cached.identity == self._identity(memory, address):
+                    continue
+                self._frames.pop(address, None)
+                code = self._read_code(memory, address)
+                if code is None:
+                    self.read_errors += 1
+                self._cache[address] = code
+        finally:
+            memory.close()
+
+    def _identity(self, memory: ProcessMemory, address: int) -> tuple[int, ...]:
+        layout = self.process.layout
+        header = memory.read(address, max(layout["code_linetable"], layout["code_qualname"],
+                                          layout["code_filename"], layout["code_firstlineno"]) + 8)
+        if not header:
+            return ()
+        pointer = struct.Struct("<Q")
+        return (pointer.unpack_from(header, 8)[0], pointer.unpack_from(header, layout["code_qualname"])[0],
+                pointer.unpack_from(header, layout["code_filename"])[0],
+                pointer.unpack_from(header, layout["code_linetable"])[0],
+                struct.unpack_from("<i", header, layout["code_firstlineno"])[0])
+
+    def _read_code(self, memory: ProcessMemory, address: int) -> _Code | None:
+        layout = self.process.layout
+        identity = self._identity(memory, address)
+        if not identity or identity[0] != self.process.code_type:  # ob_type
+            return None
+        _type, qualname, filename, table, first_line = identity
+        name, file = self._str(memory, qualname), self._str(memory, filename)
+        size = memory.u64(table + layout.get("bytes_size", 16)) or 0
+        linetable = memory.read(table + layout.get("bytes_data", 32), min(size, _LINETABLE_BYTES)) if size else b""
+        if name is None or file is None:
+            return None
+        return _Code(name, file, first_line, linetable, identity)
+
+    def _str(self, memory: ProcessMemory, address: int) -> str | None:
+        """A compact str's text (every str the compiler makes is compact)."""
+        layout = self.process.layout
+        header = memory.read(address, layout["compact_size"])
+        if not header:
+            return None
+        length = struct.unpack_from("<q", header, layout.get("str_length", 16))[0]
+        state = struct.unpack_from("<I", header, layout.get("str_state", 32))[0]
+        kind, compact, ascii_ = (state >> 2) & 7, (state >> 5) & 1, (state >> 6) & 1
+        if not compact or kind not in (1, 2, 4) or not 0 <= length <= _NAME_BYTES:
+            return None
+        if ascii_:
+            data = memory.read(address + layout["ascii_size"], length)
+            return data.decode("ascii", errors="replace") if data or not length else None
+        data = memory.read(address + layout["compact_size"], length * kind)
+        if len(data) != length * kind:
+            return None
+        return data.decode({1: "latin-1", 2: "utf-16-le", 4: "utf-32-le"}[kind], errors="replace")
+
+    def _line(self, code: _Code, offset: int) -> int:
+        if self.process.version < (3, 11):
+            return _line_310(code.linetable, code.first_line, offset)
+        return _line_311(code.linetable, code.first_line, offset)
+
+
+def _line_310(table: bytes, line: int, offset: int) -> int:
+    """PEP 626's 3.10 table: (bytecode bytes, line delta) pairs, -128 = no line."""
+    start = 0
+    for i in range(0, len(table) - 1, 2):
+        end = start + table[i]
+        delta = table[i + 1] - 256 if table[i + 1] >= 128 else table[i + 1]
+        if delta != -128:
+            line += delta
+        if start <= offset < end:
+            return line if delta != -128 else 0
+        start = end
+    return line
+
+
+def _line_311(table: bytes, line: int, offset: int) -> int:
+    """The 3.11+ location table (Objects/locations.md), as PyCode_Addr2Line reads it."""
+    position, start, end = 0, 0, len(table)
+
+    def varint() -> int:
+        nonlocal position
+        value, shift = 0, 0
+        while position < end:
+            byte = table[position]
+            position += 1
+            value |= (byte & 63) << shift
+            shift += 6
+            if not byte & 64:
+                break
+        return value
+
+    while position < end:
+        first = table[position]
+        position += 1
+        kind = (first >> 3) & 15
+        length = ((first & 7) + 1) * 2
+        delta, has_line = 0, True
+        if kind == 15:
+            has_line = False
+        elif kind in (13, 14):
+            raw = varint()
+            delta = -(raw >> 1) if raw & 1 else raw >> 1
+        elif kind >= 10:
+            delta = kind - 10
+        while position < end and not table[position] & 128:
+            position += 1  # the rest of the entry (columns)
+        line += delta
+        if offset < start + length:
+            return line if has_line else 0
+        start += length
+    return 0
+
+
+def merge(native: tuple[Frame, ...], python: tuple[Frame, ...]) -> tuple[Frame, ...]:
+    """User frames leaf first: the native frames the innermost Python frame called (C extensions, libraries), then
+    the Python frames in place of the interpreter frames that run them."""
+    if not python:
+        return native
+    for index, frame in enumerate(native):
+        if frame.function in INTERPRETER_LOOPS:
+            return native[:index] + python
+    return native + python
+
+
+def unsupported_frame(description: str) -> Frame:
+    """The one frame an unsupported interpreter gets, naming it."""
+    return Frame(f"[{description}: Python frames not supported]", FrameKind.PYTHON)
+
+
+class PythonFrames:
+    """Per process: its CPython (registered with the sampler's walker) or the unsupported version it runs."""
+
+    def __init__(self, proc_root: str = "/proc") -> None:
+        self._proc_root = proc_root
+        self._readers: dict[int, CodeReader] = {}
+        self._unsupported: dict[int, str] = {}
+        self._executables: dict[int, str] = {}  # pid -> its executable when discovered
+
+    def discover(self, pid: int) -> PythonProcess | None:
+        """Looks at a new process once; returns what the walker must be given (None: nothing to walk)."""
+        self._readers.pop(pid, None)
+        self._unsupported.pop(pid, None)
+        self._executables[pid] = self._executable(pid)
+        try:
+            found = find_python(pid, self._proc_root)
+        except (OSError, ValueError, struct.error) as exc:  # a file that changed under us: native frames only
+            _logger.debug("pid %d: reading its Python failed: %s", pid, exc)
+            return None
+        if isinstance(found, str):
+            self._unsupported[pid] = found
+            selfmetrics.count(semconv.SELF_ERRORS.name, otel_gpu__source=semconv.Source.CPU_PROFILER,
+                              otel_gpu__reason=semconv.Reason.PYTHON_UNSUPPORTED)
+            return None
+        if found is not None:
+            self._readers[pid] = CodeReader(found, self._proc_root)
+        return found
+
+    def new_drain(self) -> None:
+        """Cached code objects get checked again (once) from now on."""
+        for reader in self._readers.values():
+            reader.new_drain()
+
+    def merged(self, pid: int, native: tuple[Frame, ...], stack: abi.PythonStack | None) -> tuple[Frame, ...]:
+        """The user frames of one sample, leaf first, with its Python frames merged in."""
+        if pid in self._unsupported:
+            return native + (unsupported_frame(self._unsupported[pid]),)
+        reader = self._readers.get(pid)
+        if reader is None or stack is None:
+            return native
+        before = reader.read_errors
+        python = reader.frames(stack)
+        if reader.read_errors > before:
+            selfmetrics.count(semconv.SELF_ERRORS.name, reader.read_errors - before,
+                              otel_gpu__source=semconv.Source.CPU_PROFILER,
+                              otel_gpu__reason=semconv.Reason.PYTHON_CODE_UNREADABLE)
+        return merge(native, python)
+
+    def executable_changed(self, pid: int) -> bool:
+        """True when ``pid`` was discovered and has run exec since (it was first sampled between fork and exec)."""
+        known = self._executables.get(pid)
+        return known is not None and known != self._executable(pid) != ""
+
+    def forget(self, pids: Sequence[int]) -> None:
+        for pid in pids:
+            self._readers.pop(pid, None)
+            self._unsupported.pop(pid, None)
+            self._executables.pop(pid, None)
+
+    def _executable(self, pid: int) -> str:
+        try:
+            return os.readlink(f"{self._proc_root}/{pid}/exe")
+        except OSError:
+            return ""

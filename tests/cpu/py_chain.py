@@ -1,0 +1,75 @@
+# SPDX-License-Identifier: Apache-2.0
+"""A Python workload with a known call chain and a 3:1 split of work by iteration counts, for any CPython 3.10+.
+
+    python py_chain.py MODE ROUNDS UNIT     MODE: one | two (two threads) | ctypes (the work in libpyspin.so)
+                                            | crowd (one, behind 100 idle Python threads created after main's)
+
+main -> run_rounds -> step -> heavy (3 x UNIT iterations) / light (UNIT iterations); heavy and light run the same
+loop, so their CPU time is 3:1. Prints "ready PID", waits for a line on stdin, works, prints "done", waits again
+(so the profiler can read the code objects before the process exits).
+"""
+
+import ctypes
+import os
+import sys
+import threading
+
+SPIN = None
+C_SCALE = 200  # a C loop iteration costs far less than a Python one: the ctypes case runs about as long
+
+
+def loop(n):
+    total = 0
+    for i in range(n):
+        total += i * i
+    return total
+
+
+def heavy(n):
+    return SPIN.spin_work(3 * n * C_SCALE) if SPIN else loop(3 * n)  # LINE heavy
+
+
+def light(n):
+    return SPIN.spin_work(n * C_SCALE) if SPIN else loop(n)  # LINE light
+
+
+class Steps:
+    def step(self, unit):
+        heavy(unit)  # LINE step-heavy
+        light(unit)  # LINE step-light
+
+
+def run_rounds(rounds, unit):
+    steps = Steps()
+    for _ in range(rounds):
+        steps.step(unit)  # LINE run_rounds
+
+
+def main():
+    global SPIN
+    mode, rounds, unit = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+    if mode == "ctypes":
+        SPIN = ctypes.CDLL(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "native", "pyspin",
+                                        "libpyspin.so"))
+        SPIN.spin_work.argtypes = [ctypes.c_uint64]
+        SPIN.spin_work.restype = ctypes.c_uint64
+    idle = threading.Event()
+    if mode == "crowd":  # newer thread states come first in the interpreter's list: main's is the 101st
+        for _ in range(100):
+            threading.Thread(target=idle.wait, daemon=True).start()
+    print("ready", os.getpid(), flush=True)
+    sys.stdin.readline()
+    if mode == "two":
+        threads = [threading.Thread(target=run_rounds, args=(rounds, unit)) for _ in range(2)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    else:
+        run_rounds(rounds, unit)  # LINE main
+    print("done", flush=True)
+    sys.stdin.readline()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,290 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Python frames in CPU profiles, on the real kernel with real interpreters (pyenv's 3.10-3.13 and Debian's static
+3.11): tests/cpu/py_chain.py's call chain with names, files and lines, its 3:1 split by iteration counts, two
+threads, and native frames of a C library (called through ctypes, built without frame pointers) above the Python
+ones; `go tool pprof` reads the result and the OTLP frames carry their types."""
+
+from __future__ import annotations
+
+import glob
+import subprocess
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from otel_gpu.config import ProfilingConfig
+from otel_gpu.cpu.python import PythonFrames, find_python, load_layouts
+from otel_gpu.cpu.sampler import CPUSampler
+from otel_gpu.cpu.source import CPUProfileSource
+from otel_gpu.procfs import ProcessResolver
+from otel_gpu.profiles.model import Frame, FrameKind, ProfileBatch, Sample
+from otel_gpu.profiles.otlp import encode_otlp
+from otel_gpu.profiles.pprof import encode_pprof
+from tests.gotool import pprof_top
+
+WORKLOAD = Path(__file__).with_name("py_chain.py")
+LIBRARY = Path(__file__).parents[1] / "native" / "pyspin" / "libpyspin.so"
+PYENV = Path("/root/.pyenv/versions")
+INTERPRETERS = {"3.10": "3.10.*/bin/python3.10", "3.11": "3.11.*/bin/python3.11", "3.12": "3.12.*/bin/python3.12",
+                "3.13": "3.13.*/bin/python3.13"}
+UNIT = 200_000  # loop iterations of light(); heavy() runs three times as many
+
+
+def _interpreter(name: str) -> str:
+    if name == "debian-3.11":
+        path = "/usr/bin/python3.11"
+    else:
+        found = sorted(glob.glob(str(PYENV / INTERPRETERS[name])))
+        path = found[-1] if found else ""
+    if not path or not Path(path).exists():
+        pytest.fail(f"CPython {name} is not installed ({PYENV / INTERPRETERS.get(name, '')}): "
+                    "scripts/install-system.sh installs the interpreters these tests profile")
+    return path
+
+
+def _marker_lines() -> dict[str, int]:
+    """'heavy' -> the line of `# LINE heavy` in the workload."""
+    return {line.split("# LINE ")[1].strip(): number
+            for number, line in enumerate(WORKLOAD.read_text().splitlines(), 1) if "# LINE " in line}
+
+
+def _profile(python: str, mode: str, rounds: int) -> tuple[list[Sample], ProfileBatch, int]:
+    process = subprocess.Popen([python, str(WORKLOAD), mode, str(rounds), str(UNIT)], stdin=subprocess.PIPE,
+                               stdout=subprocess.PIPE, text=True)
+    assert process.stdin is not None and process.stdout is not None
+    try:
+        line = process.stdout.readline().split()
+        assert line and line[0] == "ready", line
+        pid = int(line[1])
+        source = CPUProfileSource(ProfilingConfig(frequency_hz=199, pids=(pid,)), ProcessResolver())
+        source.open()
+        try:
+            process.stdin.write("go\n")
+            process.stdin.flush()
+            assert process.stdout.readline().strip() == "done"
+            batch = source.drain()[0]  # while the process still lives: its code objects are read now
+        finally:
+            source.close()
+    finally:
+        process.kill()
+        process.wait()
+    samples = [s for p in batch.processes if p.process.pid == pid for s in p.samples]
+    return samples, batch, pid
+
+
+def _python_chain(sample: Sample) -> tuple[Frame, ...]:
+    """The sample's Python frames, root first."""
+    return tuple(f for f in reversed(sample.frames) if f.kind is FrameKind.PYTHON)
+
+
+def _check_chain_and_split(samples: list[Sample], version: str, threads: bool = False) -> tuple[int, int]:
+    """The chain under run_rounds (and above it: main and <module>, or the thread's run) with files and lines, and
+    the 3:1 split between heavy and light."""
+    lines = _marker_lines()
+    step = "step" if version == "3.10" else "Steps.step"  # 3.10 has no co_qualname
+    caller = ("_bootstrap_inner", "run") if version == "3.10" else ("Thread._bootstrap_inner", "Thread.run")
+    total = sum(s.value for s in samples)
+    with_python = sum(s.value for s in samples if _python_chain(s))
+    assert total > 150, total
+    assert with_python / total > 0.9, (with_python, total)  # only the samples before registration lack them
+    heavy = light = 0
+    for sample in samples:
+        chain = _python_chain(sample)
+        names = tuple(f.function for f in chain)
+        if "run_rounds" not in names:
+            continue
+        at = names.index("run_rounds")
+        leaf = names[at + 2] if len(names) > at + 2 else ""
+        if names[at:] != ("run_rounds", step, leaf, "loop") or leaf not in ("heavy", "light"):
+            continue
+        if leaf == "heavy":
+            heavy += sample.value
+        else:
+            light += sample.value
+        assert names[:at] == (caller if threads else ("<module>", "main")) or \
+            (threads and names[at - 2:at] == caller), names
+        assert all(f.filename == str(WORKLOAD) for f in chain[at:]), chain
+        assert [f.line for f in chain[at:at + 3]] == [lines["run_rounds"], lines[f"step-{leaf}"], lines[leaf]], chain
+        if not threads:
+            assert chain[1].line == lines["main"], chain
+    assert (heavy + light) / with_python > 0.9, Counter(tuple(f.function for f in _python_chain(s)) for s in samples)
+    share = heavy / (heavy + light)
+    assert abs(share - 0.75) <= 0.075, (heavy, light)  # 3:1 within +-10 %
+    return heavy, light
+
+
+VERSIONS = ["3.10", "3.11", "3.12", "3.13", "debian-3.11"]
+
+
+@pytest.mark.root
+@pytest.mark.parametrize("name", VERSIONS)
+def test_one_thread_chain_lines_and_split(name: str, tmp_path: Path) -> None:
+    samples, batch, _ = _profile(_interpreter(name), "one", 30)
+    _check_chain_and_split(samples, name.removeprefix("debian-"))
+    kinds = {f.kind for s in samples for f in s.frames}
+    assert FrameKind.PYTHON in kinds
+    assert "cpython" in _frame_types(batch)
+    _pprof_reads(batch, tmp_path)
+
+
+def _frame_types(batch: ProfileBatch) -> set[str]:
+    """profile.frame.type of every location of the batch's OTLP encoding."""
+    d = encode_otlp(batch).dictionary
+    return {d.attribute_table[i].value.string_value for loc in d.location_table for i in loc.attribute_indices
+            if d.string_table[d.attribute_table[i].key_strindex] == "profile.frame.type"}
+
+
+@pytest.mark.root
+def test_a_thread_behind_a_hundred_others_is_found() -> None:
+    samples, _, _ = _profile(_interpreter("3.12"), "crowd", 30)
+    _check_chain_and_split(samples, "3.12")
+
+
+def _pprof_reads(batch: ProfileBatch, tmp_path: Path) -> None:
+    path = tmp_path / "cpu.pb.gz"
+    path.write_bytes(encode_pprof(batch))
+    _, rows = pprof_top([path], tmp_path)
+    assert "heavy" in rows and "loop" in rows, rows
+
+
+@pytest.mark.root
+@pytest.mark.parametrize("name", VERSIONS)
+def test_two_threads_each_with_its_own_chain(name: str) -> None:
+    samples, _, pid = _profile(_interpreter(name), "two", 15)
+    _check_chain_and_split(samples, name.removeprefix("debian-"), threads=True)
+    per_thread: Counter[int] = Counter()
+    for sample in samples:
+        if "run_rounds" in [f.function for f in _python_chain(sample)]:
+            per_thread[sample.thread_id] += sample.value
+    workers = [tid for tid in per_thread if tid != pid]
+    assert len(workers) == 2, per_thread  # both worker threads, neither the main thread, run the chain
+    assert min(per_thread[t] for t in workers) > 0.25 * sum(per_thread.values()), per_thread
+
+
+@pytest.mark.root
+@pytest.mark.parametrize("name", VERSIONS)
+def test_native_frames_of_a_c_library_sit_above_the_python_ones(name: str) -> None:
+    samples, batch, _ = _profile(_interpreter(name), "ctypes", 30)
+    heavy = light = with_library = 0
+    for sample in samples:
+        names = [f.function for f in _python_chain(sample)]
+        user = [f for f in sample.frames if f.kind is not FrameKind.KERNEL]
+        first_python = next((i for i, f in enumerate(user) if f.kind is FrameKind.PYTHON), len(user))
+        native = user[:first_python]
+        if names[-1:] == ["heavy"]:
+            heavy += sample.value
+        elif names[-1:] == ["light"]:
+            light += sample.value
+        else:
+            continue
+        if native and native[0].function in ("spin_inner", "spin_work") and native[0].mapping is not None \
+                and native[0].mapping.path.endswith("libpyspin.so"):
+            with_library += sample.value
+    assert heavy + light > 150, (heavy, light)
+    assert with_library / (heavy + light) > 0.9, (with_library, heavy, light)
+    assert abs(heavy / (heavy + light) - 0.75) <= 0.075, (heavy, light)
+    assert {"cpython", "native"} <= _frame_types(batch)
+
+
+def test_layouts_table_parses_every_version() -> None:
+    layouts = load_layouts()
+    assert set(layouts) == {(3, 10), (3, 11), (3, 12), (3, 13)}
+    assert layouts[(3, 10)]["frame_objects"] == 1 and layouts[(3, 12)]["owner_cstack"] == 3
+    assert all(len(fields) == len(layouts[(3, 11)]) for fields in layouts.values())
+
+
+@pytest.mark.root
+@pytest.mark.parametrize("name", VERSIONS)
+def test_each_interpreter_is_found_with_its_version(name: str) -> None:
+    python = _interpreter(name)
+    process = subprocess.Popen([python, str(WORKLOAD), "one", "1", "1"], stdin=subprocess.PIPE,
+                               stdout=subprocess.PIPE, text=True)
+    assert process.stdout is not None
+    try:
+        pid = int(process.stdout.readline().split()[1])
+        found = find_python(pid)
+        assert found is not None and not isinstance(found, str), found
+        assert f"{found.version[0]}.{found.version[1]}" == name.removeprefix("debian-")
+        if found.version >= (3, 13):  # read from _Py_DebugOffsets: the same as the table's row
+            row = load_layouts()[found.version]
+            assert {k: v for k, v in found.layout.items() if k in row} == {k: row[k] for k in found.layout if k in row}
+        assert PythonFrames().discover(pid) is not None
+    finally:
+        process.kill()
+        process.wait()
+
+
+def test_an_unsupported_version_gets_one_frame_naming_it() -> None:
+    python = sorted(glob.glob(str(PYENV / "3.9.*/bin/python3.9")))
+    if not python:
+        pytest.fail("pyenv's CPython 3.9 is not installed (scripts/install-system.sh)")
+    process = subprocess.Popen([python[-1], str(WORKLOAD), "one", "1", "1"], stdin=subprocess.PIPE,
+                               stdout=subprocess.PIPE, text=True)
+    assert process.stdout is not None
+    try:
+        pid = int(process.stdout.readline().split()[1])
+        frames = PythonFrames()
+        assert frames.discover(pid) is None
+        merged = frames.merged(pid, (), None)
+        assert [f.function for f in merged] == ["[CPython 3.9: Python frames not supported]"]
+    finally:
+        process.kill()
+        process.wait()
+
+
+@pytest.mark.root
+def test_a_process_first_sampled_before_it_execs_python_gets_its_frames() -> None:
+    """A shell spins (sampled and announced as a shell), then execs Python: the next drain sees the new executable
+    and registers it, so the Python work after that has its frames."""
+    python = _interpreter("3.12")
+    script = f"i=0; while [ $i -lt 300000 ]; do i=$((i+1)); done; exec {python} {WORKLOAD} one 30 {UNIT}"
+    source = CPUProfileSource(ProfilingConfig(frequency_hz=199), ProcessResolver())
+    source.open()
+    process = subprocess.Popen(["sh", "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert process.stdin is not None and process.stdout is not None
+    try:
+        line = process.stdout.readline().split()
+        pid = int(line[1])
+        assert pid == process.pid
+        first = [s for b in source.drain() for p in b.processes if p.process.pid == pid for s in p.samples]
+        assert sum(s.value for s in first) > 5  # the shell was sampled: the process was announced before exec
+        process.stdin.write("go\n")
+        process.stdin.flush()
+        assert process.stdout.readline().strip() == "done"
+        samples = [s for b in source.drain() for p in b.processes if p.process.pid == pid for s in p.samples]
+    finally:
+        source.close()
+        process.kill()
+        process.wait()
+    _check_chain_and_split(samples, "3.12")
+
+
+@pytest.mark.root
+def test_whole_samples_through_the_ring_buffer_carry_their_python_stack() -> None:
+    """raw_only sends every sample whole (the path a stack-id collision takes): each still carries its Python stack."""
+    process = subprocess.Popen([_interpreter("3.11"), str(WORKLOAD), "one", "10", str(UNIT)], stdin=subprocess.PIPE,
+                               stdout=subprocess.PIPE, text=True)
+    assert process.stdin is not None and process.stdout is not None
+    sampler = CPUSampler(199, pids=[int(process.stdout.readline().split()[1])], raw_only=True)
+    sampler.open()
+    try:
+        frames = PythonFrames()
+        found = frames.discover(process.pid)
+        assert found is not None
+        sampler.register_python(process.pid, found.proc)
+        process.stdin.write("go\n")
+        process.stdin.flush()
+        assert process.stdout.readline().strip() == "done"
+        time.sleep(0.3)  # the ring buffer's poller hands the last samples over
+        samples = [s for s in sampler.drain() if s.pid == process.pid]
+        stacks = sampler.python_stacks({s.python_stack_id for s in samples if s.python_stack_id})
+        names = Counter(f.function for s in samples for f in frames.merged(process.pid, (), stacks.get(
+            s.python_stack_id)))
+    finally:
+        sampler.close()
+        process.kill()
+        process.wait()
+    assert len(samples) > 50 and sum(1 for s in samples if s.python_stack_id) / len(samples) > 0.9
+    assert names["heavy"] > 2 * names["light"] > 0, names

@@ -1,0 +1,141 @@
+# SPDX-License-Identifier: Apache-2.0
+"""python_layouts.h (the one table of CPython layouts, shared by the injected library and the BPF walker) against
+offsetof() compiled with each installed interpreter's own internal headers; the merge rule and line tables."""
+
+from __future__ import annotations
+
+import glob
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from otel_gpu.cpu.python import CodeReader, PythonProcess, _line_310, _line_311, find_python, load_layouts, merge
+from otel_gpu.ebpf import abi
+from otel_gpu.profiles.model import Frame, FrameKind
+
+PROGRAM = r"""
+#define Py_BUILD_CORE 1
+#include <Python.h>
+#include <frameobject.h>
+#include <internal/pycore_runtime.h>
+#include <internal/pycore_interp.h>
+#include <internal/pycore_pystate.h>
+#if PY_VERSION_HEX >= 0x030B0000
+#include <internal/pycore_frame.h>
+#endif
+#include <internal/pycore_code.h>
+#include <stdio.h>
+#include <stddef.h>
+#define P(name, expr) printf("%s %zu\n", name, (size_t)(expr))
+int main(void) {
+    P("runtime_interpreters_head", offsetof(_PyRuntimeState, interpreters.head));
+    P("tstate_next", offsetof(PyThreadState, next));
+    P("tstate_thread_id", offsetof(PyThreadState, thread_id));
+    P("code_filename", offsetof(PyCodeObject, co_filename));
+    P("code_name", offsetof(PyCodeObject, co_name));
+    P("code_firstlineno", offsetof(PyCodeObject, co_firstlineno));
+    P("code_linetable", offsetof(PyCodeObject, co_linetable));
+    P("ascii_size", sizeof(PyASCIIObject));
+    P("compact_size", sizeof(PyCompactUnicodeObject));
+    P("compact_utf8", offsetof(PyCompactUnicodeObject, utf8));
+#if PY_VERSION_HEX >= 0x030B0000
+    P("interp_threads_head", offsetof(PyInterpreterState, threads.head));
+    P("code_qualname", offsetof(PyCodeObject, co_qualname));
+    P("code_adaptive", offsetof(PyCodeObject, co_code_adaptive));
+    P("frame_previous", offsetof(_PyInterpreterFrame, previous));
+    P("frame_owner", offsetof(_PyInterpreterFrame, owner));
+#else
+    P("interp_threads_head", offsetof(PyInterpreterState, tstate_head));
+    P("tstate_frame", offsetof(PyThreadState, frame));
+    P("frame_previous", offsetof(PyFrameObject, f_back));
+    P("frame_code", offsetof(PyFrameObject, f_code));
+    P("frame_instr", offsetof(PyFrameObject, f_lasti));
+#endif
+#if PY_VERSION_HEX >= 0x030D0000
+    P("tstate_frame", offsetof(PyThreadState, current_frame));
+    P("frame_code", offsetof(_PyInterpreterFrame, f_executable));
+    P("frame_instr", offsetof(_PyInterpreterFrame, instr_ptr));
+#elif PY_VERSION_HEX >= 0x030B0000
+    P("tstate_frame", offsetof(PyThreadState, cframe));
+    P("cframe_current", offsetof(_PyCFrame, current_frame));
+    P("frame_code", offsetof(_PyInterpreterFrame, f_code));
+    P("frame_instr", offsetof(_PyInterpreterFrame, prev_instr));
+#endif
+    return 0;
+}
+"""
+
+INCLUDES = {(3, 10): "/root/.pyenv/versions/3.10.*/include/python3.10",
+            (3, 11): "/root/.pyenv/versions/3.11.*/include/python3.11",
+            (3, 12): "/root/.pyenv/versions/3.12.*/include/python3.12",
+            (3, 13): "/root/.pyenv/versions/3.13.*/include/python3.13",
+            (3, 110): "/usr/include/python3.11"}  # Debian's 3.11: the same layout as pyenv's
+
+
+@pytest.mark.parametrize("version", sorted(INCLUDES))
+def test_table_matches_offsetof_against_the_interpreters_headers(version: tuple[int, int], tmp_path: Path) -> None:
+    found = sorted(glob.glob(INCLUDES[version]))
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    if not found or compiler is None:
+        pytest.fail(f"needs a C compiler and the headers at {INCLUDES[version]} (scripts/install-system.sh)")
+    source = tmp_path / "offsets.c"
+    source.write_text(PROGRAM)
+    binary = tmp_path / "offsets"
+    subprocess.run([compiler, "-I", found[-1], "-I", f"{found[-1]}/internal", "-o", str(binary), str(source)],
+                   check=True)
+    printed = dict(line.split() for line in subprocess.run([str(binary)], check=True, capture_output=True,
+                                                           text=True).stdout.splitlines())
+    table = load_layouts()[(3, 11) if version == (3, 110) else version]
+    assert printed, "nothing printed"
+    for name, value in printed.items():
+        assert table[name] == int(value), (name, table[name], value)
+
+
+def test_native_frames_above_the_innermost_python_one_are_kept_the_interpreters_replaced() -> None:
+    native = (Frame("spin_inner"), Frame("ffi_call"), Frame("_PyEval_EvalFrameDefault"), Frame("Py_RunMain"))
+    python = (Frame("heavy", FrameKind.PYTHON), Frame("main", FrameKind.PYTHON))
+    assert [f.function for f in merge(native, python)] == ["spin_inner", "ffi_call", "heavy", "main"]
+    assert merge(native, ()) == native
+    # a native stack cut short before the interpreter (no frame pointers) keeps what it has, Python below it
+    assert [f.function for f in merge(native[:2], python)] == ["spin_inner", "ffi_call", "heavy", "main"]
+
+
+def test_line_tables() -> None:
+    def lines_of(function) -> list[int]:  # type: ignore[no-untyped-def]
+        code = function.__code__
+        table = _line_311 if hasattr(code, "co_qualname") else _line_310
+        return [table(code.co_linetable, code.co_firstlineno, offset) for offset, _, line in code.co_lines()
+                if line is not None]
+
+    def sample(x: int) -> int:
+        y = x + 1
+        z = y * 2
+        return z
+
+    expected = [line for _, _, line in sample.__code__.co_lines() if line is not None]
+    assert lines_of(sample) == expected
+    assert len(set(expected)) == 4
+
+
+def test_a_code_address_reused_by_another_code_object_is_read_again() -> None:
+    """The reader checks cached code objects once per drain; here the cache holds another function's entry at the
+    address (as after the old code object was freed and a new one allocated there)."""
+    found = find_python(os.getpid())  # this test's own interpreter, read through /proc/PID/mem like any other
+    assert isinstance(found, PythonProcess), found
+    reader = CodeReader(found)
+
+    def first() -> None: ...
+
+    def second() -> None: ...
+
+    stack = abi.PythonStack(depth=1)
+    stack.code[0] = id(first.__code__)
+    assert reader.frames(stack)[0].function.endswith("first")
+    reader._cache[id(second.__code__)] = reader._cache[id(first.__code__)]  # what the address held before
+    reader.new_drain()
+    stack.code[0] = id(second.__code__)
+    frame = reader.frames(stack)[0]
+    assert frame.function.endswith("second") and frame.filename == __file__ and frame.line > 0
