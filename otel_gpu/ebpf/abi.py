@@ -34,9 +34,61 @@ class CPUStat(enum.IntEnum):
     EVENTS_FULL = 6
     RAW_SENT = 7
     RAW_FULL = 8
+    UNWIND_SAMPLES = 9
+    UNWIND_FP_FRAMES = 10
+    UNWIND_NO_MAPPING = 11
+    UNWIND_UNSUPPORTED = 12
+    UNWIND_READ_FAILED = 13
+    UNWIND_TRUNCATED = 14
+    UNWIND_NO_REGS = 15
 
 
-STAT_COUNT = 9
+STAT_COUNT = 16
+UNWIND_MAX_MAPPINGS = 256
+
+
+class UnwindKind(enum.IntEnum):
+    """enum otel_gpu_unwind_kind: how a row steps to the caller (same values as otel_gpu.unwind.table.KIND_*)."""
+
+    NONE = 0
+    RSP = 1
+    RBP = 2
+    END = 3
+    UNSUPPORTED = 4
+
+
+class UnwindRow(ctypes.Structure):
+    """struct otel_gpu_unwind_row."""
+
+    _fields_ = [
+        ("pc", ctypes.c_uint64),
+        ("kind", ctypes.c_uint8),
+        ("reserved", ctypes.c_uint8),
+        ("rbp_offset", ctypes.c_int16),
+        ("cfa_offset", ctypes.c_int32),
+    ]
+
+
+class UnwindMapping(ctypes.Structure):
+    """struct otel_gpu_unwind_mapping."""
+
+    _fields_ = [
+        ("start", ctypes.c_uint64),
+        ("end", ctypes.c_uint64),
+        ("bias", ctypes.c_uint64),
+        ("first_row", ctypes.c_uint32),
+        ("row_count", ctypes.c_uint32),
+    ]
+
+
+class UnwindProcess(ctypes.Structure):
+    """struct otel_gpu_unwind_process."""
+
+    _fields_ = [
+        ("count", ctypes.c_uint32),
+        ("reserved", ctypes.c_uint32),
+        ("mappings", UnwindMapping * UNWIND_MAX_MAPPINGS),
+    ]
 
 
 class SampleKey(ctypes.Structure):

@@ -16,12 +16,15 @@ from __future__ import annotations
 
 import bisect
 import os
+import struct
 import threading
 from array import array
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import BinaryIO
 
-from otel_gpu.symbolize.elf import _EHDR, _SHDR
+from otel_gpu.symbolize.elf import _EHDR, _SHDR, Segment
 from otel_gpu.unwind import cfi
 
 # Rule kinds (the low byte of a packed rule), shared with native_unwind.h
@@ -45,10 +48,25 @@ class UnwindTable:
     pcs: array[int]
     rules: array[int]
     source: str  # ".eh_frame", ".debug_frame" or "" (no frame information)
+    segments: tuple[Segment, ...] = ()  # the file's PT_LOAD segments (to find a mapping's load bias)
 
     @property
     def size_bytes(self) -> int:
         return 16 * len(self.pcs)
+
+    def bias(self, start: int, file_offset: int) -> int | None:
+        """Load bias of a mapping at ``start`` of the file from ``file_offset``: address - bias = link-time address."""
+        for segment in self.segments:
+            if segment.offset <= file_offset < segment.offset + max(segment.file_size, 1):
+                return (start - (segment.vaddr + file_offset - segment.offset)) & 0xFFFFFFFFFFFFFFFF
+        return None
+
+    def row_bytes(self) -> bytes:
+        """The rows as struct otel_gpu_unwind_row[] (pc, then the packed rule: the same 16 bytes)."""
+        rows = array("Q", bytes(16 * len(self.pcs)))
+        rows[0::2] = self.pcs
+        rows[1::2] = self.rules
+        return rows.tobytes()
 
     def lookup(self, pc: int) -> tuple[int, int, int]:
         """(kind, cfa_offset, rbp_offset) for the link-time ``pc``."""
@@ -110,47 +128,85 @@ def table_from_fdes(fdes: list[cfi.Fde], source: str) -> UnwindTable:
     return UnwindTable(pcs, rules, source)
 
 
+_PHDR = struct.Struct("<IIQQQQQQ")
+_PT_LOAD = 1
+_Read = Callable[[int, int], bytes]
+
+
+def _file_reader(file: BinaryIO) -> _Read:
+    def read(offset: int, size: int) -> bytes:
+        file.seek(offset)
+        return file.read(size)
+    return read
+
+
+def _image_reader(image: bytes) -> _Read:
+    return lambda offset, size: image[offset:offset + size]
+
+
+def _frame_sections(read: _Read, name: str) -> tuple[tuple[str, int, bytes] | None, tuple[Segment, ...]]:
+    header = read(0, _EHDR.size)
+    if len(header) < _EHDR.size or header[:4] != b"\x7fELF" or header[4] != 2 or header[5] != 1:
+        raise ValueError(f"{name}: not a 64-bit little-endian ELF file")
+    fields = _EHDR.unpack(header)
+    phoff, shoff, phentsize, phnum = fields[5], fields[6], fields[9], fields[10]
+    shentsize, shnum, shstrndx = fields[11], fields[12], fields[13]
+    segments: list[Segment] = []
+    if 0 < phnum < _MAX_SECTIONS and phentsize >= _PHDR.size:
+        table = read(phoff, phnum * phentsize)
+        for index in range(len(table) // phentsize):
+            kind, _flags, offset, vaddr, _paddr, file_size, *_ = _PHDR.unpack_from(table, index * phentsize)
+            if kind == _PT_LOAD:
+                segments.append(Segment(offset, vaddr, file_size))
+    if shnum == 0 or shnum > _MAX_SECTIONS or shentsize < _SHDR.size or shstrndx >= shnum:
+        return None, tuple(segments)
+    table = read(shoff, shnum * shentsize)
+    headers = [_SHDR.unpack_from(table, index * shentsize) for index in range(len(table) // shentsize)]
+    if shstrndx >= len(headers):
+        return None, tuple(segments)
+    names = read(headers[shstrndx][4], min(headers[shstrndx][5], 1 << 20))
+    found: dict[str, tuple[int, int, int]] = {}
+    for name_offset, kind, _flags, addr, offset, size, *_ in headers:
+        end = names.find(b"\0", name_offset)
+        section = names[name_offset:end].decode("ascii", "replace") if end >= 0 else ""
+        if section in (".eh_frame", ".debug_frame") and kind != 8:  # SHT_NOBITS: stripped into a debug file
+            found[section] = (addr, offset, size)
+    for section in (".eh_frame", ".debug_frame"):
+        if section in found:
+            addr, offset, size = found[section]
+            if size > _MAX_SECTION_BYTES:
+                raise ValueError(f"{name}: {section} is {size} bytes, over {_MAX_SECTION_BYTES}")
+            return (section, addr, read(offset, size)), tuple(segments)
+    return None, tuple(segments)
+
+
 def frame_sections(path: str) -> tuple[str, int, bytes] | None:
     """(section name, link-time address, bytes) of the file's .eh_frame, else .debug_frame; None if neither."""
     with open(path, "rb") as file:
-        header = file.read(_EHDR.size)
-        if len(header) < _EHDR.size or header[:4] != b"\x7fELF" or header[4] != 2 or header[5] != 1:
-            raise ValueError(f"{path}: not a 64-bit little-endian ELF file")
-        fields = _EHDR.unpack(header)
-        shoff, shentsize, shnum, shstrndx = fields[6], fields[11], fields[12], fields[13]
-        if shnum == 0 or shnum > _MAX_SECTIONS or shentsize < _SHDR.size or shstrndx >= shnum:
-            return None
-        file.seek(shoff)
-        table = file.read(shnum * shentsize)
-        headers = [_SHDR.unpack_from(table, index * shentsize) for index in range(len(table) // shentsize)]
-        if shstrndx >= len(headers):
-            return None
-        names_at, names_size = headers[shstrndx][4], headers[shstrndx][5]
-        file.seek(names_at)
-        names = file.read(min(names_size, 1 << 20))
-        found: dict[str, tuple[int, int, int, int]] = {}
-        for name_offset, kind, _flags, addr, offset, size, *_ in headers:
-            end = names.find(b"\0", name_offset)
-            name = names[name_offset:end].decode("ascii", "replace") if end >= 0 else ""
-            if name in (".eh_frame", ".debug_frame") and kind != 8:  # SHT_NOBITS: stripped into a debug file
-                found[name] = (addr, offset, size, kind)
-        for name in (".eh_frame", ".debug_frame"):
-            if name in found:
-                addr, offset, size, _ = found[name]
-                if size > _MAX_SECTION_BYTES:
-                    raise ValueError(f"{path}: {name} is {size} bytes, over {_MAX_SECTION_BYTES}")
-                file.seek(offset)
-                return name, addr, file.read(size)
-    return None
+        return _frame_sections(_file_reader(file), path)[0]
 
 
-def build_table(path: str) -> UnwindTable:
-    """The unwind table of the ELF file at ``path``; raises OSError or ValueError for unreadable files."""
-    found = frame_sections(path)
+def build_table(path: str, image: bytes | None = None) -> UnwindTable:
+    """The unwind table of the ELF file at ``path`` (or of the in-memory ``image``, e.g. the vDSO, which ``path``
+    then only names); raises OSError or ValueError for unreadable files."""
+    if image is not None:
+        found, segments = _frame_sections(_image_reader(image), path)
+    else:
+        with open(path, "rb") as file:
+            found, segments = _frame_sections(_file_reader(file), path)
     if found is None:
-        return UnwindTable(array("Q"), array("Q"), "")
+        return UnwindTable(array("Q"), array("Q"), "", segments)
     name, addr, data = found
-    return table_from_fdes(list(cfi.parse_frames(data, addr, name == ".eh_frame")), name)
+    table = table_from_fdes(list(cfi.parse_frames(data, addr, name == ".eh_frame")), name)
+    return UnwindTable(table.pcs, table.rules, name, segments)
+
+
+def file_key(path: str, image: bytes | None = None) -> tuple[int, ...]:
+    """A file's identity (device, inode, size, mtime), or an in-memory image's (its hash and size)."""
+    if image is not None:
+        return (-1, hash(image), len(image), 0)
+    found = os.stat(path)
+    return (found.st_dev, found.st_ino, found.st_size, found.st_mtime_ns)
 
 
 class TableCache:
@@ -160,18 +216,18 @@ class TableCache:
         self.max_bytes = max_bytes
         self.size_bytes = 0
         self.builds = 0
-        self._tables: OrderedDict[tuple[int, int, int, int], UnwindTable] = OrderedDict()
+        self._tables: OrderedDict[tuple[int, ...], UnwindTable] = OrderedDict()
         self._lock = threading.Lock()
 
-    def get(self, path: str) -> UnwindTable:
-        found = os.stat(path)
-        key = (found.st_dev, found.st_ino, found.st_size, found.st_mtime_ns)
+    def get(self, path: str, image: bytes | None = None) -> UnwindTable:
+        """The table of the file at ``path``, or of ``image`` (cached by its hash: the vDSO is one per kernel)."""
+        key = file_key(path, image)
         with self._lock:
             table = self._tables.get(key)
             if table is not None:
                 self._tables.move_to_end(key)
                 return table
-        table = build_table(path)
+        table = build_table(path, image)
         with self._lock:
             self.builds += 1
             if key not in self._tables:

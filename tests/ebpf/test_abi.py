@@ -36,6 +36,9 @@ STRUCTS: dict[str, type[ctypes.Structure]] = {
     "otel_gpu_process_event": ebpf_abi.ProcessEvent,
     "otel_gpu_raw_sample": ebpf_abi.RawSample,
     "otel_gpu_control": ebpf_abi.Control,
+    "otel_gpu_unwind_row": ebpf_abi.UnwindRow,
+    "otel_gpu_unwind_mapping": ebpf_abi.UnwindMapping,
+    "otel_gpu_unwind_process": ebpf_abi.UnwindProcess,
     # gpu_time.h
     "otel_gpu_event": cuda_abi.EventC,
     "otel_gpu_kstack": cuda_abi.KStackC,
@@ -55,6 +58,7 @@ CONSTANTS: dict[str, int] = {
     # cpu_profiler.h
     "OTEL_GPU_MAX_STACK_DEPTH": ebpf_abi.MAX_STACK_DEPTH,
     "OTEL_GPU_STAT_COUNT": ebpf_abi.STAT_COUNT,
+    "OTEL_GPU_UNWIND_MAX_MAPPINGS": ebpf_abi.UNWIND_MAX_MAPPINGS,
     # gpu_time.h
     "OTEL_GPU_KSTACK_DEPTH": cuda_abi.KSTACK_DEPTH,
     "OTEL_GPU_DROP_REASONS": len(cuda_abi.DROP_REASONS),
@@ -71,6 +75,7 @@ CONSTANTS: dict[str, int] = {
 # C enum's mirror -> the prefix of its enumerators (every member is checked as prefix + member name).
 ENUMS: dict[type[enum.IntEnum], str] = {
     ebpf_abi.CPUStat: "OTEL_GPU_STAT_",  # cpu_profiler.h
+    ebpf_abi.UnwindKind: "OTEL_GPU_UNWIND_",
     cuda_abi.EventType: "OTEL_GPU_EVENT_",  # gpu_time.h
     cuda_abi.DropReason: "OTEL_GPU_DROP_",
     cuda_abi.LaunchKind: "OTEL_GPU_LAUNCH_",  # otel_gpu_probes.h

@@ -5,6 +5,8 @@
  * keyed by (tgid, tid, user stack id, kernel stack id). User space flips the generation in `control` and drains
  * the other one. The first sample of a process is announced through the process_events ring buffer. When a stack id
  * collides in the stack map (-EEXIST), the whole sample goes through the raw_samples ring buffer instead.
+ * Processes the agent registered unwind tables for (native_unwind.h) have their user stack walked from those tables
+ * instead of frame pointers, and come whole through raw_samples too.
  */
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
@@ -85,6 +87,8 @@ static __always_inline void bump(__u32 index) {
         *value += 1;
 }
 
+#include "native_unwind.h"
+
 static __always_inline void announce(__u32 pid, __u32 tid) {
     __u8 one = 1;
     if (bpf_map_lookup_elem(&known_pids, &pid))
@@ -125,6 +129,21 @@ static __always_inline int send_raw(struct bpf_perf_event_data *ctx, __u32 pid, 
     return 1;
 }
 
+/* A process with unwind tables: its user stack walked by native_unwind.h, the sample sent whole. */
+static __always_inline void send_unwound(struct bpf_perf_event_data *ctx, __u32 pid, __u32 tid) {
+    struct otel_gpu_raw_sample *raw = bpf_ringbuf_reserve(&raw_samples, sizeof(*raw), 0);
+    if (!raw) {
+        bump(OTEL_GPU_STAT_RAW_FULL);
+        return;
+    }
+    raw->pid = pid;
+    raw->tid = tid;
+    raw->user_bytes = native_unwind_user(ctx, pid, raw->user);
+    raw->kernel_bytes = bpf_get_stack(ctx, raw->kernel, sizeof(raw->kernel), 0);
+    bpf_get_current_comm(raw->comm, sizeof(raw->comm));
+    bpf_ringbuf_submit(raw, 0);
+}
+
 static __always_inline void count_sample(void *counts, struct otel_gpu_sample_key *key) {
     struct otel_gpu_sample_value *value = bpf_map_lookup_elem(counts, key);
     if (value) {
@@ -157,6 +176,10 @@ int on_cpu_sample(struct bpf_perf_event_data *ctx) {
     bump(OTEL_GPU_STAT_SAMPLES);
     announce(pid, tid);
 
+    if (native_unwind_wanted(pid)) {
+        send_unwound(ctx, pid, tid);
+        return 0;
+    }
     if (raw_only) {
         send_raw(ctx, pid, tid);
         return 0;
