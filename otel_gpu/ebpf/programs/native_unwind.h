@@ -25,6 +25,7 @@
 struct {
     __uint(type, BPF_MAP_TYPE_ARRAY);
     __uint(max_entries, UNWIND_ROWS);
+    __uint(map_flags, 1024); /* BPF_F_MMAPABLE: the agent writes a file's rows with one copy */
     __type(key, __u32);
     __type(value, struct otel_gpu_unwind_row);
 } unwind_rows SEC(".maps");
