@@ -11,6 +11,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import mmap
+import os
 import queue
 import threading
 import time
@@ -105,6 +106,10 @@ class NativeUnwinder:
         self._memory.close()
 
     def _work(self) -> None:
+        try:  # niceness is per thread on Linux: building tables yields to the node's own work
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+        except OSError:
+            pass
         while True:
             pid = self._queue.get()
             try:
@@ -126,7 +131,10 @@ class NativeUnwinder:
         entries: list[abi.UnwindMapping] = []
         with self._lock:
             for mapping in mappings[:abi.UNWIND_MAX_MAPPINGS]:
-                entry = self._entry(pid, mapping)
+                try:
+                    entry = self._entry(pid, mapping)
+                except (FileNotFoundError, ProcessLookupError):  # the process exited meanwhile
+                    return False
                 if entry is not None:
                     entries.append(entry)
         if not entries:
@@ -154,6 +162,8 @@ class NativeUnwinder:
                     image = memory.read(mapping.end - mapping.start)
             key = file_key(path, image)
             table = self._cache.get(path, image)
+        except (FileNotFoundError, ProcessLookupError):
+            raise
         except (OSError, ValueError) as exc:
             self.stats.file_errors += 1
             if len(self.stats.errors_by_file) < 16 and mapping.path not in self.stats.errors_by_file:

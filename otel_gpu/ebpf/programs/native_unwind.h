@@ -14,6 +14,7 @@
 #ifndef OTEL_GPU_NATIVE_UNWIND_H
 #define OTEL_GPU_NATIVE_UNWIND_H
 
+#include "common.h"
 #include "cpu_profiler.h"
 
 #ifdef __BPF__ /* BPF code only: tests/ebpf/test_abi.py compiles every header of this folder for user space */
