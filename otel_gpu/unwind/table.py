@@ -9,7 +9,8 @@ says how to step from a frame to its caller, which is all a stack walker needs o
     CFA = (rsp | rbp) + cfa_offset;  return address = [CFA - 8];  rbp = [CFA + rbp_offset] or unchanged
 
 Rows that need something else (a CFA expression such as the PLT's, a CFA in another register, a return address
-elsewhere than CFA-8) become UNSUPPORTED, so the walker can count why it stopped; the outermost frame (return address undefined, e.g. ``_start``) becomes END.
+elsewhere than CFA-8) become UNSUPPORTED, so the walker can count why it stopped; the outermost frame (return
+address undefined, e.g. ``_start``) becomes END.
 """
 
 from __future__ import annotations

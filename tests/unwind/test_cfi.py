@@ -47,8 +47,8 @@ def _readelf_rows(path: Path, section: str) -> dict[int, list[tuple[int, str, st
             current = None
         elif fields and fields[0] == "LOC":
             columns = fields
-        elif current is not None and len(fields) >= 3 and len(fields[0]) == 16 and all(c in "0123456789abcdef" for c in fields[0]):
-            values = dict(zip(columns, re.findall(r"\S+(?: \(\w+\))?", line)))  # "r9 (r9)" is one value
+        elif current is not None and len(fields) >= 3 and re.fullmatch("[0-9a-f]{16}", fields[0]):
+            values = dict(zip(columns, re.findall(r"\S+(?: \(\w+\))?", line), strict=False))  # "r9 (r9)": one value
             row = (int(fields[0], 16), values["CFA"], values.get("rbp", "u"), values.get("ra", "u"))
             if not current or current[-1][1:] != row[1:]:
                 current.append(row)
