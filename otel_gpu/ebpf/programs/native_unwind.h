@@ -56,42 +56,69 @@ struct {
     __type(value, struct native_unwind_state);
 } unwind_scratch SEC(".maps");
 
+struct native_unwind_search {
+    __u64 pc;
+    __u32 low;
+    __u32 high;
+    __u32 pid; /* for the mapping search: whose mappings */
+    __u32 reserved;
+};
+
+/* One binary-search step over the process's mappings (re-looked up: a callback cannot be handed a map value). */
+static long unwind_mapping_step(__u32 index, struct native_unwind_search *search) {
+    if (search->low >= search->high)
+        return 1;
+    __u32 pid = search->pid;
+    struct otel_gpu_unwind_process *proc = bpf_map_lookup_elem(&unwind_processes, &pid);
+    if (!proc)
+        return 1;
+    __u32 mid = (search->low + search->high) / 2;
+    if (proc->mappings[mid & (OTEL_GPU_UNWIND_MAX_MAPPINGS - 1)].start <= search->pc)
+        search->low = mid + 1;
+    else
+        search->high = mid;
+    return 0;
+}
+
 /* The last mapping whose start <= pc, if pc < its end. */
 static __always_inline struct otel_gpu_unwind_mapping *unwind_find_mapping(struct otel_gpu_unwind_process *proc,
-                                                                           __u64 pc) {
-    __u32 low = 0, high = proc->count;
-    if (high > OTEL_GPU_UNWIND_MAX_MAPPINGS)
-        high = OTEL_GPU_UNWIND_MAX_MAPPINGS;
-    for (int i = 0; i < UNWIND_MAPPING_STEPS && low < high; i++) {
-        __u32 mid = (low + high) / 2;
-        if (proc->mappings[mid & (OTEL_GPU_UNWIND_MAX_MAPPINGS - 1)].start <= pc)
-            low = mid + 1;
-        else
-            high = mid;
-    }
-    if (low == 0)
+                                                                           __u32 pid, __u64 pc) {
+    __u32 count = proc->count;
+    struct native_unwind_search search = {.pc = pc, .low = 0, .pid = pid,
+                                          .high = count > OTEL_GPU_UNWIND_MAX_MAPPINGS ? OTEL_GPU_UNWIND_MAX_MAPPINGS
+                                                                                       : count};
+    bpf_loop(UNWIND_MAPPING_STEPS, unwind_mapping_step, &search, 0);
+    if (search.low == 0)
         return 0;
-    struct otel_gpu_unwind_mapping *found = &proc->mappings[(low - 1) & (OTEL_GPU_UNWIND_MAX_MAPPINGS - 1)];
+    struct otel_gpu_unwind_mapping *found = &proc->mappings[(search.low - 1) & (OTEL_GPU_UNWIND_MAX_MAPPINGS - 1)];
     return pc < found->end ? found : 0;
 }
 
-/* The rule for link-time pc among the file's rows; kind NONE when pc is before the first row. */
+/* One binary-search step over unwind_rows; its own bpf_loop callback, so the verifier checks one step, not every
+ * path through UNWIND_ROW_STEPS of them (that took seconds at load). */
+static long unwind_search_step(__u32 index, struct native_unwind_search *search) {
+    if (search->low >= search->high)
+        return 1;
+    __u32 mid = search->low + (search->high - search->low) / 2;
+    struct otel_gpu_unwind_row *row = bpf_map_lookup_elem(&unwind_rows, &mid);
+    if (!row)
+        return 1;
+    if (row->pc <= search->pc)
+        search->low = mid + 1;
+    else
+        search->high = mid;
+    return 0;
+}
+
+/* The rule for link-time pc among the file's rows; 0 when pc is before the first row. */
 static __always_inline struct otel_gpu_unwind_row *unwind_find_row(struct otel_gpu_unwind_mapping *mapping, __u64 pc) {
-    __u32 low = mapping->first_row, high = mapping->first_row + mapping->row_count;
-    __u32 first = low;
-    for (int i = 0; i < UNWIND_ROW_STEPS && low < high; i++) {
-        __u32 mid = low + (high - low) / 2;
-        struct otel_gpu_unwind_row *row = bpf_map_lookup_elem(&unwind_rows, &mid);
-        if (!row)
-            return 0;
-        if (row->pc <= pc)
-            low = mid + 1;
-        else
-            high = mid;
-    }
-    if (low == first)
+    struct native_unwind_search search = {.pc = pc, .low = mapping->first_row,
+                                          .high = mapping->first_row + mapping->row_count};
+    __u32 first = search.low;
+    bpf_loop(UNWIND_ROW_STEPS, unwind_search_step, &search, 0);
+    if (search.low == first)
         return 0;
-    __u32 index = low - 1;
+    __u32 index = search.low - 1;
     return bpf_map_lookup_elem(&unwind_rows, &index);
 }
 
@@ -118,7 +145,7 @@ static long unwind_step(__u32 index, void *unused) {
     /* A caller's pc is a return address: the call instruction is the byte before it (which matters when the call
      * is the last instruction of a function or of a rule's range). */
     __u64 lookup = st->depth > 1 ? st->pc - 1 : st->pc;
-    struct otel_gpu_unwind_mapping *mapping = unwind_find_mapping(proc, lookup);
+    struct otel_gpu_unwind_mapping *mapping = unwind_find_mapping(proc, pid, lookup);
     if (!mapping) {
         st->stop = OTEL_GPU_STAT_UNWIND_NO_MAPPING;
         return 1;
