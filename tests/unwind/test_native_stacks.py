@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from otel_gpu import selfmetrics, semconv
 from otel_gpu.config import ProfilingConfig
 from otel_gpu.cpu.sampler import CPUSampler
 from otel_gpu.cpu.source import CPUProfileSource
@@ -121,3 +122,15 @@ def test_frame_pointer_code_keeps_working() -> None:
     heavy = _ending(stacks, "main", "run", "busy_loop", "leaf_heavy")
     light = _ending(stacks, "main", "run", "busy_loop", "leaf_light")
     assert (heavy + light) / total > 0.9, stacks.most_common(5)
+
+
+def test_a_stop_in_code_no_file_backs_is_counted_by_reason() -> None:
+    selfmetrics.reset()
+    stacks, stats = _profile(UNWIND / "jit_loop", "2")
+    total = sum(stacks.values())
+    # the walk ends in the anonymous page: one unnamed frame, counted as unwind_no_mapping, never silent
+    assert stats["unwind_no_mapping"] > 0.5 * total, (stats, stacks.most_common(3))
+    reported = selfmetrics.total(semconv.SELF_ERRORS.name, otel_gpu__source=semconv.Source.CPU_PROFILER,
+                                 otel_gpu__reason=semconv.Reason.UNWIND_NO_MAPPING)
+    assert reported == stats["unwind_no_mapping"]
+    assert stats["unwind_unsupported"] + stats["unwind_read_failed"] + stats["unwind_truncated"] < 0.1 * total
