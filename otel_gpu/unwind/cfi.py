@@ -163,7 +163,7 @@ def _read_cie(data: bytes, pos: int, end: int, is_eh: bool) -> _Cie:
         pos += 1
     else:
         ra_reg, pos = _uleb(data, pos)
-    fde_encoding = 0x00 if not is_eh else 0x00
+    fde_encoding = 0x00  # absolute 8-byte addresses unless the augmentation says otherwise
     lsda_encoding = 0xFF
     has_aug = augmentation.startswith("z")
     if has_aug:
@@ -210,9 +210,11 @@ class _State:
         return Row(pc, self.cfa_kind, self.cfa_reg, self.cfa_offset, self.rbp[0], self.rbp[1], self.ra[0], self.ra[1])
 
 
-def _execute(code: bytes, cie: _Cie, state: _State, initial: _State | None, pc: int, end_pc: int,
-             rows: list[Row], section_vaddr: int) -> int:
-    """Run CFA instructions; appends a row each time the location advances. Returns the final pc."""
+def _execute(code: bytes, cie: _Cie, state: _State, initial: _State | None, pc: int, rows: list[Row],
+             section_vaddr: int) -> int:
+    """Run CFA instructions from ``state`` at ``pc``; appends a row each time the location advances (the row of the
+    rules before the advance). ``initial`` is the CIE's state (what DW_CFA_restore goes back to); ``section_vaddr``
+    is the link-time address of ``code[0]`` (for pc-relative DW_CFA_set_loc). Returns the final pc."""
     pos = 0
     n = len(code)
     stack: list[_State] = []
@@ -235,7 +237,7 @@ def _execute(code: bytes, cie: _Cie, state: _State, initial: _State | None, pc: 
 
     def advance(new_pc: int) -> None:
         nonlocal pc
-        if rows is not None and new_pc != pc:
+        if new_pc != pc:
             if rows and rows[-1].pc == pc:
                 rows[-1] = state.row(pc)
             else:
@@ -428,11 +430,11 @@ def _read_fde(data: bytes, pos: int, end: int, cie: _Cie, section_vaddr: int, is
         return None  # a discarded function (start 0 in .debug_frame, or a zero-length FDE)
     # Instructions are executed on the bytes themselves: pcrel set_loc operands are relative to the section.
     state = _State()
-    _execute(cie.initial, cie, state, None, start, start, [], 0)
+    _execute(cie.initial, cie, state, None, start, [], 0)
     initial = state.copy()
     rows: list[Row] = []
     code = data[pos:end]
-    pc = _execute(code, cie, state, initial, start, start + span, rows, section_vaddr + pos)
+    pc = _execute(code, cie, state, initial, start, rows, section_vaddr + pos)
     if not rows or rows[-1].pc != pc:
         rows.append(state.row(pc))
     else:

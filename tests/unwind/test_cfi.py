@@ -21,7 +21,11 @@ LIBSTDCXX = Path("/usr/lib/x86_64-linux-gnu/libstdc++.so.6")
 WORKLOAD = NATIVE / "workloads" / "cpu_3to1"
 _REGS = {"rsp": cfi.RSP, "rbp": cfi.RBP}
 
-pytestmark = pytest.mark.skipif(shutil.which("readelf") is None, reason="binutils' readelf is not installed")
+
+@pytest.fixture(autouse=True)
+def _readelf() -> None:
+    if shutil.which("readelf") is None:
+        pytest.fail("binutils' readelf is not installed (apt-get install binutils)")
 
 
 def _readelf_rows(path: Path, section: str) -> dict[int, list[tuple[int, str, str, str]]]:
