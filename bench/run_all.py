@@ -16,7 +16,8 @@ BENCH = Path(__file__).resolve().parent
 RUNS = [("NVML metrics (fake libnvidia-ml)", ["bench_nvml.py"], False),
         ("eBPF CPU profiling", ["bench_cpu_profiler.py", "--seconds", "20"], True),
         ("GPU-time profiling (fake CUDA stack)", ["bench_gpu_time.py"], True),
-        ("Cost of the whole agent, per source and scenario", ["bench_cost.py"], True)]
+        ("Cost of the whole agent, per source and scenario", ["bench_cost.py"], True),
+        ("Native unwinding from .eh_frame", ["bench_unwind.py"], True)]
 
 
 def main() -> int:

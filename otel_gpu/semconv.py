@@ -224,6 +224,14 @@ class Reason(enum.StrEnum):
     PYTHON_CODE_UNREADABLE = "python_code_unreadable"  # a code object could not be read: that frame left out
     PYTHON_UNSUPPORTED = "python_unsupported"  # a CPython version without a layout: native frames only
     PROCESS_GONE = "process_gone"  # the process exited before its identity was read
+    # source errors: native unwinding (a user stack walked from .eh_frame tables stopped early)
+    UNWIND_NO_MAPPING = "unwind_no_mapping"  # a pc outside every registered mapping (JIT code, a later dlopen)
+    UNWIND_UNSUPPORTED = "unwind_unsupported"  # a rule the walker does not follow (CFA expression, as in PLTs)
+    UNWIND_READ_FAILED = "unwind_read_failed"  # the return address or saved rbp could not be read
+    UNWIND_TRUNCATED = "unwind_truncated"  # deeper than the stack depth
+    UNWIND_NO_REGS = "unwind_no_regs"  # the user registers could not be read
+    UNWIND_TABLES_FULL = "unwind_tables_full"  # a file left to frame pointers: the rows map was full
+    UNWIND_FILE_ERROR = "unwind_file_error"  # a file's frame information could not be read
     # source errors: symbolizer and /proc
     NO_SYMBOL = "no_symbol"
     SYMBOLS_DEFERRED = "symbols_deferred"  # a drain's time for reading new ELF files ran out: frame sent as file+offset

@@ -29,6 +29,7 @@ from otel_gpu import selfmetrics, semconv
 from otel_gpu.ebpf import _libbpf, abi
 from otel_gpu.ebpf.loader import BPFError, BPFObject, program_path
 from otel_gpu.errors import SourceUnavailable
+from otel_gpu.unwind.processes import NativeUnwinder
 
 _logger = logging.getLogger(__name__)
 
@@ -64,12 +65,15 @@ class CPUSampler:
     def __init__(self, frequency_hz: int, pids: Iterable[int] = (), exclude_tgid: int = 0,
                  on_new_process: Callable[[int, str], None] | None = None, btf_path: str = BTF_PATH,
                  object_path: str | os.PathLike[str] | None = None, raw_only: bool = False,
-                 cpus: list[int] | None = None) -> None:
+                 cpus: list[int] | None = None, native_unwind: bool = True) -> None:
         """``raw_only`` sends every sample whole through the ring buffer instead of aggregating in the kernel
         (for comparing the two designs; the aggregated default is cheaper, see bench/bench_cpu_profiler.py).
-        ``cpus`` defaults to every online CPU."""
+        ``cpus`` defaults to every online CPU. ``native_unwind`` off: frame pointers only (the comparison path)."""
         self.frequency_hz = frequency_hz
         self.raw_only = raw_only
+        self.native_unwind = native_unwind
+        self._unwinder: NativeUnwinder | None = None
+        self._unwind_seen = (0, 0)  # (rows_full, file_errors) already reported
         self._cpus = cpus
         self.pids = tuple(pids)
         self.exclude_tgid = exclude_tgid
@@ -99,6 +103,8 @@ class CPUSampler:
             for pid in self.pids:
                 pid_filter.update(ctypes.c_uint32(pid), ctypes.c_uint8(1))
             self._bpf.map("control").update(ctypes.c_uint32(0), abi.Control(generation=0))
+            if self.native_unwind:
+                self._unwinder = NativeUnwinder(self._bpf.map("unwind_rows"), self._bpf.map("unwind_processes"))
             ring = self._bpf.ring_buffer("process_events", self._handle_event, {"raw_samples": self._handle_raw})
             self.cpus = self._bpf.attach_perf_event("on_cpu_sample", self.frequency_hz, cpus=self._cpus)
         except BPFError as exc:
@@ -119,6 +125,9 @@ class CPUSampler:
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=5)
         self._thread = None
+        if self._unwinder is not None:
+            self._unwinder.close()
+            self._unwinder = None
         if self._bpf is not None:
             self._bpf.close()
             self._bpf = None
@@ -191,10 +200,23 @@ class CPUSampler:
         for pid in pids:
             known.delete(ctypes.c_uint32(pid))
             python.delete(ctypes.c_uint32(pid))
+            if self._unwinder is not None:
+                self._unwinder.forget(pid)
+
+    def settle_unwinder(self, timeout_s: float) -> bool:
+        """Wait until every process announced so far is registered for native unwinding (True at once without)."""
+        return self._unwinder is None or self._unwinder.settle(timeout_s)
 
     def stats(self) -> dict[str, int]:
-        """Totals of the BPF-side statistics since open (names of :class:`otel_gpu.ebpf.abi.CPUStat`)."""
-        return {stat.name.lower(): self._stats_seen[stat] for stat in abi.CPUStat}
+        """Totals of the BPF-side statistics since open (names of :class:`otel_gpu.ebpf.abi.CPUStat`), and the
+        native unwinder's (``unwind_processes``, ``unwind_files``, ``unwind_rows``, ``unwind_rows_full``,
+        ``unwind_file_errors``)."""
+        out = {stat.name.lower(): self._stats_seen[stat] for stat in abi.CPUStat}
+        if self._unwinder is not None:
+            unwinder = self._unwinder.stats
+            out.update(unwind_processes=unwinder.processes, unwind_files=unwinder.files, unwind_rows=unwinder.rows,
+                       unwind_rows_full=unwinder.rows_full, unwind_file_errors=unwinder.file_errors)
+        return out
 
     # --- internals -------------------------------------------------------------------------------------------------
 
@@ -260,12 +282,35 @@ class CPUSampler:
         for reason, amount in python_errors:
             if amount:
                 selfmetrics.count(semconv.SELF_ERRORS.name, amount, otel_gpu__source=SOURCE, otel_gpu__reason=reason)
+        self._report_unwind(delta)
         if delta[abi.CPUStat.COUNTS_FULL]:
             _logger.warning("CPU sampler: %d samples dropped because the counts map was full (shorten "
                             "--profiling-interval)", delta[abi.CPUStat.COUNTS_FULL])
 
+    def _report_unwind(self, delta: list[int]) -> None:
+        stops = ((semconv.Reason.UNWIND_NO_MAPPING, delta[abi.CPUStat.UNWIND_NO_MAPPING]),
+                 (semconv.Reason.UNWIND_UNSUPPORTED, delta[abi.CPUStat.UNWIND_UNSUPPORTED]),
+                 (semconv.Reason.UNWIND_READ_FAILED, delta[abi.CPUStat.UNWIND_READ_FAILED]),
+                 (semconv.Reason.UNWIND_TRUNCATED, delta[abi.CPUStat.UNWIND_TRUNCATED]),
+                 (semconv.Reason.UNWIND_NO_REGS, delta[abi.CPUStat.UNWIND_NO_REGS]))
+        unwinder = self._unwinder
+        if unwinder is not None:
+            rows_full, file_errors = unwinder.stats.rows_full, unwinder.stats.file_errors
+            seen_full, seen_errors = self._unwind_seen
+            self._unwind_seen = (rows_full, file_errors)
+            stops += ((semconv.Reason.UNWIND_TABLES_FULL, rows_full - seen_full),
+                      (semconv.Reason.UNWIND_FILE_ERROR, file_errors - seen_errors))
+            if rows_full and not seen_full:
+                _logger.warning("CPU sampler: the native unwind tables are full (%d rows): further files are "
+                                "unwound by frame pointer only", unwinder.stats.rows)
+        for reason, amount in stops:
+            if amount:
+                selfmetrics.count(semconv.SELF_ERRORS.name, amount, otel_gpu__source=SOURCE, otel_gpu__reason=reason)
+
     def _handle_event(self, data: bytes) -> None:
         event = abi.ProcessEvent.from_buffer_copy(data[:ctypes.sizeof(abi.ProcessEvent)])
+        if self._unwinder is not None:
+            self._unwinder.submit(event.pid)
         if self._on_new_process is not None:
             self._on_new_process(event.pid, event.comm.decode(errors="replace"))
 

@@ -38,12 +38,64 @@ class CPUStat(enum.IntEnum):
     PYTHON_NO_THREAD = 10
     PYTHON_TRUNCATED = 11
     PYTHON_STACKS_FULL = 12
+    UNWIND_SAMPLES = 13
+    UNWIND_FP_FRAMES = 14
+    UNWIND_NO_MAPPING = 15
+    UNWIND_UNSUPPORTED = 16
+    UNWIND_READ_FAILED = 17
+    UNWIND_TRUNCATED = 18
+    UNWIND_NO_REGS = 19
 
 
-STAT_COUNT = 13
+STAT_COUNT = 20
 PYTHON_NO_OFFSET = 0xFFFF
 MAX_PYTHON_DEPTH = 64
 PYTHON_TRUNCATED = 1
+UNWIND_MAX_MAPPINGS = 256
+
+
+class UnwindKind(enum.IntEnum):
+    """enum otel_gpu_unwind_kind: how a row steps to the caller (same values as otel_gpu.unwind.table.KIND_*)."""
+
+    NONE = 0
+    RSP = 1
+    RBP = 2
+    END = 3
+    UNSUPPORTED = 4
+
+
+class UnwindRow(ctypes.Structure):
+    """struct otel_gpu_unwind_row."""
+
+    _fields_ = [
+        ("pc", ctypes.c_uint64),
+        ("kind", ctypes.c_uint8),
+        ("reserved", ctypes.c_uint8),
+        ("rbp_offset", ctypes.c_int16),
+        ("cfa_offset", ctypes.c_int32),
+    ]
+
+
+class UnwindMapping(ctypes.Structure):
+    """struct otel_gpu_unwind_mapping."""
+
+    _fields_ = [
+        ("start", ctypes.c_uint64),
+        ("end", ctypes.c_uint64),
+        ("bias", ctypes.c_uint64),
+        ("first_row", ctypes.c_uint32),
+        ("row_count", ctypes.c_uint32),
+    ]
+
+
+class UnwindProcess(ctypes.Structure):
+    """struct otel_gpu_unwind_process."""
+
+    _fields_ = [
+        ("count", ctypes.c_uint32),
+        ("reserved", ctypes.c_uint32),
+        ("mappings", UnwindMapping * UNWIND_MAX_MAPPINGS),
+    ]
 
 
 class SampleKey(ctypes.Structure):

@@ -38,6 +38,9 @@ STRUCTS: dict[str, type[ctypes.Structure]] = {
     "otel_gpu_control": ebpf_abi.Control,
     "otel_gpu_python_proc": ebpf_abi.PythonProc,
     "otel_gpu_python_stack": ebpf_abi.PythonStack,
+    "otel_gpu_unwind_row": ebpf_abi.UnwindRow,
+    "otel_gpu_unwind_mapping": ebpf_abi.UnwindMapping,
+    "otel_gpu_unwind_process": ebpf_abi.UnwindProcess,
     # gpu_time.h
     "otel_gpu_event": cuda_abi.EventC,
     "otel_gpu_kstack": cuda_abi.KStackC,
@@ -60,6 +63,7 @@ CONSTANTS: dict[str, int] = {
     "OTEL_GPU_PYTHON_NO_OFFSET": ebpf_abi.PYTHON_NO_OFFSET,
     "OTEL_GPU_MAX_PYTHON_DEPTH": ebpf_abi.MAX_PYTHON_DEPTH,
     "OTEL_GPU_PYTHON_TRUNCATED": ebpf_abi.PYTHON_TRUNCATED,
+    "OTEL_GPU_UNWIND_MAX_MAPPINGS": ebpf_abi.UNWIND_MAX_MAPPINGS,
     # gpu_time.h
     "OTEL_GPU_KSTACK_DEPTH": cuda_abi.KSTACK_DEPTH,
     "OTEL_GPU_DROP_REASONS": len(cuda_abi.DROP_REASONS),
@@ -76,6 +80,7 @@ CONSTANTS: dict[str, int] = {
 # C enum's mirror -> the prefix of its enumerators (every member is checked as prefix + member name).
 ENUMS: dict[type[enum.IntEnum], str] = {
     ebpf_abi.CPUStat: "OTEL_GPU_STAT_",  # cpu_profiler.h
+    ebpf_abi.UnwindKind: "OTEL_GPU_UNWIND_",
     cuda_abi.EventType: "OTEL_GPU_EVENT_",  # gpu_time.h
     cuda_abi.DropReason: "OTEL_GPU_DROP_",
     cuda_abi.LaunchKind: "OTEL_GPU_LAUNCH_",  # otel_gpu_probes.h

@@ -6,7 +6,9 @@
  * the other one. The first sample of a process is announced through the process_events ring buffer. When a stack id
  * collides in the stack map (-EEXIST), the whole sample goes through the raw_samples ring buffer instead. In a
  * process the agent registered as CPython, the thread's Python frames are walked too (python_frames.h) and the
- * sample's key carries the id of that Python stack.
+ * sample's key carries the id of that Python stack. Processes the agent registered unwind tables for
+ * (native_unwind.h) have their user stack walked from those tables instead of frame pointers, and come whole
+ * through raw_samples too.
  */
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
@@ -87,6 +89,8 @@ static __always_inline void bump(__u32 index) {
         *value += 1;
 }
 
+#include "native_unwind.h"
+
 static __always_inline void announce(__u32 pid, __u32 tid) {
     __u8 one = 1;
     if (bpf_map_lookup_elem(&known_pids, &pid))
@@ -130,6 +134,23 @@ static __always_inline int send_raw(struct bpf_perf_event_data *ctx, __u32 pid, 
     return 1;
 }
 
+/* A process with unwind tables: its user stack walked by native_unwind.h, the sample sent whole. */
+static __always_inline void send_unwound(struct bpf_perf_event_data *ctx, __u32 pid, __u32 tid,
+                                         __u64 python_stack_id) {
+    struct otel_gpu_raw_sample *raw = bpf_ringbuf_reserve(&raw_samples, sizeof(*raw), 0);
+    if (!raw) {
+        bump(OTEL_GPU_STAT_RAW_FULL);
+        return;
+    }
+    raw->pid = pid;
+    raw->tid = tid;
+    raw->python_stack_id = python_stack_id;
+    raw->user_bytes = native_unwind_user(ctx, pid, raw->user);
+    raw->kernel_bytes = bpf_get_stack(ctx, raw->kernel, sizeof(raw->kernel), 0);
+    bpf_get_current_comm(raw->comm, sizeof(raw->comm));
+    bpf_ringbuf_submit(raw, 0);
+}
+
 static __always_inline void count_sample(void *counts, struct otel_gpu_sample_key *key) {
     struct otel_gpu_sample_value *value = bpf_map_lookup_elem(counts, key);
     if (value) {
@@ -163,6 +184,10 @@ int on_cpu_sample(struct bpf_perf_event_data *ctx) {
     announce(pid, tid);
     __u64 python_stack_id = python_stack(pid);
 
+    if (native_unwind_wanted(pid)) {
+        send_unwound(ctx, pid, tid, python_stack_id);
+        return 0;
+    }
     if (raw_only) {
         send_raw(ctx, pid, tid, python_stack_id);
         return 0;

@@ -32,7 +32,51 @@ enum otel_gpu_cpu_stat {
     OTEL_GPU_STAT_PYTHON_NO_THREAD = 10,   /* registered process, but no PyThreadState for the sampled thread */
     OTEL_GPU_STAT_PYTHON_TRUNCATED = 11,   /* Python stack deeper than OTEL_GPU_MAX_PYTHON_DEPTH: outer frames cut */
     OTEL_GPU_STAT_PYTHON_STACKS_FULL = 12, /* python_stacks could not take the stack: its frames are lost */
-    OTEL_GPU_STAT_COUNT = 13,
+    /* native_unwind.h: user stacks unwound from .eh_frame tables, and why a walk stopped early */
+    OTEL_GPU_STAT_UNWIND_SAMPLES = 13,     /* samples whose user stack was unwound with tables */
+    OTEL_GPU_STAT_UNWIND_FP_FRAMES = 14,  /* frames stepped by frame pointer (no table covered the pc) */
+    OTEL_GPU_STAT_UNWIND_NO_MAPPING = 15, /* a pc outside every mapping the agent registered (JIT, new dlopen) */
+    OTEL_GPU_STAT_UNWIND_UNSUPPORTED = 16, /* a rule the walker does not follow (CFA expression, e.g. PLT) */
+    OTEL_GPU_STAT_UNWIND_READ_FAILED = 17, /* reading the return address or saved rbp from the stack failed */
+    OTEL_GPU_STAT_UNWIND_TRUNCATED = 18,  /* the stack was deeper than OTEL_GPU_MAX_STACK_DEPTH */
+    OTEL_GPU_STAT_UNWIND_NO_REGS = 19,    /* the user registers could not be read */
+    OTEL_GPU_STAT_COUNT = 20,
+};
+
+/* native_unwind.h's maps, written by otel_gpu/unwind/: one rule per pc range of a file (rows of every file in
+ * one array, each file's rows sorted by pc), and per process its executable mappings sorted by start. */
+#define OTEL_GPU_UNWIND_MAX_MAPPINGS 256
+
+enum otel_gpu_unwind_kind {
+    OTEL_GPU_UNWIND_NONE = 0,        /* no FDE covers the pc: step by frame pointer */
+    OTEL_GPU_UNWIND_RSP = 1,         /* CFA = rsp + cfa_offset */
+    OTEL_GPU_UNWIND_RBP = 2,         /* CFA = rbp + cfa_offset */
+    OTEL_GPU_UNWIND_END = 3,         /* the outermost frame (return address undefined) */
+    OTEL_GPU_UNWIND_UNSUPPORTED = 4, /* anything else */
+};
+
+/* From pc on (link-time address) until the next row: return address at CFA-8, rbp saved at CFA+rbp_offset (0:
+ * rbp unchanged). */
+struct otel_gpu_unwind_row {
+    __u64 pc;
+    __u8 kind;
+    __u8 reserved;
+    __s16 rbp_offset;
+    __s32 cfa_offset;
+};
+
+struct otel_gpu_unwind_mapping {
+    __u64 start;       /* [start, end): the mapping's addresses in the process */
+    __u64 end;
+    __u64 bias;        /* address - bias = link-time address in the file */
+    __u32 first_row;   /* the file's rows: [first_row, first_row + row_count) of unwind_rows */
+    __u32 row_count;   /* 0: the file has no frame information (frame pointers only) */
+};
+
+struct otel_gpu_unwind_process {
+    __u32 count; /* mappings used, sorted by start */
+    __u32 reserved;
+    struct otel_gpu_unwind_mapping mappings[OTEL_GPU_UNWIND_MAX_MAPPINGS];
 };
 
 /* Key of the aggregated counts: one entry per distinct (process, thread, user stack, kernel stack). */

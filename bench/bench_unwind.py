@@ -1,0 +1,239 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Cost of native unwinding from .eh_frame tables (otel_gpu/unwind, programs/native_unwind.h), side by side with
+today's frame-pointer path, on this machine (root, BTF, perf events).
+
+Reports:
+  1. table build per file: parse + merge time, FDEs, rows, table bytes (libc, libstdc++, a large Python extension
+     and any --elf given), and the rows each holds in the BPF array (16 bytes a row);
+  2. per sample, one workload sampled alone (pid filter) at --hz, first with frame pointers (bpf_get_stackid into
+     the in-kernel counts), then with the table walker (the sample sent whole through the ring buffer): the BPF
+     program's run time per run (kernel.bpf_stats_enabled, run_time_ns / run_cnt from bpftool), bytes handed to
+     user space per sample, and the agent's CPU time per sample (drain and ring-buffer handling, no symbolizing);
+     for the workload with frame pointers (cpu_3to1) and without (cpu_3to1_nofp);
+  3. the design not taken: copy the registers and a --window-byte window of the user stack per sample
+     (bench/unwind_stack_copy.bpf.c, compiled here) and unwind it in the agent with the same tables (Python):
+     BPF run time per run, bytes per sample, agent CPU per sample, mean depth reached.
+
+Run (as root, after make build): .venv/bin/python bench/bench_unwind.py [--seconds 5] [--hz 999] [--elf PATH ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import os
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from otel_gpu.cpu.sampler import CPUSampler  # noqa: E402
+from otel_gpu.ebpf import abi  # noqa: E402
+from otel_gpu.unwind import cfi  # noqa: E402
+from otel_gpu.ebpf.loader import BPFObject  # noqa: E402
+from otel_gpu.unwind.processes import executable_mappings  # noqa: E402
+from otel_gpu.unwind.table import (KIND_NONE, KIND_RBP, KIND_RSP, TableCache, UnwindTable,  # noqa: E402
+                                   build_table, frame_sections)
+
+NATIVE = REPO / "tests" / "native"
+DEFAULT_FILES = ["/lib/x86_64-linux-gnu/libc.so.6", "/usr/lib/x86_64-linux-gnu/libstdc++.so.6",
+                 str(next((REPO / ".venv").glob("lib/python3*/site-packages/grpc/_cython/cygrpc*.so"), ""))]
+STATS_SYSCTL = Path("/proc/sys/kernel/bpf_stats_enabled")
+
+
+def table_costs(paths: list[str]) -> None:
+    print(f"{'file':<48} {'.eh_frame':>10} {'FDEs':>7} {'rows':>8} {'table':>9} {'parse s':>8} {'total s':>8}")
+    for path in paths:
+        if not path or not Path(path).exists():
+            continue
+        found = frame_sections(path)
+        size = len(found[2]) if found else 0
+        start = time.perf_counter()
+        fdes = list(cfi.parse_frames(found[2], found[1], found[0] == ".eh_frame")) if found else []
+        parsed = time.perf_counter() - start
+        start = time.perf_counter()
+        table = build_table(path)
+        total = time.perf_counter() - start
+        print(f"{Path(path).name[:48]:<48} {size:>10} {len(fdes):>7} {len(table.pcs):>8} {table.size_bytes:>9} "
+              f"{parsed:>8.3f} {total:>8.3f}")
+
+
+def _prog_stats(prog_id: int) -> tuple[int, int]:
+    out = json.loads(subprocess.run(["bpftool", "prog", "show", "id", str(prog_id), "--json"], check=True,
+                                    capture_output=True, text=True).stdout)
+    return int(out.get("run_time_ns", 0)), int(out.get("run_cnt", 0))
+
+
+def per_sample(binary: Path, native_unwind: bool, seconds: float, hz: int) -> dict[str, float]:
+    workload = subprocess.Popen([str(binary), str(seconds + 3)], stdout=subprocess.PIPE, text=True)
+    assert workload.stdout is not None
+    pid = int(workload.stdout.readline().split()[1])
+    sampler = CPUSampler(hz, pids=[pid], native_unwind=native_unwind)
+    sampler.open()
+    try:
+        time.sleep(0.5)
+        sampler.settle_unwinder(30)
+        sampler.drain()
+        assert sampler._bpf is not None
+        prog_id = sampler._bpf.program_ids()["on_cpu_sample"]
+        run_ns0, runs0 = _prog_stats(prog_id)
+        cpu0 = time.thread_time(), os.times()
+        samples = 0
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            time.sleep(0.25)
+            samples += sum(s.count for s in sampler.drain())
+        run_ns1, runs1 = _prog_stats(prog_id)
+        cpu1 = os.times()
+        stats = sampler.stats()
+    finally:
+        sampler.close()
+        workload.kill()
+        workload.wait()
+    agent_s = (cpu1.user + cpu1.system) - (cpu0[1].user + cpu0[1].system)
+    runs = max(1, runs1 - runs0)
+    raw_bytes = ctypes.sizeof(abi.RawSample)
+    return {"samples": samples, "bpf_ns_per_run": (run_ns1 - run_ns0) / runs,
+            "bpf_ns_per_sample": (run_ns1 - run_ns0) / max(1, samples),
+            "bytes_per_sample": raw_bytes if native_unwind else 0.0,
+            "agent_us_per_sample": agent_s * 1e6 / max(1, samples),
+            "unwound": stats.get("unwind_samples", 0), "fp_frames": stats.get("unwind_fp_frames", 0),
+            "stops": sum(stats.get(k, 0) for k in ("unwind_no_mapping", "unwind_unsupported", "unwind_read_failed",
+                                                   "unwind_truncated"))}
+
+
+def _unwind_window(ip: int, sp: int, bp: int, stack: bytes,
+                   mappings: list[tuple[int, int, int, UnwindTable]]) -> list[int]:
+    """Design (b)'s agent side: the same rules as native_unwind.h, over a copied window of the stack."""
+    frames: list[int] = []
+    pc, top = ip, sp
+    for depth in range(abi.MAX_STACK_DEPTH):
+        frames.append(pc)
+        look = pc if depth == 0 else pc - 1
+        found = next((m for m in mappings if m[0] <= look < m[1]), None)
+        if found is None:
+            break
+        kind, cfa_offset, rbp_offset = found[3].lookup(look - found[2])
+        if kind == KIND_RSP or kind == KIND_RBP:
+            cfa = (sp if kind == KIND_RSP else bp) + cfa_offset
+        elif kind == KIND_NONE and bp:
+            cfa, rbp_offset = bp + 16, -16
+        else:
+            break
+        at = cfa - 8 - top
+        if not 0 <= at <= len(stack) - 8:
+            break
+        pc = int.from_bytes(stack[at:at + 8], "little")
+        if rbp_offset:
+            at = cfa + rbp_offset - top
+            if not 0 <= at <= len(stack) - 8:
+                break
+            bp = int.from_bytes(stack[at:at + 8], "little")
+        sp = cfa
+        if pc == 0:
+            break
+    return frames
+
+
+def stack_copy(binary: Path, seconds: float, hz: int, window: int) -> dict[str, float]:
+    with tempfile.TemporaryDirectory() as folder:
+        obj = Path(folder) / "unwind_stack_copy.bpf.o"
+        programs = REPO / "otel_gpu" / "ebpf" / "programs"
+        subprocess.run(["clang", "-O2", "-g", "-target", "bpf", "-D__TARGET_ARCH_x86", f"-DSTACK_WINDOW={window}",
+                        f"-I{programs}", "-I/usr/include/x86_64-linux-gnu", "-c",
+                        str(REPO / "bench" / "unwind_stack_copy.bpf.c"), "-o", str(obj)], check=True)
+        workload = subprocess.Popen([str(binary), str(seconds + 3)], stdout=subprocess.PIPE, text=True)
+        assert workload.stdout is not None
+        pid = int(workload.stdout.readline().split()[1])
+        cache = TableCache()
+        mappings = [(m.start, m.end, cache.get(m.path).bias(m.start, m.offset) or 0, cache.get(m.path))
+                    for m in executable_mappings(pid) if m.path.startswith("/")]
+        depths: list[int] = []
+        header = struct.Struct("<QQQII")
+
+        def handle(data: bytes) -> None:
+            ip, sp, bp, _pid, size = header.unpack_from(data)
+            depths.append(len(_unwind_window(ip, sp, bp, data[header.size:header.size + size], mappings)))
+
+        try:
+            with BPFObject(obj, rodata={"target_tgid": pid}) as bpf:
+                ring = bpf.ring_buffer("windows", handle)
+                bpf.attach_perf_event("copy_stack", hz)
+                time.sleep(0.3)
+                ring.consume()
+                depths.clear()
+                prog_id = bpf.program_ids()["copy_stack"]
+                run_ns0, runs0 = _prog_stats(prog_id)
+                cpu0 = os.times()
+                end = time.monotonic() + seconds
+                while time.monotonic() < end:
+                    ring.poll(100)
+                run_ns1, runs1 = _prog_stats(prog_id)
+                cpu1 = os.times()
+                ring.consume()
+        finally:
+            workload.kill()
+            workload.wait()
+    samples = max(1, len(depths))
+    return {"samples": len(depths), "bpf_ns_per_run": (run_ns1 - run_ns0) / max(1, runs1 - runs0),
+            "bpf_ns_per_sample": (run_ns1 - run_ns0) / samples,
+            "bytes_per_sample": header.size + window,
+            "agent_us_per_sample": ((cpu1.user + cpu1.system) - (cpu0.user + cpu0.system)) * 1e6 / samples,
+            "mean_depth": sum(depths) / samples}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument("--hz", type=int, default=999)
+    parser.add_argument("--elf", action="append", default=[])
+    parser.add_argument("--window", type=int, default=16384, help="bytes of user stack copied per sample in part 3")
+    args = parser.parse_args()
+    print("1. unwind tables per file")
+    table_costs(DEFAULT_FILES + args.elf)
+    if os.geteuid() != 0:
+        print("2. skipped: needs root")
+        return
+    previous = STATS_SYSCTL.read_text().strip()
+    STATS_SYSCTL.write_text("1")
+    try:
+        print(f"\n2. per sample at {args.hz} Hz, {args.seconds:.0f} s each, the workload alone (pid filter)")
+        print("BPF ns/run: every run of the program on any CPU (other processes' runs end at the pid filter); "
+              "BPF ns/sample: all of it over the workload's samples")
+        print(f"{'workload':<16} {'path':<14} {'samples':>8} {'BPF ns/run':>11} {'ns/sample':>10} {'bytes/sample':>13} "
+              f"{'agent us/sample':>16} {'unwound':>8} {'fp frames':>10} {'stops':>6}")
+        results = {}
+        for binary in (NATIVE / "workloads" / "cpu_3to1", NATIVE / "unwind" / "cpu_3to1_nofp"):
+            for native in (False, True):
+                row = per_sample(binary, native, args.seconds, args.hz)
+                results[(binary.name, native)] = row
+                print(f"{binary.name:<16} {'eh_frame walk' if native else 'frame pointer':<14} {row['samples']:>8} "
+                      f"{row['bpf_ns_per_run']:>11.0f} {row['bpf_ns_per_sample']:>10.0f} "
+                      f"{row['bytes_per_sample']:>13.0f} "
+                      f"{row['agent_us_per_sample']:>16.1f} {row['unwound']:>8} {row['fp_frames']:>10} "
+                      f"{row['stops']:>6}")
+        for name in ("cpu_3to1", "cpu_3to1_nofp"):
+            fp, walk = results[(name, False)], results[(name, True)]
+            ratio = walk["bpf_ns_per_sample"] / max(1.0, fp["bpf_ns_per_sample"])
+            print(f"{name}: BPF time ratio walk/fp {ratio:.2f}, "
+                  f"extra {walk['bpf_ns_per_sample'] - fp['bpf_ns_per_sample']:.0f} ns/sample; agent ratio "
+                  f"{walk['agent_us_per_sample'] / max(0.001, fp['agent_us_per_sample']):.2f}")
+        print(f"\n3. the other design: copy {args.window} bytes of stack + registers, unwind in the agent (Python)")
+        for binary in (NATIVE / "workloads" / "cpu_3to1", NATIVE / "unwind" / "cpu_3to1_nofp"):
+            row = stack_copy(binary, args.seconds, args.hz, args.window)
+            print(f"{binary.name:<16} samples {row['samples']}, BPF {row['bpf_ns_per_run']:.0f} ns/run, "
+                  f"{row['bpf_ns_per_sample']:.0f} ns/sample, "
+                  f"{row['bytes_per_sample']:.0f} bytes/sample, agent {row['agent_us_per_sample']:.1f} us/sample, "
+                  f"mean depth {row['mean_depth']:.1f}")
+    finally:
+        STATS_SYSCTL.write_text(previous)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,197 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Registers processes with the BPF stack walker (``programs/native_unwind.h``): each executable mapping of the
+process (files and the vDSO) gets its file's unwind table loaded once into ``unwind_rows`` (an mmap-able array: a
+table is one slice assignment, not a syscall per row) and is listed, sorted, in the process's ``unwind_processes``
+entry. Rows are appended and never moved; when the array is full a file gets no rows and its code is walked by
+frame pointer, which is counted.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import mmap
+import os
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+
+from otel_gpu.ebpf import abi
+from otel_gpu.ebpf.loader import BPFError, BPFMap
+from otel_gpu.unwind.table import TableCache, UnwindTable, file_key
+
+_logger = logging.getLogger(__name__)
+_ROW_BYTES = ctypes.sizeof(abi.UnwindRow)
+
+
+@dataclass(frozen=True, slots=True)
+class Mapping:
+    """One executable mapping of /proc/PID/maps."""
+
+    start: int
+    end: int
+    offset: int
+    path: str  # "[vdso]" or a file path
+
+
+@dataclass(slots=True)
+class UnwinderStats:
+    processes: int = 0  # processes registered
+    files: int = 0  # files whose rows were loaded
+    rows: int = 0  # rows used in unwind_rows
+    rows_full: int = 0  # files left to frame pointers because unwind_rows was full
+    file_errors: int = 0  # files that could not be read or parsed
+    errors_by_file: dict[str, str] = field(default_factory=dict)  # the last few, for one log line each
+
+
+def executable_mappings(pid: int, proc: str = "/proc") -> list[Mapping]:
+    """The executable file-backed mappings and the vDSO of ``pid``, sorted by start."""
+    out: list[Mapping] = []
+    with open(f"{proc}/{pid}/maps") as maps:
+        for line in maps:
+            parts = line.split(None, 5)
+            if len(parts) < 6 or "x" not in parts[1]:
+                continue
+            path = parts[5].strip()
+            if not (path.startswith("/") or path == "[vdso]"):
+                continue
+            low, _, high = parts[0].partition("-")
+            out.append(Mapping(int(low, 16), int(high, 16), int(parts[2], 16), path))
+    out.sort(key=lambda mapping: mapping.start)
+    return out
+
+
+class NativeUnwinder:
+    """Owns the walker's two maps: loads tables, registers and forgets processes. Thread-safe.
+
+    :meth:`submit` queues a process for a background thread (a large file's table takes about a second to build, and
+    the sampler's event thread must not wait); until it is registered, its stacks are unwound by frame pointer."""
+
+    def __init__(self, rows: BPFMap, processes: BPFMap, cache: TableCache | None = None, proc: str = "/proc") -> None:
+        self._rows_map = rows
+        self._processes = processes
+        self._cache = cache or TableCache()
+        self._proc = proc
+        self._loaded: dict[tuple[int, ...], tuple[int, int]] = {}  # file identity -> (first row, row count)
+        self._lock = threading.Lock()
+        self.stats = UnwinderStats()
+        size = rows.max_entries * _ROW_BYTES
+        self._memory = mmap.mmap(rows.fd, (size + mmap.PAGESIZE - 1) // mmap.PAGESIZE * mmap.PAGESIZE,
+                                 mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        self._queue: queue.Queue[int | None] = queue.Queue()
+        self._thread: threading.Thread | None = None
+
+    def submit(self, pid: int) -> None:
+        """Register ``pid`` in the background (see :meth:`settle`)."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._work, name="otel-gpu-unwind", daemon=True)
+            self._thread.start()
+        self._queue.put(pid)
+
+    def settle(self, timeout_s: float) -> bool:
+        """Wait until every submitted process is registered; False if ``timeout_s`` passed first."""
+        deadline = time.monotonic() + timeout_s
+        while self._queue.unfinished_tasks:
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.01)
+        return True
+
+    def close(self) -> None:
+        if self._thread is not None:
+            self._queue.put(None)
+            self._thread.join(timeout=5)
+            self._thread = None
+        self._memory.close()
+
+    def _work(self) -> None:
+        try:  # niceness is per thread on Linux: building tables yields to the node's own work
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+        except OSError:
+            pass
+        while True:
+            pid = self._queue.get()
+            try:
+                if pid is None:
+                    return
+                self.add_process(pid)
+            except (BPFError, OSError, ValueError) as exc:  # loop boundary: that process keeps frame pointers
+                self.stats.file_errors += 1
+                _logger.debug("native unwinding: registering %s failed: %s", pid, exc)
+            finally:
+                self._queue.task_done()
+
+    def add_process(self, pid: int) -> bool:
+        """Register ``pid``; False when it is gone or has no executable mapping. Raises BPFError on map failures."""
+        try:
+            mappings = executable_mappings(pid, self._proc)
+        except OSError:
+            return False
+        entries: list[abi.UnwindMapping] = []
+        with self._lock:
+            for mapping in mappings[:abi.UNWIND_MAX_MAPPINGS]:
+                try:
+                    entry = self._entry(pid, mapping)
+                except (FileNotFoundError, ProcessLookupError):  # the process exited meanwhile
+                    return False
+                if entry is not None:
+                    entries.append(entry)
+        if not entries:
+            return False
+        value = abi.UnwindProcess(count=len(entries))
+        for index, entry in enumerate(entries):
+            value.mappings[index] = entry
+        self._processes.update(ctypes.c_uint32(pid), value)
+        self.stats.processes += 1
+        return True
+
+    def forget(self, pid: int) -> None:
+        try:
+            self._processes.delete(ctypes.c_uint32(pid))
+        except BPFError:
+            pass  # already gone
+
+    def _entry(self, pid: int, mapping: Mapping) -> abi.UnwindMapping | None:
+        image: bytes | None = None
+        path = f"{self._proc}/{pid}/map_files/{mapping.start:x}-{mapping.end:x}"
+        try:
+            if mapping.path == "[vdso]":
+                with open(f"{self._proc}/{pid}/mem", "rb", buffering=0) as memory:
+                    memory.seek(mapping.start)
+                    image = memory.read(mapping.end - mapping.start)
+            key = file_key(path, image)
+            table = self._cache.get(path, image)
+        except (FileNotFoundError, ProcessLookupError):
+            raise
+        except (OSError, ValueError) as exc:
+            self.stats.file_errors += 1
+            if len(self.stats.errors_by_file) < 16 and mapping.path not in self.stats.errors_by_file:
+                self.stats.errors_by_file[mapping.path] = str(exc)
+                _logger.debug("native unwinding: %s: %s", mapping.path, exc)
+            return None
+        bias = table.bias(mapping.start, mapping.offset)
+        if bias is None:
+            return None
+        first, count = self._load(key, table)
+        return abi.UnwindMapping(start=mapping.start, end=mapping.end, bias=bias & 0xFFFFFFFFFFFFFFFF,
+                                 first_row=first, row_count=count)
+
+    def _load(self, key: tuple[int, ...], table: UnwindTable) -> tuple[int, int]:
+        loaded = self._loaded.get(key)
+        if loaded is not None:
+            return loaded
+        count = len(table.pcs)
+        first = self.stats.rows
+        if count == 0:
+            loaded = (0, 0)
+        elif first + count > self._rows_map.max_entries:
+            self.stats.rows_full += 1
+            return 0, 0  # not remembered: a later, smaller file may still fit
+        else:
+            self._memory[first * _ROW_BYTES:(first + count) * _ROW_BYTES] = table.row_bytes()
+            self.stats.rows += count
+            self.stats.files += 1
+            loaded = (first, count)
+        self._loaded[key] = loaded
+        return loaded

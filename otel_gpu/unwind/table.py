@@ -1,0 +1,241 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Compact unwind tables per executable file, built from ``.eh_frame`` (else ``.debug_frame``), cached per file
+identity and bounded in bytes.
+
+A table is two sorted arrays: ``pcs`` (link-time addresses, 8 bytes) and ``rules`` (8 bytes each), one entry per
+pc where the rule changes, and a NONE entry where no FDE covers the code (a gap, the end of the last FDE). One rule
+says how to step from a frame to its caller, which is all a stack walker needs on x86-64:
+
+    CFA = (rsp | rbp) + cfa_offset;  return address = [CFA - 8];  rbp = [CFA + rbp_offset] or unchanged
+
+Rows that need something else (a CFA expression such as the PLT's, a CFA in another register, a return address
+elsewhere than CFA-8) become UNSUPPORTED, so the walker can count why it stopped; the outermost frame (return
+address undefined, e.g. ``_start``) becomes END.
+"""
+
+from __future__ import annotations
+
+import bisect
+import os
+import struct
+import threading
+from array import array
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import BinaryIO
+
+from otel_gpu.symbolize.elf import _EHDR, _SHDR, Segment
+from otel_gpu.unwind import cfi
+
+# Rule kinds (the low byte of a packed rule), shared with native_unwind.h
+KIND_NONE = 0  # no FDE covers the pc: fall back to frame pointers
+KIND_RSP = 1  # CFA = rsp + cfa_offset
+KIND_RBP = 2  # CFA = rbp + cfa_offset
+KIND_END = 3  # the outermost frame: stop
+KIND_UNSUPPORTED = 4  # CFA expression, CFA in another register, return address not at CFA-8
+
+_MAX_SECTION_BYTES = 256 << 20  # .eh_frame read per file (libtorch_cpu.so's is ~30 MB)
+_MAX_SECTIONS = 1 << 16
+_CACHE_BYTES = 64 << 20  # tables kept in all
+
+
+@dataclass(frozen=True, slots=True)
+class UnwindTable:
+    """Sorted ``pcs`` and their packed ``rules``: kind | rbp_offset (signed 16) << 16 | cfa_offset (signed 32) << 32.
+
+    ``rbp_offset`` 0 means rbp is unchanged (a saved rbp is never at CFA+0)."""
+
+    pcs: array[int]
+    rules: array[int]
+    source: str  # ".eh_frame", ".debug_frame" or "" (no frame information)
+    segments: tuple[Segment, ...] = ()  # the file's PT_LOAD segments (to find a mapping's load bias)
+
+    @property
+    def size_bytes(self) -> int:
+        return 16 * len(self.pcs)
+
+    def bias(self, start: int, file_offset: int) -> int | None:
+        """Load bias of a mapping at ``start`` of the file from ``file_offset``: address - bias = link-time address."""
+        for segment in self.segments:
+            if segment.offset <= file_offset < segment.offset + max(segment.file_size, 1):
+                return (start - (segment.vaddr + file_offset - segment.offset)) & 0xFFFFFFFFFFFFFFFF
+        return None
+
+    def row_bytes(self) -> bytes:
+        """The rows as struct otel_gpu_unwind_row[] (pc, then the packed rule: the same 16 bytes)."""
+        rows = array("Q", bytes(16 * len(self.pcs)))
+        rows[0::2] = self.pcs
+        rows[1::2] = self.rules
+        return rows.tobytes()
+
+    def lookup(self, pc: int) -> tuple[int, int, int]:
+        """(kind, cfa_offset, rbp_offset) for the link-time ``pc``."""
+        index = bisect.bisect_right(self.pcs, pc) - 1
+        if index < 0:
+            return KIND_NONE, 0, 0
+        return unpack_rule(self.rules[index])
+
+
+def pack_rule(kind: int, cfa_offset: int, rbp_offset: int) -> int:
+    return (kind & 0xFF) | ((rbp_offset & 0xFFFF) << 16) | ((cfa_offset & 0xFFFFFFFF) << 32)
+
+
+def unpack_rule(rule: int) -> tuple[int, int, int]:
+    kind = rule & 0xFF
+    rbp = (rule >> 16) & 0xFFFF
+    cfa = rule >> 32
+    return kind, cfa - (1 << 32) if cfa >= 1 << 31 else cfa, rbp - (1 << 16) if rbp >= 1 << 15 else rbp
+
+
+def rule_of(row: cfi.Row) -> int:
+    """The packed rule of one CFI row."""
+    if row.ra_kind == cfi.UNDEFINED:
+        return pack_rule(KIND_END, 0, 0)
+    if (row.cfa_kind != cfi.CFA_REG or row.cfa_reg not in (cfi.RSP, cfi.RBP) or row.ra_kind != cfi.OFFSET
+            or row.ra_offset != -8 or row.rbp_kind == cfi.OTHER or not -(1 << 31) <= row.cfa_offset < 1 << 31
+            or not -(1 << 15) <= row.rbp_offset < 1 << 15 or (row.rbp_kind == cfi.OFFSET and row.rbp_offset == 0)):
+        return pack_rule(KIND_UNSUPPORTED, 0, 0)
+    kind = KIND_RSP if row.cfa_reg == cfi.RSP else KIND_RBP
+    return pack_rule(kind, row.cfa_offset, row.rbp_offset if row.rbp_kind == cfi.OFFSET else 0)
+
+
+def table_from_fdes(fdes: list[cfi.Fde], source: str) -> UnwindTable:
+    """Merge FDEs (sorted by start here) into one table; consecutive equal rules are kept once."""
+    fdes.sort(key=lambda fde: fde.start)
+    pcs = array("Q")
+    rules = array("Q")
+    none = pack_rule(KIND_NONE, 0, 0)
+    covered_to = 0
+    for fde in fdes:
+        if fde.start < covered_to:
+            continue  # overlapping FDEs (duplicates from linker quirks): the first one wins
+        if pcs and fde.start > covered_to and rules[-1] != none:
+            pcs.append(covered_to)
+            rules.append(none)
+        for row in fde.rows:
+            rule = rule_of(row)
+            if pcs and rules[-1] == rule:
+                continue
+            if pcs and pcs[-1] == row.pc:
+                rules[-1] = rule
+                continue
+            pcs.append(row.pc)
+            rules.append(rule)
+        covered_to = fde.end
+    if pcs:
+        pcs.append(covered_to)
+        rules.append(none)
+    return UnwindTable(pcs, rules, source)
+
+
+_PHDR = struct.Struct("<IIQQQQQQ")
+_PT_LOAD = 1
+_Read = Callable[[int, int], bytes]
+
+
+def _file_reader(file: BinaryIO) -> _Read:
+    def read(offset: int, size: int) -> bytes:
+        file.seek(offset)
+        return file.read(size)
+    return read
+
+
+def _image_reader(image: bytes) -> _Read:
+    return lambda offset, size: image[offset:offset + size]
+
+
+def _frame_sections(read: _Read, name: str) -> tuple[tuple[str, int, bytes] | None, tuple[Segment, ...]]:
+    header = read(0, _EHDR.size)
+    if len(header) < _EHDR.size or header[:4] != b"\x7fELF" or header[4] != 2 or header[5] != 1:
+        raise ValueError(f"{name}: not a 64-bit little-endian ELF file")
+    fields = _EHDR.unpack(header)
+    phoff, shoff, phentsize, phnum = fields[5], fields[6], fields[9], fields[10]
+    shentsize, shnum, shstrndx = fields[11], fields[12], fields[13]
+    segments: list[Segment] = []
+    if 0 < phnum < _MAX_SECTIONS and phentsize >= _PHDR.size:
+        table = read(phoff, phnum * phentsize)
+        for index in range(len(table) // phentsize):
+            kind, _flags, offset, vaddr, _paddr, file_size, *_ = _PHDR.unpack_from(table, index * phentsize)
+            if kind == _PT_LOAD:
+                segments.append(Segment(offset, vaddr, file_size))
+    if shnum == 0 or shnum > _MAX_SECTIONS or shentsize < _SHDR.size or shstrndx >= shnum:
+        return None, tuple(segments)
+    table = read(shoff, shnum * shentsize)
+    headers = [_SHDR.unpack_from(table, index * shentsize) for index in range(len(table) // shentsize)]
+    if shstrndx >= len(headers):
+        return None, tuple(segments)
+    names = read(headers[shstrndx][4], min(headers[shstrndx][5], 1 << 20))
+    found: dict[str, tuple[int, int, int]] = {}
+    for name_offset, kind, _flags, addr, offset, size, *_ in headers:
+        end = names.find(b"\0", name_offset)
+        section = names[name_offset:end].decode("ascii", "replace") if end >= 0 else ""
+        if section in (".eh_frame", ".debug_frame") and kind != 8:  # SHT_NOBITS: stripped into a debug file
+            found[section] = (addr, offset, size)
+    for section in (".eh_frame", ".debug_frame"):
+        if section in found:
+            addr, offset, size = found[section]
+            if size > _MAX_SECTION_BYTES:
+                raise ValueError(f"{name}: {section} is {size} bytes, over {_MAX_SECTION_BYTES}")
+            return (section, addr, read(offset, size)), tuple(segments)
+    return None, tuple(segments)
+
+
+def frame_sections(path: str) -> tuple[str, int, bytes] | None:
+    """(section name, link-time address, bytes) of the file's .eh_frame, else .debug_frame; None if neither."""
+    with open(path, "rb") as file:
+        return _frame_sections(_file_reader(file), path)[0]
+
+
+def build_table(path: str, image: bytes | None = None) -> UnwindTable:
+    """The unwind table of the ELF file at ``path`` (or of the in-memory ``image``, e.g. the vDSO, which ``path``
+    then only names); raises OSError or ValueError for unreadable files."""
+    if image is not None:
+        found, segments = _frame_sections(_image_reader(image), path)
+    else:
+        with open(path, "rb") as file:
+            found, segments = _frame_sections(_file_reader(file), path)
+    if found is None:
+        return UnwindTable(array("Q"), array("Q"), "", segments)
+    name, addr, data = found
+    table = table_from_fdes(list(cfi.parse_frames(data, addr, name == ".eh_frame")), name)
+    return UnwindTable(table.pcs, table.rules, name, segments)
+
+
+def file_key(path: str, image: bytes | None = None) -> tuple[int, ...]:
+    """A file's identity (device, inode, size, mtime), or an in-memory image's (its hash and size)."""
+    if image is not None:
+        return (-1, hash(image), len(image), 0)
+    found = os.stat(path)
+    return (found.st_dev, found.st_ino, found.st_size, found.st_mtime_ns)
+
+
+class TableCache:
+    """Tables by file identity (device, inode, size, mtime), least recently used dropped past ``max_bytes``."""
+
+    def __init__(self, max_bytes: int = _CACHE_BYTES) -> None:
+        self.max_bytes = max_bytes
+        self.size_bytes = 0
+        self.builds = 0
+        self._tables: OrderedDict[tuple[int, ...], UnwindTable] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, path: str, image: bytes | None = None) -> UnwindTable:
+        """The table of the file at ``path``, or of ``image`` (cached by its hash: the vDSO is one per kernel)."""
+        key = file_key(path, image)
+        with self._lock:
+            table = self._tables.get(key)
+            if table is not None:
+                self._tables.move_to_end(key)
+                return table
+        table = build_table(path, image)
+        with self._lock:
+            self.builds += 1
+            if key not in self._tables:
+                self._tables[key] = table
+                self.size_bytes += table.size_bytes
+            while self.size_bytes > self.max_bytes and len(self._tables) > 1:
+                _, dropped = self._tables.popitem(last=False)
+                self.size_bytes -= dropped.size_bytes
+        return table
+

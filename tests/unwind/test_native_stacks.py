@@ -1,0 +1,136 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Native stacks without frame pointers, on the real kernel: programs built with -O2 -fomit-frame-pointer
+(tests/native/unwind) profiled through CPUProfileSource keep their whole call chain and their 3:1 split; a loop in
+libc's clock_gettime keeps its caller; C++ code inside the runtime's exception unwinder keeps its callers; frame-
+pointer code still unwinds; and with native unwinding off the same programs lose their callers (the test's control)."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from otel_gpu import selfmetrics, semconv
+from otel_gpu.config import ProfilingConfig
+from otel_gpu.cpu.sampler import CPUSampler
+from otel_gpu.cpu.source import CPUProfileSource
+from otel_gpu.procfs import ProcessResolver
+from otel_gpu.profiles.model import FrameKind, ProfileBatch
+from tests.conftest import NATIVE
+
+UNWIND = NATIVE / "unwind"
+WORKLOADS = NATIVE / "workloads"
+
+pytestmark = [pytest.mark.root, pytest.mark.usefixtures("other_agent")]
+
+
+def _profile(binary: Path, seconds: str, native_unwind: bool = True) -> tuple[Counter[tuple[str, ...]], dict[str, int]]:
+    """Caller-first user+kernel function chains of ``binary``'s samples, and the sampler's statistics."""
+    if not binary.exists():
+        pytest.fail(f"{binary} is not built: run make -s build")
+    sampler = CPUSampler(99, native_unwind=native_unwind)
+    source = CPUProfileSource(ProfilingConfig(frequency_hz=99), ProcessResolver(), sampler=sampler)
+    source.open()
+    batches: list[ProfileBatch] = []
+    try:
+        # every process already running on the node is registered first (cygrpc's table alone takes a second);
+        # until then stacks are unwound by frame pointer
+        time.sleep(0.3)
+        assert sampler.settle_unwinder(60)
+        process = subprocess.Popen([str(binary), seconds], stdout=subprocess.PIPE, text=True)
+        assert process.stdout is not None
+        line = process.stdout.readline().split()
+        assert line and line[0] == "ready", line
+        pid = int(line[1])
+        while process.poll() is None:
+            time.sleep(0.5)
+            batches += source.drain()
+        batches += source.drain()
+        stats = sampler.stats()
+    finally:
+        source.close()
+    stacks: Counter[tuple[str, ...]] = Counter()
+    for batch in batches:
+        for profile in batch.processes:
+            if profile.process.pid != pid:
+                continue
+            for sample in profile.samples:  # C++ names without their parameters: work(double) -> work
+                user = [f.function.split("(")[0] for f in reversed(sample.frames) if f.kind is not FrameKind.KERNEL]
+                stacks[tuple(user)] += sample.value
+    assert sum(stacks.values()) > 50, stacks
+    return stacks, stats
+
+
+def _ending(stacks: Counter[tuple[str, ...]], *chain: str) -> int:
+    return sum(count for stack, count in stacks.items() if stack[-len(chain):] == chain)
+
+
+def _containing(stacks: Counter[tuple[str, ...]], *chain: str) -> int:
+    """Samples whose stack holds ``chain`` as consecutive frames (caller first)."""
+    n = len(chain)
+    return sum(count for stack, count in stacks.items()
+               if any(stack[i:i + n] == chain for i in range(len(stack) - n + 1)))
+
+
+def test_no_frame_pointer_call_chain_and_3to1_split() -> None:
+    stacks, stats = _profile(UNWIND / "cpu_3to1_nofp", "3")
+    total = sum(stacks.values())
+    heavy = _ending(stacks, "main", "run", "busy_loop", "leaf_heavy")
+    light = _ending(stacks, "main", "run", "busy_loop", "leaf_light")
+    assert (heavy + light) / total > 0.9, stacks.most_common(5)
+    assert abs(heavy / (heavy + light) - 0.75) <= 0.075, (heavy, light)
+    assert stats["unwind_samples"] > 0 and stats["unwind_processes"] > 0
+
+
+def test_without_native_unwinding_the_same_program_loses_its_callers() -> None:
+    stacks, stats = _profile(UNWIND / "cpu_3to1_nofp", "2", native_unwind=False)
+    whole = _ending(stacks, "main", "run", "busy_loop", "leaf_heavy") + _ending(
+        stacks, "main", "run", "busy_loop", "leaf_light")
+    assert whole < 0.5 * sum(stacks.values()), stacks.most_common(5)
+    assert stats["unwind_samples"] == 0 and "unwind_processes" not in stats
+
+
+def test_a_loop_in_libc_clock_gettime_keeps_its_caller() -> None:
+    stacks, _ = _profile(UNWIND / "clock_loop", "3")
+    total = sum(stacks.values())
+    # samples in the kernel, the vDSO or libc: the chain through hot_three must be there
+    through = _containing(stacks, "main", "run_loop", "hot_three")
+    assert through > 0.8 * total, stacks.most_common(5)
+    below = sum(count for stack, count in stacks.items()
+                if "hot_three" in stack and stack[-1] != "hot_three" and "clock_gettime" in stack[-1])
+    assert below > 0.5 * total, stacks.most_common(5)  # most of the time is under hot_three, in clock_gettime
+
+
+def test_cxx_exceptions_keep_their_callers() -> None:
+    stacks, stats = _profile(UNWIND / "cxx_throw", "3")
+    total = sum(stacks.values())
+    inside = sum(count for stack, count in stacks.items() if "catcher" in stack and stack[-1] not in
+                 ("catcher", "work", "main"))
+    assert inside > 0.5 * total, stacks.most_common(5)  # most samples are deep inside the runtime's unwinder
+    runtime = {name for stack in stacks if "catcher" in stack for name in stack[stack.index("catcher") + 1:]}
+    assert {"thrower", "__cxa_throw", "_Unwind_RaiseException"} <= runtime, runtime
+    assert _containing(stacks, "main", "work", "catcher") > 0.8 * total, stacks.most_common(5)
+    assert stats["unwind_read_failed"] + stats["unwind_unsupported"] + stats["unwind_no_mapping"] < 0.2 * total
+
+
+def test_frame_pointer_code_keeps_working() -> None:
+    stacks, _ = _profile(WORKLOADS / "cpu_3to1", "2")
+    total = sum(stacks.values())
+    heavy = _ending(stacks, "main", "run", "busy_loop", "leaf_heavy")
+    light = _ending(stacks, "main", "run", "busy_loop", "leaf_light")
+    assert (heavy + light) / total > 0.9, stacks.most_common(5)
+
+
+def test_a_stop_in_code_no_file_backs_is_counted_by_reason() -> None:
+    selfmetrics.reset()
+    stacks, stats = _profile(UNWIND / "jit_loop", "2")
+    total = sum(stacks.values())
+    # the walk ends in the anonymous page: one unnamed frame, counted as unwind_no_mapping, never silent
+    assert stats["unwind_no_mapping"] > 0.5 * total, (stats, stacks.most_common(3))
+    reported = selfmetrics.total(semconv.SELF_ERRORS.name, otel_gpu__source=semconv.Source.CPU_PROFILER,
+                                 otel_gpu__reason=semconv.Reason.UNWIND_NO_MAPPING)
+    assert reported == stats["unwind_no_mapping"]
+    assert stats["unwind_unsupported"] + stats["unwind_read_failed"] + stats["unwind_truncated"] < 0.1 * total
