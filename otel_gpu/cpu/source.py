@@ -117,10 +117,10 @@ class CPUProfileSource:
     def _samples(self, pid: int, samples: list[StackCount]) -> tuple[Sample, ...]:
         stacks = sorted({s.user_stack for s in samples if s.user_stack})
         user_frames = dict(zip(stacks, self._symbolizer.user_stacks(pid, stacks), strict=True))
-        merged: dict[tuple[tuple[Frame, ...], int, str], int] = defaultdict(int)
+        merged: dict[tuple[tuple[Frame, ...], int, str, str, str], int] = defaultdict(int)
         for sample in samples:
             frames = self._symbolizer.kernel_stack(sample.kernel_stack) if sample.kernel_stack else ()
             frames += user_frames.get(sample.user_stack, ())
-            merged[(frames or (_UNKNOWN,), sample.tid, sample.comm)] += sample.count
-        return tuple(Sample(frames, count, thread_id=tid, thread_name=comm)
-                     for (frames, tid, comm), count in merged.items())
+            merged[(frames or (_UNKNOWN,), sample.tid, sample.comm, sample.trace_id, sample.span_id)] += sample.count
+        return tuple(Sample(frames, count, thread_id=tid, thread_name=comm, trace_id=trace_id, span_id=span_id)
+                     for (frames, tid, comm, trace_id, span_id), count in merged.items())

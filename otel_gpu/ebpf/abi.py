@@ -47,6 +47,8 @@ class SampleKey(ctypes.Structure):
         ("tid", ctypes.c_uint32),
         ("user_stack_id", ctypes.c_int32),
         ("kernel_stack_id", ctypes.c_int32),
+        ("trace_id", ctypes.c_uint8 * 16),
+        ("span_id", ctypes.c_uint8 * 8),
     ]
 
 
@@ -78,6 +80,8 @@ class RawSample(ctypes.Structure):
         ("comm", ctypes.c_char * COMM_LEN),
         ("user", ctypes.c_uint64 * MAX_STACK_DEPTH),
         ("kernel", ctypes.c_uint64 * MAX_STACK_DEPTH),
+        ("trace_id", ctypes.c_uint8 * 16),
+        ("span_id", ctypes.c_uint8 * 8),
     ]
 
 

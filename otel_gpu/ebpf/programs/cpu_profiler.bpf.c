@@ -10,6 +10,7 @@
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_tracing.h>
 #include "cpu_profiler.h"
+#include "span_context.h"
 
 #define EEXIST 17
 #define EFAULT 14
@@ -120,6 +121,10 @@ static __always_inline int send_raw(struct bpf_perf_event_data *ctx, __u32 pid, 
     raw->user_bytes = bpf_get_stack(ctx, raw->user, sizeof(raw->user), BPF_F_USER_STACK);
     raw->kernel_bytes = bpf_get_stack(ctx, raw->kernel, sizeof(raw->kernel), 0);
     bpf_get_current_comm(raw->comm, sizeof(raw->comm));
+    struct otel_gpu_span_ids ids = {};
+    read_span_ids(pid, tid, &ids);
+    __builtin_memcpy(raw->trace_id, ids.trace_id, sizeof(ids.trace_id));
+    __builtin_memcpy(raw->span_id, ids.span_id, sizeof(ids.span_id));
     bpf_ringbuf_submit(raw, 0);
     bump(OTEL_GPU_STAT_RAW_SENT);
     return 1;
@@ -165,6 +170,10 @@ int on_cpu_sample(struct bpf_perf_event_data *ctx) {
     struct otel_gpu_control *ctl = bpf_map_lookup_elem(&control, &zero);
     __u32 generation = ctl ? ctl->generation : 0;
     struct otel_gpu_sample_key key = {.pid = pid, .tid = tid};
+    struct otel_gpu_span_ids ids = {};
+    read_span_ids(pid, tid, &ids);
+    __builtin_memcpy(key.trace_id, ids.trace_id, sizeof(ids.trace_id));
+    __builtin_memcpy(key.span_id, ids.span_id, sizeof(ids.span_id));
     if (generation) {
         key.user_stack_id = bpf_get_stackid(ctx, &stacks1, BPF_F_USER_STACK);
         key.kernel_stack_id = bpf_get_stackid(ctx, &stacks1, 0);

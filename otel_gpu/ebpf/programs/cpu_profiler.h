@@ -37,6 +37,8 @@ struct otel_gpu_sample_key {
     __u32 tid;
     __s32 user_stack_id;   /* id in the generation's stack map, < 0 when there is none (error code) */
     __s32 kernel_stack_id; /* id in the generation's stack map, < 0 when the sample was taken in user mode */
+    __u8 trace_id[16];     /* the span the thread was in (span_context.h), all zero outside one */
+    __u8 span_id[8];
 };
 
 struct otel_gpu_sample_value {
@@ -63,6 +65,8 @@ struct otel_gpu_raw_sample {
     char comm[OTEL_GPU_COMM_LEN];
     __u64 user[OTEL_GPU_MAX_STACK_DEPTH];
     __u64 kernel[OTEL_GPU_MAX_STACK_DEPTH];
+    __u8 trace_id[16];  /* as in otel_gpu_sample_key */
+    __u8 span_id[8];
 };
 
 /* Single entry of the control array: which generation of counts/stack maps the sampler writes to (0 or 1).
