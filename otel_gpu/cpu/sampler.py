@@ -165,6 +165,10 @@ class CPUSampler:
                 user_stack_lost=user_id < 0 and user_id != _EFAULT, trace_id=trace_id, span_id=span_id))
         return out
 
+    def reads_span_context(self, pid: int) -> bool:
+        """True once the program reads ``pid``'s span context table (found at a drain after its first sample)."""
+        return pid in self._span_found
+
     def _find_span_tables(self, pids: set[int]) -> None:
         """Tell the program where processes that publish span context keep it (looked for again every 10 s)."""
         from otel_gpu.instrumentation.locate import find_span_table
