@@ -4,7 +4,10 @@ span "outer-<t>" and inside its child "inner-<t>"; the function that launches na
 in_inner) and the thread's function names the thread (worker_a, worker_b). Prints every finished span as
 `span <name> <trace hex> <span hex> <pyroscope.profile.id or ->`.
 
-usage: span_workload.py LIBCUDA WORKLOAD_PY [--steps N]
+With --busy-ms each of those places also burns that much CPU, and with --otlp-traces URL the spans also go to an
+OTLP/HTTP receiver (the SDK's own exporter).
+
+usage: span_workload.py LIBCUDA WORKLOAD_PY [--steps N] [--busy-ms MS] [--otlp-traces URL]
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import threading
+import time
 from typing import Any
 
 from opentelemetry.sdk.trace import TracerProvider
@@ -21,7 +25,13 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from otel_gpu.instrumentation import SpanContextProcessor
 
 
+BUSY_S = 0.0
+
+
 def step(driver: Any) -> None:
+    end = time.monotonic() + BUSY_S
+    while time.monotonic() < end:
+        pass
     driver.launch(driver.matmul)
     driver.call("cuStreamSynchronize", driver.stream)
 
@@ -62,7 +72,11 @@ def main() -> None:
     parser.add_argument("libcuda")
     parser.add_argument("workload_py")
     parser.add_argument("--steps", type=int, default=100)
+    parser.add_argument("--busy-ms", type=float, default=0.0)
+    parser.add_argument("--otlp-traces", default="")
     args = parser.parse_args()
+    global BUSY_S
+    BUSY_S = args.busy_ms / 1000
     spec = importlib.util.spec_from_file_location("fake_workload", args.workload_py)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
@@ -71,6 +85,11 @@ def main() -> None:
     provider = TracerProvider()
     provider.add_span_processor(SpanContextProcessor())
     provider.add_span_processor(SimpleSpanProcessor(exporter))
+    if args.otlp_traces:
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+        provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=args.otlp_traces)))
     tracer = provider.get_tracer("span_workload")
     driver = module.Driver(args.libcuda, False)
     driver.setup()
@@ -83,6 +102,7 @@ def main() -> None:
         ctx = span.get_span_context()
         profile_id = (span.attributes or {}).get("pyroscope.profile.id", "-")
         print(f"span {span.name} {ctx.trace_id:032x} {ctx.span_id:016x} {profile_id}")
+    provider.shutdown()  # flushes the OTLP exporter
 
 
 if __name__ == "__main__":
