@@ -61,3 +61,12 @@ def test_launches_and_waits_carry_the_span_they_were_made_in(tmp_path: Path) -> 
     for kind in ("launch", "sync"):
         for place in ("outside", "outer", "inner"):
             assert checked.get(f"{kind} {place}", 0) > 0, checked
+
+
+def test_a_process_without_the_module_records_no_span(tmp_path: Path) -> None:
+    lib = tmp_path / "inject-under-test.so"
+    lib.write_bytes(NATIVE_LIB.read_bytes())
+    run_workload(lib, tmp_path, [sys.executable, str(PY_WORKLOAD), str(FAKES / "libcuda.so.1"), "--steps", "50"])
+    records = read_debug_file(tmp_path / "records.bin")
+    assert records.launches and records.syncs
+    assert all(not any(bytes(rec.span)) for rec in [*records.launches, *records.syncs])
