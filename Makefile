@@ -21,6 +21,7 @@ $(STAMP): pyproject.toml scripts/install-system.sh
 build: $(STAMP)
 	$(MAKE) -s -C otel_gpu/ebpf
 	$(MAKE) -s -C otel_gpu/cuda/native
+	$(MAKE) -s -C otel_gpu/instrumentation/native
 	$(MAKE) -s -C tests/native
 
 # Real backends for the tests, extracted from Debian packages into .cache (never installed system-wide), and helm.
@@ -40,5 +41,6 @@ bench: install
 clean:
 	$(MAKE) -s -C otel_gpu/ebpf clean
 	$(MAKE) -s -C otel_gpu/cuda/native clean
+	$(MAKE) -s -C otel_gpu/instrumentation/native clean
 	$(MAKE) -s -C tests/native clean
 	rm -rf $(VENV) .cache

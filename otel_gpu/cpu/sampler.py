@@ -40,6 +40,12 @@ _SETTLE_S = 0.002
 _EVENT_POLL_MS = 250  # only bounds how fast close() stops the thread: a new record wakes the poll at once
 _STACK = struct.Struct(f"<{abi.MAX_STACK_DEPTH}Q")
 _EFAULT = -errno_codes.EFAULT
+_SPAN_TABLE_RECHECK_S = 10.0  # a process may load the span context library after its first sample
+
+
+def _span_ids(trace_id: ctypes.Array[ctypes.c_uint8], span_id: ctypes.Array[ctypes.c_uint8]) -> tuple[str, str]:
+    span = bytes(span_id)
+    return (bytes(trace_id).hex(), span.hex()) if any(span) else ("", "")
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +63,8 @@ class StackCount:
     kernel_stack: tuple[int, ...]
     user_stack_lost: bool = False
     python_stack_id: int = 0  # key in the python_stacks map (python_frames.h), 0 when none
+    trace_id: str = ""  # hex ids of the span the thread was in (docs/span-context.md), "" outside any
+    span_id: str = ""
 
 
 class CPUSampler:
@@ -88,6 +96,8 @@ class CPUSampler:
         self._drain_lock = threading.Lock()
         self._raw_lock = threading.Lock()
         self._raw: list[StackCount] = []
+        self._span_checked: dict[int, float] = {}  # pid -> monotonic time its span context table was looked for
+        self._span_found: set[int] = set()
         self.cpus = 0
 
     # --- lifecycle -------------------------------------------------------------------------------------------------
@@ -154,15 +164,18 @@ class CPUSampler:
             with self._raw_lock:
                 out, self._raw = self._raw, []
         key_size = ctypes.sizeof(abi.SampleKey)
+        self._find_span_tables({struct.unpack_from("<I", k)[0] for k, _ in entries} | {s.pid for s in out})
         for raw_key, raw_value in entries:
             key = abi.SampleKey.from_buffer_copy(raw_key[:key_size])
             value = abi.SampleValue.from_buffer_copy(raw_value[:ctypes.sizeof(abi.SampleValue)])
             user_id, kernel_id = key.user_stack_id, key.kernel_stack_id
+            trace_id, span_id = _span_ids(key.trace_id, key.span_id)
             out.append(StackCount(
                 pid=key.pid, tid=key.tid, comm=value.comm.decode(errors="replace"), count=value.count,
                 user_stack=stacks.get(user_id, ()) if user_id >= 0 else (),
                 kernel_stack=stacks.get(kernel_id, ()) if kernel_id >= 0 else (),
-                user_stack_lost=user_id < 0 and user_id != _EFAULT, python_stack_id=key.python_stack_id))
+                user_stack_lost=user_id < 0 and user_id != _EFAULT, python_stack_id=key.python_stack_id,
+                trace_id=trace_id, span_id=span_id))
         return out
 
     def register_python(self, pid: int, proc: abi.PythonProc) -> None:
@@ -191,15 +204,43 @@ class CPUSampler:
                 out[stack_id] = abi.PythonStack.from_buffer_copy(raw[:ctypes.sizeof(abi.PythonStack)])
         return out
 
+    def reads_span_context(self, pid: int) -> bool:
+        """True once the program reads ``pid``'s span context table (found at a drain after its first sample)."""
+        return pid in self._span_found
+
+    def _find_span_tables(self, pids: set[int]) -> None:
+        """Tell the program where processes that publish span context keep it (looked for again every 10 s)."""
+        from otel_gpu.instrumentation.locate import find_span_table
+
+        bpf = self._bpf
+        now = time.monotonic()
+        for pid in pids - self._span_found:
+            if bpf is None or now - self._span_checked.get(pid, -_SPAN_TABLE_RECHECK_S) < _SPAN_TABLE_RECHECK_S:
+                continue
+            self._span_checked[pid] = now
+            try:
+                address = find_span_table(pid)
+            except (OSError, ValueError) as exc:  # exited, unreadable, or a malformed ELF
+                _logger.debug("span context of pid %d not readable: %s", pid, exc)
+                continue
+            if address is not None:
+                bpf.map("span_tables").update(ctypes.c_uint32(pid), ctypes.c_uint64(address))
+                self._span_found.add(pid)
+
     def forget(self, pids: Iterable[int]) -> None:
         """Forget that ``pids`` were seen, so that a process reusing one of them is announced again."""
         bpf = self._bpf
         if bpf is None:
             return
         known, python = bpf.map("known_pids"), bpf.map("python_procs")
+        tables = bpf.map("span_tables")
         for pid in pids:
             known.delete(ctypes.c_uint32(pid))
             python.delete(ctypes.c_uint32(pid))
+            if pid in self._span_found:
+                tables.delete(ctypes.c_uint32(pid))
+            self._span_found.discard(pid)
+            self._span_checked.pop(pid, None)
             if self._unwinder is not None:
                 self._unwinder.forget(pid)
 
@@ -318,10 +359,11 @@ class CPUSampler:
         raw = abi.RawSample.from_buffer_copy(data[:ctypes.sizeof(abi.RawSample)])
         user = tuple(raw.user[:max(0, raw.user_bytes) // 8])
         kernel = tuple(raw.kernel[:max(0, raw.kernel_bytes) // 8])
+        trace_id, span_id = _span_ids(raw.trace_id, raw.span_id)
         sample = StackCount(pid=raw.pid, tid=raw.tid, comm=raw.comm.decode(errors="replace"), count=1,
                            user_stack=user, kernel_stack=kernel,
                            user_stack_lost=raw.user_bytes < 0 and raw.user_bytes != _EFAULT,
-                           python_stack_id=raw.python_stack_id)
+                           python_stack_id=raw.python_stack_id, trace_id=trace_id, span_id=span_id)
         with self._raw_lock:
             self._raw.append(sample)
 

@@ -160,11 +160,11 @@ class CPUProfileSource:
         user_frames = dict(zip(stacks, self._symbolizer.user_stacks(pid, stacks, deadline), strict=True))
         python_ids = {s.python_stack_id for s in samples if s.python_stack_id}
         python = self._sampler.python_stacks(python_ids) if python_ids else {}
-        merged: dict[tuple[tuple[Frame, ...], int, str], int] = defaultdict(int)
+        merged: dict[tuple[tuple[Frame, ...], int, str, str, str], int] = defaultdict(int)
         for sample in samples:
             frames = self._symbolizer.kernel_stack(sample.kernel_stack) if sample.kernel_stack else ()
             frames += self._python.merged(pid, user_frames.get(sample.user_stack, ()),
                                           python.get(sample.python_stack_id))
-            merged[(frames or (_UNKNOWN,), sample.tid, sample.comm)] += sample.count
-        return tuple(Sample(frames, count, thread_id=tid, thread_name=comm)
-                     for (frames, tid, comm), count in merged.items())
+            merged[(frames or (_UNKNOWN,), sample.tid, sample.comm, sample.trace_id, sample.span_id)] += sample.count
+        return tuple(Sample(frames, count, thread_id=tid, thread_name=comm, trace_id=trace_id, span_id=span_id)
+                     for (frames, tid, comm, trace_id, span_id), count in merged.items())

@@ -21,7 +21,7 @@ _u8, _u32, _s32, _u64 = ctypes.c_uint8, ctypes.c_uint32, ctypes.c_int32, ctypes.
 
 # --- otel_gpu_probes.h: the injected library's records ----------------------------------------------------------------
 
-ABI_VERSION = 3
+ABI_VERSION = 4
 MAX_NATIVE_FRAMES = 96
 MAX_PYTHON_FRAMES = 64
 MAX_STRINGS = 6144
@@ -77,12 +77,19 @@ class StackC(ctypes.Structure):
     ]
 
 
+class SpanC(ctypes.Structure):
+    """struct otel_gpu_span: the span the recording thread was in (docs/span-context.md); all zero outside one."""
+
+    _fields_ = [("trace_id", _u8 * 16), ("span_id", _u8 * 8), ("local_root_span_id", _u8 * 8)]
+
+
 class LaunchC(ctypes.Structure):
     """struct otel_gpu_launch."""
 
     _fields_ = [
         ("abi_version", _u32), ("kind", _u32), ("correlation_id", _u32), ("cbid", _s32),
-        ("window_id", _u64), ("timestamp_ns", _u64), ("graph_exec", _u64), ("stack", StackC),
+        ("window_id", _u64), ("timestamp_ns", _u64), ("graph_exec", _u64), ("span", SpanC),
+        ("stack", StackC),
     ]
 
 
@@ -102,7 +109,8 @@ class SyncC(ctypes.Structure):
 
     _fields_ = [
         ("abi_version", _u32), ("kind", _u32), ("cbid", _s32), ("reserved", _u32),
-        ("start_ns", _u64), ("end_ns", _u64), ("weight", _u64), ("stack", StackC),
+        ("start_ns", _u64), ("end_ns", _u64), ("weight", _u64), ("span", SpanC),
+        ("stack", StackC),
     ]
 
 
@@ -216,6 +224,8 @@ class Launch:
     timestamp_ns: int
     graph_exec: int
     stack: Stack
+    trace_id: str = ""  # hex, "" outside any span
+    span_id: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -254,6 +264,8 @@ class Sync:
     end_ns: int
     weight: int
     stack: Stack
+    trace_id: str = ""  # hex, "" outside any span
+    span_id: str = ""
 
     @property
     def blocked_ns(self) -> int:
@@ -295,8 +307,8 @@ class DecodeError(ValueError):
 
 _EVENT = struct.Struct("<IIIIQ16s")
 _KSTACK_HEAD = struct.Struct("<iI")
-_LAUNCH_HEAD = struct.Struct("<IIIiQQQ")
-_SYNC_HEAD = struct.Struct("<IIiIQQQ")
+_LAUNCH_HEAD = struct.Struct("<IIIiQQQ16s8s8x")
+_SYNC_HEAD = struct.Struct("<IIiIQQQ16s8s8x")
 _STACK_HEAD = struct.Struct("<IIII")
 _PYTHON_FRAME = struct.Struct("<IIII")
 _ACTIVITY_HEAD = struct.Struct("<IIQQIIIIQBBB")
@@ -312,6 +324,13 @@ _STACK_CACHE_SIZE = 8192
 
 assert _EVENT.size == ctypes.sizeof(EventC) and _WINDOW.size == ctypes.sizeof(WindowC)
 assert _LAUNCH_HEAD.size == LaunchC.stack.offset and _SYNC_HEAD.size == SyncC.stack.offset
+
+
+def _span_ids(trace_id: bytes, span_id: bytes) -> tuple[str, str]:
+    """Hex trace and span ids, both "" when the record was taken outside any span."""
+    if not any(span_id):
+        return "", ""
+    return trace_id.hex(), span_id.hex()
 
 
 def _cstring(raw: bytes, offset: int, limit: int) -> str:
@@ -378,15 +397,16 @@ def decode_event(data: bytes) -> Record:
         offset = _EVENT_SIZE + _KSTACK_SIZE
         if kind == EVENT_LAUNCH:
             buf = _payload(data, offset, payload_len, ctypes.sizeof(LaunchC))
-            version, launch_kind, corr, cbid, window_id, timestamp_ns, graph_exec = _LAUNCH_HEAD.unpack_from(buf)
+            (version, launch_kind, corr, cbid, window_id, timestamp_ns, graph_exec, trace_id,
+             span_id) = _LAUNCH_HEAD.unpack_from(buf)
             _check_version(version, "launch")
             return Launch(pid, tid, comm, launch_kind, corr, cbid, window_id, timestamp_ns, graph_exec,
-                          _stack_from(buf, _LAUNCH_HEAD.size, kstack))
+                          _stack_from(buf, _LAUNCH_HEAD.size, kstack), *_span_ids(trace_id, span_id))
         buf = _payload(data, offset, payload_len, ctypes.sizeof(SyncC))
-        version, sync_kind, cbid, _, start_ns, end_ns, weight = _SYNC_HEAD.unpack_from(buf)
+        version, sync_kind, cbid, _, start_ns, end_ns, weight, trace_id, span_id = _SYNC_HEAD.unpack_from(buf)
         _check_version(version, "sync")
         return Sync(pid, tid, comm, sync_kind, cbid, start_ns, end_ns, max(weight, 1),
-                    _stack_from(buf, _SYNC_HEAD.size, kstack))
+                    _stack_from(buf, _SYNC_HEAD.size, kstack), *_span_ids(trace_id, span_id))
     if kind == EVENT_ACTIVITY:
         buf = _payload(data, _EVENT_SIZE, payload_len, ctypes.sizeof(ActivityC))
         (activity_kind, corr, start_ns, end_ns, device, stream, graph, name_len, nbytes, copy_kind, src_kind,

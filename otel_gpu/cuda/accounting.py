@@ -114,7 +114,7 @@ class GPUTimeAccounting:
         value = sync.blocked_ns * sync.weight
         frames = (builder.sync_frame(sync),) + self._stacks.frames(sync.pid, sync.stack)
         self._sync.add(sync.pid, frames, value, sync.tid, sync.comm,
-                       ((semconv.CUDA_SYNC_API, builder.sync_api_name(sync)),))
+                       ((semconv.CUDA_SYNC_API, builder.sync_api_name(sync)),), sync.trace_id, sync.span_id)
         self._counter(sync.pid).sync_wait_ns += value
 
     def _on_window(self, window: abi.Window) -> None:
@@ -164,7 +164,8 @@ class GPUTimeAccounting:
         launch, activity = work.launch, work.activity
         value = activity.duration_ns * weight
         frames = (builder.work_frame(activity),) + self._stacks.frames(launch.pid, launch.stack)
-        self._gpu.add(launch.pid, frames, value, launch.tid, launch.comm, builder.work_attributes(activity))
+        self._gpu.add(launch.pid, frames, value, launch.tid, launch.comm, builder.work_attributes(activity),
+                      launch.trace_id, launch.span_id)
         self._counter(launch.pid).kernel_time_ns += value
 
     # --- profiles out ----------------------------------------------------------------------------------------------

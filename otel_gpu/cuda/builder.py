@@ -124,6 +124,8 @@ class _Key:
     thread_id: int
     thread_name: str
     attributes: tuple[tuple[str, str | int], ...]
+    trace_id: str
+    span_id: str
 
 
 class ProfileAccumulator:
@@ -134,9 +136,10 @@ class ProfileAccumulator:
         self._values: dict[int, dict[_Key, float]] = {}
 
     def add(self, pid: int, frames: tuple[Frame, ...], value: float, thread_id: int = 0, thread_name: str = "",
-            attributes: tuple[tuple[str, str | int], ...] = ()) -> None:
+            attributes: tuple[tuple[str, str | int], ...] = (), trace_id: str = "", span_id: str = "") -> None:
+        """``trace_id``/``span_id``: hex ids of the span the work was launched or waited in, "" outside any."""
         samples = self._values.setdefault(pid, {})
-        key = _Key(frames, thread_id, thread_name, attributes)
+        key = _Key(frames, thread_id, thread_name, attributes, trace_id, span_id)
         samples[key] = samples.get(key, 0.0) + value
 
     def pids(self) -> set[int]:
@@ -157,7 +160,8 @@ class ProfileAccumulator:
         profiles = []
         for pid in sorted(self._values):
             samples = tuple(
-                Sample(key.frames, round(value), key.thread_id, key.thread_name, key.attributes)
+                Sample(key.frames, round(value), key.thread_id, key.thread_name, key.attributes, key.trace_id,
+                       key.span_id)
                 for key, value in sorted(self._values[pid].items(), key=lambda item: -item[1])
                 if round(value) > 0
             )

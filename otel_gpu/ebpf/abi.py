@@ -107,6 +107,8 @@ class SampleKey(ctypes.Structure):
         ("user_stack_id", ctypes.c_int32),
         ("kernel_stack_id", ctypes.c_int32),
         ("python_stack_id", ctypes.c_uint64),
+        ("trace_id", ctypes.c_uint8 * 16),
+        ("span_id", ctypes.c_uint8 * 8),
     ]
 
 
@@ -139,6 +141,8 @@ class RawSample(ctypes.Structure):
         ("python_stack_id", ctypes.c_uint64),
         ("user", ctypes.c_uint64 * MAX_STACK_DEPTH),
         ("kernel", ctypes.c_uint64 * MAX_STACK_DEPTH),
+        ("trace_id", ctypes.c_uint8 * 16),
+        ("span_id", ctypes.c_uint8 * 8),
     ]
 
 

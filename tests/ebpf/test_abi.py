@@ -50,6 +50,7 @@ STRUCTS: dict[str, type[ctypes.Structure]] = {
     "otel_gpu_launch": cuda_abi.LaunchC,
     "otel_gpu_activity": cuda_abi.ActivityC,
     "otel_gpu_sync": cuda_abi.SyncC,
+    "otel_gpu_span": cuda_abi.SpanC,
     "otel_gpu_window": cuda_abi.WindowC,
 }
 

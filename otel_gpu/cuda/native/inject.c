@@ -226,6 +226,7 @@ static void record_launch(CUpti_CallbackId cbid, const CUpti_CallbackData *cb, u
     rec->window_id = window_id;
     rec->timestamp_ns = now_ns();
     rec->graph_exec = graph_exec_of(cbid, cb->functionParams);
+    span_context_read(&rec->span);
     stack_capture(&rec->stack);
     activity_remember(cb->correlationId, window_id, kind == OTEL_GPU_LAUNCH_GRAPH);
     emit_launch(rec);
@@ -246,6 +247,7 @@ static void record_wait(CUpti_CallbackId cbid, const CUpti_CallbackData *cb, uin
     rec->start_ns = *cb->correlationData;
     rec->end_ns = now_ns();
     rec->weight = every;
+    span_context_read(&rec->span);
     stack_capture(&rec->stack);
     emit_sync(rec);
     atomic_fetch_add(&g_state.wait_overhead_ns, monotonic_ns() - t0);

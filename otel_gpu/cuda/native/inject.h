@@ -164,6 +164,8 @@ void activity_drain(uint64_t max_wait_ns);
 /* stack.c */
 void stack_init(void);
 void stack_capture(struct otel_gpu_stack *stack);
+/* context.c: the span this thread is in, all zero outside one */
+void span_context_read(struct otel_gpu_span *out);
 
 /* pyframes.c */
 int pyframes_init(void);

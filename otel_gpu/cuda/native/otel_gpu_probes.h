@@ -36,7 +36,7 @@ typedef int32_t otel_s32;
 typedef uint64_t otel_u64;
 #endif
 
-#define OTEL_GPU_ABI_VERSION 3
+#define OTEL_GPU_ABI_VERSION 4
 #define OTEL_GPU_MAX_NATIVE_FRAMES 96
 #define OTEL_GPU_MAX_PYTHON_FRAMES 64
 #define OTEL_GPU_MAX_STRINGS 6144
@@ -87,6 +87,14 @@ struct otel_gpu_stack {
     char strings[OTEL_GPU_MAX_STRINGS];
 };
 
+/* The span the recording thread was in (docs/span-context.md: read from the process's span context table, which an
+ * application publishes with otel_gpu.instrumentation); all zero outside any span or without the table. ABI 4. */
+struct otel_gpu_span {
+    otel_u8 trace_id[16];    /* W3C byte order */
+    otel_u8 span_id[8];
+    otel_u8 local_root_span_id[8];
+};
+
 struct otel_gpu_launch {
     otel_u32 abi_version;
     otel_u32 kind;           /* enum otel_gpu_launch_kind */
@@ -95,6 +103,7 @@ struct otel_gpu_launch {
     otel_u64 window_id;      /* the sampling window this launch fell in */
     otel_u64 timestamp_ns;   /* API exit */
     otel_u64 graph_exec;     /* CUgraphExec for graph launches, else 0 */
+    struct otel_gpu_span span;
     struct otel_gpu_stack stack;
 };
 
@@ -123,6 +132,7 @@ struct otel_gpu_sync {
     otel_u64 start_ns;       /* the call's entry */
     otel_u64 end_ns;         /* the call's exit: end - start is the time the thread was blocked */
     otel_u64 weight;         /* how many waits this sampled one stands for (1 when every wait is recorded) */
+    struct otel_gpu_span span;
     struct otel_gpu_stack stack;
 };
 

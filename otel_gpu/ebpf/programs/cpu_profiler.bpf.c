@@ -14,6 +14,7 @@
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_tracing.h>
 #include "cpu_profiler.h"
+#include "span_context.h"
 
 #define EEXIST 17
 #define EFAULT 14
@@ -116,8 +117,10 @@ static __always_inline void check_stack_id(__s32 id, __u32 collision_stat) {
     bump(id == -EEXIST ? collision_stat : OTEL_GPU_STAT_STACK_ERROR);
 }
 
-/* A stack id collided: send the whole sample instead of counting it, so the collision costs nothing. */
-static __always_inline int send_raw(struct bpf_perf_event_data *ctx, __u32 pid, __u32 tid, __u64 python_stack_id) {
+/* Send the whole sample through raw_samples: for a process with unwind tables (`unwound`: its user stack walked by
+ * native_unwind.h), or when a stack id collided, so that the collision costs nothing. */
+static __always_inline int send_whole(struct bpf_perf_event_data *ctx, __u32 pid, __u32 tid, __u64 python_stack_id,
+                                      bool unwound) {
     struct otel_gpu_raw_sample *raw = bpf_ringbuf_reserve(&raw_samples, sizeof(*raw), 0);
     if (!raw) {
         bump(OTEL_GPU_STAT_RAW_FULL);
@@ -126,29 +129,20 @@ static __always_inline int send_raw(struct bpf_perf_event_data *ctx, __u32 pid, 
     raw->pid = pid;
     raw->tid = tid;
     raw->python_stack_id = python_stack_id;
-    raw->user_bytes = bpf_get_stack(ctx, raw->user, sizeof(raw->user), BPF_F_USER_STACK);
+    if (unwound)
+        raw->user_bytes = native_unwind_user(ctx, pid, raw->user);
+    else
+        raw->user_bytes = bpf_get_stack(ctx, raw->user, sizeof(raw->user), BPF_F_USER_STACK);
     raw->kernel_bytes = bpf_get_stack(ctx, raw->kernel, sizeof(raw->kernel), 0);
     bpf_get_current_comm(raw->comm, sizeof(raw->comm));
+    struct otel_gpu_span_ids ids = {};
+    read_span_ids(pid, tid, &ids);
+    __builtin_memcpy(raw->trace_id, ids.trace_id, sizeof(ids.trace_id));
+    __builtin_memcpy(raw->span_id, ids.span_id, sizeof(ids.span_id));
     bpf_ringbuf_submit(raw, 0);
-    bump(OTEL_GPU_STAT_RAW_SENT);
+    if (!unwound)
+        bump(OTEL_GPU_STAT_RAW_SENT);
     return 1;
-}
-
-/* A process with unwind tables: its user stack walked by native_unwind.h, the sample sent whole. */
-static __always_inline void send_unwound(struct bpf_perf_event_data *ctx, __u32 pid, __u32 tid,
-                                         __u64 python_stack_id) {
-    struct otel_gpu_raw_sample *raw = bpf_ringbuf_reserve(&raw_samples, sizeof(*raw), 0);
-    if (!raw) {
-        bump(OTEL_GPU_STAT_RAW_FULL);
-        return;
-    }
-    raw->pid = pid;
-    raw->tid = tid;
-    raw->python_stack_id = python_stack_id;
-    raw->user_bytes = native_unwind_user(ctx, pid, raw->user);
-    raw->kernel_bytes = bpf_get_stack(ctx, raw->kernel, sizeof(raw->kernel), 0);
-    bpf_get_current_comm(raw->comm, sizeof(raw->comm));
-    bpf_ringbuf_submit(raw, 0);
 }
 
 static __always_inline void count_sample(void *counts, struct otel_gpu_sample_key *key) {
@@ -185,17 +179,21 @@ int on_cpu_sample(struct bpf_perf_event_data *ctx) {
     __u64 python_stack_id = python_stack(pid);
 
     if (native_unwind_wanted(pid)) {
-        send_unwound(ctx, pid, tid, python_stack_id);
+        send_whole(ctx, pid, tid, python_stack_id, true);
         return 0;
     }
     if (raw_only) {
-        send_raw(ctx, pid, tid, python_stack_id);
+        send_whole(ctx, pid, tid, python_stack_id, false);
         return 0;
     }
     __u32 zero = 0;
     struct otel_gpu_control *ctl = bpf_map_lookup_elem(&control, &zero);
     __u32 generation = ctl ? ctl->generation : 0;
     struct otel_gpu_sample_key key = {.pid = pid, .tid = tid, .python_stack_id = python_stack_id};
+    struct otel_gpu_span_ids ids = {};
+    read_span_ids(pid, tid, &ids);
+    __builtin_memcpy(key.trace_id, ids.trace_id, sizeof(ids.trace_id));
+    __builtin_memcpy(key.span_id, ids.span_id, sizeof(ids.span_id));
     if (generation) {
         key.user_stack_id = bpf_get_stackid(ctx, &stacks1, BPF_F_USER_STACK);
         key.kernel_stack_id = bpf_get_stackid(ctx, &stacks1, 0);
@@ -206,7 +204,7 @@ int on_cpu_sample(struct bpf_perf_event_data *ctx) {
     check_stack_id(key.user_stack_id, OTEL_GPU_STAT_USER_COLLISION);
     check_stack_id(key.kernel_stack_id, OTEL_GPU_STAT_KERNEL_COLLISION);
     if (key.user_stack_id == -EEXIST || key.kernel_stack_id == -EEXIST) {
-        send_raw(ctx, pid, tid, python_stack_id);
+        send_whole(ctx, pid, tid, python_stack_id, false);
         return 0;
     }
     if (generation)

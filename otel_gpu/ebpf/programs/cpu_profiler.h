@@ -86,6 +86,8 @@ struct otel_gpu_sample_key {
     __s32 user_stack_id;   /* id in the generation's stack map, < 0 when there is none (error code) */
     __s32 kernel_stack_id; /* id in the generation's stack map, < 0 when the sample was taken in user mode */
     __u64 python_stack_id; /* key in python_stacks, 0 when the thread runs no Python code (python_frames.h) */
+    __u8 trace_id[16];     /* the span the thread was in (span_context.h), all zero outside one */
+    __u8 span_id[8];
 };
 
 struct otel_gpu_sample_value {
@@ -113,6 +115,8 @@ struct otel_gpu_raw_sample {
     __u64 python_stack_id; /* as in otel_gpu_sample_key */
     __u64 user[OTEL_GPU_MAX_STACK_DEPTH];
     __u64 kernel[OTEL_GPU_MAX_STACK_DEPTH];
+    __u8 trace_id[16];  /* as in otel_gpu_sample_key */
+    __u8 span_id[8];
 };
 
 /* A registered CPython process (python_procs, keyed by tgid): where its main interpreter's pointer sits and the

@@ -1,0 +1,55 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Where another process keeps its span context table: the agent's side of docs/span-context.md.
+
+The table is the data symbol ``otel_gpu_span_context_table`` of libotel_gpu_context.so; its address is the start of
+the library's offset-0 mapping in /proc/PID/maps plus the symbol's value (a shared object's first PT_LOAD is at 0).
+"""
+
+from __future__ import annotations
+
+import struct
+from pathlib import Path
+
+from elftools.elf.elffile import ELFFile
+
+from otel_gpu.instrumentation._table import MAGIC, SLOT_SIZE, SYMBOL, VERSION
+
+LIBRARY_NAME = "libotel_gpu_context.so"
+_symbol_values: dict[tuple[str, int, int], int | None] = {}  # (path, device, inode) -> st_value
+
+
+def _symbol_value(path: Path, key: tuple[str, int, int]) -> int | None:
+    if key not in _symbol_values:
+        value = None
+        with path.open("rb") as f:
+            dynsym = ELFFile(f).get_section_by_name(".dynsym")
+            symbols = dynsym.get_symbol_by_name(SYMBOL) if dynsym is not None else None
+            if symbols:
+                value = int(symbols[0]["st_value"])
+        _symbol_values[key] = value
+    return _symbol_values[key]
+
+
+def find_span_table(pid: int, proc: Path = Path("/proc")) -> int | None:
+    """The table's address in process ``pid``, or None when it has not loaded the library (or it is not v1).
+
+    Raises OSError when the process's maps or files cannot be read (it exited, or the agent lacks the rights).
+    """
+    for line in (proc / str(pid) / "maps").read_text().splitlines():
+        parts = line.split(maxsplit=5)
+        if len(parts) < 6 or not parts[5].endswith(LIBRARY_NAME) or int(parts[2], 16) != 0:
+            continue
+        start = int(parts[0].split("-")[0], 16)
+        path = proc / str(pid) / "root" / parts[5].lstrip("/")
+        major, minor = (int(x, 16) for x in parts[3].split(":"))
+        value = _symbol_value(path, (parts[5], (major << 8) | minor, int(parts[4])))
+        if value is None:
+            return None
+        address = start + value
+        with (proc / str(pid) / "mem").open("rb") as mem:
+            mem.seek(address)
+            magic, version, slot_size = struct.unpack("<IHH", mem.read(8))
+        if (magic, version, slot_size) != (MAGIC, VERSION, SLOT_SIZE):
+            return None
+        return address
+    return None

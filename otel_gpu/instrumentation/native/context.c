@@ -1,0 +1,92 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* libotel_gpu_context.so: owns the span context table (span_context.h). otel_gpu.instrumentation calls
+ * otel_gpu_span_context_slot once per thread and writes its slot on span start and end; each thread claims one slot on first use and frees it at exit. */
+#include "span_context.h"
+
+#include <pthread.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#define EXPORT __attribute__((visibility("default")))
+
+EXPORT struct otel_gpu_span_table otel_gpu_span_context_table = {
+    .magic = OTEL_GPU_SPAN_CONTEXT_MAGIC,
+    .version = OTEL_GPU_SPAN_CONTEXT_VERSION,
+    .slot_size = sizeof(struct otel_gpu_span_slot),
+    .slot_count = OTEL_GPU_SPAN_CONTEXT_SLOTS,
+    .max_probe = OTEL_GPU_SPAN_CONTEXT_MAX_PROBE,
+};
+
+_Static_assert(sizeof(struct otel_gpu_span_slot) == 40, "slot layout is part of the v1 contract");
+_Static_assert((OTEL_GPU_SPAN_CONTEXT_SLOTS & (OTEL_GPU_SPAN_CONTEXT_SLOTS - 1)) == 0, "slot count is a power of 2");
+
+static __thread struct otel_gpu_span_slot *my_slot;
+static __thread int no_slot; /* every probed slot was taken: this thread publishes nothing */
+static pthread_key_t release_key;
+static pthread_once_t release_once = PTHREAD_ONCE_INIT;
+static unsigned long dropped_threads;
+
+static void release(void *slot_ptr) {
+    struct otel_gpu_span_slot *slot = slot_ptr;
+    __atomic_store_n(&slot->seq, slot->seq + 1, __ATOMIC_RELEASE);
+    memset(slot->trace_id, 0, sizeof(slot->trace_id) + sizeof(slot->span_id) + sizeof(slot->local_root_span_id));
+    __atomic_store_n(&slot->seq, slot->seq + 1, __ATOMIC_RELEASE);
+    __atomic_store_n(&slot->tid, 0, __ATOMIC_RELEASE);
+}
+
+static void make_key(void) { pthread_key_create(&release_key, release); }
+
+static struct otel_gpu_span_slot *claim(void) {
+    uint32_t tid = (uint32_t)syscall(SYS_gettid);
+    for (uint32_t i = 0; i < OTEL_GPU_SPAN_CONTEXT_MAX_PROBE; i++) {
+        struct otel_gpu_span_slot *slot =
+            &otel_gpu_span_context_table.slots[(tid + i) & (OTEL_GPU_SPAN_CONTEXT_SLOTS - 1)];
+        uint32_t expected = 0;
+        if (__atomic_compare_exchange_n(&slot->tid, &expected, tid, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE) ||
+            expected == tid) {
+            pthread_once(&release_once, make_key);
+            pthread_setspecific(release_key, slot);
+            return slot;
+        }
+    }
+    __atomic_fetch_add(&dropped_threads, 1, __ATOMIC_RELAXED);
+    no_slot = 1;
+    return NULL;
+}
+
+static void put_be64(uint8_t *out, uint64_t v) {
+    v = __builtin_bswap64(v);
+    memcpy(out, &v, sizeof(v));
+}
+
+/* The calling thread's slot (claimed on first call), or NULL when none is free. Writers that do not call
+ * otel_gpu_span_context_set (the Python processor writes through a memoryview) follow the same seq protocol. */
+EXPORT struct otel_gpu_span_slot *otel_gpu_span_context_slot(void) {
+    if (!my_slot && !no_slot)
+        my_slot = claim();
+    return my_slot;
+}
+
+/* Publishes the calling thread's active span; all zero ids mean "in no span". */
+EXPORT void otel_gpu_span_context_set(uint64_t trace_hi, uint64_t trace_lo, uint64_t span_id,
+                                      uint64_t local_root_span_id) {
+    struct otel_gpu_span_slot *slot = my_slot;
+    if (!slot) {
+        if (no_slot || !(slot = my_slot = claim()))
+            return;
+    }
+    uint32_t seq = slot->seq;
+    __atomic_store_n(&slot->seq, seq + 1, __ATOMIC_RELEASE);
+    __atomic_signal_fence(__ATOMIC_SEQ_CST);
+    put_be64(slot->trace_id, trace_hi);
+    put_be64(slot->trace_id + 8, trace_lo);
+    put_be64(slot->span_id, span_id);
+    put_be64(slot->local_root_span_id, local_root_span_id);
+    __atomic_store_n(&slot->seq, seq + 2, __ATOMIC_RELEASE);
+}
+
+/* Threads that found no free slot (the table is full around their tid): their samples carry no span. */
+EXPORT unsigned long otel_gpu_span_context_dropped_threads(void) {
+    return __atomic_load_n(&dropped_threads, __ATOMIC_RELAXED);
+}

@@ -1,0 +1,121 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The span processor publishes each thread's active span in the real native table, read back as the agent reads it."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags, set_span_in_context
+
+from otel_gpu.instrumentation import LIBRARY_PATH, PROFILE_ID_ATTRIBUTE, SpanContextProcessor, SpanContextTable
+
+
+@pytest.fixture
+def traced() -> Iterator[tuple[TracerProvider, InMemorySpanExporter, SpanContextTable]]:
+    table = SpanContextTable.shared()
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SpanContextProcessor(table))
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    yield provider, exporter, table
+    provider.shutdown()
+
+
+def _ids(table: SpanContextTable) -> tuple[int, int, int]:
+    reading = table.read(threading.get_native_id())
+    assert reading is not None
+    return reading.trace_id, reading.span_id, reading.local_root_span_id
+
+
+def test_library_is_built_with_the_table_symbol() -> None:
+    symbols = subprocess.run(["nm", "-D", str(LIBRARY_PATH)], capture_output=True, text=True, check=True).stdout
+    assert " D otel_gpu_span_context_table" in symbols
+
+
+def test_nested_spans_publish_the_active_one_and_restore_the_parent(traced) -> None:
+    provider, exporter, table = traced
+    tracer = provider.get_tracer("t")
+    with tracer.start_as_current_span("root") as root:
+        r = root.get_span_context()
+        assert _ids(table) == (r.trace_id, r.span_id, r.span_id)
+        with tracer.start_as_current_span("child") as child:
+            c = child.get_span_context()
+            assert _ids(table) == (r.trace_id, c.span_id, r.span_id)
+        assert _ids(table) == (r.trace_id, r.span_id, r.span_id)
+    assert _ids(table) == (0, 0, 0)
+    spans = {s.name: s for s in exporter.get_finished_spans()}
+    assert spans["root"].attributes[PROFILE_ID_ATTRIBUTE] == format(r.span_id, "016x")
+    assert spans["root"].attributes["thread.id"] == threading.get_native_id()
+    assert spans["root"].attributes["process.pid"] > 0
+    assert PROFILE_ID_ATTRIBUTE not in spans["child"].attributes
+
+
+def test_a_span_under_a_remote_parent_is_a_local_root(traced) -> None:
+    provider, exporter, table = traced
+    remote = SpanContext(0xABC, 0xDEF, is_remote=True, trace_flags=TraceFlags(1))
+    parent = set_span_in_context(NonRecordingSpan(remote))
+    with provider.get_tracer("t").start_as_current_span("served", context=parent) as s:
+        assert _ids(table) == (0xABC, s.get_span_context().span_id, s.get_span_context().span_id)
+    assert _ids(table) == (0, 0, 0)
+    assert PROFILE_ID_ATTRIBUTE in exporter.get_finished_spans()[0].attributes
+
+
+def test_threads_each_have_their_own_record_and_free_it_at_exit(traced) -> None:
+    provider, _, table = traced
+    tracer = provider.get_tracer("t")
+    seen: dict[str, tuple[int, int, int, int]] = {}
+    inside = threading.Barrier(2)
+    tids: dict[str, int] = {}
+
+    def work(name: str) -> None:
+        tids[name] = threading.get_native_id()
+        with tracer.start_as_current_span(name) as span:
+            inside.wait()
+            ids = _ids(table)
+            seen[name] = (*ids, span.get_span_context().span_id)
+            inside.wait()
+
+    threads = [threading.Thread(target=work, args=(n,)) for n in ("a", "b")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for name in ("a", "b"):
+        _, span_id, root, expected = seen[name]
+        assert span_id == expected == root
+    assert seen["a"][1] != seen["b"][1]
+    for tid in tids.values():
+        # join() returns before the OS thread runs its destructors; the slot is free once the task is gone
+        for _ in range(1000):
+            if not os.path.exists(f"/proc/self/task/{tid}"):
+                break
+            time.sleep(0.01)
+        assert table.read(tid) is None
+
+
+def test_the_instrumentor_entry_point_adds_the_processor() -> None:
+    code = (
+        "from importlib.metadata import entry_points\n"
+        "from opentelemetry import trace\n"
+        "from opentelemetry.sdk.trace import TracerProvider\n"
+        "import threading\n"
+        "trace.set_tracer_provider(TracerProvider())\n"
+        "(ep,) = [e for e in entry_points(group='opentelemetry_instrumentor') if e.name == 'otel_gpu']\n"
+        "ep.load()().instrument()\n"
+        "from otel_gpu.instrumentation import SpanContextTable\n"
+        "with trace.get_tracer('t').start_as_current_span('s') as s:\n"
+        "    r = SpanContextTable.shared().read(threading.get_native_id())\n"
+        "    assert r.span_id == s.get_span_context().span_id, r\n"
+        "print('ok')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip() == "ok", out.stderr
