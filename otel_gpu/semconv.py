@@ -69,6 +69,10 @@ CUDA_MEMCPY_KIND: Final = "cuda.memcpy.kind"  # HtoD, DtoH, DtoD, ...
 CUDA_MEMORY_BYTES: Final = "cuda.memory.bytes"  # bytes copied or set
 CUDA_HOST_MEMORY: Final = "cuda.host_memory"  # pageable or pinned host side of a copy
 CUDA_SYNC_API: Final = "cuda.sync.api"  # the driver call that blocked, e.g. cuStreamSynchronize
+# The collective an NCCL kernel runs (no OpenTelemetry convention exists): one of NCCL_COLLECTIVE_NAMES
+NCCL_COLLECTIVE: Final = "nccl.collective"
+NCCL_COLLECTIVE_NAMES: Final = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "send_recv",
+                                "send", "recv")
 
 OTEL_GPU_SOURCE: Final = "otel_gpu.source"
 OTEL_GPU_EXPORTER: Final = "otel_gpu.exporter"

@@ -24,8 +24,8 @@
  *   legacy stream's work the current device's), as CUPTI's deviceId does.
  * - A kernel named like NCCL's (ncclDevKernel_*, ncclKernel_*) is a collective of a job of FAKE_CUDA_RANKS ranks
  *   (processes), this one FAKE_CUDA_RANK, meeting in the file FAKE_CUDA_RENDEZVOUS (in /dev/shm, created by the
- *   job's launcher, zero-filled, at least RENDEZVOUS_BYTES): the n-th collective a rank launches starts only once
- *   every rank has launched its n-th, as NCCL's kernels spin until their peers arrive. Its launch returns at once;
+ *   job's launcher, zero-filled, at least RENDEZVOUS_BYTES): the n-th collective a rank launches completes only once
+ *   every rank has launched its n-th; its kernel spins from its start until then, as NCCL's do. Its launch returns;
  *   its end is settled by the next call that needs the stream's tail (a wait, a copy, an event, or a later launch on
  *   the same stream, which then blocks like a full queue would), which blocks until the last rank has launched.
  *   Without the rendezvous settings a collective is an ordinary kernel.
@@ -171,12 +171,12 @@ static CUresult end(struct fake_call *call, CUresult result)
     return result;
 }
 
-/* Queues work on a stream (gpu_lock held); returns its end. */
-static uint64_t queue_work(struct CUstream_st *s, enum fake_work_kind kind, uint32_t correlation_id, const char *name,
-                           uint64_t duration_ns, uint32_t graph_id, uint64_t bytes, uint8_t copy_kind,
-                           uint8_t src_kind, uint8_t dst_kind)
+/* Queues work on a stream, to start at earliest or once the stream's earlier work has ended (gpu_lock held); returns
+ * its end. */
+static uint64_t queue_work_at(struct CUstream_st *s, uint64_t earliest, enum fake_work_kind kind,
+                              uint32_t correlation_id, const char *name, uint64_t duration_ns, uint32_t graph_id,
+                              uint64_t bytes, uint8_t copy_kind, uint8_t src_kind, uint8_t dst_kind)
 {
-    uint64_t earliest = realtime_ns() + LAUNCH_LATENCY_NS;
     struct fake_work w = {
         .kind = kind,
         .correlation_id = correlation_id,
@@ -198,6 +198,15 @@ static uint64_t queue_work(struct CUstream_st *s, enum fake_work_kind kind, uint
                   (unsigned long long)w.start_ns, (unsigned long long)w.end_ns, w.stream_id, graph_id,
                   (unsigned long long)bytes);
     return w.end_ns;
+}
+
+/* Queues work on a stream, to start as soon as the launch reaches the GPU (gpu_lock held); returns its end. */
+static uint64_t queue_work(struct CUstream_st *s, enum fake_work_kind kind, uint32_t correlation_id, const char *name,
+                           uint64_t duration_ns, uint32_t graph_id, uint64_t bytes, uint8_t copy_kind,
+                           uint8_t src_kind, uint8_t dst_kind)
+{
+    return queue_work_at(s, realtime_ns() + LAUNCH_LATENCY_NS, kind, correlation_id, name, duration_ns, graph_id,
+                         bytes, copy_kind, src_kind, dst_kind);
 }
 
 static int is_collective(const char *name)
@@ -224,20 +233,22 @@ static uint64_t last_arrival(uint32_t sequence)
     }
 }
 
-/* Queues the stream's collectives, each starting after the last rank's launch of it (gpu_lock held; it is let go
- * while waiting for the other ranks, so this process's other threads and streams go on). */
+/* Queues the stream's collectives (gpu_lock held; it is let go while waiting for the other ranks, so this process's
+ * other threads and streams go on). Like NCCL's, a collective's kernel starts when its stream reaches it and spins
+ * until the last rank has launched it, then runs its duration: a rank that arrives early spends the wait on the GPU
+ * too. */
 static void settle(struct CUstream_st *s)
 {
     while (s->pending_count > 0) {
         struct pending_collective c = s->pending[0];
         pthread_mutex_unlock(&gpu_lock);
-        uint64_t last = last_arrival(c.sequence);
+        uint64_t last = last_arrival(c.sequence) + LAUNCH_LATENCY_NS;
         pthread_mutex_lock(&gpu_lock);
-        if (last + LAUNCH_LATENCY_NS > s->tail_ns)
-            s->tail_ns = last + LAUNCH_LATENCY_NS;
+        uint64_t start = c.launched_ns + LAUNCH_LATENCY_NS > s->tail_ns ? c.launched_ns + LAUNCH_LATENCY_NS : s->tail_ns;
+        uint64_t spin = last > start ? last - start : 0;
         s->pending_count--;
         memmove(&s->pending[0], &s->pending[1], (size_t)s->pending_count * sizeof(s->pending[0]));
-        queue_work(s, FAKE_WORK_KERNEL, c.correlation_id, c.name, c.duration_ns, 0, 0, 0, 0, 0);
+        queue_work_at(s, start, FAKE_WORK_KERNEL, c.correlation_id, c.name, spin + c.duration_ns, 0, 0, 0, 0, 0);
     }
 }
 
