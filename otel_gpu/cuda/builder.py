@@ -24,8 +24,9 @@ _MEMORY_KINDS = {1: "pageable", 2: "pinned", 3: "device", 4: "array", 5: "manage
 _HOST_SIDE = {"HtoD": "src", "HtoA": "src", "DtoH": "dst", "AtoH": "dst", "HtoH": "src"}
 _SYNC_KINDS = {abi.SYNC_STREAM: "cuStreamSynchronize", abi.SYNC_CONTEXT: "cuCtxSynchronize",
                abi.SYNC_EVENT: "cuEventSynchronize", abi.SYNC_MEMCPY: "blocking memcpy"}
-# NCCL's kernels, mangled or not: ncclDevKernel_AllReduce_Sum_f32_RING_LL (2.19+), ncclKernel_AllReduce_RING_LL_Sum_float
-# (older). ncclDevKernel_Generic runs whatever collective it is handed and is not named.
+# NCCL's kernels, mangled or not: ncclDevKernel_AllReduce_Sum_f32_RING_LL (2.19+),
+# ncclKernel_AllReduce_RING_LL_Sum_float (older). ncclDevKernel_Generic runs whatever collective it is handed: not
+# named.
 _NCCL_KERNEL = re.compile(r"nccl(?:Dev)?Kernel_(AllReduce|AllGather|ReduceScatter|Broadcast|Reduce|SendRecv|Send|Recv)"
                           r"(?![A-Za-z])")
 _NCCL_COLLECTIVES = dict(zip(("AllReduce", "AllGather", "ReduceScatter", "Broadcast", "Reduce", "SendRecv", "Send",

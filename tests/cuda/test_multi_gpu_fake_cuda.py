@@ -1,0 +1,141 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Multi-GPU jobs on the fake CUDA driver and fake CUPTI (root + BTF), through the real injected library, the real
+eBPF program and GPUTimeSource: per-device attribution in a process per device and in one process driving several,
+NCCL kernels named as collectives at the stack that launched them, and the straggler rank seen in the others' waits.
+
+The job (tests/native/cuda/ranks.c): every rank launches a 2 ms kernel, then an all-reduce that completes only once
+every rank has launched it, then waits for its stream; one rank sleeps before each step. The others reach the
+all-reduce first, so per step their all-reduce kernel spins and their wait lasts about the slow rank's extra time
+longer than the slow rank's own.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from otel_gpu import semconv
+from otel_gpu.cuda.source import GPUTimeSource
+from otel_gpu.profiles.model import ProfileBatch, Sample
+
+pytestmark = pytest.mark.root
+
+REPO = Path(__file__).resolve().parents[2]
+LIBRARY = REPO / "otel_gpu" / "cuda" / "native" / "libotel_gpu_inject.so"
+FAKES = REPO / "tests" / "native" / "cuda"
+ALL_REDUCE = "ncclDevKernel_AllReduce_Sum_f32_RING_LL"
+SLOW_US = 8000  # per step on the slow rank, against 2.3 ms of GPU work per step: the others wait ~4x longer
+
+
+def _run(args: list[str]) -> tuple[str, list[ProfileBatch]]:
+    needed = (LIBRARY, FAKES / "libcupti.so", FAKES / "libcuda.so.1", FAKES / "ranks")
+    missing = [str(p) for p in needed if not p.exists()]
+    if missing:
+        pytest.fail(f"not built: {', '.join(missing)} (run make build)")
+    env = dict(os.environ, CUDA_INJECTION64_PATH=str(LIBRARY), OTEL_GPU_CUPTI_PATH=str(FAKES / "libcupti.so"),
+               OTEL_GPU_OVERHEAD_BUDGET="0.05")
+    source = GPUTimeSource(rescan_interval_s=0.05, full_rescan_s=0.05)
+    source.open()
+    try:
+        job = subprocess.run([str(FAKES / "ranks"), *args], env=env, capture_output=True, text=True, timeout=120)
+        assert job.returncode == 0, job.stderr
+        time.sleep(0.3)
+        batches = source.drain()
+        assert source.decode_errors == 0
+    finally:
+        source.close()
+    return job.stdout, batches
+
+
+def _samples(batch: ProfileBatch, pid: int) -> list[Sample]:
+    return [s for p in batch.processes if p.process.pid == pid for s in p.samples]
+
+
+def _functions(sample: Sample) -> list[str]:
+    return [f.function for f in sample.frames]
+
+
+def test_straggler_rank_stands_out_in_the_others_waits() -> None:
+    out, (gpu, waits) = _run(["--ranks", "3", "--slow-rank", "1", "--slow-us", str(SLOW_US), "--steps", "400"])
+    ranks = {int(r): int(pid) for r, pid in re.findall(r"^rank (\d+) pid (\d+)", out, re.M)}
+    assert sorted(ranks) == [0, 1, 2]
+    assert sorted(re.findall(r"^collectives (\d+) (\d+)", out, re.M)) == [("0", "400"), ("1", "400"), ("2", "400")]
+
+    wait_ns: dict[int, int] = {}
+    collective_ns: dict[int, int] = {}
+    for rank, pid in ranks.items():
+        kernels = _samples(gpu, pid)
+        assert kernels, f"no gpu_time of rank {rank}"
+        # per-device attribution: rank r drives device r only
+        assert {dict(s.attributes)[semconv.CUDA_DEVICE] for s in kernels} == {rank}
+        by_leaf: Counter[str] = Counter()
+        for sample in kernels:
+            by_leaf[sample.frames[0].function] += sample.value
+            attributes = dict(sample.attributes)
+            if sample.frames[0].function == ALL_REDUCE:
+                assert attributes.get(semconv.NCCL_COLLECTIVE) == "all_reduce"
+                assert {"launch_collective", "all_reduce", "train_step", "run_rank"} <= set(_functions(sample))
+            else:
+                assert semconv.NCCL_COLLECTIVE not in attributes
+                assert "launch_matmul" in _functions(sample)
+        assert by_leaf[ALL_REDUCE] > 0 and by_leaf["matmul_kernel"] > 0
+        collective_ns[rank] = by_leaf[ALL_REDUCE]
+        syncs = [s for s in _samples(waits, pid) if s.frames[0].function == "[cuStreamSynchronize]"]
+        assert syncs and all("sync_point" in _functions(s) for s in syncs)
+        wait_ns[rank] = sum(s.value for s in syncs)
+    # the fast ranks wait ~(8 + 2.3) ms a step, the slow one ~2.3 ms: a 4.5x ratio, asserted at 2.5x
+    for fast in (0, 2):
+        assert wait_ns[fast] > 2.5 * wait_ns[1], wait_ns
+        assert collective_ns[fast] > 5 * collective_ns[1], collective_ns  # ~8.3 ms against 0.3 ms a step
+    assert min(wait_ns, key=wait_ns.__getitem__) == 1  # the straggler is the rank that waits least
+
+
+def test_one_process_driving_several_devices() -> None:
+    out, (gpu, waits) = _run(["--devices", "4", "--steps", "1500"])
+    pids = {int(pid) for pid in re.findall(r"^device \d+ pid (\d+)", out, re.M)}
+    assert len(pids) == 1
+    samples = _samples(gpu, pids.pop())
+    devices: Counter[int] = Counter()
+    for sample in samples:
+        leaf = sample.frames[0].function
+        match = re.fullmatch(r"shard(\d)_kernel", leaf)
+        assert match, leaf
+        device = dict(sample.attributes)[semconv.CUDA_DEVICE]
+        assert device == int(match.group(1)), (leaf, device)
+        assert "launch_shard" in _functions(sample)
+        devices[int(device)] += sample.value
+    assert sorted(devices) == [0, 1, 2, 3]
+    # each device ran the same work: equal shares up to the sampling error
+    assert max(devices.values()) < 1.5 * min(devices.values()), devices
+
+
+@pytest.mark.parametrize(("name", "collective"), [
+    ("ncclDevKernel_AllReduce_Sum_f32_RING_LL", "all_reduce"),
+    ("_Z39ncclDevKernel_AllReduce_Sum_f32_RING_LL24ncclDevKernelArgsStorageILm4096EE", "all_reduce"),
+    ("ncclDevKernel_AllGather_RING_LL", "all_gather"),
+    ("ncclDevKernel_ReduceScatter_Sum_bf16_RING_SIMPLE", "reduce_scatter"),
+    ("ncclDevKernel_Broadcast_RING_LL", "broadcast"),
+    ("ncclDevKernel_Reduce_Sum_f16_RING_LL", "reduce"),
+    ("ncclDevKernel_SendRecv", "send_recv"),
+    ("ncclKernel_AllReduce_RING_LL_Sum_float", "all_reduce"),
+    ("ncclKernel_SendRecv_RING_SIMPLE_Sum_int8_t", "send_recv"),
+    ("ncclDevKernel_Generic", None),  # runs whichever collective it is handed
+    ("ncclDevKernel_ReduceX", None),
+    ("matmul_kernel", None),
+    ("_Z6matmulPfS_S_i", None),
+])
+def test_nccl_kernel_names(name: str, collective: str | None) -> None:
+    from otel_gpu.cuda import builder
+    from tests.cuda.records import kernel
+
+    assert builder.nccl_collective(name) == collective
+    attributes = dict(builder.work_attributes(kernel(1, 1, 10, name=name, device=3)))
+    assert attributes.get(semconv.NCCL_COLLECTIVE) == collective
+    assert attributes[semconv.CUDA_DEVICE] == 3
+    assert collective is None or collective in semconv.NCCL_COLLECTIVE_NAMES
