@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """The multi-GPU machine's DDP check (scripts/h200/ddp.py), checked before device time is spent on it: it loads without
 torch, its child program compiles and has the functions the report names, bad settings exit 2 naming the variable,
-and its bookkeeping is right: per-rank totals from the agent's batches, the straggler, the report's table."""
+and its bookkeeping is right: per-rank totals from the agent's batches, the straggler, the report's table, NVLink
+bytes against nvidia-smi's."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from types import ModuleType
 import pytest
 
 from otel_gpu import semconv
+from otel_gpu.gpu.model import GPUInfo, GPUSnapshot, NVLinkReading
 from otel_gpu.procfs import ProcessInfo
 from otel_gpu.profiles.model import (Frame, FrameKind, ProcessProfile, ProfileBatch, Sample, gpu_time_profile_type,
                                      sync_wait_profile_type)
@@ -92,3 +94,32 @@ def test_per_rank_totals_and_the_straggler(ddp: ModuleType) -> None:
     assert "straggler by sync_wait: rank 1; by NCCL time: rank 1 (expected 1)" in table
     assert "every rank's kernels on its own device only: True" in table
     assert "| 10.00 / 11.00 (0.100) |" in table  # rank 0's step time plain / injected (cost)
+
+
+SMI_NVLINK = """GPU 0: NVIDIA H200 (UUID: GPU-00000000-fa4e-4c1d-9a6b-000000000000)
+\t Link 0: Data Tx: 1000 KiB
+\t Link 0: Data Rx: 2000 KiB
+\t Link 1: Data Tx: 10 KiB
+\t Link 1: Data Rx: 20 KiB
+GPU 1: NVIDIA H200 (UUID: GPU-00000000-fa4e-4c1d-9a6b-000000000001)
+\t Link 0: Data Tx: 5 KiB
+\t Link 0: Data Rx: 7 KiB
+"""
+
+
+def test_nvlink_bytes_against_nvidia_smi(ddp: ModuleType) -> None:
+    assert ddp.smi_nvlink_bytes(SMI_NVLINK) == {0: (1010 * 1024, 2020 * 1024), 1: (5 * 1024, 7 * 1024)}
+    assert ddp.smi_nvlink_bytes("NVML: Unable to find NVLink\n") == {}
+
+    def snapshot(index: int, sent: int, links: int = 2) -> GPUSnapshot:
+        info = GPUInfo(index=index, uuid=f"GPU-{index}", name="NVIDIA H200", pci_bus_id="")
+        return GPUSnapshot(info=info, time_s=0.0, nvlinks=tuple(
+            NVLinkReading(n, transmit_bytes=sent, receive_bytes=2 * sent) for n in range(links)))
+
+    before = ddp.nvml_nvlink_bytes([snapshot(0, 0), snapshot(1, 0, links=0)])
+    after = ddp.nvml_nvlink_bytes([snapshot(0, 505 * 1024), snapshot(1, 0, links=0)])
+    assert after == {0: (1010 * 1024, 2020 * 1024), 1: (0, 0)}
+    table = "\n".join(ddp.nvlink_section(before, after, {}, ddp.smi_nvlink_bytes(SMI_NVLINK)))
+    assert "| 0 | 1.0 / 1.0 MB (1.000) | 2.1 / 2.1 MB (1.000) |" in table
+    assert "no NVLink readings" not in table
+    assert "no NVLink readings" in "\n".join(ddp.nvlink_section({}, {0: (0, 0)}, {}, {}))

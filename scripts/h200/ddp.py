@@ -19,7 +19,9 @@ all-reducing the gradients in buckets during backward, torch.cuda.synchronize() 
    seen, the collectives named and the stacks that launched them; step times with the agent attached.
 Checks reported (not asserted): every rank's kernels carry its own device only; NCCL kernels are named as collectives;
 the slow rank has the least NCCL time and sync_wait (the others wait for it); per-rank GPU time and NCCL time within
-10 % of torch.profiler's per step; step-time cost of the agent. Prints the table and writes it as markdown to OUT.md.
+10 % of torch.profiler's per step; step-time cost of the agent; NVLink data bytes the NVML source read per GPU over
+the measured run against ``nvidia-smi nvlink -gt d`` over the same run (GPUs without NVLink: said so). Prints the
+table and writes it as markdown to OUT.md.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -34,6 +37,7 @@ import time
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
@@ -226,6 +230,51 @@ def torchrun(s: Settings, mode: str, out_dir: Path, inject: bool) -> dict[int, d
     return {r: json.loads((out_dir / f"rank{r}.json").read_text()) for r in range(s.gpus)}
 
 
+_SMI_NVLINK = re.compile(r"^GPU (\d+):|Link (\d+): Data (Tx|Rx): (\d+) KiB", re.MULTILINE)
+
+
+def smi_nvlink_bytes(text: str) -> dict[int, tuple[int, int]]:
+    """{GPU index: (data bytes sent, received) summed over its links} from ``nvidia-smi nvlink -gt d``."""
+    out: dict[int, tuple[int, int]] = {}
+    gpu = -1
+    for match in _SMI_NVLINK.finditer(text):
+        if match.group(1) is not None:
+            gpu = int(match.group(1))
+            out[gpu] = (0, 0)
+        elif gpu >= 0:
+            tx, rx = out[gpu]
+            kib = int(match.group(4)) * 1024
+            out[gpu] = (tx + kib, rx) if match.group(3) == "Tx" else (tx, rx + kib)
+    return out
+
+
+def nvml_nvlink_bytes(snapshots: Iterable[Any]) -> dict[int, tuple[int, int]]:
+    """{GPU index: (data bytes sent, received) summed over its links} from the NVML source's snapshots."""
+    return {snapshot.info.index: (sum(link.transmit_bytes or 0 for link in snapshot.nvlinks),
+                                  sum(link.receive_bytes or 0 for link in snapshot.nvlinks)) for snapshot in snapshots}
+
+
+def nvlink_section(before: Mapping[int, tuple[int, int]], after: Mapping[int, tuple[int, int]],
+                   smi_before: Mapping[int, tuple[int, int]], smi_after: Mapping[int, tuple[int, int]]) -> list[str]:
+    """NVLink bytes moved during the measured run per GPU: the agent's NVML source against nvidia-smi."""
+    lines = ["", "## NVLink data bytes over the measured run: NVML source vs nvidia-smi", "",
+             "| GPU | sent agent / nvidia-smi | received agent / nvidia-smi |", "|---|---|---|"]
+    for gpu in sorted(after):
+        ours = [after[gpu][i] - before.get(gpu, (0, 0))[i] for i in (0, 1)]
+        theirs = [smi_after.get(gpu, (0, 0))[i] - smi_before.get(gpu, (0, 0))[i] for i in (0, 1)]
+        lines.append(f"| {gpu} | {ours[0] / 1e6:.1f} / {theirs[0] / 1e6:.1f} MB ({ratio(ours[0], theirs[0])}) | "
+                     f"{ours[1] / 1e6:.1f} / {theirs[1] / 1e6:.1f} MB ({ratio(ours[1], theirs[1])}) |")
+    if not any(any(v) for v in after.values()):
+        lines.append("- no NVLink readings (GPUs without NVLink, or NVML does not offer them)")
+    return lines
+
+
+def smi_nvlink() -> dict[int, tuple[int, int]]:
+    done = subprocess.run(["nvidia-smi", "nvlink", "-gt", "d"], capture_output=True, text=True, timeout=60,
+                          check=False)
+    return smi_nvlink_bytes(done.stdout)
+
+
 def ratio(a: float, b: float) -> str:
     return f"{a / b:.3f}" if b else "n/a"
 
@@ -269,7 +318,10 @@ def main(argv: Iterable[str]) -> int:
     if len(args) != 1:
         print("usage: ddp.py OUT.md")
         return 2
+    from otel_gpu.config import GPUConfig
     from otel_gpu.cuda.source import GPUTimeSource
+    from otel_gpu.gpu.source import NVMLSource
+    from otel_gpu.procfs import ProcessResolver
 
     work = Path(tempfile.mkdtemp(prefix="otel-gpu-ddp-"))
     runs = {name: work / name for name in ("reference", "plain", "measured")}
@@ -282,14 +334,20 @@ def main(argv: Iterable[str]) -> int:
     print("measured (otel-gpu inject, GPUTimeSource attached) ...", flush=True)
     source = GPUTimeSource()
     source.open()
+    nvml = NVMLSource(GPUConfig(), ProcessResolver(), interval_s=1.0)
+    nvml.open()
     try:
+        links_before, smi_before = nvml_nvlink_bytes(nvml.collect()), smi_nvlink()
         measured = torchrun(s, "measured", runs["measured"], inject=True)
+        links_after, smi_after = nvml_nvlink_bytes(nvml.collect()), smi_nvlink()
         time.sleep(1.0)
         gpu_time, sync_wait = source.drain()
     finally:
         source.close()
+        nvml.close()
     totals = summarize(gpu_time, sync_wait, {int(v["pid"]): rank for rank, v in measured.items()})
     lines = report(s, reference, plain, measured, totals)
+    lines += nvlink_section(links_before, links_after, smi_before, smi_after)
     Path(args[0]).write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0
