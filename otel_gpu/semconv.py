@@ -70,10 +70,11 @@ CUDA_MEMCPY_KIND: Final = "cuda.memcpy.kind"  # HtoD, DtoH, DtoD, ...
 CUDA_MEMORY_BYTES: Final = "cuda.memory.bytes"  # bytes copied or set
 CUDA_HOST_MEMORY: Final = "cuda.host_memory"  # pageable or pinned host side of a copy
 CUDA_SYNC_API: Final = "cuda.sync.api"  # the driver call that blocked, e.g. cuStreamSynchronize
-# The collective an NCCL kernel runs (no OpenTelemetry convention exists): one of NCCL_COLLECTIVE_NAMES
+# The collective an NCCL kernel runs (no OpenTelemetry convention exists): one of NCCL_COLLECTIVE_NAMES, "other" for
+# an NCCL kernel whose name does not say (ncclDevKernel_Generic runs whichever it is handed)
 NCCL_COLLECTIVE: Final = "nccl.collective"
 NCCL_COLLECTIVE_NAMES: Final = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "send_recv",
-                                "send", "recv")
+                                "send", "recv", "other")
 
 OTEL_GPU_SOURCE: Final = "otel_gpu.source"
 OTEL_GPU_EXPORTER: Final = "otel_gpu.exporter"

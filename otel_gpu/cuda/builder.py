@@ -25,12 +25,11 @@ _HOST_SIDE = {"HtoD": "src", "HtoA": "src", "DtoH": "dst", "AtoH": "dst", "HtoH"
 _SYNC_KINDS = {abi.SYNC_STREAM: "cuStreamSynchronize", abi.SYNC_CONTEXT: "cuCtxSynchronize",
                abi.SYNC_EVENT: "cuEventSynchronize", abi.SYNC_MEMCPY: "blocking memcpy"}
 # NCCL's kernels, mangled or not: ncclDevKernel_AllReduce_Sum_f32_RING_LL (2.19+),
-# ncclKernel_AllReduce_RING_LL_Sum_float (older). ncclDevKernel_Generic runs whatever collective it is handed: not
-# named.
+# ncclKernel_AllReduce_RING_LL_Sum_float (older). ncclDevKernel_Generic runs whatever collective it is handed: "other".
 _NCCL_KERNEL = re.compile(r"nccl(?:Dev)?Kernel_(AllReduce|AllGather|ReduceScatter|Broadcast|Reduce|SendRecv|Send|Recv)"
                           r"(?![A-Za-z])")
 _NCCL_COLLECTIVES = dict(zip(("AllReduce", "AllGather", "ReduceScatter", "Broadcast", "Reduce", "SendRecv", "Send",
-                              "Recv"), semconv.NCCL_COLLECTIVE_NAMES, strict=True))
+                              "Recv"), semconv.NCCL_COLLECTIVE_NAMES[:-1], strict=True))
 _INTERPRETER_FILE = re.compile(r"^(lib)?python\d*(\.\d+)*[a-z]*(\.so.*|$)")
 _INTERPRETER_FUNCTIONS = ("_PyEval_EvalFrame", "PyEval_EvalCode", "_PyEval_Vector")
 
@@ -74,11 +73,11 @@ def work_frame(activity: abi.Activity) -> Frame:
 
 def nccl_collective(kernel_name: str) -> str | None:
     """The collective (``all_reduce``, ``send_recv``, ...) an NCCL kernel runs, from its (mangled or plain) name;
-    None for other kernels and NCCL's generic one."""
+    ``other`` for an NCCL kernel whose name does not say, None for other kernels."""
     if "ncclDevKernel_" not in kernel_name and "ncclKernel_" not in kernel_name:
         return None
     match = _NCCL_KERNEL.search(kernel_name)
-    return _NCCL_COLLECTIVES[match.group(1)] if match else None
+    return _NCCL_COLLECTIVES[match.group(1)] if match else "other"
 
 
 def work_attributes(activity: abi.Activity) -> tuple[tuple[str, str | int], ...]:

@@ -168,8 +168,10 @@ def test_one_process_driving_several_devices() -> None:
     ("ncclDevKernel_SendRecv", "send_recv"),
     ("ncclKernel_AllReduce_RING_LL_Sum_float", "all_reduce"),
     ("ncclKernel_SendRecv_RING_SIMPLE_Sum_int8_t", "send_recv"),
-    ("ncclDevKernel_Generic", None),  # runs whichever collective it is handed
-    ("ncclDevKernel_ReduceX", None),
+    ("ncclDevKernel_Generic", "other"),  # runs whichever collective it is handed
+    ("_Z23ncclDevKernel_Generic_424ncclDevKernelArgsStorageILm4096EE", "other"),
+    ("ncclDevKernel_ReduceX", "other"),
+    ("my_nccl_like_kernel", None),
     ("matmul_kernel", None),
     ("_Z6matmulPfS_S_i", None),
 ])
