@@ -28,7 +28,8 @@
  *   every rank has launched its n-th; its kernel spins from its start until then, as NCCL's do. Its launch returns;
  *   its end is settled by the next call that needs the stream's tail (a wait, a copy, an event, or a later launch on
  *   the same stream, which then blocks like a full queue would), which blocks until the last rank has launched.
- *   Without the rendezvous settings a collective is an ordinary kernel.
+ *   Without the rendezvous settings a collective is an ordinary kernel. A rank that exits before launching its
+ *   share leaves the others waiting (as NCCL does without its timeouts).
  */
 #include <dlfcn.h>
 #include <fcntl.h>
@@ -244,6 +245,8 @@ static void settle(struct CUstream_st *s)
         pthread_mutex_unlock(&gpu_lock);
         uint64_t last = last_arrival(c.sequence) + LAUNCH_LATENCY_NS;
         pthread_mutex_lock(&gpu_lock);
+        if (s->pending_count == 0 || s->pending[0].sequence != c.sequence)
+            continue; /* another thread waiting on the same stream queued it meanwhile */
         uint64_t start = c.launched_ns + LAUNCH_LATENCY_NS > s->tail_ns ? c.launched_ns + LAUNCH_LATENCY_NS : s->tail_ns;
         uint64_t spin = last > start ? last - start : 0;
         s->pending_count--;
