@@ -1,8 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Multi-GPU jobs on the fake CUDA driver and fake CUPTI (root + BTF), through the real injected library, the real
-eBPF program and GPUTimeSource: per-device attribution in a process per device and in one process driving several,
-NCCL kernels named as collectives at the stack (C or Python line) that launched them, and the straggler rank seen in
-the others' waits.
+"""Multi-GPU jobs on the fake CUDA driver and fake CUPTI (root tests: root + BTF), through the real injected library,
+the real eBPF program and GPUTimeSource: per-device attribution in a process per device and in one process driving
+several, NCCL kernels named as collectives at the stack (C or Python line) that launched them, and the straggler rank
+seen in the others' waits; and NCCL kernel names (a pure test).
 
 The job (tests/native/cuda/ranks.c): every rank launches a 2 ms kernel, then an all-reduce that completes only once
 every rank has launched it, then waits for its stream; one rank sleeps before each step. The others reach the
@@ -25,8 +25,6 @@ import pytest
 from otel_gpu import semconv
 from otel_gpu.cuda.source import GPUTimeSource
 from otel_gpu.profiles.model import FrameKind, ProfileBatch, Sample
-
-pytestmark = pytest.mark.root
 
 REPO = Path(__file__).resolve().parents[2]
 LIBRARY = REPO / "otel_gpu" / "cuda" / "native" / "libotel_gpu_inject.so"
@@ -81,6 +79,7 @@ def _functions(sample: Sample) -> list[str]:
     return [f.function for f in sample.frames]
 
 
+@pytest.mark.root
 def test_straggler_rank_stands_out_in_the_others_waits() -> None:
     out, (gpu, waits) = _run(["--ranks", "3", "--slow-rank", "1", "--slow-us", str(SLOW_US), "--steps", "400"])
     ranks = {int(r): int(pid) for r, pid in re.findall(r"^rank (\d+) pid (\d+)", out, re.M)}
@@ -117,6 +116,7 @@ def test_straggler_rank_stands_out_in_the_others_waits() -> None:
     assert min(wait_ns, key=wait_ns.__getitem__) == 1  # the straggler is the rank that waits least
 
 
+@pytest.mark.root
 def test_python_ranks_name_the_line_that_issued_the_collective() -> None:
     source_lines = (FAKES / "workload.py").read_text().splitlines()
     launch_line = 1 + source_lines.index("    driver.launch(driver.all_reduce)")
@@ -139,6 +139,7 @@ def test_python_ranks_name_the_line_that_issued_the_collective() -> None:
     assert wait_ns[0] > 2 * wait_ns[1], wait_ns  # rank 1 is the straggler rank 0 waits for
 
 
+@pytest.mark.root
 def test_one_process_driving_several_devices() -> None:
     out, (gpu, waits) = _run(["--devices", "4", "--steps", "1500"])
     pids = {int(pid) for pid in re.findall(r"^device \d+ pid (\d+)", out, re.M)}
