@@ -43,6 +43,7 @@ NVIDIA_GPU_CLOCK_TYPE: Final = "nvidia.gpu.clock.type"
 NVIDIA_GPU_THROTTLE_REASON: Final = "nvidia.gpu.throttle.reason"
 NVIDIA_GPU_XID_CODE: Final = "nvidia.gpu.xid.code"
 NVIDIA_GPU_POWER_LIMIT_TYPE: Final = "nvidia.gpu.power.limit_type"
+NVIDIA_GPU_NVLINK: Final = "nvidia.gpu.nvlink"  # the link's number on its GPU (0..17 on an H200)
 
 HOST_NAME: Final = "host.name"
 SERVICE_NAME: Final = "service.name"
@@ -69,6 +70,11 @@ CUDA_MEMCPY_KIND: Final = "cuda.memcpy.kind"  # HtoD, DtoH, DtoD, ...
 CUDA_MEMORY_BYTES: Final = "cuda.memory.bytes"  # bytes copied or set
 CUDA_HOST_MEMORY: Final = "cuda.host_memory"  # pageable or pinned host side of a copy
 CUDA_SYNC_API: Final = "cuda.sync.api"  # the driver call that blocked, e.g. cuStreamSynchronize
+# The collective an NCCL kernel runs (no OpenTelemetry convention exists): one of NCCL_COLLECTIVE_NAMES, "other" for
+# an NCCL kernel whose name does not say (ncclDevKernel_Generic runs whichever it is handed)
+NCCL_COLLECTIVE: Final = "nccl.collective"
+NCCL_COLLECTIVE_NAMES: Final = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "send_recv",
+                                "send", "recv", "other")
 
 OTEL_GPU_SOURCE: Final = "otel_gpu.source"
 OTEL_GPU_EXPORTER: Final = "otel_gpu.exporter"
@@ -125,6 +131,14 @@ GPU_TENSOR_ACTIVITY = MetricSpec("nvidia.gpu.tensor.activity", "gauge", "1",
                                  "GPM: fraction of time any tensor pipe was active (Hopper+)")
 GPU_DRAM_ACTIVITY = MetricSpec("nvidia.gpu.dram.activity", "gauge", "1",
                                "GPM: fraction of peak DRAM bandwidth used (Hopper+)")
+GPU_NVLINK_IO = MetricSpec("nvidia.gpu.nvlink.io", "counter", "By",
+                           "Data bytes over one NVLink since the driver loaded (nvidia.gpu.nvlink, "
+                           "network.io.direction)")
+GPU_NVLINK_ERRORS = MetricSpec("nvidia.gpu.nvlink.errors", "counter", "{error}",
+                               "NVLink data-link errors (nvidia.gpu.nvlink, error.type: replay, recovery, crc_flit, "
+                               "crc_data)")
+# Only GPUs with NVLink have these series, so they are kept apart from GPU_METRICS (which every GPU has)
+NVLINK_METRICS: Final = (GPU_NVLINK_IO, GPU_NVLINK_ERRORS)
 GPU_XID_LAST_TIME = MetricSpec("nvidia.gpu.xid.last_time", "gauge", "s",
                                "Unix time of the last XID error per nvidia.gpu.xid.code (counts are in hw.errors)")
 

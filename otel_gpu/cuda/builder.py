@@ -24,6 +24,12 @@ _MEMORY_KINDS = {1: "pageable", 2: "pinned", 3: "device", 4: "array", 5: "manage
 _HOST_SIDE = {"HtoD": "src", "HtoA": "src", "DtoH": "dst", "AtoH": "dst", "HtoH": "src"}
 _SYNC_KINDS = {abi.SYNC_STREAM: "cuStreamSynchronize", abi.SYNC_CONTEXT: "cuCtxSynchronize",
                abi.SYNC_EVENT: "cuEventSynchronize", abi.SYNC_MEMCPY: "blocking memcpy"}
+# NCCL's kernels, mangled or not: ncclDevKernel_AllReduce_Sum_f32_RING_LL (2.19+),
+# ncclKernel_AllReduce_RING_LL_Sum_float (older). ncclDevKernel_Generic runs whatever collective it is handed: "other".
+_NCCL_KERNEL = re.compile(r"nccl(?:Dev)?Kernel_(AllReduce|AllGather|ReduceScatter|Broadcast|Reduce|SendRecv|Send|Recv)"
+                          r"(?![A-Za-z])")
+_NCCL_COLLECTIVES = dict(zip(("AllReduce", "AllGather", "ReduceScatter", "Broadcast", "Reduce", "SendRecv", "Send",
+                              "Recv"), semconv.NCCL_COLLECTIVE_NAMES[:-1], strict=True))
 _INTERPRETER_FILE = re.compile(r"^(lib)?python\d*(\.\d+)*[a-z]*(\.so.*|$)")
 _INTERPRETER_FUNCTIONS = ("_PyEval_EvalFrame", "PyEval_EvalCode", "_PyEval_Vector")
 
@@ -65,12 +71,24 @@ def work_frame(activity: abi.Activity) -> Frame:
     return Frame(demangle(activity.name), FrameKind.CUDA, system_name=activity.name)
 
 
+def nccl_collective(kernel_name: str) -> str | None:
+    """The collective (``all_reduce``, ``send_recv``, ...) an NCCL kernel runs, from its (mangled or plain) name;
+    ``other`` for an NCCL kernel whose name does not say, None for other kernels."""
+    if "ncclDevKernel_" not in kernel_name and "ncclKernel_" not in kernel_name:
+        return None
+    match = _NCCL_KERNEL.search(kernel_name)
+    return _NCCL_COLLECTIVES[match.group(1)] if match else "other"
+
+
 def work_attributes(activity: abi.Activity) -> tuple[tuple[str, str | int], ...]:
-    """Sample attributes of GPU work: device, stream, graph (when part of one), and copy/set details."""
+    """Sample attributes of GPU work: device, stream, graph (when part of one), the NCCL collective of an NCCL kernel,
+    and copy/set details."""
     attrs: list[tuple[str, str | int]] = [(semconv.CUDA_DEVICE, activity.device_id),
                                           (semconv.CUDA_STREAM, activity.stream_id)]
     if activity.graph_id:
         attrs.append((semconv.CUDA_GRAPH, activity.graph_id))
+    if activity.kind == abi.ACTIVITY_KERNEL and (collective := nccl_collective(activity.name)):
+        attrs.append((semconv.NCCL_COLLECTIVE, collective))
     if activity.kind == abi.ACTIVITY_MEMCPY:
         attrs.append((semconv.CUDA_MEMCPY_KIND, copy_kind_name(activity)))
         if host := host_memory_kind(activity):

@@ -28,6 +28,11 @@ GPM_DRAM_BW_UTIL = 10
 
 _FI_PCIE_TX_BYTES = 197  # NVML_FI_DEV_PCIE_COUNT_TX_BYTES ("value can be wrapped")
 _FI_PCIE_RX_BYTES = 198
+_FI_NVLINK_LINK_COUNT = 91  # NVML_FI_DEV_NVLINK_LINK_COUNT
+_FI_NVLINK_DATA_TX_KIB = 138  # NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX: KiB of data (no protocol), scopeId = link
+_FI_NVLINK_DATA_RX_KIB = 139
+# nvmlNvLinkErrorCounter_t values and the error.type each is reported as
+NVLINK_ERROR_COUNTERS = (("replay", 0), ("recovery", 1), ("crc_flit", 2), ("crc_data", 3))
 _XID_EVENT = 0x8  # nvmlEventTypeXidCriticalError
 _VALUE_BITS = {1: 32, 2: 64, 3: 64, 4: 64, 5: 32, 6: 16}  # nvmlValueType_t -> counter width
 
@@ -242,6 +247,38 @@ def _field_value(entry: Any) -> int:
     value = entry.value
     return int({0: value.dVal, 1: value.uiVal, 2: value.ulVal, 3: value.ullVal, 4: value.sllVal, 5: value.siVal,
                 6: value.usVal}.get(kind, value.ullVal))
+
+
+def nvlink_count(handle: Handle) -> int:
+    """How many NVLinks the GPU has (NOT_SUPPORTED without NVLink)."""
+    entry = _call(pynvml.nvmlDeviceGetFieldValues, handle, [_FI_NVLINK_LINK_COUNT])[0]
+    if entry.nvmlReturn != pynvml.NVML_SUCCESS:
+        message = _text(pynvml.nvmlErrorString(entry.nvmlReturn))
+        raise NVMLCallError("nvmlDeviceGetFieldValues", int(entry.nvmlReturn), f"field {entry.fieldId}: {message}")
+    return _field_value(entry)
+
+
+def nvlink_active(handle: Handle, link: int) -> bool:
+    return bool(_call(pynvml.nvmlDeviceGetNvLinkState, handle, link))
+
+
+def nvlink_data_bytes(handle: Handle, links: list[int]) -> dict[int, tuple[int, int]]:
+    """{link: (data bytes sent, received)} since the driver loaded, in one call; links whose fields fail are left
+    out."""
+    fields = [(field, link) for link in links for field in (_FI_NVLINK_DATA_TX_KIB, _FI_NVLINK_DATA_RX_KIB)]
+    values = _call(pynvml.nvmlDeviceGetFieldValues, handle, fields)
+    read: dict[tuple[int, int], int] = {}
+    for entry in values:
+        if entry.nvmlReturn == pynvml.NVML_SUCCESS:
+            read[(int(entry.scopeId), int(entry.fieldId))] = _field_value(entry) * 1024
+    return {link: (read[(link, _FI_NVLINK_DATA_TX_KIB)], read[(link, _FI_NVLINK_DATA_RX_KIB)]) for link in links
+            if (link, _FI_NVLINK_DATA_TX_KIB) in read and (link, _FI_NVLINK_DATA_RX_KIB) in read}
+
+
+def nvlink_errors(handle: Handle, link: int) -> tuple[tuple[str, int], ...]:
+    """(error.type, count) of one link's data-link error counters."""
+    return tuple((name, int(_call(pynvml.nvmlDeviceGetNvLinkErrorCounter, handle, link, counter)))
+                 for name, counter in NVLINK_ERROR_COUNTERS)
 
 
 def pcie_throughput_kib_s(handle: Handle, *, transmit: bool) -> int:

@@ -52,6 +52,17 @@ class ProcessUsage:
     sm_utilization: float | None = None  # ratio 0..1 over the last sample period
 
 
+@dataclass(frozen=True, slots=True)
+class NVLinkReading:
+    """One active NVLink of a GPU: data bytes since the driver loaded (None when unread) and its error counts as
+    (error.type, count): replay, recovery, crc_flit, crc_data."""
+
+    link: int
+    transmit_bytes: int | None = None
+    receive_bytes: int | None = None
+    errors: tuple[tuple[str, int], ...] = ()
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class GPUSnapshot:
     """Every reading of one GPU from one collection cycle. ``state`` is ``ok`` or ``failed`` (GPU lost)."""
@@ -87,6 +98,7 @@ class GPUSnapshot:
     tensor_activity: float | None = None
     dram_activity: float | None = None
     processes: tuple[ProcessUsage, ...] = ()
+    nvlinks: tuple[NVLinkReading, ...] = ()  # active links only; () without NVLink
 
     @property
     def memory_utilization(self) -> float | None:

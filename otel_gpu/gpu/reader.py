@@ -15,7 +15,7 @@ from typing import TypeVar
 
 from otel_gpu import selfmetrics, semconv
 from otel_gpu.gpu import _nvml as nvml
-from otel_gpu.gpu.model import STATE_FAILED, GPUInfo, GPUSnapshot, ProcessUsage
+from otel_gpu.gpu.model import STATE_FAILED, GPUInfo, GPUSnapshot, NVLinkReading, ProcessUsage
 from otel_gpu.procfs import ProcessResolver
 
 _logger = logging.getLogger(__name__)
@@ -60,6 +60,7 @@ class GPUReader:
         self._gpm_last_s: float | None = None
         self._gpm_values: dict[int, float | None] = {}
         self._process_last_seen_us = 0
+        self._nvlinks: list[int] | None = None  # the active links, found once
 
     @property
     def lost(self) -> bool:
@@ -154,6 +155,7 @@ class GPUReader:
             tensor_activity=_ratio(gpm.get(nvml.GPM_ANY_TENSOR_UTIL)),
             dram_activity=_ratio(gpm.get(nvml.GPM_DRAM_BW_UTIL)),
             processes=self._processes() if self._per_process else (),
+            nvlinks=self._nvlink_readings(),
         )
 
     def _get(self, reading: str, call: Callable[..., T], *args: object, **kwargs: object) -> T | None:
@@ -244,6 +246,30 @@ class GPUReader:
                 raise
             self._failed("pcie_throughput", exc)
             return None
+
+    # --- NVLink: the active links found once, then their data counters (one call) and error counters per link -----
+
+    def _nvlink_readings(self) -> tuple[NVLinkReading, ...]:
+        if self._nvlinks is None:
+            try:
+                count = nvml.nvlink_count(self.handle)
+            except nvml.NVMLCallError as exc:
+                if exc.gpu_lost:
+                    raise
+                if not exc.unsupported:
+                    self._failed("nvlink", exc)  # tried again next cycle
+                    return ()
+                # a GPU without NVLink (PCIe cards, NVL boards without a bridge): nothing is off, there is nothing
+                _logger.info("GPU %d (%s): no NVLink (%s)", self.info.index, self.info.name, exc)
+                count = 0
+            self._nvlinks = [link for link in range(count)
+                             if self._get("nvlink_state", nvml.nvlink_active, self.handle, link)]
+        if not self._nvlinks:
+            return ()
+        data = self._get("nvlink_io", nvml.nvlink_data_bytes, self.handle, self._nvlinks) or {}
+        return tuple(NVLinkReading(link, *data.get(link, (None, None)),
+                                   errors=self._get("nvlink_errors", nvml.nvlink_errors, self.handle, link) or ())
+                     for link in self._nvlinks)
 
     # --- GPM: two samples at least 100 ms apart; values kept until the next pair ------------------------------
 

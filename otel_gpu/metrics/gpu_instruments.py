@@ -73,6 +73,20 @@ def _io(s: GPUSnapshot) -> Points:
     yield from _one(s.pcie_receive_bytes, **{semconv.NETWORK_IO_DIRECTION: "receive"})
 
 
+def _nvlink_io(s: GPUSnapshot) -> Points:
+    for link in s.nvlinks:
+        yield from _one(link.transmit_bytes, **{semconv.NVIDIA_GPU_NVLINK: link.link,
+                                                semconv.NETWORK_IO_DIRECTION: "transmit"})
+        yield from _one(link.receive_bytes, **{semconv.NVIDIA_GPU_NVLINK: link.link,
+                                               semconv.NETWORK_IO_DIRECTION: "receive"})
+
+
+def _nvlink_errors(s: GPUSnapshot) -> Points:
+    for link in s.nvlinks:
+        for error_type, count in link.errors:
+            yield count, {semconv.NVIDIA_GPU_NVLINK: link.link, semconv.ERROR_TYPE: error_type}
+
+
 def _temperature_limit(s: GPUSnapshot) -> Points:
     yield from _one(s.temperature_slowdown_c, **{semconv.HW_LIMIT_TYPE: "high.degraded"})
     yield from _one(s.temperature_shutdown_c, **{semconv.HW_LIMIT_TYPE: "high.critical"})
@@ -143,6 +157,8 @@ _READINGS: dict[str, Callable[[GPUSnapshot], Points]] = {
     semconv.GPU_DRAM_ACTIVITY.name: lambda s: _one(s.dram_activity),
     semconv.GPU_PROCESS_MEMORY_USAGE.name: _process_memory,
     semconv.GPU_PROCESS_SM_UTILIZATION.name: _process_sm,
+    semconv.GPU_NVLINK_IO.name: _nvlink_io,
+    semconv.GPU_NVLINK_ERRORS.name: _nvlink_errors,
 }
 
 
@@ -177,8 +193,9 @@ def _callback(spec: MetricSpec, source: GPUSnapshotSource) -> Callable[[Callback
 
 
 def register_gpu_instruments(meter: Meter, source: GPUSnapshotSource) -> None:
-    """Create one observable instrument per ``semconv.GPU_METRICS`` entry, fed by ``source``'s latest data."""
-    for spec in semconv.GPU_METRICS:
+    """Create one observable instrument per ``semconv.GPU_METRICS`` and ``NVLINK_METRICS`` entry, fed by ``source``'s
+    latest data."""
+    for spec in semconv.GPU_METRICS + semconv.NVLINK_METRICS:
         callbacks = [_callback(spec, source)]
         if spec.instrument == "counter":
             meter.create_observable_counter(spec.name, callbacks=callbacks, unit=spec.unit,

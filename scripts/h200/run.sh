@@ -29,6 +29,8 @@ for step in "${steps[@]}"; do
               done
               grep -rn "TEARDOWN_CUPTI" "$site" --include=*.py | head -5 ;;
     harm)     timeout 580 python3 scripts/h200/do_no_harm.py "$OUT/h200-do-no-harm.md" ;;
+    ddp)      # issue 17, needs 2+ GPUs (DDP_GPUS): torchrun DDP with a slowed rank, agent against torch.profiler
+              nvidia-smi topo -m; timeout 580 python3 scripts/h200/ddp.py "$OUT/h200-ddp.md" ;;
     agent)    # the real agent on the real GPU for 30 s, every source on, under an injected torch load: local files
               python3 -m otel_gpu inject -- python3 -c 'import torch,time; a=torch.randn(8192,8192,device="cuda",dtype=torch.bfloat16); t=time.time()
 while time.time()-t<40: (a@a); torch.cuda.synchronize()' & load=$!

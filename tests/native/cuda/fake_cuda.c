@@ -17,15 +17,31 @@
  *     work <kind> <correlation_id> <name|-> <start_ns> <end_ns> <stream_id> <graph_id> <bytes>
  *     wait <cbid> <correlation_id> <enter_ns> <until_ns> <exit_ns> <begin_ns>
  *   (begin_ns: the call began, before the tracer's entry; enter_ns..exit_ns: the driver's own wait)
+ *
+ * Several devices and collectives (multi-GPU jobs):
+ * - FAKE_CUDA_DEVICES=N (default 1) devices. Each has its primary context; cuCtxSetCurrent makes a device current
+ *   for the calling thread, and the streams created then belong to it. GPU work carries its stream's device id (the
+ *   legacy stream's work the current device's), as CUPTI's deviceId does.
+ * - A kernel named like NCCL's (ncclDevKernel_*, ncclKernel_*) is a collective of a job of FAKE_CUDA_RANKS ranks
+ *   (processes), this one FAKE_CUDA_RANK, meeting in the file FAKE_CUDA_RENDEZVOUS (in /dev/shm, created by the
+ *   job's launcher, zero-filled, at least RENDEZVOUS_BYTES): the n-th collective a rank launches completes only once
+ *   every rank has launched its n-th; its kernel spins from its start until then, as NCCL's do. Its launch returns;
+ *   its end is settled by the next call that needs the stream's tail (a wait, a copy, an event, or a later launch on
+ *   the same stream, which then blocks like a full queue would), which blocks until the last rank has launched.
+ *   Without the rendezvous settings a collective is an ordinary kernel. A rank that exits before launching its
+ *   share leaves the others waiting (as NCCL does without its timeouts).
  */
 #include <dlfcn.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <cuda.h>
 #include <cupti_activity.h>
@@ -39,6 +55,11 @@
 #define MAX_KERNELS_PER_MODULE 32
 #define MAX_GRAPH_NODES 32
 #define LEGACY_STREAM_ID 7u
+#define MAX_DEVICES 8
+#define MAX_RANKS 8
+#define MAX_COLLECTIVES 65536 /* per job: the n-th collective of every rank meets in row n */
+#define RENDEZVOUS_BYTES ((size_t)MAX_COLLECTIVES * MAX_RANKS * sizeof(uint64_t))
+#define RENDEZVOUS_POLL_NS 20000u
 
 struct CUfunc_st {
     char name[128];
@@ -48,9 +69,19 @@ struct CUmod_st {
     int count;
     struct CUfunc_st functions[MAX_KERNELS_PER_MODULE];
 };
+struct pending_collective { /* a collective launched, its start not known until every rank has launched it */
+    uint32_t sequence;        /* the n-th collective of this rank */
+    uint32_t correlation_id;
+    const char *name;
+    uint64_t duration_ns;
+    uint64_t launched_ns;
+};
 struct CUstream_st {
     uint32_t id;
     uint64_t tail_ns; /* when the last work queued on this stream ends */
+    int device;
+    int pending_count;
+    struct pending_collective pending[64];
 };
 struct CUevent_st {
     uint64_t at_ns;
@@ -64,19 +95,24 @@ struct CUgraphExec_st {
     struct CUgraph_st graph;
 };
 struct CUctx_st {
-    int unused;
+    int device;
 };
 
 static const struct fake_tracer *tracer;
 static pthread_mutex_t gpu_lock = PTHREAD_MUTEX_INITIALIZER;
-static struct CUstream_st legacy_stream = {LEGACY_STREAM_ID, 0};
+static struct CUstream_st legacy_stream = {.id = LEGACY_STREAM_ID};
 static struct CUstream_st *streams[64];
 static int stream_count;
 static uint32_t next_stream_id = 13;
 static uint32_t next_graph_id = 1;
 static _Atomic uint32_t next_correlation_id = 1;
 static uint32_t correlation_cycle; /* FAKE_CUDA_CORRELATION_CYCLE=N: ids repeat 1..N, as CUDA 13's CUPTI reuses ids */
-static struct CUctx_st the_context;
+static struct CUctx_st contexts[MAX_DEVICES] = {{0}, {1}, {2}, {3}, {4}, {5}, {6}, {7}};
+static int device_count = 1;             /* FAKE_CUDA_DEVICES */
+static _Thread_local int current_device; /* set by cuCtxSetCurrent */
+static int rank = -1, rank_count;        /* FAKE_CUDA_RANK, FAKE_CUDA_RANKS: -1 while not part of a job */
+static _Atomic uint64_t *rendezvous;     /* [MAX_COLLECTIVES][MAX_RANKS] launch times (ns, 0: not yet) */
+static uint32_t collectives_launched;
 static FILE *schedule;
 static pthread_mutex_t schedule_lock = PTHREAD_MUTEX_INITIALIZER;
 
@@ -136,18 +172,18 @@ static CUresult end(struct fake_call *call, CUresult result)
     return result;
 }
 
-/* Queues work on a stream (gpu_lock held); returns its end. */
-static uint64_t queue_work(struct CUstream_st *s, enum fake_work_kind kind, uint32_t correlation_id, const char *name,
-                           uint64_t duration_ns, uint32_t graph_id, uint64_t bytes, uint8_t copy_kind,
-                           uint8_t src_kind, uint8_t dst_kind)
+/* Queues work on a stream, to start at earliest or once the stream's earlier work has ended (gpu_lock held); returns
+ * its end. */
+static uint64_t queue_work_at(struct CUstream_st *s, uint64_t earliest, enum fake_work_kind kind,
+                              uint32_t correlation_id, const char *name, uint64_t duration_ns, uint32_t graph_id,
+                              uint64_t bytes, uint8_t copy_kind, uint8_t src_kind, uint8_t dst_kind)
 {
-    uint64_t earliest = realtime_ns() + LAUNCH_LATENCY_NS;
     struct fake_work w = {
         .kind = kind,
         .correlation_id = correlation_id,
         .name = name,
         .start_ns = s->tail_ns > earliest ? s->tail_ns : earliest,
-        .device_id = 0,
+        .device_id = (uint32_t)(s == &legacy_stream ? current_device : s->device),
         .stream_id = s->id,
         .graph_id = graph_id,
         .bytes = bytes,
@@ -165,6 +201,60 @@ static uint64_t queue_work(struct CUstream_st *s, enum fake_work_kind kind, uint
     return w.end_ns;
 }
 
+/* Queues work on a stream, to start as soon as the launch reaches the GPU (gpu_lock held); returns its end. */
+static uint64_t queue_work(struct CUstream_st *s, enum fake_work_kind kind, uint32_t correlation_id, const char *name,
+                           uint64_t duration_ns, uint32_t graph_id, uint64_t bytes, uint8_t copy_kind,
+                           uint8_t src_kind, uint8_t dst_kind)
+{
+    return queue_work_at(s, realtime_ns() + LAUNCH_LATENCY_NS, kind, correlation_id, name, duration_ns, graph_id,
+                         bytes, copy_kind, src_kind, dst_kind);
+}
+
+static int is_collective(const char *name)
+{
+    return rendezvous != NULL && (strncmp(name, "ncclDevKernel_", 14) == 0 || strncmp(name, "ncclKernel_", 11) == 0);
+}
+
+/* The last launch of collective `sequence` among the ranks, once every rank has launched it (blocks until then). */
+static uint64_t last_arrival(uint32_t sequence)
+{
+    _Atomic uint64_t *row = rendezvous + (size_t)(sequence % MAX_COLLECTIVES) * MAX_RANKS;
+    for (;;) {
+        uint64_t last = 0;
+        int arrived = 0;
+        for (int r = 0; r < rank_count; r++) {
+            uint64_t at = atomic_load(&row[r]);
+            arrived += at != 0;
+            last = at > last ? at : last;
+        }
+        if (arrived == rank_count)
+            return last;
+        struct timespec pause = {0, RENDEZVOUS_POLL_NS};
+        nanosleep(&pause, NULL);
+    }
+}
+
+/* Queues the stream's collectives (gpu_lock held; it is let go while waiting for the other ranks, so this process's
+ * other threads and streams go on). Like NCCL's, a collective's kernel starts when its stream reaches it and spins
+ * until the last rank has launched it, then runs its duration: a rank that arrives early spends the wait on the GPU
+ * too. */
+static void settle(struct CUstream_st *s)
+{
+    while (s->pending_count > 0) {
+        struct pending_collective c = s->pending[0];
+        pthread_mutex_unlock(&gpu_lock);
+        uint64_t last = last_arrival(c.sequence) + LAUNCH_LATENCY_NS;
+        pthread_mutex_lock(&gpu_lock);
+        if (s->pending_count == 0 || s->pending[0].sequence != c.sequence)
+            continue; /* another thread waiting on the same stream queued it meanwhile */
+        uint64_t start = c.launched_ns + LAUNCH_LATENCY_NS > s->tail_ns ? c.launched_ns + LAUNCH_LATENCY_NS : s->tail_ns;
+        uint64_t spin = last > start ? last - start : 0;
+        s->pending_count--;
+        memmove(&s->pending[0], &s->pending[1], (size_t)s->pending_count * sizeof(s->pending[0]));
+        queue_work_at(s, start, FAKE_WORK_KERNEL, c.correlation_id, c.name, spin + c.duration_ns, 0, 0, 0, 0, 0);
+    }
+}
+
 static struct CUstream_st *stream_of(CUstream s)
 {
     return s ? s : &legacy_stream;
@@ -172,6 +262,9 @@ static struct CUstream_st *stream_of(CUstream s)
 
 static uint64_t all_streams_tail(void)
 {
+    settle(&legacy_stream);
+    for (int i = 0; i < stream_count; i++)
+        settle(streams[i]);
     uint64_t tail = legacy_stream.tail_ns;
     for (int i = 0; i < stream_count; i++)
         if (streams[i]->tail_ns > tail)
@@ -179,14 +272,18 @@ static uint64_t all_streams_tail(void)
     return tail;
 }
 
-/* A blocking wait: sleeps until until_ns and writes the ground truth. */
-static void wait_until(const struct fake_call *call, uint64_t until_ns)
+/* A blocking wait entered at enter (before any wait for other ranks): sleeps until until_ns, writes the truth. */
+static void wait_from(const struct fake_call *call, uint64_t enter, uint64_t until_ns)
 {
-    uint64_t enter = realtime_ns();
     sleep_until(until_ns);
     uint64_t exit_ns = realtime_ns();
     schedule_line("wait %u %u %llu %llu %llu %llu\n", call->cbid, call->correlation_id, (unsigned long long)enter,
                   (unsigned long long)until_ns, (unsigned long long)exit_ns, (unsigned long long)call->begin_ns);
+}
+
+static void wait_until(const struct fake_call *call, uint64_t until_ns)
+{
+    wait_from(call, realtime_ns(), until_ns);
 }
 
 /* --- initialisation, contexts, modules ----------------------------------------------------------------------- */
@@ -204,6 +301,24 @@ CUresult CUDAAPI cuInit(unsigned int flags)
     const char *path = getenv("FAKE_CUDA_SCHEDULE");
     if (path && path[0])
         schedule = fopen(path, "w");
+    const char *devices = getenv("FAKE_CUDA_DEVICES");
+    if (devices && devices[0])
+        device_count = atoi(devices) < 1 ? 1 : atoi(devices) > MAX_DEVICES ? MAX_DEVICES : atoi(devices);
+    const char *meeting = getenv("FAKE_CUDA_RENDEZVOUS"), *ranks = getenv("FAKE_CUDA_RANKS"),
+               *me = getenv("FAKE_CUDA_RANK");
+    if (meeting && meeting[0] && ranks && me) {
+        rank_count = atoi(ranks);
+        rank = atoi(me);
+        int fd = open(meeting, O_RDWR);
+        void *map = fd >= 0 ? mmap(NULL, RENDEZVOUS_BYTES, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0) : MAP_FAILED;
+        if (fd >= 0)
+            close(fd);
+        if (map == MAP_FAILED || rank_count < 1 || rank_count > MAX_RANKS || rank < 0 || rank >= rank_count)
+            fprintf(stderr, "fake-cuda: no rendezvous (%s, rank %d of %d): collectives run alone\n", meeting, rank,
+                    rank_count);
+        else
+            rendezvous = map;
+    }
     const char *inject = getenv("CUDA_INJECTION64_PATH");
     if (inject && inject[0]) {
         void *lib = dlopen(inject, RTLD_NOW | RTLD_LOCAL);
@@ -219,13 +334,20 @@ CUresult CUDAAPI cuInit(unsigned int flags)
 CUresult CUDAAPI cuDeviceGet(CUdevice *device, int ordinal)
 {
     *device = ordinal;
-    return ordinal == 0 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_DEVICE;
+    return ordinal >= 0 && ordinal < device_count ? CUDA_SUCCESS : CUDA_ERROR_INVALID_DEVICE;
+}
+
+CUresult CUDAAPI cuDeviceGetCount(int *count)
+{
+    *count = device_count;
+    return CUDA_SUCCESS;
 }
 
 CUresult CUDAAPI cuDevicePrimaryCtxRetain(CUcontext *ctx, CUdevice dev)
 {
-    (void)dev;
-    *ctx = &the_context;
+    if (dev < 0 || dev >= device_count)
+        return CUDA_ERROR_INVALID_DEVICE;
+    *ctx = &contexts[dev];
     return CUDA_SUCCESS;
 }
 
@@ -239,7 +361,7 @@ CUresult CUDAAPI cuDevicePrimaryCtxRelease(CUdevice dev)
 
 CUresult CUDAAPI cuCtxSetCurrent(CUcontext ctx)
 {
-    (void)ctx;
+    current_device = ctx ? ctx->device : 0;
     return CUDA_SUCCESS;
 }
 
@@ -284,6 +406,7 @@ CUresult CUDAAPI cuStreamCreate(CUstream *stream, unsigned int flags)
         return CUDA_ERROR_OUT_OF_MEMORY;
     pthread_mutex_lock(&gpu_lock);
     s->id = next_stream_id++;
+    s->device = current_device;
     streams[stream_count++] = s;
     pthread_mutex_unlock(&gpu_lock);
     *stream = s;
@@ -300,6 +423,7 @@ CUresult CUDAAPI cuEventCreate(CUevent *event, unsigned int flags)
 CUresult CUDAAPI cuEventRecord(CUevent event, CUstream stream)
 {
     pthread_mutex_lock(&gpu_lock);
+    settle(stream_of(stream));
     event->at_ns = stream_of(stream)->tail_ns;
     pthread_mutex_unlock(&gpu_lock);
     return CUDA_SUCCESS;
@@ -322,7 +446,17 @@ static CUresult launch(uint32_t cbid, const char *api, CUfunction f, CUstream st
     if (f == NULL)
         return end(&call, CUDA_ERROR_INVALID_HANDLE);
     pthread_mutex_lock(&gpu_lock);
-    queue_work(stream_of(stream), FAKE_WORK_KERNEL, call.correlation_id, f->name, f->duration_ns, 0, 0, 0, 0, 0);
+    struct CUstream_st *s = stream_of(stream);
+    if (is_collective(f->name) && s->pending_count < 64) {
+        uint32_t sequence = collectives_launched++;
+        uint64_t now = realtime_ns();
+        atomic_store(&rendezvous[(size_t)(sequence % MAX_COLLECTIVES) * MAX_RANKS + rank], now);
+        s->pending[s->pending_count++] =
+            (struct pending_collective){sequence, call.correlation_id, f->name, f->duration_ns, now};
+    } else {
+        settle(s);
+        queue_work(s, FAKE_WORK_KERNEL, call.correlation_id, f->name, f->duration_ns, 0, 0, 0, 0, 0);
+    }
     pthread_mutex_unlock(&gpu_lock);
     return end(&call, CUDA_SUCCESS);
 }
@@ -395,6 +529,7 @@ CUresult CUDAAPI cuGraphLaunch(CUgraphExec exec, CUstream stream)
     struct fake_call call;
     begin(&call, CUPTI_DRIVER_TRACE_CBID_cuGraphLaunch, "cuGraphLaunch", NULL, &p);
     pthread_mutex_lock(&gpu_lock);
+    settle(stream_of(stream));
     /* Every kernel of the graph carries the launch's correlation id, as with the real CUPTI. */
     for (int i = 0; i < exec->graph.count; i++) {
         CUfunction f = exec->graph.nodes[i];
@@ -463,6 +598,7 @@ CUresult CUDAAPI cuMemsetD32Async(CUdeviceptr dst, unsigned int value, size_t co
     for (size_t i = 0; i < count; i++)
         p[i] = value;
     pthread_mutex_lock(&gpu_lock);
+    settle(stream_of(stream));
     queue_work(stream_of(stream), FAKE_WORK_MEMSET, call.correlation_id, NULL, copy_ns(count * 4) / 4, 0, count * 4,
                0, 0, CUPTI_ACTIVITY_MEMORY_KIND_DEVICE);
     pthread_mutex_unlock(&gpu_lock);
@@ -478,10 +614,12 @@ CUresult CUDAAPI cuStreamSynchronize(CUstream stream)
     } p = {stream};
     struct fake_call call;
     begin(&call, CUPTI_DRIVER_TRACE_CBID_cuStreamSynchronize, "cuStreamSynchronize", NULL, &p);
+    uint64_t enter = realtime_ns();
     pthread_mutex_lock(&gpu_lock);
+    settle(stream_of(stream));
     uint64_t until = stream_of(stream)->tail_ns;
     pthread_mutex_unlock(&gpu_lock);
-    wait_until(&call, until);
+    wait_from(&call, enter, until);
     return end(&call, CUDA_SUCCESS);
 }
 
@@ -489,10 +627,11 @@ CUresult CUDAAPI cuCtxSynchronize(void)
 {
     struct fake_call call;
     begin(&call, CUPTI_DRIVER_TRACE_CBID_cuCtxSynchronize, "cuCtxSynchronize", NULL, NULL);
+    uint64_t enter = realtime_ns();
     pthread_mutex_lock(&gpu_lock);
     uint64_t until = all_streams_tail();
     pthread_mutex_unlock(&gpu_lock);
-    wait_until(&call, until);
+    wait_from(&call, enter, until);
     return end(&call, CUDA_SUCCESS);
 }
 

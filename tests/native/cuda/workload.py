@@ -11,17 +11,25 @@ By default the driver is loaded with ctypes.PyDLL, which keeps the GIL during th
 generator, which launches: the generator's frame is part of the stack), "deep" (train_step called 100 calls deep
 through recurse(), beyond the 64 Python frames a record holds) or "unicode" (a launching function with a non-ASCII
 name).
-usage: workload.py LIBCUDA [--steps N] [--release-gil] [--variant plain|thread-generator|deep|unicode]
+"ddp" is one rank of a data-parallel job on the fake driver's collectives (the launcher sets FAKE_CUDA_RANK,
+FAKE_CUDA_RANKS, FAKE_CUDA_DEVICES and FAKE_CUDA_RENDEZVOUS, see fake_cuda.c): rank r drives device r, and each step
+is load_batch (sleeps --slow-ms), forward, all_reduce (an NCCL-named all-reduce kernel, 0.3 ms once every rank has
+launched it) and sync_point.
+usage: workload.py LIBCUDA [--steps N] [--release-gil] [--variant plain|thread-generator|deep|unicode|ddp]
+       [--slow-ms MS]
 """
 
 from __future__ import annotations
 
 import argparse
 import ctypes
+import os
 import threading
+import time
 from collections.abc import Iterator
 
 MODULE_TEXT = b"matmul_kernel=2000000\nrelu_kernel=500000\n"
+COLLECTIVES_TEXT = b"ncclDevKernel_AllReduce_Sum_f32_RING_LL=300000\n"
 
 
 class Driver:
@@ -32,6 +40,7 @@ class Driver:
         self.stream = ctypes.c_void_p()
         self.matmul = ctypes.c_void_p()
         self.relu = ctypes.c_void_p()
+        self.all_reduce = ctypes.c_void_p()
 
     def call(self, name: str, *args: object) -> None:
         rc = getattr(self.lib, name)(*args)
@@ -43,13 +52,19 @@ class Driver:
         context = ctypes.c_void_p()
         module = ctypes.c_void_p()
         self.call("cuInit", 0)
-        self.call("cuDeviceGet", ctypes.byref(device), 0)
+        self.call("cuDeviceGet", ctypes.byref(device), int(os.environ.get("FAKE_CUDA_RANK", "0")))
         self.call("cuDevicePrimaryCtxRetain", ctypes.byref(context), device)
         self.call("cuCtxSetCurrent", context)
         self.call("cuModuleLoadData", ctypes.byref(module), ctypes.c_char_p(MODULE_TEXT))
         self.call("cuModuleGetFunction", ctypes.byref(self.matmul), module, b"matmul_kernel")
         self.call("cuModuleGetFunction", ctypes.byref(self.relu), module, b"relu_kernel")
         self.call("cuStreamCreate", ctypes.byref(self.stream), 0)
+
+    def setup_collectives(self) -> None:
+        module = ctypes.c_void_p()
+        self.call("cuModuleLoadData", ctypes.byref(module), ctypes.c_char_p(COLLECTIVES_TEXT))
+        self.call("cuModuleGetFunction", ctypes.byref(self.all_reduce), module,
+                  b"ncclDevKernel_AllReduce_Sum_f32_RING_LL")
 
     def launch(self, function: ctypes.c_void_p) -> None:
         one = ctypes.c_uint(1)
@@ -91,6 +106,22 @@ def train_step(driver: Driver) -> None:
     sync_point(driver)
 
 
+def load_batch(slow_s: float) -> None:
+    if slow_s > 0:
+        time.sleep(slow_s)  # the straggler's slow data loader
+
+
+def all_reduce(driver: Driver) -> None:
+    driver.launch(driver.all_reduce)
+
+
+def ddp_step(driver: Driver, slow_s: float) -> None:
+    load_batch(slow_s)
+    forward(driver)
+    all_reduce(driver)
+    sync_point(driver)
+
+
 def steps_generator(driver: Driver, steps: int) -> Iterator[int]:
     for step in range(steps):
         train_step(driver)
@@ -118,10 +149,17 @@ def main() -> None:
     parser.add_argument("libcuda")
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--release-gil", action="store_true")
-    parser.add_argument("--variant", choices=["plain", "thread-generator", "deep", "unicode"], default="plain")
+    parser.add_argument("--variant", choices=["plain", "thread-generator", "deep", "unicode", "ddp"], default="plain")
+    parser.add_argument("--slow-ms", type=float, default=0.0)
     args = parser.parse_args()
     driver = Driver(args.libcuda, args.release_gil)
     driver.setup()
+    if args.variant == "ddp":
+        driver.setup_collectives()
+        for _ in range(args.steps):
+            ddp_step(driver, args.slow_ms / 1000)
+        print(f"rank {os.environ.get('FAKE_CUDA_RANK', '0')} pid {os.getpid()}")
+        return
     if args.variant == "thread-generator":
         thread = threading.Thread(target=worker, args=(driver, args.steps), name="launcher")
         thread.start()

@@ -35,6 +35,10 @@ enum {
 #define MAX_EVENT_SETS 64
 #define FI_PCIE_TX_BYTES 197
 #define FI_PCIE_RX_BYTES 198
+#define FI_NVLINK_LINK_COUNT 91          /* NVML_FI_DEV_NVLINK_LINK_COUNT */
+#define FI_NVLINK_THROUGHPUT_DATA_TX 138 /* NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX: KiB, scopeId = link */
+#define FI_NVLINK_THROUGHPUT_DATA_RX 139
+#define NVLINK_ERROR_COUNTERS 4          /* nvmlNvLinkErrorCounter_t: DL_REPLAY, DL_RECOVERY, DL_CRC_FLIT, DL_CRC_DATA */
 #define EVENT_XID 0x8ULL
 #define EVENT_SUPPORTED (0x1ULL | 0x2ULL | 0x8ULL)
 
@@ -98,6 +102,7 @@ struct scenario {
     long delay_us;
     long gpu_delay_us[MAX_GPUS];
     long pcie_throughput_us;
+    int nvlinks; /* active NVLinks per GPU; 0: NVLink not supported */
 };
 
 struct event_set {
@@ -229,11 +234,14 @@ static void apply(struct scenario *sc, const char *name, const char *value) {
         each_item(buf, parse_gpu_delay, sc);
     } else if (strcmp(name, "PCIE_THROUGHPUT_US") == 0) {
         sc->pcie_throughput_us = atol(buf);
+    } else if (strcmp(name, "NVLINKS") == 0) {
+        int n = atoi(buf);
+        sc->nvlinks = n < 0 ? 0 : n > 18 ? 18 : n;
     }
 }
 
 static const char *const KNOBS[] = { "GPUS", "INIT_ERROR", "PROCESSES", "LOST", "XID", "UNSUPPORTED", "DELAY_US",
-                                     "GPU_DELAY_US", "PCIE_THROUGHPUT_US" };
+                                     "GPU_DELAY_US", "PCIE_THROUGHPUT_US", "NVLINKS" };
 
 static void load_env(struct scenario *sc) {
     for (size_t i = 0; i < sizeof(KNOBS) / sizeof(KNOBS[0]); i++) {
@@ -340,6 +348,16 @@ static unsigned int power_mw(int i) { return 300000u + 100000u * (unsigned int)i
 static unsigned int cap100(unsigned int v) { return v > 100 ? 100 : v; }
 static unsigned long long pcie_tx_rate(int i) { return 1000000000ULL * (unsigned long long)(1 + i); }
 static unsigned long long pcie_rx_rate(int i) { return 1000000000ULL * (unsigned long long)(2 + i); }
+/* NVLink l of GPU i: data KiB/s sent (received: twice that) and error counts (README.md "NVLink") */
+static unsigned long long nvlink_tx_kib_rate(int i, unsigned int l) { return 1000ULL * (unsigned long long)(1 + i) + 100ULL * l; }
+static unsigned long long nvlink_errors(int i, unsigned int l, unsigned int counter) {
+    switch (counter) {
+    case 0: return (unsigned long long)(i + 1) * (l + 1); /* replay */
+    case 1: return (unsigned long long)i;                /* recovery */
+    case 2: return l;                                    /* CRC flit */
+    default: return 0;                                   /* CRC data */
+    }
+}
 
 /* --- library lifecycle ----------------------------------------------------------------------------------------- */
 nvmlReturn_t nvmlInitWithFlags(unsigned int flags) {
@@ -593,6 +611,18 @@ nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t dev, int count, nvmlFieldValu
         v->latencyUsec = 0;
         v->valueType = 3;  /* unsigned long long */
         v->value.ullVal = 0;
+        int nvlink = v->fieldId == FI_NVLINK_THROUGHPUT_DATA_TX || v->fieldId == FI_NVLINK_THROUGHPUT_DATA_RX;
+        if ((v->fieldId == FI_NVLINK_LINK_COUNT || nvlink) && g_sc.nvlinks > 0 && !is_unsupported(gpu, pseudo)) {
+            if (nvlink && v->scopeId >= (unsigned int)g_sc.nvlinks) {
+                v->nvmlReturn = NVML_ERROR_INVALID_ARGUMENT;
+                continue;
+            }
+            unsigned long long tx = nvlink ? nvlink_tx_kib_rate(gpu, v->scopeId) : 0;
+            v->value.ullVal = !nvlink ? (unsigned long long)g_sc.nvlinks
+                              : (unsigned long long)((v->fieldId == FI_NVLINK_THROUGHPUT_DATA_TX ? tx : 2 * tx) * seconds);
+            v->nvmlReturn = NVML_SUCCESS;
+            continue;
+        }
         if ((v->fieldId != FI_PCIE_TX_BYTES && v->fieldId != FI_PCIE_RX_BYTES) || is_unsupported(gpu, pseudo)) {
             v->nvmlReturn = NVML_ERROR_NOT_SUPPORTED;
             continue;
@@ -602,6 +632,23 @@ nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t dev, int count, nvmlFieldValu
         v->nvmlReturn = NVML_SUCCESS;
     }
     pthread_mutex_unlock(&g_lock);
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetNvLinkState(nvmlDevice_t dev, unsigned int link, unsigned int *is_active) {
+    ENTER(dev, is_active);
+    if (g_sc.nvlinks == 0 || is_unsupported(gpu, "nvmlDeviceGetNvLinkState")) return NVML_ERROR_NOT_SUPPORTED;
+    if (link >= (unsigned int)g_sc.nvlinks) return NVML_ERROR_INVALID_ARGUMENT;
+    *is_active = 1;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetNvLinkErrorCounter(nvmlDevice_t dev, unsigned int link, unsigned int counter,
+                                             unsigned long long *value) {
+    ENTER(dev, value);
+    if (g_sc.nvlinks == 0 || is_unsupported(gpu, "nvmlDeviceGetNvLinkErrorCounter")) return NVML_ERROR_NOT_SUPPORTED;
+    if (link >= (unsigned int)g_sc.nvlinks || counter >= NVLINK_ERROR_COUNTERS) return NVML_ERROR_INVALID_ARGUMENT;
+    *value = nvlink_errors(gpu, link, counter);
     return NVML_SUCCESS;
 }
 
