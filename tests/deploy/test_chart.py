@@ -222,6 +222,11 @@ def test_otlp_values_map_to_the_standard_variables_with_tokens_from_a_secret() -
     assert tls == [{"name": "tls", "configMap": {"name": "ca-bundle"}}]
 
 
+def test_otlp_timeout_is_set_only_when_given() -> None:
+    assert "OTEL_EXPORTER_OTLP_TIMEOUT" not in env_of(agent(render([])))
+    assert env_of(agent(render(["otlp.timeoutMs=2500"])))["OTEL_EXPORTER_OTLP_TIMEOUT"] == "2500"
+
+
 def test_pyroscope_values_and_password_secret() -> None:
     objects = render(TOGGLES["pyroscope"])
     env = env_of(agent(objects))
@@ -286,6 +291,8 @@ def test_dashboards_become_configmaps_with_the_sidecar_label(dashboards_dir: Pat
     "image.pullPolicy=Sometimes",
     "unknownKey=1",
     "otlp.unknown=1",
+    "otlp.timeoutMs=-1",
+    "otlp.timeoutMs=10s",
 ])
 def test_values_that_break_the_schema_are_refused(bad: str) -> None:
     done = helm("template", "gpu", str(CHART), "--set", bad, check=False)
