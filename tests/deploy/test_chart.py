@@ -227,6 +227,17 @@ def test_otlp_timeout_is_set_only_when_given() -> None:
     assert env_of(agent(render(["otlp.timeoutMs=2500"])))["OTEL_EXPORTER_OTLP_TIMEOUT"] == "2500"
 
 
+def test_mutual_tls_files_come_from_the_ca_secret() -> None:
+    env = env_of(agent(render(["otlp.tls.caSecret=collector-tls", "otlp.tls.clientKeyKey=tls.key",
+                               "otlp.tls.clientCertificateKey=tls.crt"])))
+    assert env["OTEL_EXPORTER_OTLP_CLIENT_KEY"] == "/etc/otel-gpu/tls/tls.key"
+    assert env["OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE"] == "/etc/otel-gpu/tls/tls.crt"
+    for sets in (["otlp.tls.clientKeyKey=tls.key"], ["otlp.tls.caConfigMap=ca", "otlp.tls.clientKeyKey=tls.key",
+                                                       "otlp.tls.clientCertificateKey=tls.crt"]):
+        done = helm("template", "gpu", str(CHART), *set_args(sets), check=False)
+        assert done.returncode != 0 and "go together" in done.stderr, done.stderr
+
+
 def test_pyroscope_values_and_password_secret() -> None:
     objects = render(TOGGLES["pyroscope"])
     env = env_of(agent(objects))
