@@ -222,6 +222,22 @@ def test_otlp_values_map_to_the_standard_variables_with_tokens_from_a_secret() -
     assert tls == [{"name": "tls", "configMap": {"name": "ca-bundle"}}]
 
 
+def test_otlp_timeout_is_set_only_when_given() -> None:
+    assert "OTEL_EXPORTER_OTLP_TIMEOUT" not in env_of(agent(render([])))
+    assert env_of(agent(render(["otlp.timeoutMs=2500"])))["OTEL_EXPORTER_OTLP_TIMEOUT"] == "2500"
+
+
+def test_mutual_tls_files_come_from_the_ca_secret() -> None:
+    env = env_of(agent(render(["otlp.tls.caSecret=collector-tls", "otlp.tls.clientKeyKey=tls.key",
+                               "otlp.tls.clientCertificateKey=tls.crt"])))
+    assert env["OTEL_EXPORTER_OTLP_CLIENT_KEY"] == "/etc/otel-gpu/tls/tls.key"
+    assert env["OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE"] == "/etc/otel-gpu/tls/tls.crt"
+    for sets in (["otlp.tls.clientKeyKey=tls.key"], ["otlp.tls.caConfigMap=ca", "otlp.tls.clientKeyKey=tls.key",
+                                                       "otlp.tls.clientCertificateKey=tls.crt"]):
+        done = helm("template", "gpu", str(CHART), *set_args(sets), check=False)
+        assert done.returncode != 0 and "go together" in done.stderr, done.stderr
+
+
 def test_pyroscope_values_and_password_secret() -> None:
     objects = render(TOGGLES["pyroscope"])
     env = env_of(agent(objects))
@@ -286,6 +302,8 @@ def test_dashboards_become_configmaps_with_the_sidecar_label(dashboards_dir: Pat
     "image.pullPolicy=Sometimes",
     "unknownKey=1",
     "otlp.unknown=1",
+    "otlp.timeoutMs=-1",
+    "otlp.timeoutMs=10s",
 ])
 def test_values_that_break_the_schema_are_refused(bad: str) -> None:
     done = helm("template", "gpu", str(CHART), "--set", bad, check=False)
