@@ -193,7 +193,7 @@ def _assert_nothing_lost(batch: ProfileBatch, expected: Counter[str], source: Re
 
 def test_c_workload(tmp_path: Path) -> None:
     pid, (gpu, waits), counters, debug, schedule, _, source = _run(
-        tmp_path, [str(FAKES / "workload"), "--steps", "1500"])
+        tmp_path, [str(FAKES / "workload"), "--steps", "4000"])
     expected_gpu, expected_waits, records = _expected_from_debug(debug, source, pid)
     assert records > 100
     _assert_nothing_lost(gpu, expected_gpu, source)
