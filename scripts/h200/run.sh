@@ -28,6 +28,9 @@ for step in "${steps[@]}"; do
                 [ "$n" != 0 ] && { echo "$f: $n CUPTI relocations"; readelf -rW "$f" | grep -E ' cupti' | awk '{print $3, $5}' | sort -u | head -30; readelf -dW "$f" | grep -i 'NEEDED.*cupti'; }
               done
               grep -rn "TEARDOWN_CUPTI" "$site" --include=*.py | head -5 ;;
+    graphs)   timeout 560 python3 scripts/h200/graphs.py "$OUT/h200-graphs.md" ;;
+    cpu_python) timeout 300 python3 scripts/h200/cpu_python.py "$OUT/h200-cpu-python.md" ;;
+    attach)   timeout 400 python3 scripts/h200/attach.py "$OUT/h200-attach.md" ;;
     harm)     timeout 580 python3 scripts/h200/do_no_harm.py "$OUT/h200-do-no-harm.md" ;;
     ddp)      # issue 17, needs 2+ GPUs (DDP_GPUS): torchrun DDP with a slowed rank, agent against torch.profiler
               nvidia-smi topo -m; timeout 580 python3 scripts/h200/ddp.py "$OUT/h200-ddp.md" ;;
