@@ -188,17 +188,19 @@ static thread_local struct {
     } at[LAUNCH_DEPTH];
 } launch_enter;
 
-/* Launch exits inside a window, by outcome (diagnostics, OTEL_GPU_DEBUG_STATS): recorded; no entry seen (the callbacks
- * came on during the call); the window changed during the call; recorded although CUPTI's id at the exit differed
- * from the one at the entry. */
-static _Atomic uint64_t exits_recorded, exits_no_entry, exits_window_changed, exits_id_changed;
+/* Launch exits, by outcome (diagnostics, OTEL_GPU_DEBUG_STATS): recorded (entered inside a window); of those, the
+ * ones whose CUPTI id at the exit differed from the one at the entry and the ones whose window closed during the call;
+ * exits inside a window whose entry was not seen (the callbacks came on during the call) or came before the window
+ * opened (not sampled). */
+static _Atomic uint64_t exits_recorded, exits_no_entry, exits_window_changed, exits_id_changed, exits_entered_before;
 
 void inject_print_stats(void)
 {
-    fprintf(stderr, "otel-gpu: stats launch exits in windows: recorded %llu (entry id differed %llu), "
-            "no entry %llu, window changed %llu\n", (unsigned long long)atomic_load(&exits_recorded),
-            (unsigned long long)atomic_load(&exits_id_changed), (unsigned long long)atomic_load(&exits_no_entry),
-            (unsigned long long)atomic_load(&exits_window_changed));
+    fprintf(stderr, "otel-gpu: stats launch exits: recorded %llu (entry id differed %llu, window closed during the "
+            "call %llu), in a window without an entry %llu, entered before the window %llu\n",
+            (unsigned long long)atomic_load(&exits_recorded), (unsigned long long)atomic_load(&exits_id_changed),
+            (unsigned long long)atomic_load(&exits_window_changed), (unsigned long long)atomic_load(&exits_no_entry),
+            (unsigned long long)atomic_load(&exits_entered_before));
 }
 
 /* cuGraphLaunch_params and cuGraphLaunch_ptsz_params of generated_cuda_meta.h (that header needs the whole toolkit's
@@ -287,14 +289,18 @@ static void on_driver_api(CUpti_CallbackId cbid, const CUpti_CallbackData *cb)
         /* A wait's duration is the time the thread was blocked: from entry to exit. */
         if (wait_kind != 0 && cb->correlationData != NULL)
             *cb->correlationData = now_ns();
-        /* A launch is sampled only if its window was already open at entry: activity recording was on before the
-         * window opened, so its GPU work is certain to be recorded. */
+        /* A launch is sampled if and only if a window is open at its entry (activity recording was on before the
+         * window opened, so its GPU work is certain to be recorded), wherever its exit falls: sampling by one instant
+         * per launch keeps long launches (a graph's, under CUPTI) as likely to be sampled as short ones. */
         if (launch_kind != 0) {
             if (launch_enter.depth >= LAUNCH_DEPTH)
                 launch_enter.depth = 0;
+            uint64_t window_id = atomic_load(&g_state.window_id);
             launch_enter.at[launch_enter.depth].correlation_id = cb->correlationId;
-            launch_enter.at[launch_enter.depth].window_id = atomic_load(&g_state.window_id);
+            launch_enter.at[launch_enter.depth].window_id = window_id;
             launch_enter.depth++;
+            if (window_id != 0)
+                atomic_fetch_add(&g_state.launches_entered, 1);
         }
         return;
     }
@@ -307,11 +313,15 @@ static void on_driver_api(CUpti_CallbackId cbid, const CUpti_CallbackData *cb)
         entered_id = launch_enter.at[launch_enter.depth].correlation_id;
         entered = 1;
     }
+    int sampled = entered && entered_window != 0;
+    if (sampled)
+        atomic_fetch_sub(&g_state.launches_entered, 1);
     if (!atomic_load_explicit(&g_state.attached, memory_order_relaxed))
         return;
     /* Outside a window the launch callbacks are on only while activity lingers (see window.c): nothing to do but
-     * count the launch (its cost is charged by estimate.c). */
-    if (launch_kind != 0 && wait_kind == 0 && atomic_load_explicit(&g_state.window_id, memory_order_relaxed) == 0) {
+     * count the launch (its cost is charged by estimate.c), unless it entered inside the window that closed since. */
+    if (launch_kind != 0 && wait_kind == 0 && !sampled &&
+        atomic_load_explicit(&g_state.window_id, memory_order_relaxed) == 0) {
         atomic_fetch_add_explicit(&g_state.outside_launches, 1, memory_order_relaxed);
         return;
     }
@@ -320,14 +330,15 @@ static void on_driver_api(CUpti_CallbackId cbid, const CUpti_CallbackData *cb)
         /* in_launch lets the controller wait until no launch can still be counted in the window it closes. */
         atomic_fetch_add(&g_state.in_launch, 1);
         uint64_t window_id = atomic_load(&g_state.window_id);
-        if (window_id != 0 && entered && entered_window == window_id) {
-            record_launch(cbid, cb, launch_kind, window_id);
+        if (sampled) {
+            record_launch(cbid, cb, launch_kind, entered_window);
             atomic_fetch_add_explicit(&exits_recorded, 1, memory_order_relaxed);
+            if (entered_window != window_id)
+                atomic_fetch_add_explicit(&exits_window_changed, 1, memory_order_relaxed);
             if (entered_id != cb->correlationId)
                 atomic_fetch_add_explicit(&exits_id_changed, 1, memory_order_relaxed);
         } else if (window_id != 0) {
-            atomic_fetch_add_explicit(entered ? &exits_window_changed : &exits_no_entry, 1,
-                                      memory_order_relaxed);
+            atomic_fetch_add_explicit(entered ? &exits_entered_before : &exits_no_entry, 1, memory_order_relaxed);
         }
         atomic_fetch_sub(&g_state.in_launch, 1);
     }

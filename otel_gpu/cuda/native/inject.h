@@ -85,6 +85,8 @@ struct inject_state {
     _Atomic uint32_t wait_sample_every; /* record one blocking wait in N (N >= 1); the record's weight is N */
     _Atomic uint64_t waits_seen;       /* blocking waits that ended while attached (seen at entry and exit) */
     _Atomic uint32_t in_launch;        /* API callbacks currently recording a launch */
+    _Atomic uint32_t launches_entered; /* launch calls that entered inside a window and have not exited yet: the
+                                        * linger keeps activity on for them (window.c) */
     _Atomic uint64_t outside_launches; /* launches seen outside a window (callbacks on for the linger) */
     _Atomic int attached;              /* an agent is attached (or the debug mode pretends so) */
 };

@@ -209,11 +209,13 @@ static void close_window_locked(uint32_t flush_flag, uint64_t aside_from_ns)
     uint64_t id = atomic_exchange(&g_state.window_id, 0);
     if (id == 0)
         return;
-    /* Launches that saw the window open finish their record first (bounded: a stuck thread must not stall exit). */
+    uint64_t end = now_ns(); /* launches entered from here on are not sampled */
+    /* Launches that entered the window finish their calls and records first, so the window's record counts them
+     * (bounded: a stuck thread must not stall exit; one that takes longer is still recorded, in no window's count). */
     uint64_t give_up = monotonic_ns() + 50000000ull;
-    while (atomic_load(&g_state.in_launch) != 0 && monotonic_ns() < give_up)
+    while ((atomic_load(&g_state.in_launch) != 0 || atomic_load(&g_state.launches_entered) != 0) &&
+           monotonic_ns() < give_up)
         sched_yield();
-    uint64_t end = now_ns();
     g_cupti.activity_flush_all(flush_flag);
     /* The activity kinds, and the launch callbacks with them, stay on until the sampled launches' GPU work has
      * arrived (see linger_check_locked). */
@@ -240,8 +242,11 @@ static int linger_check_locked(void)
         return 0;
     g_cupti.activity_flush_all(0);
     uint64_t now = monotonic_ns();
-    if (activity_outstanding() != 0 && now - ctl.linger_start_ns <= MAX_LAG_NS)
+    /* a launch that entered inside the window and is still in its call is sampled: its work must be recorded */
+    int outstanding = activity_outstanding() != 0 || atomic_load(&g_state.launches_entered) != 0;
+    if (outstanding && now - ctl.linger_start_ns <= MAX_LAG_NS)
         return 1;
+    atomic_store(&g_state.launches_entered, 0); /* an entry whose exit the callbacks missed must not hold the next */
     if (activity_outstanding() != 0)
         activity_expire(MAX_LAG_NS); /* counts what never came as dropped */
     hold_let_go();
