@@ -19,6 +19,7 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import random
 import statistics
 import struct
 import subprocess
@@ -36,6 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from verify_gpu_time import WindowedSource, write_report  # noqa: E402
 
 from otel_gpu.cuda import abi  # noqa: E402
+from otel_gpu.cuda.join import WindowWeights  # noqa: E402
 from otel_gpu.errors import SourceUnavailable  # noqa: E402
 from otel_gpu.profiles.model import FrameKind  # noqa: E402
 
@@ -157,10 +159,43 @@ def diagnose(records: list[abi.Record], lines: list[str]) -> None:
         lines.append(f"- sampled eager kernel launches {len(eager_launches)}, {len(joined)} with a kernel record; "
                      f"median kernel {statistics.median(joined) / 1e3 if joined else 0:.2f} us; 60 of them: "
                      f"{60 * statistics.median(joined) / 1e3 if joined else 0:.1f} us")
+    interval = ratio_interval(launches, by_corr, windows)
+    if interval is not None:
+        low, high, count = interval
+        lines.append(f"- the ratio's sampling spread: 95 % of {BOOTSTRAP} bootstrap resamplings of the {count} windows "
+                     f"give replayed / eager in [{low:.3f}, {high:.3f}]")
     if windows:
         last = windows[-1]
         lines.append(f"- last window: covered {last.covered_ns / 1e9:.3f} s of {last.elapsed_ns / 1e9:.3f} s, "
                      f"dropped {last.dropped}, launches {last.launches}")
+
+
+BOOTSTRAP = 2000
+
+
+def ratio_interval(launches: list[abi.Launch], by_corr: dict[int, list[abi.Activity]],
+                   windows: list[abi.Window]) -> tuple[float, float, int] | None:
+    """The 2.5 and 97.5 percentiles of replayed / eager (graph launches' kernel time over eager launches') over
+    resamplings of the windows, each window's work weighted as the agent weights it: how far sampling alone moves it."""
+    weights = WindowWeights()
+    weight = {w.window_id: weights.add(w)[0] for w in windows}
+    per_window: dict[int, list[float]] = defaultdict(lambda: [0.0, 0.0])
+    for launch in launches:
+        ns = sum(a.end_ns - a.start_ns for a in by_corr.get(launch.correlation_id, ()))
+        per_window[launch.window_id][0 if launch.kind == abi.LAUNCH_GRAPH else 1] += ns * weight.get(launch.window_id,
+                                                                                                      1.0)
+    rows = [per_window.get(w.window_id, [0.0, 0.0]) for w in windows]
+    if len(rows) < 10:
+        return None
+    draw = random.Random(0)
+    ratios = []
+    for _ in range(BOOTSTRAP):
+        sample = [rows[draw.randrange(len(rows))] for _ in rows]
+        eager = sum(r[1] for r in sample)
+        if eager:
+            ratios.append(sum(r[0] for r in sample) / eager)
+    ratios.sort()
+    return ratios[int(0.025 * len(ratios))], ratios[int(0.975 * len(ratios)) - 1], len(rows)
 
 
 def main(argv: list[str]) -> int:
