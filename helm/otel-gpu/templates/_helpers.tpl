@@ -61,3 +61,19 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end -}}
 {{- join "," $items -}}
 {{- end -}}
+
+{{/*
+Relabelings of the ServiceMonitor and PodMonitor: the scrape endpoint carries the resource only in target_info, so
+the labels the dashboards select by (as OTLP ingestion gives them from the resource) come from the target instead:
+the node as host_name and k8s_node_name, the cluster as k8s_cluster_name when clusterName is set.
+*/}}
+{{- define "otel-gpu.monitorRelabelings" -}}
+- sourceLabels: [__meta_kubernetes_pod_node_name]
+  targetLabel: k8s_node_name
+- sourceLabels: [__meta_kubernetes_pod_node_name]
+  targetLabel: host_name
+{{- with .Values.clusterName }}
+- targetLabel: k8s_cluster_name
+  replacement: {{ . | quote }}
+{{- end }}
+{{- end }}
