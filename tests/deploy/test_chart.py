@@ -227,6 +227,9 @@ def test_otlp_timeout_is_set_only_when_given() -> None:
     assert env_of(agent(render(["otlp.timeoutMs=2500"])))["OTEL_EXPORTER_OTLP_TIMEOUT"] == "2500"
 
 
+PER_SIGNAL = ("OTEL_EXPORTER_OTLP_METRICS_", "OTEL_EXPORTER_OTLP_PROFILES_")
+
+
 def test_per_signal_otlp_values_map_to_the_per_signal_variables() -> None:
     sets = ["otlp.endpoint=http://collector:4317", "otlp.metricsProtocol=http/protobuf",
             "otlp.profilesProtocol=grpc", "otlp.metricsCompression=none", "otlp.profilesCompression=gzip",
@@ -234,7 +237,7 @@ def test_per_signal_otlp_values_map_to_the_per_signal_variables() -> None:
             "otlp.tls.caKey=", "otlp.tls.metricsCaKey=metrics-ca.crt", "otlp.tls.profilesCaKey=profiles-ca.crt",
             "otlp.tls.profilesClientKeyKey=p.key", "otlp.tls.profilesClientCertificateKey=p.crt"]
     env = env_of(agent(render(sets)))
-    assert {name: value for name, value in env.items() if name.startswith(("OTEL_EXPORTER_OTLP_METRICS_", "OTEL_EXPORTER_OTLP_PROFILES_"))} == {
+    assert {name: value for name, value in env.items() if name.startswith(PER_SIGNAL)} == {
         "OTEL_EXPORTER_OTLP_METRICS_PROTOCOL": "http/protobuf", "OTEL_EXPORTER_OTLP_PROFILES_PROTOCOL": "grpc",
         "OTEL_EXPORTER_OTLP_METRICS_COMPRESSION": "none", "OTEL_EXPORTER_OTLP_PROFILES_COMPRESSION": "gzip",
         "OTEL_EXPORTER_OTLP_METRICS_TIMEOUT": "2000", "OTEL_EXPORTER_OTLP_PROFILES_TIMEOUT": "30000",
@@ -245,7 +248,7 @@ def test_per_signal_otlp_values_map_to_the_per_signal_variables() -> None:
     assert "OTEL_EXPORTER_OTLP_CERTIFICATE" not in env  # caKey "": only the per-signal files
     # unset per-signal values leave only the general variables, which the agent then uses for both signals
     env = env_of(agent(render(["otlp.endpoint=http://collector:4317"])))
-    assert not [name for name in env if name.startswith(("OTEL_EXPORTER_OTLP_METRICS_", "OTEL_EXPORTER_OTLP_PROFILES_"))]
+    assert not [name for name in env if name.startswith(PER_SIGNAL)]
     assert env["OTEL_EXPORTER_OTLP_COMPRESSION"] == "gzip"  # the chart's deliberate choice (README: otlp.compression)
     for sets, message in ((["otlp.tls.metricsCaKey=ca.crt"], "needs otlp.tls.caSecret or otlp.tls.caConfigMap"),
                           (["otlp.tls.caSecret=s", "otlp.tls.metricsClientKeyKey=k"], "go together"),
