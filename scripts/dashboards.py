@@ -6,11 +6,24 @@
 
 Three dashboards on a Prometheus-compatible data source (Mimir, Prometheus, VictoriaMetrics) plus one Pyroscope
 data source for the flame graphs. Metric names are the Prometheus translation of ``otel_gpu.semconv`` with unit
-suffixes (``semconv.prometheus_name``: Prometheus 3 and VictoriaMetrics by default; Mimir needs
-``-distributor.otel-metric-suffixes-enabled=true``). Labels: ``k8s_cluster_name``, ``host_name`` (the node),
-``hw_id`` (GPU UUID), ``k8s_namespace_name`` / ``k8s_pod_name`` (added by the gateway Collector's k8sattributes,
-see collector-config/). Every filter variable has "All" = ``.*``, which also matches series without the label, so
-the dashboards work without the Collector too.
+suffixes (``semconv.prometheus_name``), which all three dashboards expect and every path gives:
+
+- the agent's ``--prometheus-port`` endpoint scraped by Prometheus (tests/dashboards/test_dashboards_prometheus.py);
+- OTLP into VictoriaMetrics with ``-opentelemetry.usePrometheusNaming`` (tests/dashboards/test_dashboards.py);
+- OTLP into Prometheus 3 (its default ``UnderscoreEscapingWithSuffixes``) or Mimir (with
+  ``-distributor.otel-metric-suffixes-enabled=true``): the same translation rules (not run here).
+
+One name differs between them: hw.status, an up-down counter of unit 1, is ``hw_status`` when scraped and through
+Prometheus' own translation (``_ratio`` only for gauges) but ``hw_status_ratio`` in VictoriaMetrics, so its queries
+match ``__name__=~"hw_status(_ratio)?"``.
+
+Labels: ``k8s_cluster_name``, ``host_name`` (the node), ``hw_id`` (GPU UUID), ``k8s_namespace_name`` /
+``k8s_pod_name``. Through the gateway Collector (collector-config/) all of them are on every series (its transform
+copies the resource onto the data points; k8sattributes adds the pod names). Scraped, the resource is only in
+``target_info``: the chart's ServiceMonitor / PodMonitor add ``host_name`` and ``k8s_cluster_name`` from the target,
+and nothing adds pod and namespace names (the series carry ``k8s_pod_uid``), so those two variables list nothing.
+Every filter variable has "All" = ``.*``, which also matches series without the label, so every panel still shows
+data in that case and without the Collector.
 """
 
 from __future__ import annotations
