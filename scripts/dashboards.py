@@ -62,9 +62,11 @@ PROFILE_TYPES = {
     "GPU time (CUDA kernels, copies and sets by launching stack)": "gpu:gpu_time:nanoseconds:gpu:nanoseconds",
     "Sync wait (CPU threads blocked on the GPU)": "gpu_wait:sync_wait:nanoseconds:gpu_wait:nanoseconds",
 }
-# Profiles carry the process's resource; the gateway's k8sattributes adds node, namespace and pod names (no cluster
-# name: the resource processor has no profiles support), which Pyroscope files with dots turned to underscores
-PROFILE_SELECTOR = '{k8s_node_name=~"$node", k8s_namespace_name=~"$namespace", k8s_pod_name=~"$pod"}'
+# Profiles carry the process's resource: the agent gives the node (and the chart's clusterName), the gateway's
+# k8sattributes adds namespace and pod names and its resource processor the cluster; Pyroscope files them with dots
+# turned to underscores. No GPU filter: a CPU or sync-wait profile belongs to no one GPU.
+PROFILE_SELECTOR = ('{k8s_cluster_name=~"$cluster", k8s_node_name=~"$node", k8s_namespace_name=~"$namespace", '
+                    'k8s_pod_name=~"$pod"}')
 
 
 # --- variables ------------------------------------------------------------------------------------------------------
