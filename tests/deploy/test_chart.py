@@ -281,16 +281,31 @@ def test_the_agent_reads_the_per_signal_chart_environment(tmp_path: Path) -> Non
 
 
 def test_monitors_give_the_labels_the_dashboards_select_by() -> None:
-    sets = ["metrics.prometheusPort=9464", "metrics.podMonitor.enabled=true", "metrics.serviceMonitor.enabled=true"]
     node = {"sourceLabels": ["__meta_kubernetes_pod_node_name"], "targetLabel": "host_name"}
     cluster = {"targetLabel": "k8s_cluster_name", "replacement": "gpu-east"}
     for clustered in (False, True):
-        objects = render(sets + (["clusterName=gpu-east"] if clustered else []))
-        (pod_monitor,) = by_kind(objects, "PodMonitor")
-        (service_monitor,) = by_kind(objects, "ServiceMonitor")
+        extra = ["clusterName=gpu-east"] if clustered else []
+        (pod_monitor,) = by_kind(render(TOGGLES["pod-monitor"] + extra), "PodMonitor")
+        (service_monitor,) = by_kind(render(TOGGLES["service-monitor"] + extra), "ServiceMonitor")
         for endpoint in (pod_monitor["spec"]["podMetricsEndpoints"][0], service_monitor["spec"]["endpoints"][0]):
             assert node in endpoint["relabelings"]
             assert (cluster in endpoint["relabelings"]) is clustered
+
+
+def test_both_monitors_at_once_are_refused() -> None:
+    done = helm("template", "gpu", str(CHART), "--set", "metrics.prometheusPort=9464",
+                "--set", "metrics.podMonitor.enabled=true", "--set", "metrics.serviceMonitor.enabled=true", check=False)
+    assert done.returncode != 0 and "scrape every agent twice" in done.stderr, done.stderr
+
+
+def test_notes_say_when_the_image_has_no_registry() -> None:
+    def notes(*sets: str) -> str:
+        done = helm("install", "gpu", str(CHART), "--dry-run=client", *set_args(list(sets)), check=False)
+        assert done.returncode == 0, done.stderr
+        return done.stdout.split("NOTES:", 1)[1]
+
+    assert "No image is published" in notes()
+    assert "No image is published" not in notes("image.repository=registry.example/otel-gpu")
 
 
 def test_mutual_tls_files_come_from_the_ca_secret() -> None:
