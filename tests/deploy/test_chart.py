@@ -258,6 +258,16 @@ def test_per_signal_otlp_values_map_to_the_per_signal_variables() -> None:
         assert done.returncode != 0 and message in done.stderr, (sets, done.stderr)
 
 
+def test_spaces_and_plus_signs_in_pairs_reach_the_agent_unchanged(tmp_path: Path) -> None:
+    from otel_gpu import config
+
+    sets = ["otlp.endpoint=http://collector:4317", "string:resourceAttributes.team=ml platform+infra",
+            "string:otlp.headers.X-Note=a b"]
+    loaded = config.load(environ=kubelet_environment(render(sets), {}, tmp_path / "unused"))
+    assert dict(loaded.resource_attributes)["team"] == "ml platform+infra"
+    assert loaded.otlp.headers_for("metrics")["X-Note"] == "a b"
+
+
 def test_the_agent_reads_the_per_signal_chart_environment(tmp_path: Path) -> None:
     from otel_gpu import config
 

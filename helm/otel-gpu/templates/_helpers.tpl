@@ -53,11 +53,12 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end -}}
 {{- end -}}
 
-{{/* k1=v1,k2=v2 with each key and value URL-encoded, as OTEL_EXPORTER_OTLP_HEADERS and OTEL_RESOURCE_ATTRIBUTES read them. */}}
+{{/* k1=v1,k2=v2 with each key and value percent-encoded, as OTEL_EXPORTER_OTLP_HEADERS and OTEL_RESOURCE_ATTRIBUTES
+read them (urlquery writes a space as "+", which those variables do not decode: it becomes %20; a "+" is %2B). */}}
 {{- define "otel-gpu.pairs" -}}
 {{- $items := list -}}
 {{- range $key, $value := . -}}
-{{- $items = append $items (printf "%s=%s" (urlquery $key) (urlquery (toString $value))) -}}
+{{- $items = append $items (printf "%s=%s" (urlquery $key | replace "+" "%20") (urlquery (toString $value) | replace "+" "%20")) -}}
 {{- end -}}
 {{- join "," $items -}}
 {{- end -}}
