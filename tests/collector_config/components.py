@@ -100,7 +100,8 @@ PROCESSORS: Final = {
     "resource": Component({"attributes": [{k: LEAF for k in ("key", "value", "pattern", "from_attribute",
                                                              "from_context", "converted_type", "action")}]},
                           SIGNALS),
-    "transform": Component({"error_mode": LEAF, **{f"{signal}_statements": [
+    # config.go of the v0.150 era (default error_mode ignore): trace/metric/log/profile_statements, flatten_data
+    "transform": Component({"error_mode": LEAF, "flatten_data": LEAF, **{f"{signal}_statements": [
         {"context": LEAF, "conditions": LEAF, "statements": LEAF, "error_mode": LEAF}]
         for signal in ("trace", "metric", "log", "profile")}}, SIGNALS),
 }
