@@ -96,7 +96,7 @@ PROCESSORS: Final = {
         "exclude": {"pods": [{"name": LEAF}]},
     }, SIGNALS),
     "groupbyattrs": Component({"keys": LEAF}, ("traces", "metrics", "logs")),
-    # profiles at development stability since v0.121 (contrib PR #36208; README status of v0.133.0 and v0.135.0)
+    # profiles at development stability since March 2025 (contrib PR #36208; README status of v0.133.0, v0.135.0)
     "resource": Component({"attributes": [{k: LEAF for k in ("key", "value", "pattern", "from_attribute",
                                                              "from_context", "converted_type", "action")}]},
                           SIGNALS),
