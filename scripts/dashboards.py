@@ -285,9 +285,10 @@ def gpu() -> dict[str, object]:
                  description="The current hw.state of each GPU"), 12),
         "Processes",
         (listing("Processes on the GPU",
-                 q(f"sum by (hw_id, process_pid, process_executable_name, k8s_namespace_name, k8s_pod_name) "
-                   f"(nvidia_gpu_process_memory_usage_bytes{{{GPU}}})", instant=True), "bytes",
-                 "GPU memory held by each process (namespace and pod names come from the gateway Collector)"), 24),
+                 q(f"sum by (hw_id, process_pid, process_executable_name, k8s_namespace_name, k8s_pod_name, "
+                   f"k8s_pod_uid) (nvidia_gpu_process_memory_usage_bytes{{{GPU}}})", instant=True), "bytes",
+                 "GPU memory held by each process (namespace and pod names come from the gateway Collector; "
+                 "scraped, only the pod uid is there)"), 24),
     ]
     return _build("otel-gpu-gpu", "otel-gpu / GPU", "One GPU in detail: utilization and Hopper activities, memory, "
                   "power, temperature, clocks, throttle reasons, PCIe, XIDs and errors", items, ["gpu-detail"],

@@ -28,6 +28,7 @@ from otel_gpu.metrics.pipeline import MetricsPipeline
 from tests.backends import Prometheus, free_port, prometheus_factory, settle, wait_until
 from tests.dashboards.test_dashboards import (
     GPUS,
+    PROCESSES,
     FakeNode,
     dashboards,
     fill,
@@ -151,3 +152,13 @@ def test_gpu_state_reads_the_scrape_name(scraped: Prometheus) -> None:
                   {"cluster": ["prod"], "node": ["node-a"], "gpu": [".*"]})
     assert {r["metric"]["hw_state"]: float(r["value"][1]) for r in scraped.query(states)} == {"ok": 2.0,
                                                                                               "failed": 0.0}
+
+
+@pytest.mark.backend
+def test_scraped_processes_are_told_apart_by_pod_uid(scraped: Prometheus) -> None:
+    """Without pod names on scraped series, the GPU dashboard's process table still names each process's pod."""
+    (expr,) = [target["expr"] for panel in panels(dashboards.gpu()) if panel["title"] == "Processes on the GPU"
+               for target in panel["targets"]]
+    rows = scraped.query(fill(expr, {"cluster": [".*"], "node": [".*"], "gpu": [".*"]}))
+    assert {(r["metric"]["process_pid"], r["metric"].get("k8s_pod_uid")) for r in rows} == {
+        (str(usage.pid), usage.pod_uid) for usage in PROCESSES.values()}
