@@ -6,11 +6,24 @@
 
 Three dashboards on a Prometheus-compatible data source (Mimir, Prometheus, VictoriaMetrics) plus one Pyroscope
 data source for the flame graphs. Metric names are the Prometheus translation of ``otel_gpu.semconv`` with unit
-suffixes (``semconv.prometheus_name``: Prometheus 3 and VictoriaMetrics by default; Mimir needs
-``-distributor.otel-metric-suffixes-enabled=true``). Labels: ``k8s_cluster_name``, ``host_name`` (the node),
-``hw_id`` (GPU UUID), ``k8s_namespace_name`` / ``k8s_pod_name`` (added by the gateway Collector's k8sattributes,
-see collector-config/). Every filter variable has "All" = ``.*``, which also matches series without the label, so
-the dashboards work without the Collector too.
+suffixes (``semconv.prometheus_name``), which all three dashboards expect and every path gives:
+
+- the agent's ``--prometheus-port`` endpoint scraped by Prometheus (tests/dashboards/test_dashboards_prometheus.py);
+- OTLP into VictoriaMetrics with ``-opentelemetry.usePrometheusNaming`` (tests/dashboards/test_dashboards.py);
+- OTLP into Prometheus 3 (its default ``UnderscoreEscapingWithSuffixes``) or Mimir (with
+  ``-distributor.otel-metric-suffixes-enabled=true``): the same translation rules (not run here).
+
+One name differs between them: hw.status, an up-down counter of unit 1, is ``hw_status`` when scraped and through
+Prometheus' own translation (``_ratio`` only for gauges) but ``hw_status_ratio`` in VictoriaMetrics, so its queries
+match ``__name__=~"hw_status(_ratio)?"``.
+
+Labels: ``k8s_cluster_name``, ``host_name`` (the node), ``hw_id`` (GPU UUID), ``k8s_namespace_name`` /
+``k8s_pod_name``. Through the gateway Collector (collector-config/) all of them are on every series (its transform
+copies the resource onto the data points; k8sattributes adds the pod names). Scraped, the resource is only in
+``target_info``: the chart's ServiceMonitor / PodMonitor add ``host_name`` and ``k8s_cluster_name`` from the target,
+and nothing adds pod and namespace names (the series carry ``k8s_pod_uid``), so those two variables list nothing.
+Every filter variable has "All" = ``.*``, which also matches series without the label, so every panel still shows
+data in that case and without the Collector.
 """
 
 from __future__ import annotations
@@ -49,9 +62,11 @@ PROFILE_TYPES = {
     "GPU time (CUDA kernels, copies and sets by launching stack)": "gpu:gpu_time:nanoseconds:gpu:nanoseconds",
     "Sync wait (CPU threads blocked on the GPU)": "gpu_wait:sync_wait:nanoseconds:gpu_wait:nanoseconds",
 }
-# Profiles carry the process's resource; the gateway's k8sattributes adds node, namespace and pod names (no cluster
-# name: the resource processor has no profiles support), which Pyroscope files with dots turned to underscores
-PROFILE_SELECTOR = '{k8s_node_name=~"$node", k8s_namespace_name=~"$namespace", k8s_pod_name=~"$pod"}'
+# Profiles carry the process's resource: the agent gives the node (and the chart's clusterName), the gateway's
+# k8sattributes adds namespace and pod names and its resource processor the cluster; Pyroscope files them with dots
+# turned to underscores. No GPU filter: a CPU or sync-wait profile belongs to no one GPU.
+PROFILE_SELECTOR = ('{k8s_cluster_name=~"$cluster", k8s_node_name=~"$node", k8s_namespace_name=~"$namespace", '
+                    'k8s_pod_name=~"$pod"}')
 
 
 # --- variables ------------------------------------------------------------------------------------------------------
@@ -270,9 +285,10 @@ def gpu() -> dict[str, object]:
                  description="The current hw.state of each GPU"), 12),
         "Processes",
         (listing("Processes on the GPU",
-                 q(f"sum by (hw_id, process_pid, process_executable_name, k8s_namespace_name, k8s_pod_name) "
-                   f"(nvidia_gpu_process_memory_usage_bytes{{{GPU}}})", instant=True), "bytes",
-                 "GPU memory held by each process (namespace and pod names come from the gateway Collector)"), 24),
+                 q(f"sum by (hw_id, process_pid, process_executable_name, k8s_namespace_name, k8s_pod_name, "
+                   f"k8s_pod_uid) (nvidia_gpu_process_memory_usage_bytes{{{GPU}}})", instant=True), "bytes",
+                 "GPU memory held by each process (namespace and pod names come from the gateway Collector; "
+                 "scraped, only the pod uid is there)"), 24),
     ]
     return _build("otel-gpu-gpu", "otel-gpu / GPU", "One GPU in detail: utilization and Hopper activities, memory, "
                   "power, temperature, clocks, throttle reasons, PCIe, XIDs and errors", items, ["gpu-detail"],

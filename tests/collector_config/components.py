@@ -1,6 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """The configuration keys of the Collector components collector-config/ uses, as OpenTelemetry Collector-contrib
-v0.159.0 defines them (read 2026-12-03; no Collector binary with the OTLP receiver can be had here to check them).
+v0.159.0 defines them (read 2026-12-03, signals re-checked 2026-12-04; no Collector binary with the OTLP receiver can
+be had here to check them). collector-config/README.md ("What was checked against what") lists the sources per
+component with the version each was read at.
 
 Sources, by component (``mapstructure`` tags of the config structs, the component's metadata.yaml for the signals):
 - core repository open-telemetry/opentelemetry-collector at tag v0.159.0 (commit 934999fb):
@@ -15,6 +17,10 @@ Sources, by component (``mapstructure`` tags of the config structs, the componen
   processor/groupbyattrsprocessor/config.go (``keys``), processor/resourceprocessor (``attributes``, the
   internal/coreinternal/attraction ActionKeyValue keys), processor/transformprocessor README (``error_mode``,
   ``metric_statements`` of ``context`` / ``conditions`` / ``statements``), extension/healthcheckextension.
+- signals per processor, from the newest README status tables found (pkg.go.dev / release tags) and stored
+  metadata.yaml files: k8sattributes development: profiles (v0.135.0), transform development: profiles (v0.135.0;
+  its metadata.yaml with the v0.150.0 ``processor.transform.defaultErrorModeIgnore`` gate), resource development:
+  profiles (v0.133.0 tag, v0.135.0), groupbyattrs traces / metrics / logs only (v0.142.0).
 
 A schema is a dict of key -> sub-schema; ``LEAF`` is a scalar or a list of scalars; ``ANY_MAP`` takes any keys
 (headers); ``[schema]`` is a list of mappings each following ``schema``.
@@ -90,10 +96,12 @@ PROCESSORS: Final = {
         "exclude": {"pods": [{"name": LEAF}]},
     }, SIGNALS),
     "groupbyattrs": Component({"keys": LEAF}, ("traces", "metrics", "logs")),
+    # profiles at development stability since March 2025 (contrib PR #36208; README status of v0.133.0, v0.135.0)
     "resource": Component({"attributes": [{k: LEAF for k in ("key", "value", "pattern", "from_attribute",
                                                              "from_context", "converted_type", "action")}]},
-                          ("traces", "metrics", "logs")),
-    "transform": Component({"error_mode": LEAF, **{f"{signal}_statements": [
+                          SIGNALS),
+    # config.go of the v0.150 era (default error_mode ignore): trace/metric/log/profile_statements, flatten_data
+    "transform": Component({"error_mode": LEAF, "flatten_data": LEAF, **{f"{signal}_statements": [
         {"context": LEAF, "conditions": LEAF, "statements": LEAF, "error_mode": LEAF}]
         for signal in ("trace", "metric", "log", "profile")}}, SIGNALS),
 }

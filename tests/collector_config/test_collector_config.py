@@ -149,6 +149,18 @@ def test_k8sattributes_looks_pods_up_by_the_ids_the_agent_sends() -> None:
     assert metrics.index(lift) < metrics.index("k8sattributes")
 
 
+def test_every_pipeline_gets_the_cluster_name_without_overriding_the_agents() -> None:
+    """The dashboards filter metrics and flame graphs by k8s_cluster_name: both pipelines add it, and only where the
+    agent sent none (the chart's clusterName must win over the Collector's default)."""
+    document = yaml.safe_load((REPO / "collector-config" / "otel-gpu-to-lgtm.yaml").read_text())
+    for signal in ("metrics", "profiles"):
+        actions = [action for name in document["service"]["pipelines"][signal]["processors"]
+                   if name.split("/")[0] == "resource"
+                   for action in document["processors"][name]["attributes"] if action["key"] == "k8s.cluster.name"]
+        assert actions, f"the {signal} pipeline adds no k8s.cluster.name"
+        assert {action["action"] for action in actions} == {"insert"}, (signal, actions)
+
+
 def test_the_check_finds_a_typo() -> None:
     document = yaml.safe_load((REPO / "collector-config" / "otel-gpu-to-lgtm.yaml").read_text())
     document["processors"]["memory_limiter"]["limit_percent"] = 80

@@ -2,10 +2,10 @@
 """A stand-in for the gateway Collector (collector-config/otel-gpu-to-lgtm.yaml) between agent and VictoriaMetrics.
 
 No Collector binary can be had here, so this applies, on the OTLP/HTTP wire, what that file's metrics processors
-do to the agent's data: ``resource`` adds k8s.cluster.name; ``groupbyattrs`` moves a data point's k8s.pod.uid and
-container.id up to its own resource; ``k8sattributes`` finds the pod by k8s.pod.uid and adds k8s.pod.name,
-k8s.namespace.name and the workload's name; ``transform`` copies the listed resource attributes onto every data
-point. The dashboards' queries then see the labels a real gateway would give them.
+do to the agent's data: ``resource`` adds k8s.cluster.name where the agent sent none; ``groupbyattrs`` moves a data
+point's k8s.pod.uid and container.id up to its own resource; ``k8sattributes`` finds the pod by k8s.pod.uid and adds
+k8s.pod.name, k8s.namespace.name and the workload's name; ``transform`` copies the listed resource attributes onto
+every data point. The dashboards' queries then see the labels a real gateway would give them.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ def enrich(request: ExportMetricsServiceRequest, cluster: str, pods: Mapping[str
     """Apply the gateway's processors to ``request`` in place; ``pods``: pod uid -> attributes k8sattributes adds."""
     for resource, point in _points(request):
         attributes = {kv.key: kv.value.string_value for kv in resource.attributes}  # type: ignore[attr-defined]
-        attributes["k8s.cluster.name"] = cluster
+        attributes.setdefault("k8s.cluster.name", cluster)  # resource/cluster: action insert
         pod_uid = next((kv.value.string_value for kv in point.attributes  # type: ignore[attr-defined]
                         if kv.key == "k8s.pod.uid"), "")
         attributes.update(pods.get(pod_uid, {}))

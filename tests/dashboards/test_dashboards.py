@@ -242,6 +242,17 @@ def test_flame_graphs_show_the_profile_types_the_agent_sends() -> None:
     assert sorted(shown) == sorted(emitted)
 
 
+def test_flame_graphs_follow_every_filter_but_the_gpu() -> None:
+    """The flame graphs narrow with the board's cluster, node, namespace and pod choices (profiles carry those
+    labels: collector-config/README.md), and never by GPU, which a CPU or sync-wait profile does not have."""
+    board = dashboards.workloads()
+    filters = {v["name"] for v in query_variables(board)} - {"gpu"}
+    for panel in panels(board):
+        if panel["type"] == "flamegraph":
+            selector = panel["targets"][0]["labelSelector"]
+            assert set(re.findall(r"\$(\w+)", selector)) == filters, selector
+
+
 def test_committed_json_is_what_the_generator_builds(tmp_path: Path) -> None:
     assert dashboards.main(["--out", str(tmp_path)]) == 0
     committed = REPO / "helm" / "otel-gpu" / "dashboards"

@@ -227,6 +227,97 @@ def test_otlp_timeout_is_set_only_when_given() -> None:
     assert env_of(agent(render(["otlp.timeoutMs=2500"])))["OTEL_EXPORTER_OTLP_TIMEOUT"] == "2500"
 
 
+PER_SIGNAL = ("OTEL_EXPORTER_OTLP_METRICS_", "OTEL_EXPORTER_OTLP_PROFILES_")
+
+
+def test_per_signal_otlp_values_map_to_the_per_signal_variables() -> None:
+    sets = ["otlp.endpoint=http://collector:4317", "otlp.metricsProtocol=http/protobuf",
+            "otlp.profilesProtocol=grpc", "otlp.metricsCompression=none", "otlp.profilesCompression=gzip",
+            "otlp.metricsTimeoutMs=2000", "otlp.profilesTimeoutMs=30000", "otlp.tls.caSecret=collector-tls",
+            "otlp.tls.caKey=", "otlp.tls.metricsCaKey=metrics-ca.crt", "otlp.tls.profilesCaKey=profiles-ca.crt",
+            "otlp.tls.profilesClientKeyKey=p.key", "otlp.tls.profilesClientCertificateKey=p.crt"]
+    env = env_of(agent(render(sets)))
+    assert {name: value for name, value in env.items() if name.startswith(PER_SIGNAL)} == {
+        "OTEL_EXPORTER_OTLP_METRICS_PROTOCOL": "http/protobuf", "OTEL_EXPORTER_OTLP_PROFILES_PROTOCOL": "grpc",
+        "OTEL_EXPORTER_OTLP_METRICS_COMPRESSION": "none", "OTEL_EXPORTER_OTLP_PROFILES_COMPRESSION": "gzip",
+        "OTEL_EXPORTER_OTLP_METRICS_TIMEOUT": "2000", "OTEL_EXPORTER_OTLP_PROFILES_TIMEOUT": "30000",
+        "OTEL_EXPORTER_OTLP_METRICS_CERTIFICATE": "/etc/otel-gpu/tls/metrics-ca.crt",
+        "OTEL_EXPORTER_OTLP_PROFILES_CERTIFICATE": "/etc/otel-gpu/tls/profiles-ca.crt",
+        "OTEL_EXPORTER_OTLP_PROFILES_CLIENT_KEY": "/etc/otel-gpu/tls/p.key",
+        "OTEL_EXPORTER_OTLP_PROFILES_CLIENT_CERTIFICATE": "/etc/otel-gpu/tls/p.crt"}
+    assert "OTEL_EXPORTER_OTLP_CERTIFICATE" not in env  # caKey "": only the per-signal files
+    # unset per-signal values leave only the general variables, which the agent then uses for both signals
+    env = env_of(agent(render(["otlp.endpoint=http://collector:4317"])))
+    assert not [name for name in env if name.startswith(PER_SIGNAL)]
+    assert env["OTEL_EXPORTER_OTLP_COMPRESSION"] == "gzip"  # the chart's deliberate choice (README: otlp.compression)
+    for sets, message in ((["otlp.tls.metricsCaKey=ca.crt"], "needs otlp.tls.caSecret or otlp.tls.caConfigMap"),
+                          (["otlp.tls.caSecret=s", "otlp.tls.metricsClientKeyKey=k"], "go together"),
+                          (["otlp.tls.caConfigMap=c", "otlp.tls.profilesClientKeyKey=k",
+                            "otlp.tls.profilesClientCertificateKey=c"], "go together")):
+        done = helm("template", "gpu", str(CHART), *set_args(sets), check=False)
+        assert done.returncode != 0 and message in done.stderr, (sets, done.stderr)
+
+
+def test_spaces_and_plus_signs_in_pairs_reach_the_agent_unchanged(tmp_path: Path) -> None:
+    from otel_gpu import config
+
+    sets = ["otlp.endpoint=http://collector:4317", "string:resourceAttributes.team=ml platform+infra",
+            "string:otlp.headers.X-Note=a b"]
+    loaded = config.load(environ=kubelet_environment(render(sets), {}, tmp_path / "unused"))
+    assert dict(loaded.resource_attributes)["team"] == "ml platform+infra"
+    assert loaded.otlp.headers_for("metrics")["X-Note"] == "a b"
+
+
+def test_the_agent_reads_the_per_signal_chart_environment(tmp_path: Path) -> None:
+    from otel_gpu import config
+
+    for name in ("m.crt", "p.crt", "p.key", "pc.crt"):
+        (tmp_path / name).write_text("-----BEGIN CERTIFICATE-----\n")
+    sets = ["otlp.endpoint=http://collector:4317", "otlp.metricsEndpoint=http://mimir:8080/otlp/v1/metrics",
+            "otlp.metricsProtocol=http/protobuf", "otlp.metricsCompression=none", "otlp.profilesTimeoutMs=30000",
+            "otlp.tls.caSecret=tls", "otlp.tls.caKey=", "otlp.tls.metricsCaKey=m.crt",
+            "otlp.tls.profilesCaKey=p.crt", "otlp.tls.profilesClientKeyKey=p.key",
+            "otlp.tls.profilesClientCertificateKey=pc.crt"]
+    environ = kubelet_environment(render(sets), {}, tmp_path / "unused")
+    environ = {name: value.replace("/etc/otel-gpu/tls", str(tmp_path)) for name, value in environ.items()}
+    loaded = config.load(environ=environ)
+    assert loaded.otlp.metrics_target() == ("http/protobuf", "http://mimir:8080/otlp/v1/metrics")
+    assert loaded.otlp.profiles_target() == ("grpc", "http://collector:4317")
+    assert loaded.otlp.metrics_compression == "none" and loaded.otlp.compression == "gzip"
+    assert loaded.otlp.profiles_timeout_s == 30.0 and loaded.otlp.metrics_timeout_s == 0
+    assert loaded.otlp.metrics_certificate == str(tmp_path / "m.crt") and loaded.otlp.certificate == ""
+    assert (loaded.otlp.profiles_client_key, loaded.otlp.profiles_client_certificate) == \
+        (str(tmp_path / "p.key"), str(tmp_path / "pc.crt"))
+
+
+def test_monitors_give_the_labels_the_dashboards_select_by() -> None:
+    node = {"sourceLabels": ["__meta_kubernetes_pod_node_name"], "targetLabel": "host_name"}
+    cluster = {"targetLabel": "k8s_cluster_name", "replacement": "gpu-east"}
+    for clustered in (False, True):
+        extra = ["clusterName=gpu-east"] if clustered else []
+        (pod_monitor,) = by_kind(render(TOGGLES["pod-monitor"] + extra), "PodMonitor")
+        (service_monitor,) = by_kind(render(TOGGLES["service-monitor"] + extra), "ServiceMonitor")
+        for endpoint in (pod_monitor["spec"]["podMetricsEndpoints"][0], service_monitor["spec"]["endpoints"][0]):
+            assert node in endpoint["relabelings"]
+            assert (cluster in endpoint["relabelings"]) is clustered
+
+
+def test_both_monitors_at_once_are_refused() -> None:
+    done = helm("template", "gpu", str(CHART), "--set", "metrics.prometheusPort=9464",
+                "--set", "metrics.podMonitor.enabled=true", "--set", "metrics.serviceMonitor.enabled=true", check=False)
+    assert done.returncode != 0 and "scrape every agent twice" in done.stderr, done.stderr
+
+
+def test_notes_say_when_the_image_has_no_registry() -> None:
+    def notes(*sets: str) -> str:
+        done = helm("install", "gpu", str(CHART), "--dry-run=client", *set_args(list(sets)), check=False)
+        assert done.returncode == 0, done.stderr
+        return done.stdout.split("NOTES:", 1)[1]
+
+    assert "No image is published" in notes()
+    assert "No image is published" not in notes("image.repository=registry.example/otel-gpu")
+
+
 def test_mutual_tls_files_come_from_the_ca_secret() -> None:
     env = env_of(agent(render(["otlp.tls.caSecret=collector-tls", "otlp.tls.clientKeyKey=tls.key",
                                "otlp.tls.clientCertificateKey=tls.crt"])))
@@ -304,6 +395,10 @@ def test_dashboards_become_configmaps_with_the_sidecar_label(dashboards_dir: Pat
     "otlp.unknown=1",
     "otlp.timeoutMs=-1",
     "otlp.timeoutMs=10s",
+    "otlp.metricsCompression=zstd",
+    "otlp.profilesProtocol=http/json",
+    "otlp.metricsTimeoutMs=-5",
+    "otlp.tls.profilesCaKey=a/b",
 ])
 def test_values_that_break_the_schema_are_refused(bad: str) -> None:
     done = helm("template", "gpu", str(CHART), "--set", bad, check=False)
@@ -323,6 +418,14 @@ def test_notes_name_the_backend_and_the_workload_snippet() -> None:
     assert done.returncode == 0, done.stderr
     notes = done.stdout.split("NOTES:", 1)[1]
     assert "OTLP (grpc): http://collector:4317" in notes
+    done = helm("install", "gpu", str(CHART), "--dry-run=client", "--namespace", "monitoring",
+                "--set", "otlp.profilesEndpoint=http://collector:4317", "--set", "otlp.profilesProtocol=grpc",
+                "--set", "otlp.metricsEndpoint=http://mimir/otlp/v1/metrics", "--set", "otlp.protocol=http/protobuf",
+                check=False)
+    assert done.returncode == 0, done.stderr
+    notes = done.stdout.split("NOTES:", 1)[1]
+    assert "OTLP profiles (grpc): http://collector:4317" in notes and "No backend is set" not in notes
+    assert "OTLP metrics (http/protobuf): http://mimir/otlp/v1/metrics" in notes
     assert "CUDA_INJECTION64_PATH" in notes and "/opt/otel-gpu/lib" in notes
 
 

@@ -53,11 +53,28 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end -}}
 {{- end -}}
 
-{{/* k1=v1,k2=v2 with each key and value URL-encoded, as OTEL_EXPORTER_OTLP_HEADERS and OTEL_RESOURCE_ATTRIBUTES read them. */}}
+{{/* k1=v1,k2=v2 with each key and value percent-encoded, as OTEL_EXPORTER_OTLP_HEADERS and OTEL_RESOURCE_ATTRIBUTES
+read them (urlquery writes a space as "+", which those variables do not decode: it becomes %20; a "+" is %2B). */}}
 {{- define "otel-gpu.pairs" -}}
 {{- $items := list -}}
 {{- range $key, $value := . -}}
-{{- $items = append $items (printf "%s=%s" (urlquery $key) (urlquery (toString $value))) -}}
+{{- $items = append $items (printf "%s=%s" (urlquery $key | replace "+" "%20") (urlquery (toString $value) | replace "+" "%20")) -}}
 {{- end -}}
 {{- join "," $items -}}
 {{- end -}}
+
+{{/*
+Relabelings of the ServiceMonitor and PodMonitor: the scrape endpoint carries the resource only in target_info, so
+the labels the dashboards select by (as OTLP ingestion gives them from the resource) come from the target instead:
+the node as host_name and k8s_node_name, the cluster as k8s_cluster_name when clusterName is set.
+*/}}
+{{- define "otel-gpu.monitorRelabelings" -}}
+- sourceLabels: [__meta_kubernetes_pod_node_name]
+  targetLabel: k8s_node_name
+- sourceLabels: [__meta_kubernetes_pod_node_name]
+  targetLabel: host_name
+{{- with .Values.clusterName }}
+- targetLabel: k8s_cluster_name
+  replacement: {{ . | quote }}
+{{- end }}
+{{- end }}
