@@ -3,6 +3,8 @@
 
     python py_chain.py MODE ROUNDS UNIT     MODE: one | two (two threads) | ctypes (the work in libpyspin.so)
                                             | crowd (one, behind 100 idle Python threads created after main's)
+                                            | callback (main -> outer -> C call_back -> inner -> loop; a
+                                              first round, "warm", then it waits for a second line)
 
 main -> run_rounds -> step -> heavy (3 x UNIT iterations) / light (UNIT iterations); heavy and light run the same
 loop, so their CPU time is 3:1. Prints "ready PID", waits for a line on stdin, works, prints "done", waits again
@@ -39,6 +41,16 @@ class Steps:
         light(unit)  # LINE step-light
 
 
+def inner(n):  # called back from C (libpyspin.so's call_back)
+    return loop(n)  # LINE inner
+
+
+def outer(rounds, unit):
+    callback = ctypes.CFUNCTYPE(ctypes.c_uint64, ctypes.c_uint64)(inner)
+    for _ in range(rounds):
+        SPIN.call_back(callback, 3 * unit)  # LINE outer
+
+
 def run_rounds(rounds, unit):
     steps = Steps()
     for _ in range(rounds):
@@ -48,11 +60,13 @@ def run_rounds(rounds, unit):
 def main():
     global SPIN
     mode, rounds, unit = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-    if mode == "ctypes":
+    if mode in ("ctypes", "callback"):
         SPIN = ctypes.CDLL(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "native", "pyspin",
                                         "libpyspin.so"))
         SPIN.spin_work.argtypes = [ctypes.c_uint64]
         SPIN.spin_work.restype = ctypes.c_uint64
+        SPIN.call_back.argtypes = [ctypes.CFUNCTYPE(ctypes.c_uint64, ctypes.c_uint64), ctypes.c_uint64]
+        SPIN.call_back.restype = ctypes.c_uint64
     idle = threading.Event()
     if mode == "crowd":  # newer thread states come first in the interpreter's list: main's is the 101st
         for _ in range(100):
@@ -65,6 +79,11 @@ def main():
             thread.start()
         for thread in threads:
             thread.join()
+    elif mode == "callback":  # a first round gets the process sampled (and its unwind tables built), then more
+        outer(1, unit)
+        print("warm", flush=True)
+        sys.stdin.readline()
+        outer(rounds, unit)  # LINE main-outer
     else:
         run_rounds(rounds, unit)  # LINE main
     print("done", flush=True)

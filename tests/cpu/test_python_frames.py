@@ -188,6 +188,54 @@ def test_native_frames_of_a_c_library_sit_above_the_python_ones(name: str) -> No
     assert {"cpython", "native"} <= _frame_types(batch)
 
 
+@pytest.mark.root
+@pytest.mark.parametrize("name", VERSIONS)
+def test_python_called_back_from_c_sits_below_the_c_frames_that_called_it(name: str) -> None:
+    """main -> outer -> call_back (C, libpyspin.so, no frame pointers) -> inner -> loop: each run of Python frames
+    takes the place of the evaluation loop that runs it, so the C frame sits between outer and inner."""
+    python = _interpreter(name)
+    process = subprocess.Popen([python, str(WORKLOAD), "callback", "40", str(UNIT)], stdin=subprocess.PIPE,
+                               stdout=subprocess.PIPE, text=True)
+    assert process.stdin is not None and process.stdout is not None
+    try:
+        pid = int(process.stdout.readline().split()[1])
+        source = CPUProfileSource(ProfilingConfig(frequency_hz=199, pids=(pid,)), ProcessResolver())
+        source.open()
+        try:
+            process.stdin.write("go\n")
+            process.stdin.flush()
+            assert process.stdout.readline().strip() == "warm"
+            source.drain()  # registers the process: its Python walker and its native unwind tables
+            assert source.sampler.settle_unwinder(60)
+            source.drain()
+            process.stdin.write("go\n")
+            process.stdin.flush()
+            assert process.stdout.readline().strip() == "done"
+            batch = source.drain()[0]
+        finally:
+            source.close()
+    finally:
+        process.kill()
+        process.wait()
+    lines = _marker_lines()
+    expected = [("loop", FrameKind.PYTHON), ("inner", FrameKind.PYTHON), ("call_back", FrameKind.NATIVE),
+                ("outer", FrameKind.PYTHON), ("main", FrameKind.PYTHON), ("<module>", FrameKind.PYTHON)]
+    total = interleaved = 0
+    orders: Counter[tuple[str, ...]] = Counter()
+    for sample in (s for p in batch.processes if p.process.pid == pid for s in p.samples):
+        total += sample.value
+        kept = [f for f in sample.frames if f.kind is FrameKind.PYTHON or
+                (f.mapping is not None and f.mapping.path.endswith("libpyspin.so"))]
+        orders[tuple(f.function for f in kept)] += sample.value
+        if [(f.function, f.kind) for f in kept] != expected:
+            continue
+        assert [f.line for f in kept if f.kind is FrameKind.PYTHON][1:3] == [lines["inner"], lines["outer"]], kept
+        assert not any(f.function.startswith("_PyEval_EvalFrameDefault") for f in sample.frames), sample.frames
+        interleaved += sample.value
+    assert total > 150, total
+    assert interleaved / total > 0.8, orders.most_common(5)
+
+
 def test_layouts_table_parses_every_version() -> None:
     layouts = load_layouts()
     assert set(layouts) == {(3, 10), (3, 11), (3, 12), (3, 13)}
