@@ -7,6 +7,8 @@ ones; `go tool pprof` reads the result and the OTLP frames carry their types."""
 from __future__ import annotations
 
 import glob
+import os
+import shutil
 import subprocess
 import time
 from collections import Counter
@@ -18,10 +20,13 @@ from otel_gpu.config import ProfilingConfig
 from otel_gpu.cpu.python import PythonFrames, find_python, load_layouts
 from otel_gpu.cpu.sampler import CPUSampler
 from otel_gpu.cpu.source import CPUProfileSource
+from otel_gpu.cuda.abi import KStackC, decode_stack
+from otel_gpu.cuda.builder import python_frames
 from otel_gpu.procfs import ProcessResolver
 from otel_gpu.profiles.model import Frame, FrameKind, ProfileBatch, Sample
 from otel_gpu.profiles.otlp import encode_otlp
 from otel_gpu.profiles.pprof import encode_pprof
+from tests.cuda.test_native_inject import read_debug_file
 from tests.gotool import pprof_top
 
 WORKLOAD = Path(__file__).with_name("py_chain.py")
@@ -234,6 +239,63 @@ def test_python_called_back_from_c_sits_below_the_c_frames_that_called_it(name: 
         interleaved += sample.value
     assert total > 150, total
     assert interleaved / total > 0.8, orders.most_common(5)
+
+
+INJECTED = Path(__file__).parents[2] / "otel_gpu" / "cuda" / "native" / "libotel_gpu_inject.so"
+FAKE_CUDA = Path(__file__).parents[1] / "native" / "cuda"
+
+
+@pytest.mark.root
+@pytest.mark.parametrize("name", VERSIONS)
+def test_gpu_launch_stacks_and_cpu_samples_name_python_frames_alike(name: str, tmp_path: Path) -> None:
+    """One process, profiled both ways at once: the CPU sampler (BPF walker, code objects read by the agent) and the
+    injected library's launch stacks (pyframes.c in-process, or the C API on 3.10) name the same Python frames with
+    equal frames (function, file, line, type), so each function is one node in both flame graphs."""
+    for built in (INJECTED, FAKE_CUDA / "libcuda.so.1", FAKE_CUDA / "libcupti.so"):
+        if not built.exists():
+            pytest.fail(f"{built} is not built: run make -s build")
+    library = tmp_path / "inject-under-test.so"  # a private copy: no agent elsewhere attaches to it
+    shutil.copyfile(INJECTED, library)
+    debug = tmp_path / "records.bin"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_GPU_", "CUDA_INJECTION"))}
+    env.update({"CUDA_INJECTION64_PATH": str(library), "OTEL_GPU_CUPTI_PATH": str(FAKE_CUDA / "libcupti.so"),
+                "OTEL_GPU_DEBUG_FILE": str(debug), "OTEL_GPU_DEBUG_ALWAYS_ON": "1", "OTEL_GPU_WINDOW_MS": "5",
+                "OTEL_GPU_OVERHEAD_BUDGET": "0.5"})
+    process = subprocess.Popen([_interpreter(name), str(WORKLOAD), "cuda", "200", str(UNIT // 10)], env=env,
+                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert process.stdin is not None and process.stdout is not None
+    try:
+        pid = int(process.stdout.readline().split()[1])
+        source = CPUProfileSource(ProfilingConfig(frequency_hz=199, pids=(pid,)), ProcessResolver())
+        source.open()
+        try:
+            process.stdin.write("go\n")
+            process.stdin.flush()
+            assert process.stdout.readline().strip() == "done"
+            batch = source.drain()[0]
+        finally:
+            source.close()
+        process.stdin.write("exit\n")  # a normal exit: the library writes its last records
+        process.stdin.flush()
+        assert process.wait(timeout=60) == 0
+    finally:
+        process.kill()
+        process.wait()
+    cpu = Counter(_python_chain(s)[:4] for p in batch.processes if p.process.pid == pid for s in p.samples)
+    gpu = Counter(tuple(reversed(python_frames(decode_stack(launch.stack, KStackC()).python)))[:4]
+                  for launch in read_debug_file(debug).launches)
+    assert cpu and gpu, (cpu, gpu)
+    lines = _marker_lines()
+    # root first: <module>, main, gpu_rounds, Launcher.after; only the last one's line differs (loop vs launch)
+    cpu_chain, _ = cpu.most_common(1)[0]
+    gpu_chain, _ = gpu.most_common(1)[0]
+    after = "after" if name == "3.10" else "Launcher.after"  # 3.10 has no co_qualname
+    assert [f.function for f in cpu_chain] == ["<module>", "main", "gpu_rounds", after], cpu.most_common(3)
+    assert cpu_chain[:3] == gpu_chain[:3], (cpu_chain, gpu_chain)
+    assert (cpu_chain[3].function, cpu_chain[3].filename, cpu_chain[3].kind) == \
+        (gpu_chain[3].function, gpu_chain[3].filename, gpu_chain[3].kind), (cpu_chain, gpu_chain)
+    assert [cpu_chain[3].line, gpu_chain[3].line] == [lines["after-loop"], lines["after-launch"]]
+    assert cpu_chain[2].line == lines["gpu_rounds"] and cpu_chain[1].line == lines["main-gpu"], cpu_chain
 
 
 def test_layouts_table_parses_every_version() -> None:
