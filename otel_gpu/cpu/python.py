@@ -407,9 +407,9 @@ def merge(native: tuple[Frame, ...], runs: Sequence[tuple[Frame, ...]]) -> tuple
     the evaluation-loop frame that runs it, counted from the leaf: Python -> C extension -> Python callback reads
     as such. The native frames the innermost Python frame called (C extensions, libraries, the interpreter's own C
     functions) stay; between two runs, the frames of C extensions and libraries stay and the interpreter's own
-    calling glue goes (3.10 runs one loop per Python frame); beyond the outermost run, the frames that started the
-    interpreter or the thread go. A native stack with fewer loops than runs (cut short) gets the other runs after
-    its frames; one with more (the Python stack was cut) ends with the last run."""
+    calling glue (3.10 runs one loop per Python frame) and addresses in no file go; beyond the outermost run, the
+    frames that started the interpreter or the thread go. A native stack with fewer loops than runs (cut short) gets
+    the other runs after its frames; one with more (the Python stack was cut) ends with the last run."""
     if not any(runs):
         return native
     out: list[Frame] = []
@@ -422,16 +422,17 @@ def merge(native: tuple[Frame, ...], runs: Sequence[tuple[Frame, ...]]) -> tuple
             used += 1
             if used == len(runs):
                 break
-        elif used == 0 or not _is_interpreter(frame):
+        elif used == 0 or _is_library(frame):
             out.append(frame)
     for run in runs[used:]:
         out.extend(run)
     return tuple(out)
 
 
-def _is_interpreter(frame: Frame) -> bool:
-    """A frame of the interpreter's own file (the python executable or libpython)."""
-    return frame.mapping is not None and bool(_LIBRARY.search(frame.mapping.path))
+def _is_library(frame: Frame) -> bool:
+    """A frame of a mapped file other than the interpreter's own (the python executable or libpython). A return
+    address in no mapped file between two evaluation loops is what a native unwind that went astray leaves."""
+    return frame.mapping is not None and not _LIBRARY.search(frame.mapping.path)
 
 
 def unsupported_frame(description: str) -> Frame:

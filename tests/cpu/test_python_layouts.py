@@ -112,10 +112,12 @@ def _at(path: str) -> Mapping:
 
 def test_each_run_of_python_frames_takes_the_place_of_its_evaluation_loop() -> None:
     """Python -> C -> Python: the runs pair with the loops from the leaf; between them the C library's frames stay
-    and the interpreter's calling glue goes; past the outermost loop, what started the interpreter goes."""
+    and the interpreter's calling glue and addresses in no file go; past the outermost loop, what started the
+    interpreter goes."""
     python, library = _at("/usr/lib/libpython3.12.so.1.0"), _at("/tmp/libpyspin.so")
     native = (Frame("PyNumber_Add", mapping=python), Frame("_PyEval_EvalFrameDefault", mapping=python),
-              Frame("_PyObject_Call", mapping=python), Frame("ffi_closure_unix64_inner", mapping=_at("/l/libffi.so")),
+              Frame("_PyObject_Call", mapping=python), Frame("[unknown]", address=0x7F0000001000),
+              Frame("ffi_closure_unix64_inner", mapping=_at("/l/libffi.so")),
               Frame("call_back", mapping=library), Frame("_PyObject_Vectorcall", mapping=python),
               Frame("_PyEval_EvalFrameDefault.cold", mapping=python), Frame("Py_RunMain", mapping=python),
               Frame("main", mapping=_at("/usr/bin/python3.12")))
@@ -124,7 +126,7 @@ def test_each_run_of_python_frames_takes_the_place_of_its_evaluation_loop() -> N
     assert [f.function for f in merge(native, (inner, outer))] == \
         ["PyNumber_Add", "loop", "inner", "ffi_closure_unix64_inner", "call_back", "outer", "<module>"]
     # the native stack cut short after call_back: the outer run follows what it has
-    assert [f.function for f in merge(native[:6], (inner, outer))] == \
+    assert [f.function for f in merge(native[:7], (inner, outer))] == \
         ["PyNumber_Add", "loop", "inner", "ffi_closure_unix64_inner", "call_back", "outer", "<module>"]
     # the Python stack cut (one run for two loops): it ends with that run
     assert [f.function for f in merge(native, (inner,))] == ["PyNumber_Add", "loop", "inner"]
