@@ -7,9 +7,13 @@ Reports:
   2. user space: Python stacks resolved and merged per second, first sight (code objects read through
      /proc/PID/mem) and cached;
   3. with --py-spy PATH: the same pure-Python program sampled by this profiler and by `py-spy record --format raw`
-     at the same time, and the shares of heavy() and light() in each (the program splits its work 3:1).
+     at the same time, and the shares of heavy() and light() in each (the program splits its work 3:1);
+  4. the share of a process's samples whose stack reaches a Python frame (python_share): of the workload, or with
+     --pid PID of any running process (the H200 check points it at a PyTorch training step), through the whole
+     CPU source (Python walk, native unwinding, merge), after the process is registered.
 
 Run (as root, after make build): .venv/bin/python bench/bench_python_frames.py [--seconds 10] [--py-spy PATH]
+                                 [--pid PID: only part 4, on that process]
 """
 
 from __future__ import annotations
@@ -148,13 +152,47 @@ def py_spy_agreement(py_spy: str, seconds: float) -> dict[str, float]:
     return out
 
 
+def python_share(seconds: float, pid: int = 0) -> dict[str, float]:
+    """Share of the samples of ``pid`` (default: the 3:1 workload) whose stack reaches a Python frame."""
+    from otel_gpu.config import ProfilingConfig
+    from otel_gpu.cpu.source import CPUProfileSource
+    from otel_gpu.procfs import ProcessResolver
+    from otel_gpu.profiles.model import FrameKind
+
+    process = None
+    if not pid:
+        process, pid = start_workload(100_000)
+    source = CPUProfileSource(ProfilingConfig(frequency_hz=99, pids=(pid,)), ProcessResolver())
+    source.open()
+    try:
+        time.sleep(0.5)
+        source.drain()  # the samples before the process was registered
+        source.sampler.settle_unwinder(60)
+        source.drain()
+        time.sleep(seconds)
+        batch = source.drain()[0]
+    finally:
+        source.close()
+        if process is not None:
+            process.kill()
+            process.wait()
+    samples = [s for p in batch.processes if p.process.pid == pid for s in p.samples]
+    total = sum(s.value for s in samples)
+    python = sum(s.value for s in samples if any(f.kind is FrameKind.PYTHON for f in s.frames))
+    return {"pid": pid, "samples": total, "python_share": python / total if total else 0.0}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--frequency-hz", type=int, default=999)
     parser.add_argument("--py-spy", default="")
+    parser.add_argument("--pid", type=int, default=0, help="only the Python share, of this running process")
     args = parser.parse_args()
-    result = {"bpf": bpf_cost(args.seconds, args.frequency_hz)}
+    if args.pid:
+        print(json.dumps({"reach": python_share(args.seconds, args.pid)}, indent=2))
+        return
+    result = {"bpf": bpf_cost(args.seconds, args.frequency_hz), "reach": python_share(args.seconds)}
     if args.py_spy:
         result["py_spy"] = py_spy_agreement(args.py_spy, args.seconds)
     print(json.dumps(result, indent=2))

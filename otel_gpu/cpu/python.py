@@ -27,7 +27,7 @@ from otel_gpu.profiles.model import Frame, FrameKind
 _logger = logging.getLogger(__name__)
 
 LAYOUTS_HEADER = Path(__file__).resolve().parent.parent / "cuda" / "native" / "python_layouts.h"
-INTERPRETER_LOOPS = frozenset({"_PyEval_EvalFrameDefault", "_PyEval_EvalFrame", "PyEval_EvalFrameEx"})
+EVALUATION_LOOP = "_PyEval_EvalFrameDefault"  # one native frame per run of Python frames (also its .cold part)
 _LIBRARY = re.compile(r"(?:^|/)(?:lib)?python(\d)\.(\d+)[a-z]*(?:\.so[.\d]*)?$")
 _DEBUG_COOKIE = b"xdebugpy"
 _CODE_CACHE_ENTRIES = 16384  # per process; with line tables of at most _LINETABLE_BYTES
@@ -184,6 +184,7 @@ def _describe(pid: int, version: tuple[int, int], runtime: int, code_type: int,
         cframe_current=layout["cframe_current"] if layout["has_cframe"] else none,
         frame_code=layout["frame_code"], frame_previous=layout["frame_previous"], frame_instr=layout["frame_instr"],
         frame_owner=none if legacy else layout["frame_owner"], code_adaptive=layout["code_adaptive"],
+        frame_is_entry=layout["frame_is_entry"] if layout["frame_is_entry"] >= 0 else none,
         instr_is_lasti=1 if legacy else 0,
         owner_cstack=layout["owner_cstack"] if layout["owner_cstack"] >= 0 else _OWNER_CSTACK_NONE)
     return PythonProcess(pid, version, proc, code_type, layout)
@@ -204,6 +205,7 @@ def _debug_offsets(memory: ProcessMemory, runtime: int, version: tuple[int, int]
         "runtime_interpreters_head": words[5], "interp_threads_head": words[9], "tstate_next": words[21],
         "tstate_frame": words[23], "tstate_thread_id": words[24],
         "frame_previous": words[29], "frame_code": words[30], "frame_instr": words[31], "frame_owner": words[33],
+        "frame_is_entry": -1,  # 3.12+ mark the frames that start an evaluation loop with a shim frame below them
         "owner_cstack": 3,  # FRAME_OWNED_BY_CSTACK, an enum value the struct does not publish
         "code_filename": words[35], "code_name": words[36], "code_qualname": words[37], "code_linetable": words[38],
         "code_firstlineno": words[39], "code_adaptive": words[43],
@@ -241,23 +243,39 @@ class CodeReader:
 
     def frames(self, stack: abi.PythonStack) -> tuple[Frame, ...]:
         """The stack's frames, innermost first; code objects that cannot be read are left out (and counted)."""
+        return tuple(frame for run in self.runs(stack) for frame in run)
+
+    def runs(self, stack: abi.PythonStack) -> tuple[tuple[Frame, ...], ...]:
+        """The stack's frames, innermost first, in runs: the frames one native call of the evaluation loop runs
+        (each run ends with a frame the walker marked as an entry). A run whose code objects cannot be read is
+        empty, never left out, so the runs still pair with the native evaluation-loop frames."""
         depth = min(stack.depth, abi.MAX_PYTHON_DEPTH)
         unchecked = [stack.code[i] for i in range(depth) if stack.code[i] not in self._checked]
         if unchecked:
             self._refresh(unchecked)
-        out = []
+        runs: list[tuple[Frame, ...]] = []
+        run: list[Frame] = []
         for i in range(depth):
-            address, offset = stack.code[i], stack.offset[i]
-            by_offset = self._frames.get(address)
-            frame = by_offset.get(offset) if by_offset is not None else None
-            if frame is None:
-                code = self._cache.get(address)
-                if code is None:
-                    continue
-                frame = Frame(code.name, FrameKind.PYTHON, filename=code.filename, line=self._line(code, offset))
-                self._frames.setdefault(address, {})[offset] = frame
-            out.append(frame)
-        return tuple(out)
+            frame = self._frame(stack.code[i], stack.offset[i])
+            if frame is not None:
+                run.append(frame)
+            if stack.entries >> i & 1:
+                runs.append(tuple(run))
+                run = []
+        if run:  # the outermost frames were cut (or the walk found no entry mark)
+            runs.append(tuple(run))
+        return tuple(runs)
+
+    def _frame(self, address: int, offset: int) -> Frame | None:
+        by_offset = self._frames.get(address)
+        frame = by_offset.get(offset) if by_offset is not None else None
+        if frame is None:
+            code = self._cache.get(address)
+            if code is None:
+                return None
+            frame = Frame(code.name, FrameKind.PYTHON, filename=code.filename, line=self._line(code, offset))
+            self._frames.setdefault(address, {})[offset] = frame
+        return frame
 
     def _refresh(self, addresses: list[int]) -> None:
         if len(self._cache) + len(addresses) > _CODE_CACHE_ENTRIES:
@@ -384,15 +402,37 @@ def _line_311(table: bytes, line: int, offset: int) -> int:
     return 0
 
 
-def merge(native: tuple[Frame, ...], python: tuple[Frame, ...]) -> tuple[Frame, ...]:
-    """User frames leaf first: the native frames the innermost Python frame called (C extensions, libraries), then
-    the Python frames in place of the interpreter frames that run them."""
-    if not python:
+def merge(native: tuple[Frame, ...], runs: Sequence[tuple[Frame, ...]]) -> tuple[Frame, ...]:
+    """User frames leaf first, each run of Python frames (innermost first, :meth:`CodeReader.runs`) in place of
+    the evaluation-loop frame that runs it, counted from the leaf: Python -> C extension -> Python callback reads
+    as such. The native frames the innermost Python frame called (C extensions, libraries, the interpreter's own C
+    functions) stay; between two runs, the frames of C extensions and libraries stay and the interpreter's own
+    calling glue (3.10 runs one loop per Python frame) and addresses in no file go; beyond the outermost run, the
+    frames that started the interpreter or the thread go. A native stack with fewer loops than runs (cut short) gets
+    the other runs after its frames; one with more (the Python stack was cut) ends with the last run."""
+    if not any(runs):
         return native
-    for index, frame in enumerate(native):
-        if frame.function in INTERPRETER_LOOPS:
-            return native[:index] + python
-    return native + python
+    out: list[Frame] = []
+    used = 0
+    for frame in native:
+        if frame.function.startswith(EVALUATION_LOOP):
+            if used == len(runs):
+                break
+            out.extend(runs[used])
+            used += 1
+            if used == len(runs):
+                break
+        elif used == 0 or _is_library(frame):
+            out.append(frame)
+    for run in runs[used:]:
+        out.extend(run)
+    return tuple(out)
+
+
+def _is_library(frame: Frame) -> bool:
+    """A frame of a mapped file other than the interpreter's own (the python executable or libpython). A return
+    address in no mapped file between two evaluation loops is what a native unwind that went astray leaves."""
+    return frame.mapping is not None and not _LIBRARY.search(frame.mapping.path)
 
 
 def unsupported_frame(description: str) -> Frame:
@@ -441,12 +481,12 @@ class PythonFrames:
         if reader is None or stack is None:
             return native
         before = reader.read_errors
-        python = reader.frames(stack)
+        runs = reader.runs(stack)
         if reader.read_errors > before:
             selfmetrics.count(semconv.SELF_ERRORS.name, reader.read_errors - before,
                               otel_gpu__source=semconv.Source.CPU_PROFILER,
                               otel_gpu__reason=semconv.Reason.PYTHON_CODE_UNREADABLE)
-        return merge(native, python)
+        return merge(native, runs)
 
     def executable_changed(self, pid: int) -> bool:
         """True when ``pid`` was discovered and has run exec since (it was first sampled between fork and exec)."""

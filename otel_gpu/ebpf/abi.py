@@ -162,9 +162,10 @@ class PythonProc(ctypes.Structure):
         ("frame_instr", ctypes.c_uint16),
         ("frame_owner", ctypes.c_uint16),
         ("code_adaptive", ctypes.c_uint16),
+        ("frame_is_entry", ctypes.c_uint16),
         ("instr_is_lasti", ctypes.c_uint8),
         ("owner_cstack", ctypes.c_uint8),
-        ("reserved", ctypes.c_uint8 * 6),
+        ("reserved", ctypes.c_uint8 * 4),
     ]
 
 
@@ -174,6 +175,7 @@ class PythonStack(ctypes.Structure):
     _fields_ = [
         ("depth", ctypes.c_uint32),
         ("flags", ctypes.c_uint32),
+        ("entries", ctypes.c_uint64),  # bit i: frame i is the outermost its evaluation loop runs
         ("code", ctypes.c_uint64 * MAX_PYTHON_DEPTH),
         ("offset", ctypes.c_uint32 * MAX_PYTHON_DEPTH),
     ]

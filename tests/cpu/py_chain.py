@@ -3,6 +3,10 @@
 
     python py_chain.py MODE ROUNDS UNIT     MODE: one | two (two threads) | ctypes (the work in libpyspin.so)
                                             | crowd (one, behind 100 idle Python threads created after main's)
+                                            | callback (main -> outer -> C call_back -> inner -> loop; a
+                                              first round, "warm", then it waits for a second line)
+                                            | cuda (main -> gpu_rounds -> Launcher.after -> loop, then a kernel
+                                              launch on the fake driver, tests/native/cuda, GIL released)
 
 main -> run_rounds -> step -> heavy (3 x UNIT iterations) / light (UNIT iterations); heavy and light run the same
 loop, so their CPU time is 3:1. Prints "ready PID", waits for a line on stdin, works, prints "done", waits again
@@ -39,6 +43,32 @@ class Steps:
         light(unit)  # LINE step-light
 
 
+def inner(n):  # called back from C (libpyspin.so's call_back)
+    return loop(n)  # LINE inner
+
+
+def outer(rounds, unit):
+    callback = ctypes.CFUNCTYPE(ctypes.c_uint64, ctypes.c_uint64)(inner)
+    for _ in range(rounds):
+        SPIN.call_back(callback, 3 * unit)  # LINE outer
+
+
+DRIVER = None  # tests/native/cuda/workload.py's Driver on the fake libcuda (cuda mode)
+
+
+class Launcher:
+    def after(self, n):
+        loop(n)  # LINE after-loop
+        DRIVER.launch(DRIVER.matmul)  # LINE after-launch
+
+
+def gpu_rounds(rounds, unit):
+    launcher = Launcher()
+    for _ in range(rounds):
+        launcher.after(unit)  # LINE gpu_rounds
+        DRIVER.call("cuStreamSynchronize", DRIVER.stream)
+
+
 def run_rounds(rounds, unit):
     steps = Steps()
     for _ in range(rounds):
@@ -46,13 +76,23 @@ def run_rounds(rounds, unit):
 
 
 def main():
-    global SPIN
+    global SPIN, DRIVER
     mode, rounds, unit = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-    if mode == "ctypes":
+    if mode in ("ctypes", "callback"):
         SPIN = ctypes.CDLL(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "native", "pyspin",
                                         "libpyspin.so"))
         SPIN.spin_work.argtypes = [ctypes.c_uint64]
         SPIN.spin_work.restype = ctypes.c_uint64
+        SPIN.call_back.argtypes = [ctypes.CFUNCTYPE(ctypes.c_uint64, ctypes.c_uint64), ctypes.c_uint64]
+        SPIN.call_back.restype = ctypes.c_uint64
+    if mode == "cuda":
+        fakes = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "native", "cuda")
+        sys.path.insert(0, fakes)
+        from workload import Driver
+
+        # released as PyTorch does; 3.10's frames the injected library reads only through the C API, with the GIL
+        DRIVER = Driver(os.path.join(fakes, "libcuda.so.1"), release_gil=sys.version_info >= (3, 11))
+        DRIVER.setup()
     idle = threading.Event()
     if mode == "crowd":  # newer thread states come first in the interpreter's list: main's is the 101st
         for _ in range(100):
@@ -65,6 +105,13 @@ def main():
             thread.start()
         for thread in threads:
             thread.join()
+    elif mode == "cuda":
+        gpu_rounds(rounds, unit)  # LINE main-gpu
+    elif mode == "callback":  # a first round gets the process sampled (and its unwind tables built), then more
+        outer(1, unit)
+        print("warm", flush=True)
+        sys.stdin.readline()
+        outer(rounds, unit)  # LINE main-outer
     else:
         run_rounds(rounds, unit)  # LINE main
     print("done", flush=True)

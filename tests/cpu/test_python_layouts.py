@@ -14,7 +14,7 @@ import pytest
 
 from otel_gpu.cpu.python import CodeReader, PythonProcess, _line_310, _line_311, find_python, load_layouts, merge
 from otel_gpu.ebpf import abi
-from otel_gpu.profiles.model import Frame, FrameKind
+from otel_gpu.profiles.model import Frame, FrameKind, Mapping
 
 PROGRAM = r"""
 #define Py_BUILD_CORE 1
@@ -59,6 +59,9 @@ int main(void) {
     P("frame_code", offsetof(_PyInterpreterFrame, f_executable));
     P("frame_instr", offsetof(_PyInterpreterFrame, instr_ptr));
 #elif PY_VERSION_HEX >= 0x030B0000
+#if PY_VERSION_HEX < 0x030C0000
+    P("frame_is_entry", offsetof(_PyInterpreterFrame, is_entry));
+#endif
     P("tstate_frame", offsetof(PyThreadState, cframe));
     P("cframe_current", offsetof(_PyCFrame, current_frame));
     P("frame_code", offsetof(_PyInterpreterFrame, f_code));
@@ -97,10 +100,39 @@ def test_table_matches_offsetof_against_the_interpreters_headers(version: tuple[
 def test_native_frames_above_the_innermost_python_one_are_kept_the_interpreters_replaced() -> None:
     native = (Frame("spin_inner"), Frame("ffi_call"), Frame("_PyEval_EvalFrameDefault"), Frame("Py_RunMain"))
     python = (Frame("heavy", FrameKind.PYTHON), Frame("main", FrameKind.PYTHON))
-    assert [f.function for f in merge(native, python)] == ["spin_inner", "ffi_call", "heavy", "main"]
+    assert [f.function for f in merge(native, (python,))] == ["spin_inner", "ffi_call", "heavy", "main"]
     assert merge(native, ()) == native
     # a native stack cut short before the interpreter (no frame pointers) keeps what it has, Python below it
-    assert [f.function for f in merge(native[:2], python)] == ["spin_inner", "ffi_call", "heavy", "main"]
+    assert [f.function for f in merge(native[:2], (python,))] == ["spin_inner", "ffi_call", "heavy", "main"]
+
+
+def _at(path: str) -> Mapping:
+    return Mapping(0x1000, 0x2000, 0, path)
+
+
+def test_each_run_of_python_frames_takes_the_place_of_its_evaluation_loop() -> None:
+    """Python -> C -> Python: the runs pair with the loops from the leaf; between them the C library's frames stay
+    and the interpreter's calling glue and addresses in no file go; past the outermost loop, what started the
+    interpreter goes."""
+    python, library = _at("/usr/lib/libpython3.12.so.1.0"), _at("/tmp/libpyspin.so")
+    native = (Frame("PyNumber_Add", mapping=python), Frame("_PyEval_EvalFrameDefault", mapping=python),
+              Frame("_PyObject_Call", mapping=python), Frame("[unknown]", address=0x7F0000001000),
+              Frame("ffi_closure_unix64_inner", mapping=_at("/l/libffi.so")),
+              Frame("call_back", mapping=library), Frame("_PyObject_Vectorcall", mapping=python),
+              Frame("_PyEval_EvalFrameDefault.cold", mapping=python), Frame("Py_RunMain", mapping=python),
+              Frame("main", mapping=_at("/usr/bin/python3.12")))
+    inner = (Frame("loop", FrameKind.PYTHON), Frame("inner", FrameKind.PYTHON))
+    outer = (Frame("outer", FrameKind.PYTHON), Frame("<module>", FrameKind.PYTHON))
+    assert [f.function for f in merge(native, (inner, outer))] == \
+        ["PyNumber_Add", "loop", "inner", "ffi_closure_unix64_inner", "call_back", "outer", "<module>"]
+    # the native stack cut short after call_back: the outer run follows what it has
+    assert [f.function for f in merge(native[:7], (inner, outer))] == \
+        ["PyNumber_Add", "loop", "inner", "ffi_closure_unix64_inner", "call_back", "outer", "<module>"]
+    # the Python stack cut (one run for two loops): it ends with that run
+    assert [f.function for f in merge(native, (inner,))] == ["PyNumber_Add", "loop", "inner"]
+    # a run whose code objects could not be read is empty but still takes its loop's place
+    assert [f.function for f in merge(native, ((), outer))] == \
+        ["PyNumber_Add", "ffi_closure_unix64_inner", "call_back", "outer", "<module>"]
 
 
 def test_line_tables() -> None:

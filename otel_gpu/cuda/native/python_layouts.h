@@ -29,6 +29,7 @@ struct py_layout {
     size_t frame_previous;             /* f_back (3.10), previous */
     size_t frame_instr;                /* f_lasti (3.10), prev_instr (3.11/3.12), instr_ptr (3.13) */
     size_t frame_owner;
+    int frame_is_entry;                /* 3.11: the frame an evaluation loop was entered with; -1: none */
     int owner_cstack;                  /* FRAME_OWNED_BY_CSTACK (3.12+), -1 when the version has none */
     size_t code_filename;
     size_t code_name;
@@ -58,6 +59,7 @@ static const struct py_layout py_layouts[] = {
         .frame_previous = 24,               /* PyFrameObject.f_back */
         .frame_instr = 96,                  /* PyFrameObject.f_lasti */
         .frame_owner = 0,                   /* (none) */
+        .frame_is_entry = -1,               /* (none: one evaluation loop per frame) */
         .owner_cstack = -1,                 /* (none) */
         .code_filename = 104,               /* PyCodeObject.co_filename */
         .code_name = 112,                   /* PyCodeObject.co_name */
@@ -85,6 +87,7 @@ static const struct py_layout py_layouts[] = {
         .frame_previous = 48,               /* _PyInterpreterFrame.previous */
         .frame_instr = 56,                  /* _PyInterpreterFrame.prev_instr */
         .frame_owner = 69,                  /* _PyInterpreterFrame.owner */
+        .frame_is_entry = 68,               /* _PyInterpreterFrame.is_entry */
         .owner_cstack = -1,                 /* (none in 3.11) */
         .code_filename = 112,               /* PyCodeObject.co_filename */
         .code_name = 120,                   /* PyCodeObject.co_name */
@@ -112,6 +115,7 @@ static const struct py_layout py_layouts[] = {
         .frame_previous = 8,                /* _PyInterpreterFrame.previous */
         .frame_instr = 56,                  /* _PyInterpreterFrame.prev_instr */
         .frame_owner = 70,                  /* _PyInterpreterFrame.owner */
+        .frame_is_entry = -1,               /* (none: shim frames mark entries) */
         .owner_cstack = 3,                  /* FRAME_OWNED_BY_CSTACK */
         .code_filename = 112,               /* PyCodeObject.co_filename */
         .code_name = 120,                   /* PyCodeObject.co_name */
@@ -139,6 +143,7 @@ static const struct py_layout py_layouts[] = {
         .frame_previous = 8,                /* _PyInterpreterFrame.previous */
         .frame_instr = 56,                  /* _PyInterpreterFrame.instr_ptr */
         .frame_owner = 70,                  /* _PyInterpreterFrame.owner */
+        .frame_is_entry = -1,               /* (none: shim frames mark entries) */
         .owner_cstack = 3,                  /* FRAME_OWNED_BY_CSTACK */
         .code_filename = 112,               /* PyCodeObject.co_filename */
         .code_name = 120,                   /* PyCodeObject.co_name */

@@ -138,15 +138,20 @@ struct otel_gpu_python_proc {
     __u16 frame_instr;          /* f_lasti (3.10), prev_instr (3.11, 3.12), instr_ptr (3.13+) */
     __u16 frame_owner;          /* _PyInterpreterFrame.owner (3.11+) */
     __u16 code_adaptive;        /* PyCodeObject.co_code_adaptive (3.11+): where frame_instr points into */
+    __u16 frame_is_entry;       /* _PyInterpreterFrame.is_entry (3.11 only) */
     __u8 instr_is_lasti;        /* 1: frame_instr is an int of code units (3.10), 0: a pointer (3.11+) */
     __u8 owner_cstack;          /* FRAME_OWNED_BY_CSTACK (3.12+), 0xFF when the version has none */
-    __u8 reserved[6];
+    __u8 reserved[4];
 };
 
-/* One thread's Python stack, innermost first: code object addresses and instruction byte offsets into them. */
+/* One thread's Python stack, innermost first: code object addresses and instruction byte offsets into them.
+ * Each native call of the interpreter's evaluation loop runs a run of frames; bit i of entries marks frame i as
+ * the outermost of its run (3.10: every frame; 3.11: is_entry; 3.12+: the frame under a C-stack shim frame), so
+ * user space can put each run in place of its _PyEval_EvalFrameDefault frame in the native stack. */
 struct otel_gpu_python_stack {
     __u32 depth;
     __u32 flags;
+    __u64 entries;
     __u64 code[OTEL_GPU_MAX_PYTHON_DEPTH];
     __u32 offset[OTEL_GPU_MAX_PYTHON_DEPTH];
 };

@@ -10,7 +10,9 @@
  * fsbase rather than the kernel tid, because the tid CPython records is the one of the process's pid namespace --
  * then walks that thread's frames (code object address, instruction offset), innermost first. Nothing depends on
  * the GIL: a thread that released it keeps its thread state and frame chain. The stack is stored in python_stacks
- * under a hash of (tgid, frames) that goes into the sample's key; user space reads the code objects.
+ * under a hash of (tgid, frames) that goes into the sample's key; user space reads the code objects. Each frame
+ * that is the first an evaluation loop ran is marked (entries), so user space can interleave the Python frames
+ * with the native ones: Python -> C extension -> Python callback.
  */
 #ifndef OTEL_GPU_PYTHON_FRAMES_H
 #define OTEL_GPU_PYTHON_FRAMES_H
@@ -64,6 +66,7 @@ struct python_walk {
     __u64 tstate; /* the thread list's cursor, then the thread's PyThreadState (0: not found) */
     __u64 frame;
     __u64 hash;
+    __u64 entries; /* otel_gpu_python_stack.entries */
     __u32 depth;
     __u32 found;
 };
@@ -91,12 +94,24 @@ static long walk_frame_step(__u64 index, void *data) {
         return 1;
     __u64 code = read_pointer(frame + walk->proc.frame_code);
     walk->frame = read_pointer(frame + walk->proc.frame_previous);
+    __u32 depth = walk->depth;
     if (walk->proc.frame_owner != OTEL_GPU_PYTHON_NO_OFFSET) {
         __u8 owner = 0;
         if (bpf_probe_read_user(&owner, 1, (const void *)(frame + walk->proc.frame_owner)) == 0 &&
-            owner == walk->proc.owner_cstack)
-            return 0; /* the C stack's shim frame between two evaluation loops (3.12+) */
+            owner == walk->proc.owner_cstack) {
+            /* the C stack's shim frame under each evaluation loop's first frame (3.12+) */
+            if (depth > 0 && depth <= OTEL_GPU_MAX_PYTHON_DEPTH)
+                walk->entries |= 1ull << (depth - 1);
+            return 0;
+        }
     }
+    if (depth >= OTEL_GPU_MAX_PYTHON_DEPTH)
+        return 1;
+    __u8 entry = walk->proc.instr_is_lasti; /* 3.10: one evaluation loop per frame */
+    if (walk->proc.frame_is_entry != OTEL_GPU_PYTHON_NO_OFFSET)
+        bpf_probe_read_user(&entry, 1, (const void *)(frame + walk->proc.frame_is_entry)); /* 3.11 */
+    if (entry)
+        walk->entries |= 1ull << depth;
     __u32 offset = 0;
     if (walk->proc.instr_is_lasti) { /* 3.10: f_lasti, an int counting 2-byte code units */
         __s32 lasti = 0;
@@ -107,9 +122,6 @@ static long walk_frame_step(__u64 index, void *data) {
         __u64 instructions = code + walk->proc.code_adaptive;
         offset = instr > instructions ? (__u32)(instr - instructions) : 0;
     }
-    __u32 depth = walk->depth;
-    if (depth >= OTEL_GPU_MAX_PYTHON_DEPTH)
-        return 1;
     stack->code[depth] = code;
     stack->offset[depth] = offset;
     walk->depth = depth + 1;
@@ -144,7 +156,8 @@ static __always_inline __u64 python_stack(__u32 pid) {
         return 0;
     stack->depth = walk.depth;
     stack->flags = walk.frame ? OTEL_GPU_PYTHON_TRUNCATED : 0;
-    __u64 hash = walk.hash | 1; /* never 0, which means "no Python stack" */
+    stack->entries = walk.entries;
+    __u64 hash = mix(walk.hash, walk.entries) | 1; /* never 0, which means "no Python stack" */
     if (!bpf_map_lookup_elem(&python_stacks, &hash) && bpf_map_update_elem(&python_stacks, &hash, stack, BPF_ANY))
         bump(OTEL_GPU_STAT_PYTHON_STACKS_FULL);
     bump(OTEL_GPU_STAT_PYTHON_SAMPLES);
