@@ -75,6 +75,12 @@ CUDA_SYNC_API: Final = "cuda.sync.api"  # the driver call that blocked, e.g. cuS
 NCCL_COLLECTIVE: Final = "nccl.collective"
 NCCL_COLLECTIVE_NAMES: Final = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "send_recv",
                                 "send", "recv", "other")
+# A process's place in a distributed job (no OpenTelemetry convention exists): the RANK, LOCAL_RANK and WORLD_SIZE
+# its launcher (torchrun and the launchers that follow it) set in its environment (otel_gpu/ranks.py); resource
+# attributes of its profiles and attributes of its per-process GPU metrics
+DISTRIBUTED_RANK: Final = "distributed.rank"
+DISTRIBUTED_LOCAL_RANK: Final = "distributed.local_rank"
+DISTRIBUTED_WORLD_SIZE: Final = "distributed.world_size"
 
 OTEL_GPU_SOURCE: Final = "otel_gpu.source"
 OTEL_GPU_EXPORTER: Final = "otel_gpu.exporter"
