@@ -19,6 +19,7 @@ from otel_gpu import selfmetrics, semconv
 from otel_gpu.cuda import abi, builder
 from otel_gpu.cuda.join import GPUWork, Joiner, JoinStats, WindowWeights
 from otel_gpu.cuda.stacks import StackFrames
+from otel_gpu.cuda.waits import CollectiveWaits
 from otel_gpu.procfs import ProcessInfo, ProcessResolver
 from otel_gpu.profiles.model import ProfileBatch, gpu_time_profile_type, sync_wait_profile_type
 
@@ -66,6 +67,8 @@ class GPUTimeAccounting:
         self._joiner = Joiner(max_pending=max_pending_per_process)
         self._weights = WindowWeights()
         self._pending: list[tuple[GPUWork, int]] = []  # joined work whose window has not closed, drains waited
+        self._waits = CollectiveWaits()
+        self._held_syncs: list[tuple[abi.Sync, int]] = []  # waits of NCCL processes whose GPU work may come, drains
         self._gpu = builder.ProfileAccumulator(gpu_time_profile_type())
         self._sync = builder.ProfileAccumulator(sync_wait_profile_type())
         self._interval = _Interval()
@@ -90,6 +93,7 @@ class GPUTimeAccounting:
             for work in self._joiner.add_launch(record):
                 self._account(work)
         elif isinstance(record, abi.Activity):
+            self._waits.add_activity(record)
             for work in self._joiner.add_activity(record):
                 self._account(work)
         elif isinstance(record, abi.Sync):
@@ -111,13 +115,38 @@ class GPUTimeAccounting:
         self._work_observers.append(observer)
 
     def _on_sync(self, sync: abi.Sync) -> None:
+        self._counter(sync.pid).sync_wait_ns += sync.blocked_ns * sync.weight
+        if self._waits.runs_collectives(sync.pid):  # the collectives it waited in may not have arrived yet
+            self._stacks.frames(sync.pid, sync.stack)  # symbolize while the process is alive
+            self._held_syncs.append((sync, 0))
+        else:
+            self._add_sync(sync)
+
+    def _add_sync(self, sync: abi.Sync) -> None:
+        """The wait's sample, split by the NCCL collectives that ran while it blocked (:mod:`otel_gpu.cuda.waits`)."""
         value = sync.blocked_ns * sync.weight
         frames = (builder.sync_frame(sync),) + self._stacks.frames(sync.pid, sync.stack)
-        self._sync.add(sync.pid, frames, value, sync.tid, sync.comm,
-                       ((semconv.CUDA_SYNC_API, builder.sync_api_name(sync)),), sync.trace_id, sync.span_id)
-        self._counter(sync.pid).sync_wait_ns += value
+        api = (semconv.CUDA_SYNC_API, builder.sync_api_name(sync))
+        for collective, fraction in self._waits.split(sync):
+            attributes = (api, (semconv.NCCL_COLLECTIVE, collective)) if collective else (api,)
+            self._sync.add(sync.pid, frames, value * fraction, sync.tid, sync.comm, attributes, sync.trace_id,
+                           sync.span_id)
+
+    def _settle_syncs(self) -> None:
+        """Waits whose collectives have arrived: a window of the process closed after the wait and every sampled
+        launch of it has its work; else once the process is gone or the wait has waited a drain."""
+        still = []
+        for sync, age in self._held_syncs:
+            pid = sync.pid
+            if (age >= 1 or not self._alive(pid) or (self._waits.window_end_ns(pid) >= sync.end_ns
+                                                      and self._joiner.unmatched_launches(pid) == 0)):
+                self._add_sync(sync)
+            else:
+                still.append((sync, age + 1))
+        self._held_syncs = still
 
     def _on_window(self, window: abi.Window) -> None:
+        self._waits.add_window(window)
         weight, covered, elapsed = self._weights.add(window)
         self._interval.covered_ns += covered
         self._interval.elapsed_ns += elapsed
@@ -174,6 +203,7 @@ class GPUTimeAccounting:
         """The gpu_time and sync_wait batches of the interval that ends at ``now_ns`` (unix ns; each batch may have
         no processes). ``bpf_drops``: the eBPF program's running totals by :data:`abi.DROP_REASONS`, if loaded."""
         self._settle_pending()
+        self._settle_syncs()
         processes = dict(self._processes)
         fraction = (self._interval.covered_ns / self._interval.elapsed_ns) if self._interval.elapsed_ns else 1.0
         start, duration = self._interval_start_ns, max(0, now_ns - self._interval_start_ns)
@@ -245,6 +275,7 @@ class GPUTimeAccounting:
         for pid in self._exited:
             self._joiner.forget_process(pid)
             self._weights.forget_process(pid)
+            self._waits.forget_process(pid)
             self._stacks.forget(pid)
             del self._processes[pid]
 
