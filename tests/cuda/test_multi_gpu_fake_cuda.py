@@ -87,6 +87,7 @@ def test_straggler_rank_stands_out_in_the_others_waits() -> None:
     assert sorted(re.findall(r"^collectives (\d+) (\d+)", out, re.M)) == [("0", "400"), ("1", "400"), ("2", "400")]
 
     wait_ns: dict[int, int] = {}
+    in_collective_ns: dict[int, int] = {}
     collective_ns: dict[int, int] = {}
     for rank, pid in ranks.items():
         kernels = _samples(gpu, pid)
@@ -108,12 +109,25 @@ def test_straggler_rank_stands_out_in_the_others_waits() -> None:
         syncs = [s for s in _samples(waits, pid) if s.frames[0].function == "[cuStreamSynchronize]"]
         assert syncs and all("sync_point" in _functions(s) for s in syncs)
         wait_ns[rank] = sum(s.value for s in syncs)
+        in_collective_ns[rank] = sum(s.value for s in syncs
+                                     if dict(s.attributes).get(semconv.NCCL_COLLECTIVE) == "all_reduce")
+        assert {dict(s.attributes).get(semconv.NCCL_COLLECTIVE) for s in syncs} <= {"all_reduce", None}
+        # the rank identity its launcher set (RANK, LOCAL_RANK, WORLD_SIZE), on both profiles
+        for batch in (gpu, waits):
+            [profile] = [p for p in batch.processes if p.process.pid == pid]
+            assert dict(profile.process.ranks) == {semconv.DISTRIBUTED_RANK: rank, semconv.DISTRIBUTED_LOCAL_RANK: rank,
+                                                   semconv.DISTRIBUTED_WORLD_SIZE: 3}
     # the fast ranks wait ~(8 + 2.3) ms a step, the slow one ~2.3 ms: a 4.5x ratio, asserted at 2.5x
     for fast in (0, 2):
         assert wait_ns[fast] > 2.5 * wait_ns[1], wait_ns
         assert collective_ns[fast] > 5 * collective_ns[1], collective_ns  # ~8.3 ms against 0.3 ms a step
-    print(f"\nper rank: sync_wait ns {wait_ns}, all-reduce GPU ns {collective_ns}")  # docs/benchmarks.md
+    print(f"\nper rank: sync_wait ns {wait_ns}, in all-reduce {in_collective_ns}, all-reduce GPU ns {collective_ns}")
     assert min(wait_ns, key=wait_ns.__getitem__) == 1  # the straggler is the rank that waits least
+    # the fast ranks wait in the all-reduce (~8.3 of ~10.3 ms a step), the straggler hardly (~0.3 of ~2.3 ms)
+    for fast in (0, 2):
+        assert in_collective_ns[fast] > 0.5 * wait_ns[fast], (in_collective_ns, wait_ns)
+        assert in_collective_ns[fast] > 5 * in_collective_ns[1], in_collective_ns
+    assert in_collective_ns[1] < 0.35 * wait_ns[1], (in_collective_ns, wait_ns)
 
 
 @pytest.mark.root
