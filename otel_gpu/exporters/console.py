@@ -1,5 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
-"""A terminal summary per reporting interval: the profile type, totals and the top stacks by value."""
+"""A terminal summary per reporting interval: the profile type, totals and the top stacks by value, then the
+insight line of the batch if it has one (:mod:`otel_gpu.profiles.insights`)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import threading
 from typing import TextIO
 
 from otel_gpu import semconv
+from otel_gpu.profiles.insights import straggler_line
 from otel_gpu.profiles.model import ProfileBatch, Sample
 
 _STACK_DEPTH = 6  # frames shown per stack, leaf first
@@ -126,6 +128,8 @@ class ConsoleProfileExporter:
                 return True
             (self._quiet.add if empty else self._quiet.discard)(batch.type.sample_type)
             text = summarize(batch, self._top_n, explain_yield=not self._yield_explained) + "\n"
+            if insight := straggler_line(batch):
+                text += insight + "\n"
             self._yield_explained |= yielded
             try:
                 stream.write(text)
