@@ -51,7 +51,7 @@ def test_the_rank_the_others_wait_for_is_named_with_the_line_they_wait_at() -> N
     assert straggler_line(batch) == (
         "insight: straggler rank 1 (pid 101): ranks 0, 2, 3 waited a median 4.50 s in all_reduce at Driver.call "
         "(train.py:46) <- train_step (train.py:120) <- main (train.py:200), rank 1 0.10 s (named when at most 0.5x "
-        "the others' median and 5% of the 10.0 s interval less)")
+        "the others' median and 20% of the 10.0 s interval less)")
 
 
 def test_native_stacks_name_the_callers_of_the_cuda_libraries() -> None:
@@ -67,7 +67,7 @@ def test_native_stacks_name_the_callers_of_the_cuda_libraries() -> None:
 @pytest.mark.parametrize("batch", [
     _waits(_rank(0, 4 * S), _rank(1, 4.2 * S), _rank(2, 3.9 * S)),  # balanced
     _waits(_rank(0, 4 * S), _rank(1, 4 * S * STRAGGLER_MAX_RATIO + S // 100)),  # just over the ratio
-    _waits(_rank(0, 0.5 * S), _rank(1, 0.04 * S)),  # under 5 % of the interval apart
+    _waits(_rank(0, 2 * S), _rank(1, 0.04 * S)),  # under a fifth of the interval apart
     _waits(_rank(0, 4 * S)),  # one rank
     _waits(_rank(0, 4 * S, ranked=False), _rank(1, 0, ranked=False)),  # not a distributed job
     _waits(_rank(0, 0), _rank(1, 0)),  # no collectives
