@@ -11,7 +11,7 @@ It reads no kernel state and starts no thread: the caller feeds records one at a
 from __future__ import annotations
 
 import logging
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
@@ -29,6 +29,7 @@ _logger = logging.getLogger("otel_gpu.cuda.source")
 SOURCE = semconv.Source.GPU_TIME
 
 WorkObserver = Callable[[GPUWork, float], None]
+MAX_HELD_SYNCS = 65536  # waits held for their collectives, all processes: past it the oldest is accounted at once
 
 
 @dataclass(slots=True)
@@ -68,7 +69,7 @@ class GPUTimeAccounting:
         self._weights = WindowWeights()
         self._pending: list[tuple[GPUWork, int]] = []  # joined work whose window has not closed, drains waited
         self._waits = CollectiveWaits()
-        self._held_syncs: list[tuple[abi.Sync, int]] = []  # waits of NCCL processes whose GPU work may come, drains
+        self._held_syncs: deque[tuple[abi.Sync, int]] = deque()  # waits of NCCL processes whose work may come, drains
         self._gpu = builder.ProfileAccumulator(gpu_time_profile_type())
         self._sync = builder.ProfileAccumulator(sync_wait_profile_type())
         self._interval = _Interval()
@@ -119,6 +120,8 @@ class GPUTimeAccounting:
         if self._waits.runs_collectives(sync.pid):  # the collectives it waited in may not have arrived yet
             self._stacks.frames(sync.pid, sync.stack)  # symbolize while the process is alive
             self._held_syncs.append((sync, 0))
+            if len(self._held_syncs) > MAX_HELD_SYNCS:  # bounded memory: the oldest goes with what is known now
+                self._add_sync(self._held_syncs.popleft()[0])
         else:
             self._add_sync(sync)
 
@@ -135,7 +138,7 @@ class GPUTimeAccounting:
     def _settle_syncs(self) -> None:
         """Waits whose collectives have arrived: a window of the process closed after the wait and every sampled
         launch of it has its work; else once the process is gone or the wait has waited a drain."""
-        still = []
+        still: deque[tuple[abi.Sync, int]] = deque()
         for sync, age in self._held_syncs:
             pid = sync.pid
             if (age >= 1 or not self._alive(pid) or (self._waits.window_end_ns(pid) >= sync.end_ns

@@ -98,3 +98,17 @@ def test_a_held_wait_is_let_go_after_a_drain_or_when_its_process_exits() -> None
     accounting.handle(_wait(pid, 50 * MS, 52 * MS))
     alive[pid] = False
     assert sum(s.value for p in accounting.drain(60 * MS)[1].processes for s in p.samples) == 2 * MS
+
+
+def test_held_waits_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    from otel_gpu.cuda import accounting as module
+
+    monkeypatch.setattr(module, "MAX_HELD_SYNCS", 3)
+    accounting = GPUTimeAccounting(Named(), StackFrames(FakeSymbolizer()), alive=lambda pid: True)
+    pid = 999_999_004
+    accounting.handle(kernel(pid, 1, 1 * MS, name=ALL_REDUCE, start_ns=0))
+    for index in range(5):
+        accounting.handle(_wait(pid, (10 + index) * MS, (11 + index) * MS))
+    # two went out at once (the oldest), three are held for their collectives
+    assert sum(s.value for p in accounting.drain(30 * MS)[1].processes for s in p.samples) == 2 * MS
+    assert sum(s.value for p in accounting.drain(40 * MS)[1].processes for s in p.samples) == 3 * MS
