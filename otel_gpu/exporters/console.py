@@ -24,6 +24,9 @@ def summarize(batch: ProfileBatch, top_n: int = 10, width: int = 120, explain_yi
     total = 0
     for process in batch.processes:
         name = process.process.service_name or process.process.executable_name
+        rank = dict(process.process.ranks).get(semconv.DISTRIBUTED_RANK)
+        if rank is not None:  # ranks of a distributed job are told apart by rank, not by pid
+            name += f" rank {rank}"
         for sample in process.samples:
             key = (process.process.pid, name, _names(sample))
             rows[key] = rows.get(key, 0) + sample.value

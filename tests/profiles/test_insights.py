@@ -86,6 +86,7 @@ def test_the_terminal_and_the_summary_file_carry_the_line(tmp_path: Path) -> Non
     terminal = io.StringIO()
     assert ConsoleProfileExporter(terminal).export(batch)
     assert terminal.getvalue().splitlines()[-1] == straggler_line(batch)
+    assert "python3 rank 1[101] [cuStreamSynchronize] <- cuStreamSynchronize <- Driver.call" in terminal.getvalue()
     files = FilesProfileExporter(str(tmp_path))
     assert files.export(batch) and files.export(_waits(_rank(0, 1), _rank(1, 1))) and files.export(batch)
     lines = (tmp_path / SUMMARY).read_text().splitlines()
