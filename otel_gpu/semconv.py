@@ -98,6 +98,7 @@ PPROF_LABEL_THREAD_NAME: Final = "thread_name"
 PPROF_LABEL_CONTAINER_ID: Final = "container_id"
 PPROF_LABEL_TRACE_ID: Final = "trace_id"
 PPROF_LABEL_SPAN_ID: Final = "span_id"
+PPROF_LABEL_RANK: Final = "rank"  # distributed.rank as a str label: a Pyroscope series label, one per rank
 
 # --- attribute values -----------------------------------------------------------------------------------------------
 HW_TYPE_GPU: Final = "gpu"

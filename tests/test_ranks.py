@@ -72,3 +72,19 @@ def test_rank_goes_on_the_nvml_process_metrics() -> None:
     usage = ProcessUsage(pid=7, executable_name="python3", ranks=rank_attributes(TORCHRUN))
     assert nvml_process_attributes(usage)[semconv.DISTRIBUTED_RANK] == 3
     assert semconv.DISTRIBUTED_RANK not in nvml_process_attributes(ProcessUsage(pid=7))
+
+
+def test_rank_is_a_pprof_label() -> None:
+    from otel_gpu.profiles.model import Frame, ProcessProfile, ProfileBatch, Sample, sync_wait_profile_type
+    from otel_gpu.profiles.pprof import encode_pprof
+    from tests.profiles import pprof_proto
+    from tests.profiles.test_pprof import _labels
+
+    sample = Sample((Frame("[cuStreamSynchronize]"),), 5, attributes=((semconv.NCCL_COLLECTIVE, "all_reduce"),))
+    ranked = ProcessInfo(pid=7, executable_name="python3", ranks=rank_attributes(TORCHRUN))
+    batch = ProfileBatch(sync_wait_profile_type(), 0, 1, (ProcessProfile(ranked, (sample,)),
+                                                          ProcessProfile(ProcessInfo(8, "python3"), (sample,))))
+    profile = pprof_proto.decode(encode_pprof(batch))
+    first, second = (_labels(profile, s) for s in profile.sample)
+    assert first["rank"] == "3" and first[semconv.NCCL_COLLECTIVE] == "all_reduce"
+    assert "rank" not in second
