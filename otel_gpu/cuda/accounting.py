@@ -30,6 +30,11 @@ SOURCE = semconv.Source.GPU_TIME
 
 WorkObserver = Callable[[GPUWork, float], None]
 MAX_HELD_SYNCS = 65536  # waits held for their collectives, all processes: past it the oldest is accounted at once
+# A collective process's waits of the last second of an interval go to the next one: their collectives' records come
+# after the window closes (CUPTI's buffers, the library's linger). One cut-off for every process keeps each
+# interval's waits comparable between the ranks of a job (a per-process rule would move one rank's waits and not
+# another's, and name a straggler that is not one).
+SETTLE_LAG_NS = 1_000_000_000
 
 
 @dataclass(slots=True)
@@ -135,17 +140,25 @@ class GPUTimeAccounting:
             self._sync.add(sync.pid, frames, value * fraction, sync.tid, sync.comm, attributes, sync.trace_id,
                            sync.span_id)
 
-    def _settle_syncs(self) -> None:
-        """Waits whose collectives have arrived: a window of the process closed after the wait and every sampled
-        launch of it has its work; else once the process is gone or the wait has waited a drain."""
+    def _settle_syncs(self, now_ns: int) -> None:
+        """Waits whose collectives have arrived: those that ended :data:`SETTLE_LAG_NS` before ``now_ns``, all of
+        an exited process, any that has waited a drain. The waits inside windows go first: they teach their stacks'
+        shares to those outside, and one outside whose stack has no share yet waits a drain for one (a process's
+        first waits, before its first window: else unlabelled)."""
         still: deque[tuple[abi.Sync, int]] = deque()
+        ready: list[tuple[abi.Sync, int]] = []
         for sync, age in self._held_syncs:
-            pid = sync.pid
-            if (age >= 1 or not self._alive(pid) or (self._waits.window_end_ns(pid) >= sync.end_ns
-                                                      and self._joiner.unmatched_launches(pid) == 0)):
-                self._add_sync(sync)
+            if age >= 1 or sync.end_ns <= now_ns - SETTLE_LAG_NS or not self._alive(sync.pid):
+                ready.append((sync, age))
             else:
                 still.append((sync, age + 1))
+        ready.sort(key=lambda item: not self._waits.covered(item[0]))  # stable: in order within each kind
+        for sync, age in ready:
+            if age == 0 and self._alive(sync.pid) and not self._waits.covered(sync) \
+                    and not self._waits.has_share(sync):
+                still.append((sync, 1))
+            else:
+                self._add_sync(sync)
         self._held_syncs = still
 
     def _on_window(self, window: abi.Window) -> None:
@@ -206,7 +219,7 @@ class GPUTimeAccounting:
         """The gpu_time and sync_wait batches of the interval that ends at ``now_ns`` (unix ns; each batch may have
         no processes). ``bpf_drops``: the eBPF program's running totals by :data:`abi.DROP_REASONS`, if loaded."""
         self._settle_pending()
-        self._settle_syncs()
+        self._settle_syncs(now_ns)
         processes = dict(self._processes)
         fraction = (self._interval.covered_ns / self._interval.elapsed_ns) if self._interval.elapsed_ns else 1.0
         start, duration = self._interval_start_ns, max(0, now_ns - self._interval_start_ns)

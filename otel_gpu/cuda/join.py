@@ -123,11 +123,6 @@ class Joiner:
     def pids(self) -> set[int]:
         return set(self._processes)
 
-    def unmatched_launches(self, pid: int) -> int:
-        """Launches of ``pid`` still waiting for their first piece of work."""
-        proc = self._processes.get(pid)
-        return sum(1 for _, matched in proc.launches.values() if not matched) + proc.queued_count if proc else 0
-
     def pending(self, pid: int) -> tuple[int, int]:
         """(launches kept, activities parked) for ``pid``."""
         proc = self._processes.get(pid)

@@ -42,7 +42,6 @@ class _Process:
     longest_span_ns: int = 0
     windows: list[tuple[int, int]] = field(default_factory=list)  # (start, end), sorted by start
     stacks: OrderedDict[abi.Stack, _StackShare] = field(default_factory=OrderedDict)
-    last_window_end_ns: int = 0
 
 
 class CollectiveWaits:
@@ -70,17 +69,22 @@ class CollectiveWaits:
             bisect.insort(proc.windows, (window.start_ns, window.end_ns))
             if len(proc.windows) > MAX_WINDOWS:
                 del proc.windows[:len(proc.windows) - MAX_WINDOWS]
-            proc.last_window_end_ns = max(proc.last_window_end_ns, window.end_ns)
 
     def runs_collectives(self, pid: int) -> bool:
         """Whether an NCCL kernel of ``pid`` was seen (only such a process's waits need joining)."""
         proc = self._processes.get(pid)
         return proc is not None and bool(proc.spans)
 
-    def window_end_ns(self, pid: int) -> int:
-        """The end of the last window of ``pid`` seen (0 before any)."""
-        proc = self._processes.get(pid)
-        return proc.last_window_end_ns if proc else 0
+    def covered(self, sync: abi.Sync) -> bool:
+        """Whether the wait began inside a window of its process (its collectives were recorded)."""
+        proc = self._processes.get(sync.pid)
+        return proc is not None and self._covered(proc, sync)
+
+    def has_share(self, sync: abi.Sync) -> bool:
+        """Whether a covered wait of the same stack was seen (a wait outside windows is split as those were)."""
+        proc = self._processes.get(sync.pid)
+        share = proc.stacks.get(sync.stack) if proc else None
+        return share is not None and share.covered_ns > 0
 
     def split(self, sync: abi.Sync) -> list[tuple[str | None, float]]:
         """Shares of the wait: (collective, fraction) per collective that ran during it, then (None, the rest);

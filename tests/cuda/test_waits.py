@@ -8,7 +8,7 @@ import pytest
 
 from otel_gpu import semconv
 from otel_gpu.cuda import abi
-from otel_gpu.cuda.accounting import GPUTimeAccounting
+from otel_gpu.cuda.accounting import SETTLE_LAG_NS, GPUTimeAccounting
 from otel_gpu.cuda.stacks import StackFrames
 from otel_gpu.cuda.waits import CollectiveWaits
 from tests.cuda.records import kernel, stack
@@ -69,7 +69,7 @@ def test_accounting_holds_the_waits_of_a_collective_process_until_its_work_arriv
     early = _wait(pid, 10 * MS, 20 * MS)  # in the next window, whose record and kernel have not come yet
     accounting.handle(early)
     gpu, sync = accounting.drain(30 * MS)
-    assert sync.processes == ()  # held: a window after it has not closed
+    assert sync.processes == ()  # held: it ended less than SETTLE_LAG_NS before the drain
     accounting.handle(kernel(pid, 2, 6 * MS, name=ALL_REDUCE, start_ns=14 * MS))
     accounting.handle(_window(pid, 2, 8 * MS, 25 * MS))
     gpu, sync = accounting.drain(40 * MS)
@@ -112,3 +112,36 @@ def test_held_waits_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
     # two went out at once (the oldest), three are held for their collectives
     assert sum(s.value for p in accounting.drain(30 * MS)[1].processes for s in p.samples) == 2 * MS
     assert sum(s.value for p in accounting.drain(40 * MS)[1].processes for s in p.samples) == 3 * MS
+
+
+def test_waits_outside_windows_learn_their_share_from_the_same_drain_or_the_next() -> None:
+    accounting = GPUTimeAccounting(Named(), StackFrames(FakeSymbolizer()), alive=lambda pid: True)
+    pid = 999_999_005
+    accounting.handle(kernel(pid, 1, 4 * MS, name=ALL_REDUCE, start_ns=100 * MS))
+    accounting.handle(_wait(pid, 10 * MS, 14 * MS))  # before the first window: no share known yet
+    accounting.handle(_wait(pid, 50 * MS, 54 * MS, site=0x9100))  # another stack, never covered
+    accounting.handle(_wait(pid, 100 * MS, 104 * MS))  # inside the window: all of it in the all-reduce
+    accounting.handle(_window(pid, 1, 90 * MS, 110 * MS))
+    _, sync = accounting.drain(110 * MS + SETTLE_LAG_NS)
+    labelled = {(s.frames[1].address, dict(s.attributes).get(semconv.NCCL_COLLECTIVE)): s.value
+                for p in sync.processes for s in p.samples}
+    assert labelled == {(0x9000, "all_reduce"): 8 * MS}  # the earlier wait took the covered one's share
+    _, sync = accounting.drain(120 * MS + SETTLE_LAG_NS)  # the never-covered stack waited a drain, then goes unlabelled
+    assert [(s.value, dict(s.attributes).get(semconv.NCCL_COLLECTIVE)) for p in sync.processes
+            for s in p.samples] == [(4 * MS, None)]
+
+
+def test_one_cut_off_for_every_process() -> None:
+    """Ranks' waits go to the same interval whatever their windows: compared per interval, they stay comparable."""
+    accounting = GPUTimeAccounting(Named(), StackFrames(FakeSymbolizer()), alive=lambda pid: True)
+    now = 10 * SETTLE_LAG_NS
+    for pid in (999_999_006, 999_999_007):
+        accounting.handle(kernel(pid, 1, 1 * MS, name=ALL_REDUCE, start_ns=now - 3 * SETTLE_LAG_NS))
+        accounting.handle(_wait(pid, now - 3 * SETTLE_LAG_NS, now - 2 * SETTLE_LAG_NS))  # before the cut-off
+        accounting.handle(_wait(pid, now - SETTLE_LAG_NS // 2, now - SETTLE_LAG_NS // 4))  # after it
+    # one process's window closed after both its waits, the other's only after the first
+    accounting.handle(_window(999_999_006, 1, now - 4 * SETTLE_LAG_NS, now - SETTLE_LAG_NS // 8))
+    accounting.handle(_window(999_999_007, 1, now - 4 * SETTLE_LAG_NS, now - SETTLE_LAG_NS))
+    _, sync = accounting.drain(now)
+    assert {p.process.pid: sum(s.value for s in p.samples) for p in sync.processes} == \
+        {999_999_006: SETTLE_LAG_NS, 999_999_007: SETTLE_LAG_NS}
