@@ -140,7 +140,7 @@ class GPUTimeAccounting:
             self._sync.add(sync.pid, frames, value * fraction, sync.tid, sync.comm, attributes, sync.trace_id,
                            sync.span_id)
 
-    def _settle_syncs(self, now_ns: int) -> None:
+    def _settle_syncs(self, now_ns: int, final: bool = False) -> None:
         """Waits whose collectives have arrived: those that ended :data:`SETTLE_LAG_NS` before ``now_ns``, all of
         an exited process, any that has waited a drain. The waits inside windows go first: they teach their stacks'
         shares to those outside, and one outside whose stack has no share yet waits a drain for one (a process's
@@ -148,13 +148,13 @@ class GPUTimeAccounting:
         still: deque[tuple[abi.Sync, int]] = deque()
         ready: list[tuple[abi.Sync, int]] = []
         for sync, age in self._held_syncs:
-            if age >= 1 or sync.end_ns <= now_ns - SETTLE_LAG_NS or not self._alive(sync.pid):
+            if final or age >= 1 or sync.end_ns <= now_ns - SETTLE_LAG_NS or not self._alive(sync.pid):
                 ready.append((sync, age))
             else:
                 still.append((sync, age + 1))
         ready.sort(key=lambda item: not self._waits.covered(item[0]))  # stable: in order within each kind
         for sync, age in ready:
-            if age == 0 and self._alive(sync.pid) and not self._waits.covered(sync) \
+            if not final and age == 0 and self._alive(sync.pid) and not self._waits.covered(sync) \
                     and not self._waits.has_share(sync):
                 still.append((sync, 1))
             else:
@@ -215,11 +215,12 @@ class GPUTimeAccounting:
 
     # --- profiles out ----------------------------------------------------------------------------------------------
 
-    def drain(self, now_ns: int, bpf_drops: Sequence[int] | None = None) -> list[ProfileBatch]:
+    def drain(self, now_ns: int, bpf_drops: Sequence[int] | None = None, *, final: bool = False) -> list[ProfileBatch]:
         """The gpu_time and sync_wait batches of the interval that ends at ``now_ns`` (unix ns; each batch may have
-        no processes). ``bpf_drops``: the eBPF program's running totals by :data:`abi.DROP_REASONS`, if loaded."""
+        no processes). ``bpf_drops``: the eBPF program's running totals by :data:`abi.DROP_REASONS`, if loaded;
+        ``final``: the last drain, which holds no wait back."""
         self._settle_pending()
-        self._settle_syncs(now_ns)
+        self._settle_syncs(now_ns, final)
         processes = dict(self._processes)
         fraction = (self._interval.covered_ns / self._interval.elapsed_ns) if self._interval.elapsed_ns else 1.0
         start, duration = self._interval_start_ns, max(0, now_ns - self._interval_start_ns)

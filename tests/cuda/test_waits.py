@@ -145,3 +145,12 @@ def test_one_cut_off_for_every_process() -> None:
     _, sync = accounting.drain(now)
     assert {p.process.pid: sum(s.value for s in p.samples) for p in sync.processes} == \
         {999_999_006: SETTLE_LAG_NS, 999_999_007: SETTLE_LAG_NS}
+
+
+def test_the_last_drain_holds_no_wait_back() -> None:
+    accounting = GPUTimeAccounting(Named(), StackFrames(FakeSymbolizer()), alive=lambda pid: True)
+    pid = 999_999_008
+    accounting.handle(kernel(pid, 1, 1 * MS, name=ALL_REDUCE, start_ns=0))
+    accounting.handle(_wait(pid, 10 * MS, 20 * MS))
+    _, sync = accounting.drain(30 * MS, final=True)
+    assert sum(s.value for p in sync.processes for s in p.samples) == 10 * MS
