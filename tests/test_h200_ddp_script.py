@@ -144,3 +144,9 @@ def test_nvlink_bytes_against_nvidia_smi(ddp: ModuleType) -> None:
     assert "| 0 | 1.0 / 1.0 MB (1.000) | 2.1 / 2.1 MB (1.000) |" in table
     assert "no NVLink readings" not in table
     assert "no NVLink readings" in "\n".join(ddp.nvlink_section({}, {0: (0, 0)}, {}, {}))
+
+
+def test_the_agent_cpu_line(ddp: ModuleType) -> None:
+    assert ddp.agent_cpu_line(0.5, 50.0) == ("- agent CPU (GPUTimeSource + NVML source, drain included): 0.50 s over "
+                                             "50.0 s (1.00 % of a core)")
+    assert ddp.agent_cpu_line(0.0, 0.0).endswith("(n/a)")

@@ -22,10 +22,9 @@ all-reducing the gradients in buckets during backward, torch.cuda.synchronize() 
 Checks reported (not asserted): every rank's kernels carry its own device only, every process its own rank; NCCL
 kernels are named as collectives; the slow rank has the least NCCL time, sync_wait and wait in collectives (the
 others wait for it), and the straggler insight (otel_gpu/profiles/insights.py) names it; per-rank GPU time, NCCL time
-and waits in collectives within 10 % of torch.profiler's per step; step-time cost of the agent; NVLink data bytes
-the NVML source read per GPU over
-the measured run against ``nvidia-smi nvlink -gt d`` over the same run (GPUs without NVLink: said so). Prints the
-table and writes it as markdown to OUT.md.
+and waits in collectives within 10 % of torch.profiler's per step; the agent's cost: step time and its own CPU;
+NVLink data bytes the NVML source read per GPU over the measured run against ``nvidia-smi nvlink -gt d`` over the
+same run (GPUs without NVLink: said so). Prints the table and writes it as markdown to OUT.md.
 """
 
 from __future__ import annotations
@@ -306,6 +305,12 @@ def ratio(a: float, b: float) -> str:
     return f"{a / b:.3f}" if b else "n/a"
 
 
+def agent_cpu_line(cpu_s: float, wall_s: float) -> str:
+    """The agent's own CPU over the measured run (its GPU-time and NVML sources ran in this process)."""
+    share = f"{100 * cpu_s / wall_s:.2f} % of a core" if wall_s > 0 else "n/a"
+    return f"- agent CPU (GPUTimeSource + NVML source, drain included): {cpu_s:.2f} s over {wall_s:.1f} s ({share})"
+
+
 def report(s: Settings, reference: Mapping[int, Mapping[str, float]], plain: Mapping[int, Mapping[str, float]],
            measured: Mapping[int, Mapping[str, float]], totals: Mapping[int, RankTotals],
            insight: str = "") -> list[str]:
@@ -374,15 +379,17 @@ def main(argv: Iterable[str]) -> int:
     nvml.open()
     try:
         links_before, smi_before = nvml_nvlink_bytes(nvml.collect()), smi_nvlink()
+        cpu0, wall0 = time.process_time(), time.monotonic()  # this process: the agent's sources (children apart)
         measured = torchrun(s, "measured", runs["measured"], inject=True)
         links_after, smi_after = nvml_nvlink_bytes(nvml.collect()), smi_nvlink()
         time.sleep(1.0)
         gpu_time, sync_wait = source.drain()
+        cost = agent_cpu_line(time.process_time() - cpu0, time.monotonic() - wall0)
     finally:
         source.close()
         nvml.close()
     totals = summarize(gpu_time, sync_wait, {int(v["pid"]): rank for rank, v in measured.items()})
-    lines = report(s, reference, plain, measured, totals, straggler_line(sync_wait))
+    lines = report(s, reference, plain, measured, totals, straggler_line(sync_wait)) + [cost]
     lines += nvlink_section(links_before, links_after, smi_before, smi_after)
     Path(args[0]).write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
