@@ -72,6 +72,7 @@ CUDA_HOST_MEMORY: Final = "cuda.host_memory"  # pageable or pinned host side of 
 CUDA_SYNC_API: Final = "cuda.sync.api"  # the driver call that blocked, e.g. cuStreamSynchronize
 # The collective an NCCL kernel runs (no OpenTelemetry convention exists): one of NCCL_COLLECTIVE_NAMES, "other" for
 # an NCCL kernel whose name does not say (ncclDevKernel_Generic runs whichever it is handed)
+# (on gpu_time samples of NCCL kernels, and on the part of sync_wait samples during which one ran: cuda/waits.py)
 NCCL_COLLECTIVE: Final = "nccl.collective"
 NCCL_COLLECTIVE_NAMES: Final = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "send_recv",
                                 "send", "recv", "other")

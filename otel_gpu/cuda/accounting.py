@@ -4,6 +4,9 @@
 It joins launches with their GPU activity (:class:`~otel_gpu.cuda.join.Joiner`), weights each piece of work by its
 sampling window (:class:`~otel_gpu.cuda.join.WindowWeights`; work whose window has not closed waits), accumulates
 the gpu_time and sync_wait profiles of the interval, keeps cumulative per-process counters and counts what was lost.
+The waits of a process that runs NCCL kernels are held until their collectives' records can have come (one cut-off
+for every process, :data:`SETTLE_LAG_NS`) and split by the collectives that ran while they blocked
+(:mod:`otel_gpu.cuda.waits`); its counters count them at once.
 It reads no kernel state and starts no thread: the caller feeds records one at a time and serializes the calls
 (:class:`~otel_gpu.cuda.source.GPUTimeSource` holds a lock), so it is tested with records built by hand.
 """
