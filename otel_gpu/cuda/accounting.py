@@ -146,8 +146,8 @@ class GPUTimeAccounting:
     def _settle_syncs(self, now_ns: int, final: bool = False) -> None:
         """Waits whose collectives have arrived: those that ended :data:`SETTLE_LAG_NS` before ``now_ns``, all of
         an exited process, any that has waited a drain. The waits inside windows go first: they teach their stacks'
-        shares to those outside, and one outside whose stack has no share yet waits a drain for one (a process's
-        first waits, before its first window: else unlabelled)."""
+        shares to those outside (one whose stack has no share goes unlabelled: holding it longer would move it to a
+        later interval than the same wait of another rank)."""
         still: deque[tuple[abi.Sync, int]] = deque()
         ready: list[tuple[abi.Sync, int]] = []
         for sync, age in self._held_syncs:
@@ -156,12 +156,8 @@ class GPUTimeAccounting:
             else:
                 still.append((sync, age + 1))
         ready.sort(key=lambda item: not self._waits.covered(item[0]))  # stable: in order within each kind
-        for sync, age in ready:
-            if not final and age == 0 and self._alive(sync.pid) and not self._waits.covered(sync) \
-                    and not self._waits.has_share(sync):
-                still.append((sync, 1))
-            else:
-                self._add_sync(sync)
+        for sync, _ in ready:
+            self._add_sync(sync)
         self._held_syncs = still
 
     def _on_window(self, window: abi.Window) -> None:

@@ -80,12 +80,6 @@ class CollectiveWaits:
         proc = self._processes.get(sync.pid)
         return proc is not None and self._covered(proc, sync)
 
-    def has_share(self, sync: abi.Sync) -> bool:
-        """Whether a covered wait of the same stack was seen (a wait outside windows is split as those were)."""
-        proc = self._processes.get(sync.pid)
-        share = proc.stacks.get(sync.stack) if proc else None
-        return share is not None and share.covered_ns > 0
-
     def split(self, sync: abi.Sync) -> list[tuple[str | None, float]]:
         """Shares of the wait: (collective, fraction) per collective that ran during it, then (None, the rest);
         fractions sum to 1."""
