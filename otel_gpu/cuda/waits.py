@@ -28,6 +28,9 @@ from otel_gpu.cuda.builder import nccl_collective
 MAX_SPANS = 4096  # collective kernels kept per process (the newest)
 MAX_WINDOWS = 256  # window intervals kept per process
 MAX_STACKS = 1024  # wait stacks with a covered history kept per process
+# A stack's share forgets: its totals are halved each time they pass this much covered wait, so that when the
+# straggler changes, the waits outside windows follow within seconds of covered waits
+SHARE_MEMORY_NS = 5_000_000_000
 
 
 @dataclass(slots=True)
@@ -98,6 +101,9 @@ class CollectiveWaits:
             share.covered_ns += blocked
             for name, ns in overlaps.items():
                 share.collective_ns[name] = share.collective_ns.get(name, 0.0) + ns
+            if share.covered_ns > SHARE_MEMORY_NS:
+                share.covered_ns /= 2
+                share.collective_ns = {name: ns / 2 for name, ns in share.collective_ns.items()}
             fractions = {name: ns / blocked for name, ns in overlaps.items()}
         else:
             share = proc.stacks.get(sync.stack)

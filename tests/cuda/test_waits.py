@@ -152,3 +152,22 @@ def test_the_last_drain_holds_no_wait_back() -> None:
     accounting.handle(_wait(pid, 10 * MS, 20 * MS))
     _, sync = accounting.drain(30 * MS, final=True)
     assert sum(s.value for p in sync.processes for s in p.samples) == 10 * MS
+
+
+def test_a_stack_share_follows_a_change_of_straggler() -> None:
+    from otel_gpu.cuda.waits import SHARE_MEMORY_NS
+
+    waits = CollectiveWaits()
+    waits.add_window(_window(1, 1, 0, 1 << 62))
+    step = 10 * MS
+    waited = 0
+    t = 0
+    while waited < SHARE_MEMORY_NS:  # first this rank waits all in the all-reduce
+        waits.add_activity(kernel(1, 1, step, name=ALL_REDUCE, start_ns=t))
+        waits.split(_wait(1, t, t + step))
+        waited, t = waited + step, t + 2 * step
+    while waited < 3 * SHARE_MEMORY_NS:  # then never (it became the straggler)
+        waits.split(_wait(1, t, t + step))
+        waited, t = waited + step, t + 2 * step
+    outside = abi.Sync(1, 1, "rank", abi.SYNC_STREAM, 126, -2 * step, -step, 1, stack(0x9000))  # before any window
+    assert dict(waits.split(outside)).get("all_reduce", 0.0) < 0.25
