@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from otel_gpu import selfmetrics, semconv
+from otel_gpu.ranks import rank_attributes
 
 SOURCE = semconv.Source.PROCFS
 # caps on what is read of each file (bytes): far above what the kernel writes for any real process
@@ -51,6 +52,7 @@ class ProcessInfo:
     pod_uid: str = ""
     service_name: str = ""
     start_time_ticks: int = 0
+    ranks: tuple[tuple[str, int], ...] = ()  # distributed.rank, ... when a launcher set them (otel_gpu/ranks.py)
 
 
 def read_capped(path: str | os.PathLike[str], max_bytes: int) -> tuple[bytes, bool]:
@@ -217,7 +219,8 @@ class ProcessResolver:
         environ = self._capped(base / "environ", MAX_ENVIRON_BYTES, semconv.Reason.ENVIRON_TOO_LARGE)
         service = parse_service_name(environ) or name
         return ProcessInfo(pid=pid, executable_name=name, executable_path=exe_path, container_id=container_id,
-                           pod_uid=pod_uid, service_name=service, start_time_ticks=start)
+                           pod_uid=pod_uid, service_name=service, start_time_ticks=start,
+                           ranks=rank_attributes(environ))
 
     @staticmethod
     def _capped(path: Path, max_bytes: int, too_large: semconv.Reason) -> bytes:

@@ -72,9 +72,16 @@ CUDA_HOST_MEMORY: Final = "cuda.host_memory"  # pageable or pinned host side of 
 CUDA_SYNC_API: Final = "cuda.sync.api"  # the driver call that blocked, e.g. cuStreamSynchronize
 # The collective an NCCL kernel runs (no OpenTelemetry convention exists): one of NCCL_COLLECTIVE_NAMES, "other" for
 # an NCCL kernel whose name does not say (ncclDevKernel_Generic runs whichever it is handed)
+# (on gpu_time samples of NCCL kernels, and on the part of sync_wait samples during which one ran: cuda/waits.py)
 NCCL_COLLECTIVE: Final = "nccl.collective"
 NCCL_COLLECTIVE_NAMES: Final = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "send_recv",
                                 "send", "recv", "other")
+# A process's place in a distributed job (no OpenTelemetry convention exists): the RANK, LOCAL_RANK and WORLD_SIZE
+# its launcher (torchrun and the launchers that follow it) set in its environment (otel_gpu/ranks.py); resource
+# attributes of its profiles and attributes of its per-process GPU metrics
+DISTRIBUTED_RANK: Final = "distributed.rank"
+DISTRIBUTED_LOCAL_RANK: Final = "distributed.local_rank"
+DISTRIBUTED_WORLD_SIZE: Final = "distributed.world_size"
 
 OTEL_GPU_SOURCE: Final = "otel_gpu.source"
 OTEL_GPU_EXPORTER: Final = "otel_gpu.exporter"
@@ -92,6 +99,7 @@ PPROF_LABEL_THREAD_NAME: Final = "thread_name"
 PPROF_LABEL_CONTAINER_ID: Final = "container_id"
 PPROF_LABEL_TRACE_ID: Final = "trace_id"
 PPROF_LABEL_SPAN_ID: Final = "span_id"
+PPROF_LABEL_RANK: Final = "rank"  # distributed.rank as a str label: a Pyroscope series label, one per rank
 
 # --- attribute values -----------------------------------------------------------------------------------------------
 HW_TYPE_GPU: Final = "gpu"

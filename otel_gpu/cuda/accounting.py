@@ -4,6 +4,9 @@
 It joins launches with their GPU activity (:class:`~otel_gpu.cuda.join.Joiner`), weights each piece of work by its
 sampling window (:class:`~otel_gpu.cuda.join.WindowWeights`; work whose window has not closed waits), accumulates
 the gpu_time and sync_wait profiles of the interval, keeps cumulative per-process counters and counts what was lost.
+The waits of a process that runs NCCL kernels are held until their collectives' records can have come (one cut-off
+for every process, :data:`SETTLE_LAG_NS`) and split by the collectives that ran while they blocked
+(:mod:`otel_gpu.cuda.waits`); its counters count them at once.
 It reads no kernel state and starts no thread: the caller feeds records one at a time and serializes the calls
 (:class:`~otel_gpu.cuda.source.GPUTimeSource` holds a lock), so it is tested with records built by hand.
 """
@@ -11,7 +14,7 @@ It reads no kernel state and starts no thread: the caller feeds records one at a
 from __future__ import annotations
 
 import logging
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
@@ -19,6 +22,7 @@ from otel_gpu import selfmetrics, semconv
 from otel_gpu.cuda import abi, builder
 from otel_gpu.cuda.join import GPUWork, Joiner, JoinStats, WindowWeights
 from otel_gpu.cuda.stacks import StackFrames
+from otel_gpu.cuda.waits import CollectiveWaits
 from otel_gpu.procfs import ProcessInfo, ProcessResolver
 from otel_gpu.profiles.model import ProfileBatch, gpu_time_profile_type, sync_wait_profile_type
 
@@ -28,6 +32,12 @@ _logger = logging.getLogger("otel_gpu.cuda.source")
 SOURCE = semconv.Source.GPU_TIME
 
 WorkObserver = Callable[[GPUWork, float], None]
+MAX_HELD_SYNCS = 65536  # waits held for their collectives, all processes: past it the oldest is accounted at once
+# A collective process's waits of the last second of an interval go to the next one: their collectives' records come
+# after the window closes (CUPTI's buffers, the library's linger). One cut-off for every process keeps each
+# interval's waits comparable between the ranks of a job (a per-process rule would move one rank's waits and not
+# another's, and name a straggler that is not one).
+SETTLE_LAG_NS = 1_000_000_000
 
 
 @dataclass(slots=True)
@@ -66,6 +76,8 @@ class GPUTimeAccounting:
         self._joiner = Joiner(max_pending=max_pending_per_process)
         self._weights = WindowWeights()
         self._pending: list[tuple[GPUWork, int]] = []  # joined work whose window has not closed, drains waited
+        self._waits = CollectiveWaits()
+        self._held_syncs: deque[tuple[abi.Sync, int]] = deque()  # waits of NCCL processes whose work may come, drains
         self._gpu = builder.ProfileAccumulator(gpu_time_profile_type())
         self._sync = builder.ProfileAccumulator(sync_wait_profile_type())
         self._interval = _Interval()
@@ -90,6 +102,7 @@ class GPUTimeAccounting:
             for work in self._joiner.add_launch(record):
                 self._account(work)
         elif isinstance(record, abi.Activity):
+            self._waits.add_activity(record)
             for work in self._joiner.add_activity(record):
                 self._account(work)
         elif isinstance(record, abi.Sync):
@@ -111,13 +124,44 @@ class GPUTimeAccounting:
         self._work_observers.append(observer)
 
     def _on_sync(self, sync: abi.Sync) -> None:
+        self._counter(sync.pid).sync_wait_ns += sync.blocked_ns * sync.weight
+        if self._waits.runs_collectives(sync.pid):  # the collectives it waited in may not have arrived yet
+            self._stacks.frames(sync.pid, sync.stack)  # symbolize while the process is alive
+            self._held_syncs.append((sync, 0))
+            if len(self._held_syncs) > MAX_HELD_SYNCS:  # bounded memory: the oldest goes with what is known now
+                self._add_sync(self._held_syncs.popleft()[0])
+        else:
+            self._add_sync(sync)
+
+    def _add_sync(self, sync: abi.Sync) -> None:
+        """The wait's sample, split by the NCCL collectives that ran while it blocked (:mod:`otel_gpu.cuda.waits`)."""
         value = sync.blocked_ns * sync.weight
         frames = (builder.sync_frame(sync),) + self._stacks.frames(sync.pid, sync.stack)
-        self._sync.add(sync.pid, frames, value, sync.tid, sync.comm,
-                       ((semconv.CUDA_SYNC_API, builder.sync_api_name(sync)),), sync.trace_id, sync.span_id)
-        self._counter(sync.pid).sync_wait_ns += value
+        api = (semconv.CUDA_SYNC_API, builder.sync_api_name(sync))
+        for collective, fraction in self._waits.split(sync):
+            attributes = (api, (semconv.NCCL_COLLECTIVE, collective)) if collective else (api,)
+            self._sync.add(sync.pid, frames, value * fraction, sync.tid, sync.comm, attributes, sync.trace_id,
+                           sync.span_id)
+
+    def _settle_syncs(self, now_ns: int, final: bool = False) -> None:
+        """Waits whose collectives have arrived: those that ended :data:`SETTLE_LAG_NS` before ``now_ns``, all of
+        an exited process, any that has waited a drain. The waits inside windows go first: they teach their stacks'
+        shares to those outside (one whose stack has no share goes unlabelled: holding it longer would move it to a
+        later interval than the same wait of another rank)."""
+        still: deque[tuple[abi.Sync, int]] = deque()
+        ready: list[tuple[abi.Sync, int]] = []
+        for sync, age in self._held_syncs:
+            if final or age >= 1 or sync.end_ns <= now_ns - SETTLE_LAG_NS or not self._alive(sync.pid):
+                ready.append((sync, age))
+            else:
+                still.append((sync, age + 1))
+        ready.sort(key=lambda item: not self._waits.covered(item[0]))  # stable: in order within each kind
+        for sync, _ in ready:
+            self._add_sync(sync)
+        self._held_syncs = still
 
     def _on_window(self, window: abi.Window) -> None:
+        self._waits.add_window(window)
         weight, covered, elapsed = self._weights.add(window)
         self._interval.covered_ns += covered
         self._interval.elapsed_ns += elapsed
@@ -170,10 +214,12 @@ class GPUTimeAccounting:
 
     # --- profiles out ----------------------------------------------------------------------------------------------
 
-    def drain(self, now_ns: int, bpf_drops: Sequence[int] | None = None) -> list[ProfileBatch]:
+    def drain(self, now_ns: int, bpf_drops: Sequence[int] | None = None, *, final: bool = False) -> list[ProfileBatch]:
         """The gpu_time and sync_wait batches of the interval that ends at ``now_ns`` (unix ns; each batch may have
-        no processes). ``bpf_drops``: the eBPF program's running totals by :data:`abi.DROP_REASONS`, if loaded."""
+        no processes). ``bpf_drops``: the eBPF program's running totals by :data:`abi.DROP_REASONS`, if loaded;
+        ``final``: the last drain, which holds no wait back."""
         self._settle_pending()
+        self._settle_syncs(now_ns, final)
         processes = dict(self._processes)
         fraction = (self._interval.covered_ns / self._interval.elapsed_ns) if self._interval.elapsed_ns else 1.0
         start, duration = self._interval_start_ns, max(0, now_ns - self._interval_start_ns)
@@ -245,6 +291,7 @@ class GPUTimeAccounting:
         for pid in self._exited:
             self._joiner.forget_process(pid)
             self._weights.forget_process(pid)
+            self._waits.forget_process(pid)
             self._stacks.forget(pid)
             del self._processes[pid]
 

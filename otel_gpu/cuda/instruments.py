@@ -2,7 +2,8 @@
 """Per-process GPU-time counters as OTel observable instruments: kernel launches, GPU kernel time and sync-wait
 time of every injected process, read from :meth:`GPUTimeSource.process_counters` at each collection.
 
-Attributes: process.pid, and process.executable.name, container.id, k8s.pod.uid, service.name when known.
+Attributes: process.pid, and process.executable.name, container.id, k8s.pod.uid, service.name and the
+distributed.* rank attributes when known.
 Values are cumulative estimates (sampled windows re-weighted), so a dashboard can rate() them.
 """
 
@@ -31,6 +32,7 @@ def process_attributes(counters: ProcessCounters) -> dict[str, str | int]:
                        (semconv.SERVICE_NAME, info.service_name)):
         if value:
             attributes[key] = value
+    attributes.update(info.ranks)
     return attributes
 
 

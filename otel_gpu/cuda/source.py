@@ -40,6 +40,7 @@ class GPUTimeSource:
         self._proc_root = proc_root
         self._selection = selection or ProcessSelection()
         self._lock = threading.RLock()  # the accounting is single-threaded: the poll thread and drain share it
+        self._stopped = False
         stacks = StackFrames(symbolizer or SharedSymbolizer(proc_root=proc_root))
         self.accounting = GPUTimeAccounting(resolver or ProcessResolver(proc_root), stacks, self._alive,
                                             max_pending_per_process=max_pending_per_process,
@@ -63,12 +64,14 @@ class GPUTimeSource:
         self._probes.poll_now()
         drops = self._probes.drop_totals()
         with self._lock:
-            batches = self.accounting.drain(time.time_ns(), drops)
+            batches = self.accounting.drain(time.time_ns(), drops, final=self._stopped)
         return [self._selection.keep(batch) for batch in batches]
 
     def stop(self) -> None:
         """Stop reading records in the background (the agent's last report comes next): records then reach the
-        per-process counters only through drain, so the last profiles hold everything the counters counted."""
+        per-process counters only through drain, so the last profiles hold everything the counters counted (the
+        waits held for their collectives too)."""
+        self._stopped = True
         self._probes.stop()
 
     def close(self) -> None:

@@ -1,5 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
-"""A terminal summary per reporting interval: the profile type, totals and the top stacks by value."""
+"""A terminal summary per reporting interval: the profile type, totals and the top stacks by value, then the
+insight line of the batch if it has one (:mod:`otel_gpu.profiles.insights`)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import threading
 from typing import TextIO
 
 from otel_gpu import semconv
+from otel_gpu.profiles.insights import straggler_line
 from otel_gpu.profiles.model import ProfileBatch, Sample
 
 _STACK_DEPTH = 6  # frames shown per stack, leaf first
@@ -22,6 +24,9 @@ def summarize(batch: ProfileBatch, top_n: int = 10, width: int = 120, explain_yi
     total = 0
     for process in batch.processes:
         name = process.process.service_name or process.process.executable_name
+        rank = dict(process.process.ranks).get(semconv.DISTRIBUTED_RANK)
+        if rank is not None:  # ranks of a distributed job are told apart by rank, not by pid
+            name += f" rank {rank}"
         for sample in process.samples:
             key = (process.process.pid, name, _names(sample))
             rows[key] = rows.get(key, 0) + sample.value
@@ -126,6 +131,8 @@ class ConsoleProfileExporter:
                 return True
             (self._quiet.add if empty else self._quiet.discard)(batch.type.sample_type)
             text = summarize(batch, self._top_n, explain_yield=not self._yield_explained) + "\n"
+            if insight := straggler_line(batch):
+                text += insight + "\n"
             self._yield_explained |= yielded
             try:
                 stream.write(text)

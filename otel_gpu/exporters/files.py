@@ -5,6 +5,10 @@ The folder is kept within ``max_files`` profile files and ``max_bytes`` of them 
 other files in the folder (metrics, anything else) are never touched. Writing is local and quick, so it happens
 on the caller's thread; a file is written under a temporary name and renamed, so readers never see half a file,
 and a write that fails (a full disk) removes its temporary file.
+
+Insight lines (:mod:`otel_gpu.profiles.insights`: the straggler rank of a distributed job) are appended to
+``summary.txt`` in the folder, one per interval that has one, after the UTC time of the interval's start; the file
+is moved to ``summary.txt.1`` (replacing the one before) once it holds ``MAX_SUMMARY_BYTES``.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import time
 from pathlib import Path
 
 from otel_gpu import selfmetrics, semconv
+from otel_gpu.profiles.insights import straggler_line
 from otel_gpu.profiles.model import ProfileBatch
 from otel_gpu.profiles.pprof import encode_pprof
 
@@ -24,6 +29,8 @@ _logger = logging.getLogger(__name__)
 
 PREFIX = "profile-"
 SUFFIX = ".pb.gz"
+SUMMARY = "summary.txt"
+MAX_SUMMARY_BYTES = 1 << 20  # about 4,000 lines: days of intervals with an insight
 
 
 def profile_file_name(batch: ProfileBatch, sequence: int) -> str:
@@ -46,6 +53,7 @@ class FilesProfileExporter:
         self._sequence = itertools.count(1)
         self._closed = False
         self._failing = False
+        self._summary_failing = False
 
     def export(self, batch: ProfileBatch) -> bool:
         if self._closed:
@@ -72,10 +80,32 @@ class FilesProfileExporter:
             _logger.info("writing profile files to %s works again", self.directory)
             self._failing = False
         self._clean_up()
+        try:
+            self._summarize(batch)
+        except OSError as exc:  # the profile is written: only the insight line is lost
+            selfmetrics.count(semconv.SELF_EXPORT_FAILURES.name, otel_gpu__exporter=self.name,
+                              otel_gpu__signal=semconv.Signal.PROFILES)
+            if not self._summary_failing:
+                _logger.warning("cannot write %s in %s: %s (further failures are only counted)", SUMMARY,
+                                self.directory, exc)
+            self._summary_failing = True
         return True
 
     def shutdown(self, timeout_s: float = 5.0) -> None:
         self._closed = True
+
+    def _summarize(self, batch: ProfileBatch) -> None:
+        """Append the batch's insight line, if any, to the summary file (raises OSError)."""
+        insight = straggler_line(batch)
+        if not insight:
+            return
+        summary = self.directory / SUMMARY
+        with contextlib.suppress(FileNotFoundError):
+            if summary.stat().st_size >= MAX_SUMMARY_BYTES:
+                os.replace(summary, summary.with_name(SUMMARY + ".1"))
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(batch.start_unix_nano / 1e9))
+        with open(summary, "a", encoding="utf-8") as out:
+            out.write(f"{stamp} {insight}\n")
 
     def _clean_up(self) -> None:
         """Remove the oldest profile files until the folder is within both bounds."""

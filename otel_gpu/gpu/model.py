@@ -48,6 +48,7 @@ class ProcessUsage:
     executable_name: str = ""
     container_id: str = ""
     pod_uid: str = ""
+    ranks: tuple[tuple[str, int], ...] = ()  # distributed.rank, ... (otel_gpu/ranks.py)
     memory_bytes: int | None = None
     sm_utilization: float | None = None  # ratio 0..1 over the last sample period
 

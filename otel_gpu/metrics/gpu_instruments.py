@@ -44,7 +44,7 @@ def gpu_attributes(info: GPUInfo) -> Attributes:
 
 
 def process_attributes(process: ProcessUsage) -> Attributes:
-    """process.pid always; executable, container and pod only when known."""
+    """process.pid always; executable, container, pod and distributed rank only when known."""
     attributes: Attributes = {semconv.PROCESS_PID: process.pid}
     if process.executable_name:
         attributes[semconv.PROCESS_EXECUTABLE_NAME] = process.executable_name
@@ -52,6 +52,7 @@ def process_attributes(process: ProcessUsage) -> Attributes:
         attributes[semconv.CONTAINER_ID] = process.container_id
     if process.pod_uid:
         attributes[semconv.K8S_POD_UID] = process.pod_uid
+    attributes.update(process.ranks)
     return attributes
 
 

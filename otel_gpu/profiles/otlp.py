@@ -57,6 +57,7 @@ def process_resource(info: ProcessInfo, node: tuple[tuple[str, str], ...] = ()) 
         (semconv.PROCESS_EXECUTABLE_PATH, info.executable_path),
         (semconv.CONTAINER_ID, info.container_id),
         (semconv.K8S_POD_UID, info.pod_uid),
+        *info.ranks,
     ]
     own = {key for key, value in pairs if value != ""}
     pairs += [(key, value) for key, value in node if key not in own]

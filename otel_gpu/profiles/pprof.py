@@ -7,7 +7,8 @@ strings are deduplicated; every id is non-zero and ``string_table[0]`` is "".
 
 Sample types: a ``samples/count`` batch (CPU) gets ``samples/count`` and ``<period_type>/<period_unit>``
 (= count x period, e.g. ``cpu/nanoseconds``); any other batch gets its own type (e.g. ``gpu_time/nanoseconds``).
-Labels: ``pid`` and ``thread_id`` (numbers), ``thread_name`` and ``container_id`` (strings), ``trace_id``/``span_id``
+Labels: ``pid`` and ``thread_id`` (numbers), ``thread_name``, ``container_id`` and ``rank`` (the process's
+``distributed.rank``) (strings), ``trace_id``/``span_id``
 (strings, as Pyroscope reads them), the node's ``host_name`` and ``k8s_node_name`` (strings, from
 :attr:`ProfileBatch.node`; a pprof file has no resource, and Pyroscope's /ingest keeps str labels as series labels)
 and every :attr:`Sample.attributes` pair (int -> num label, str -> str label).
@@ -164,6 +165,9 @@ class _PprofBuilder:
             w.buf += self._label(semconv.PPROF_LABEL_THREAD_NAME, text=sample.thread_name)
         if info.container_id:
             w.buf += self._label(semconv.PPROF_LABEL_CONTAINER_ID, text=info.container_id)
+        for key, value in info.ranks:
+            if key == semconv.DISTRIBUTED_RANK:
+                w.buf += self._label(semconv.PPROF_LABEL_RANK, text=str(value))
         w.buf += self.node_labels
         if sample.trace_id:
             w.buf += self._label(semconv.PPROF_LABEL_TRACE_ID, text=sample.trace_id)

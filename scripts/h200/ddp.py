@@ -12,16 +12,19 @@ steps, default 300), DDP_PROFILE_STEPS (steps under torch.profiler in the refere
 Runs, each a fresh torchrun job of DDP_GPUS ranks training the same model (a stack of bf16 Linear layers, DDP
 all-reducing the gradients in buckets during backward, torch.cuda.synchronize() at the end of every step):
 1. reference: torch.profiler over DDP_PROFILE_STEPS steps after a warm-up; per rank, per step: GPU time of all
-   kernels, of NCCL kernels, CPU time blocked in cuda*Synchronize, and the step time;
+   kernels, of NCCL kernels, CPU time blocked in cuda*Synchronize, of that the part while an NCCL kernel ran (the
+   union of their intervals), and the step time;
 2. plain: no profiler, no injection: step times (the agent's cost is measured against these);
 3. measured: under ``otel-gpu inject`` while a GPUTimeSource runs in this process: per rank (pid), per step, the
-   gpu_time total, the NCCL part (samples with ``nccl.collective``), the sync_wait total, the ``cuda.device`` values
-   seen, the collectives named and the stacks that launched them; step times with the agent attached.
-Checks reported (not asserted): every rank's kernels carry its own device only; NCCL kernels are named as collectives;
-the slow rank has the least NCCL time and sync_wait (the others wait for it); per-rank GPU time and NCCL time within
-10 % of torch.profiler's per step; step-time cost of the agent; NVLink data bytes the NVML source read per GPU over
-the measured run against ``nvidia-smi nvlink -gt d`` over the same run (GPUs without NVLink: said so). Prints the
-table and writes it as markdown to OUT.md.
+   gpu_time total, the NCCL part (samples with ``nccl.collective``), the sync_wait total and its part in collectives
+   (sync_wait samples with ``nccl.collective``), the ``cuda.device`` values seen, the ``distributed.rank`` of each
+   process, the collectives named and the stacks that launched them; step times with the agent attached.
+Checks reported (not asserted): every rank's kernels carry its own device only, every process its own rank; NCCL
+kernels are named as collectives; the slow rank has the least NCCL time, sync_wait and wait in collectives (the
+others wait for it), and the straggler insight (otel_gpu/profiles/insights.py) names it; per-rank GPU time, NCCL time
+and waits in collectives within 10 % of torch.profiler's per step; the agent's cost: step time and its own CPU;
+NVLink data bytes the NVML source read per GPU over the measured run against ``nvidia-smi nvlink -gt d`` over the
+same run (GPUs without NVLink: said so). Prints the table and writes it as markdown to OUT.md.
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from otel_gpu import semconv  # noqa: E402 (after the repository is on sys.path)
+from otel_gpu.profiles.insights import straggler_line  # noqa: E402
 from otel_gpu.profiles.model import ProfileBatch  # noqa: E402
 
 CHILD = r"""
@@ -56,6 +60,17 @@ STEPS, PROFILE_STEPS = int(os.environ["DDP_STEPS"]), int(os.environ["DDP_PROFILE
 SLOW_RANK, SLOW_MS = int(os.environ["DDP_SLOW_RANK"]), float(os.environ["DDP_SLOW_MS"])
 WARMUP = 20
 SYNC_APIS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize")
+
+
+def overlap_us(waits, kernels):
+    # microseconds of the waits during which any of the kernels ran (their union)
+    union = []
+    for start, end in sorted(kernels):
+        if union and start <= union[-1][1]:
+            union[-1][1] = max(union[-1][1], end)
+        else:
+            union.append([start, end])
+    return sum(max(0, min(end, k_end) - max(start, k_start)) for start, end in waits for k_start, k_end in union)
 
 
 def load_batch(rank, x):
@@ -107,14 +122,19 @@ def main():
                 train_step(rank, model, optimizer, x)
                 times.append(time.perf_counter() - t)
         gpu = nccl = sync = 0.0
+        nccl_spans, sync_spans = [], []
         for e in prof.events():
             us = e.time_range.elapsed_us()
             if e.device_type == torch.autograd.DeviceType.CUDA:
                 gpu += us
-                nccl += us if e.name.startswith("nccl") else 0
+                if e.name.startswith("nccl"):
+                    nccl += us
+                    nccl_spans.append((e.time_range.start, e.time_range.end))
             elif e.name in SYNC_APIS:
                 sync += us
-        result.update(gpu_ns=gpu * 1e3, nccl_ns=nccl * 1e3, sync_ns=sync * 1e3)
+                sync_spans.append((e.time_range.start, e.time_range.end))
+        result.update(gpu_ns=gpu * 1e3, nccl_ns=nccl * 1e3, sync_ns=sync * 1e3,
+                      sync_nccl_ns=overlap_us(sync_spans, nccl_spans) * 1e3)
     else:
         for _ in range(steps):
             t = time.perf_counter()
@@ -176,7 +196,9 @@ class RankTotals:
     gpu_ns: int = 0
     nccl_ns: int = 0
     sync_ns: int = 0
+    sync_nccl_ns: int = 0  # sync_wait while a collective ran (samples with nccl.collective)
     devices: set[int] = dataclasses.field(default_factory=set)
+    ranks: set[int] = dataclasses.field(default_factory=set)  # distributed.rank of the process's profiles
     collectives: Counter[str] = dataclasses.field(default_factory=Counter)
     nccl_stacks: Counter[str] = dataclasses.field(default_factory=Counter)
 
@@ -188,6 +210,7 @@ def summarize(gpu_time: ProfileBatch, sync_wait: ProfileBatch, pids: Mapping[int
         rank = pids.get(profile.process.pid)
         if rank is None:
             continue
+        totals[rank].ranks.update(v for k, v in profile.process.ranks if k == semconv.DISTRIBUTED_RANK)
         for sample in profile.samples:
             attributes = dict(sample.attributes)
             totals[rank].gpu_ns += sample.value
@@ -203,7 +226,10 @@ def summarize(gpu_time: ProfileBatch, sync_wait: ProfileBatch, pids: Mapping[int
     for profile in sync_wait.processes:
         rank = pids.get(profile.process.pid)
         if rank is not None:
+            totals[rank].ranks.update(v for k, v in profile.process.ranks if k == semconv.DISTRIBUTED_RANK)
             totals[rank].sync_ns += sum(s.value for s in profile.samples)
+            totals[rank].sync_nccl_ns += sum(s.value for s in profile.samples
+                                             if semconv.NCCL_COLLECTIVE in dict(s.attributes))
     return totals
 
 
@@ -279,33 +305,48 @@ def ratio(a: float, b: float) -> str:
     return f"{a / b:.3f}" if b else "n/a"
 
 
+def agent_cpu_line(cpu_s: float, wall_s: float) -> str:
+    """The agent's own CPU over the measured run (its GPU-time and NVML sources ran in this process)."""
+    share = f"{100 * cpu_s / wall_s:.2f} % of a core" if wall_s > 0 else "n/a"
+    return f"- agent CPU (GPUTimeSource + NVML source, drain included): {cpu_s:.2f} s over {wall_s:.1f} s ({share})"
+
+
 def report(s: Settings, reference: Mapping[int, Mapping[str, float]], plain: Mapping[int, Mapping[str, float]],
-           measured: Mapping[int, Mapping[str, float]], totals: Mapping[int, RankTotals]) -> list[str]:
-    """The markdown lines of the results."""
+           measured: Mapping[int, Mapping[str, float]], totals: Mapping[int, RankTotals],
+           insight: str = "") -> list[str]:
+    """The markdown lines of the results; ``insight``: the straggler line of the agent's sync_wait batch."""
     lines = [f"## DDP on {s.gpus} GPUs, rank {s.slow_rank} slowed by {s.slow_ms:g} ms a step", "",
              "| rank | device(s) seen | GPU ms/step agent / profiler | NCCL ms/step agent / profiler | "
-             "sync_wait ms/step agent / profiler | step ms plain / injected | collectives |",
-             "|---|---|---|---|---|---|---|"]
+             "sync_wait ms/step agent / profiler | of it in collectives agent / profiler | step ms plain / injected "
+             "| collectives |",
+             "|---|---|---|---|---|---|---|---|"]
+    keys = ("gpu_ns", "nccl_ns", "sync_ns", "sync_nccl_ns")
     for rank in sorted(totals):
         t, ref, run = totals[rank], reference[rank], measured[rank]
         steps = run["steps"] + run["warmup"]  # the agent was attached from the job's start
-        per = {k: getattr(t, k) / steps / 1e6 for k in ("gpu_ns", "nccl_ns", "sync_ns")}
-        refs = {k: ref[k] / ref["steps"] / 1e6 for k in ("gpu_ns", "nccl_ns", "sync_ns")}
+        per = {k: getattr(t, k) / steps / 1e6 for k in keys}
+        refs = {k: ref.get(k, 0.0) / ref["steps"] / 1e6 for k in keys}
         lines.append(
             f"| {rank} | {sorted(t.devices)} (expected [{int(run['device'])}]) | "
             f"{per['gpu_ns']:.2f} / {refs['gpu_ns']:.2f} ({ratio(per['gpu_ns'], refs['gpu_ns'])}) | "
             f"{per['nccl_ns']:.2f} / {refs['nccl_ns']:.2f} ({ratio(per['nccl_ns'], refs['nccl_ns'])}) | "
             f"{per['sync_ns']:.2f} / {refs['sync_ns']:.2f} | "
+            f"{per['sync_nccl_ns']:.2f} / {refs['sync_nccl_ns']:.2f} "
+            f"({ratio(per['sync_nccl_ns'], refs['sync_nccl_ns'])}) | "
             f"{plain[rank]['step_s'] * 1e3:.2f} / {run['step_s'] * 1e3:.2f} "
             f"({ratio(run['step_s'] - plain[rank]['step_s'], plain[rank]['step_s'])}) | "
             f"{dict(t.collectives)} |")
     waits = {rank: float(t.sync_ns) for rank, t in totals.items()}
     nccl = {rank: float(t.nccl_ns) for rank, t in totals.items()}
+    in_collectives = {rank: float(t.sync_nccl_ns) for rank, t in totals.items()}
     devices_right = all(t.devices == {int(measured[r]["device"])} for r, t in totals.items())
-    lines += ["", f"- straggler by sync_wait: rank {straggler(waits)}; by NCCL time: rank {straggler(nccl)} "
-              f"(expected {s.slow_rank}); torch.profiler's NCCL straggler: rank "
-              f"{straggler({r: v['nccl_ns'] for r, v in reference.items()})}",
-              f"- every rank's kernels on its own device only: {devices_right}"]
+    ranks_right = all(t.ranks == {r} for r, t in totals.items())
+    lines += ["", f"- straggler by sync_wait: rank {straggler(waits)}; by NCCL time: rank {straggler(nccl)}; by "
+              f"waits in collectives: rank {straggler(in_collectives)} (expected {s.slow_rank}); torch.profiler's "
+              f"NCCL straggler: rank {straggler({r: v['nccl_ns'] for r, v in reference.items()})}",
+              f"- the agent's insight (expected to name rank {s.slow_rank}): {insight or 'none'}",
+              f"- every rank's kernels on its own device only: {devices_right}",
+              f"- every process labelled with its own distributed.rank: {ranks_right}"]
     for rank in sorted(totals):
         top = ", ".join(f"{where}: {ns / 1e6:.1f} ms" for where, ns in totals[rank].nccl_stacks.most_common(3))
         lines.append(f"- rank {rank}: NCCL launched from {top or 'nothing'}")
@@ -338,15 +379,17 @@ def main(argv: Iterable[str]) -> int:
     nvml.open()
     try:
         links_before, smi_before = nvml_nvlink_bytes(nvml.collect()), smi_nvlink()
+        cpu0, wall0 = time.process_time(), time.monotonic()  # this process: the agent's sources (children apart)
         measured = torchrun(s, "measured", runs["measured"], inject=True)
         links_after, smi_after = nvml_nvlink_bytes(nvml.collect()), smi_nvlink()
         time.sleep(1.0)
         gpu_time, sync_wait = source.drain()
+        cost = agent_cpu_line(time.process_time() - cpu0, time.monotonic() - wall0)
     finally:
         source.close()
         nvml.close()
     totals = summarize(gpu_time, sync_wait, {int(v["pid"]): rank for rank, v in measured.items()})
-    lines = report(s, reference, plain, measured, totals)
+    lines = report(s, reference, plain, measured, totals, straggler_line(sync_wait)) + [cost]
     lines += nvlink_section(links_before, links_after, smi_before, smi_after)
     Path(args[0]).write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

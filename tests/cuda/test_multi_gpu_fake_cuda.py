@@ -57,7 +57,8 @@ def _run(args: list[str], python_ranks: int = 0, slow_ms: float = 0) -> tuple[st
                 [sys.executable, str(FAKES / "workload.py"), str(FAKES / "libcuda.so.1"), "--variant", "ddp", *args,
                  "--slow-ms", str(slow_ms if rank == 1 else 0)],
                 env=dict(env, FAKE_CUDA_RENDEZVOUS=str(meeting), FAKE_CUDA_RANKS=str(python_ranks),
-                         FAKE_CUDA_RANK=str(rank), FAKE_CUDA_DEVICES=str(python_ranks)),
+                         FAKE_CUDA_RANK=str(rank), FAKE_CUDA_DEVICES=str(python_ranks), RANK=str(rank),
+                         LOCAL_RANK=str(rank), WORLD_SIZE=str(python_ranks)),
                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for rank in range(python_ranks)]
             outputs = [rank.communicate(timeout=120) for rank in ranks]
             assert all(rank.returncode == 0 for rank in ranks), [err for _, err in outputs]
@@ -87,6 +88,7 @@ def test_straggler_rank_stands_out_in_the_others_waits() -> None:
     assert sorted(re.findall(r"^collectives (\d+) (\d+)", out, re.M)) == [("0", "400"), ("1", "400"), ("2", "400")]
 
     wait_ns: dict[int, int] = {}
+    in_collective_ns: dict[int, int] = {}
     collective_ns: dict[int, int] = {}
     for rank, pid in ranks.items():
         kernels = _samples(gpu, pid)
@@ -108,12 +110,25 @@ def test_straggler_rank_stands_out_in_the_others_waits() -> None:
         syncs = [s for s in _samples(waits, pid) if s.frames[0].function == "[cuStreamSynchronize]"]
         assert syncs and all("sync_point" in _functions(s) for s in syncs)
         wait_ns[rank] = sum(s.value for s in syncs)
+        in_collective_ns[rank] = sum(s.value for s in syncs
+                                     if dict(s.attributes).get(semconv.NCCL_COLLECTIVE) == "all_reduce")
+        assert {dict(s.attributes).get(semconv.NCCL_COLLECTIVE) for s in syncs} <= {"all_reduce", None}
+        # the rank identity its launcher set (RANK, LOCAL_RANK, WORLD_SIZE), on both profiles
+        for batch in (gpu, waits):
+            [profile] = [p for p in batch.processes if p.process.pid == pid]
+            assert dict(profile.process.ranks) == {semconv.DISTRIBUTED_RANK: rank, semconv.DISTRIBUTED_LOCAL_RANK: rank,
+                                                   semconv.DISTRIBUTED_WORLD_SIZE: 3}
     # the fast ranks wait ~(8 + 2.3) ms a step, the slow one ~2.3 ms: a 4.5x ratio, asserted at 2.5x
     for fast in (0, 2):
         assert wait_ns[fast] > 2.5 * wait_ns[1], wait_ns
         assert collective_ns[fast] > 5 * collective_ns[1], collective_ns  # ~8.3 ms against 0.3 ms a step
-    print(f"\nper rank: sync_wait ns {wait_ns}, all-reduce GPU ns {collective_ns}")  # docs/benchmarks.md
+    print(f"\nper rank: sync_wait ns {wait_ns}, in all-reduce {in_collective_ns}, all-reduce GPU ns {collective_ns}")
     assert min(wait_ns, key=wait_ns.__getitem__) == 1  # the straggler is the rank that waits least
+    # the fast ranks wait in the all-reduce (~8.3 of ~10.3 ms a step), the straggler hardly (~0.3 of ~2.3 ms)
+    for fast in (0, 2):
+        assert in_collective_ns[fast] > 0.5 * wait_ns[fast], (in_collective_ns, wait_ns)
+        assert in_collective_ns[fast] > 5 * in_collective_ns[1], in_collective_ns
+    assert in_collective_ns[1] < 0.35 * wait_ns[1], (in_collective_ns, wait_ns)
 
 
 @pytest.mark.root
@@ -137,6 +152,14 @@ def test_python_ranks_name_the_line_that_issued_the_collective() -> None:
         assert all(dict(s.attributes)[semconv.CUDA_DEVICE] == rank for s in _samples(gpu, pid))
         wait_ns[rank] = sum(s.value for s in _samples(waits, pid) if s.frames[0].function == "[cuStreamSynchronize]")
     assert wait_ns[0] > 2 * wait_ns[1], wait_ns  # rank 1 is the straggler rank 0 waits for
+    from otel_gpu.profiles.insights import find_straggler
+
+    straggler = find_straggler(waits)
+    assert straggler is not None and straggler.rank == 1 and straggler.collective == "all_reduce"
+    sync_line = 1 + source_lines.index('    driver.call("cuStreamSynchronize", driver.stream)')
+    step_line = 1 + source_lines.index("def ddp_step(driver: Driver, slow_s: float) -> None:") + 4
+    assert straggler.site.endswith(f"<- sync_point (workload.py:{sync_line}) <- ddp_step (workload.py:{step_line})"), \
+        straggler.site  # the step's line where the others waited
 
 
 @pytest.mark.root
@@ -185,3 +208,36 @@ def test_nccl_kernel_names(name: str, collective: str | None) -> None:
     assert attributes.get(semconv.NCCL_COLLECTIVE) == collective
     assert attributes[semconv.CUDA_DEVICE] == 3
     assert collective is None or collective in semconv.NCCL_COLLECTIVE_NAMES
+
+
+@pytest.mark.root
+@pytest.mark.parametrize(("ranks", "slow_rank"), [(2, 1), (2, None), (4, 2), (4, None)])
+def test_the_straggler_insight_names_the_slowed_rank_and_none_otherwise(ranks: int, slow_rank: int | None,
+                                                                        tmp_path: Path) -> None:
+    import io
+
+    from otel_gpu.exporters.console import ConsoleProfileExporter
+    from otel_gpu.exporters.files import SUMMARY, FilesProfileExporter
+    from otel_gpu.profiles.insights import find_straggler
+
+    slow = ["--slow-rank", str(slow_rank), "--slow-us", str(SLOW_US)] if slow_rank is not None else []
+    out, (gpu, waits) = _run(["--ranks", str(ranks), "--steps", "300", *slow])
+    pids = {int(r): int(pid) for r, pid in re.findall(r"^rank (\d+) pid (\d+)", out, re.M)}
+    assert sorted(pids) == list(range(ranks))
+    terminal = io.StringIO()
+    ConsoleProfileExporter(terminal).export(waits)
+    assert FilesProfileExporter(str(tmp_path)).export(waits)
+    insights = [line for line in terminal.getvalue().splitlines() if line.startswith("insight:")]
+    found = find_straggler(waits)
+    in_collectives = {rank: sum(s.value for s in _samples(waits, pid)
+                                if dict(s.attributes).get(semconv.NCCL_COLLECTIVE)) for rank, pid in pids.items()}
+    print(f"\n{ranks} ranks, slowed {slow_rank}: waits in collectives ns {in_collectives}, interval "
+          f"{waits.duration_nano} ns; {insights}")  # docs/benchmarks.md
+    if slow_rank is None:
+        assert found is None and insights == [] and not (tmp_path / SUMMARY).exists()
+        return
+    assert found is not None and found.rank == slow_rank and found.pid == pids[slow_rank]
+    assert found.collective == "all_reduce" and found.site.startswith("sync_point <- train_step")
+    [line] = insights
+    assert line.startswith(f"insight: straggler rank {slow_rank} (pid {pids[slow_rank]}):") and "all_reduce" in line
+    assert (tmp_path / SUMMARY).read_text().splitlines()[0].endswith(line)

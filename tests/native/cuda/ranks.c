@@ -3,8 +3,10 @@
  * A multi-GPU job on the fake CUDA driver, built like workload.c (frame pointers, no inlining) so that every
  * function below appears in the launching stacks.
  *
- * Default: a data-parallel job of --ranks R processes (forked, one device each: rank r drives device r), meeting in
- * a rendezvous file in /dev/shm. Each step of each rank:
+ * Default: a data-parallel job of --ranks R processes (one device each: rank r drives device r), meeting in a
+ * rendezvous file in /dev/shm. Like torchrun, the launcher starts each rank (fork, then exec of this program with
+ * --as-rank r) with RANK, LOCAL_RANK and WORLD_SIZE in its environment, where /proc/PID/environ shows them. Each step
+ * of each rank:
  *
  *   main -> run_rank -> train_step -> load_batch    (sleeps --slow-us on the slow rank only: the straggler)
  *                                  -> forward       -> launch_matmul (cuLaunchKernel "matmul_kernel", 2 ms)
@@ -142,15 +144,22 @@ static int run_job(int ranks, int slow_rank, long slow_us, int steps)
         fflush(stdout);
         pids[r] = fork();
         if (pids[r] == 0) {
-            char me[16];
+            char me[16], step_count[16], slow[32];
             snprintf(me, sizeof(me), "%d", r);
+            snprintf(step_count, sizeof(step_count), "%d", steps);
+            snprintf(slow, sizeof(slow), "%ld", r == slow_rank ? slow_us : 0);
             setenv("FAKE_CUDA_RENDEZVOUS", path, 1);
             setenv("FAKE_CUDA_RANKS", count, 1);
             setenv("FAKE_CUDA_RANK", me, 1);
             setenv("FAKE_CUDA_DEVICES", count, 1);
+            setenv("RANK", me, 1);
+            setenv("LOCAL_RANK", me, 1);
+            setenv("WORLD_SIZE", count, 1);
             printf("rank %d pid %d device %d\n", r, (int)getpid(), r);
-            run_rank(r, steps, r == slow_rank ? slow_us : 0);
-            exit(0);
+            fflush(stdout);
+            execl("/proc/self/exe", "ranks", "--as-rank", me, "--steps", step_count, "--slow-us", slow, (char *)NULL);
+            perror("ranks: exec");
+            _exit(1);
         }
     }
     int failed = 0;
@@ -202,7 +211,7 @@ static int run_devices(int devices, int steps)
 
 int main(int argc, char **argv)
 {
-    int ranks = 2, slow_rank = -1, steps = 200, devices = 0;
+    int ranks = 2, slow_rank = -1, steps = 200, devices = 0, as_rank = -1;
     long slow_us = 0;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--ranks") == 0 && i + 1 < argc)
@@ -215,6 +224,8 @@ int main(int argc, char **argv)
             steps = atoi(argv[++i]);
         else if (strcmp(argv[i], "--devices") == 0 && i + 1 < argc)
             devices = atoi(argv[++i]);
+        else if (strcmp(argv[i], "--as-rank") == 0 && i + 1 < argc) /* the launcher's: one rank of the job */
+            as_rank = atoi(argv[++i]);
         else {
             fprintf(stderr, "usage: %s [--ranks R] [--slow-rank S] [--slow-us US] [--steps N] | --devices D [--steps N]\n",
                     argv[0]);
@@ -224,6 +235,10 @@ int main(int argc, char **argv)
     if (ranks < 1 || ranks > MAX_DEVICES || devices < 0 || devices > MAX_DEVICES) {
         fprintf(stderr, "ranks: --ranks and --devices take 1 to %d\n", MAX_DEVICES);
         return 2;
+    }
+    if (as_rank >= 0) {
+        run_rank(as_rank, steps, slow_us);
+        return 0;
     }
     return devices > 0 ? run_devices(devices, steps) : run_job(ranks, slow_rank, slow_us, steps);
 }
