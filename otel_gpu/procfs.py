@@ -17,6 +17,7 @@ import os
 import re
 import threading
 import time
+import urllib.parse
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +32,7 @@ MAX_STATUS_BYTES = 64 << 10  # about 1.5 KiB, the per-CPU and per-group lines gr
 MAX_CGROUP_BYTES = 64 << 10  # one line per hierarchy, each path at most PATH_MAX
 MAX_ENVIRON_BYTES = 1 << 20  # limited by the stack (a quarter of RLIMIT_STACK: 2 MiB by default), rarely over 64 KiB
 MAX_SERVICE_NAME_CHARS = 256  # a longer OTEL_SERVICE_NAME is cut here
+MAX_RESOURCE_ATTRIBUTES_BYTES = 16 << 10  # of OTEL_RESOURCE_ATTRIBUTES, searched for service.name
 _READ_CHUNK_BYTES = 64 << 10
 
 # 64 hex digits: docker, containerd (cri-containerd-<id>.scope, /<id>), cri-o (crio-<id>.scope), podman (libpod-<id>)
@@ -38,6 +40,7 @@ _CONTAINER_RE = re.compile(r"(?:^|[/-])([0-9a-f]{64})(?:\.scope)?(?:/|$)")
 # kubepods/burstable/pod<uid>/... (cgroupfs) or kubepods-burstable-pod<uid_with_underscores>.slice (systemd)
 _POD_RE = re.compile(r"pod([0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12})")
 _SERVICE_NAME_PREFIX = b"OTEL_SERVICE_NAME="
+_RESOURCE_ATTRIBUTES_PREFIX = b"OTEL_RESOURCE_ATTRIBUTES="
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,18 +136,39 @@ def parse_cgroup(text: str) -> tuple[str, str]:
 
 
 def parse_service_name(environ: bytes) -> str:
-    """The value of ``OTEL_SERVICE_NAME`` in the NUL-separated text of /proc/PID/environ ("" when unset), cut to
-    :data:`MAX_SERVICE_NAME_CHARS` characters."""
-    if environ.startswith(_SERVICE_NAME_PREFIX):
-        start = len(_SERVICE_NAME_PREFIX)
-    else:
-        start = environ.find(b"\0" + _SERVICE_NAME_PREFIX)  # found in place: the environment is not copied
-        if start < 0:
-            return ""
-        start += 1 + len(_SERVICE_NAME_PREFIX)
-    end = environ.find(b"\0", start, start + 4 * MAX_SERVICE_NAME_CHARS)
-    value = environ[start:end if end >= 0 else start + 4 * MAX_SERVICE_NAME_CHARS]
+    """The process's own ``service.name`` from the NUL-separated text of /proc/PID/environ, as the OpenTelemetry SDK
+    in that process would set it: ``OTEL_SERVICE_NAME``, else ``service.name`` in ``OTEL_RESOURCE_ATTRIBUTES``
+    (percent-decoded); "" when neither says. Cut to :data:`MAX_SERVICE_NAME_CHARS` characters."""
+    value = _environ_value(environ, _SERVICE_NAME_PREFIX, 4 * MAX_SERVICE_NAME_CHARS)
+    if not value:
+        attributes = _environ_value(environ, _RESOURCE_ATTRIBUTES_PREFIX, MAX_RESOURCE_ATTRIBUTES_BYTES)
+        value = _resource_attribute(attributes, b"service.name") if attributes else b""
     return value.decode(errors="replace")[:MAX_SERVICE_NAME_CHARS]
+
+
+def _environ_value(environ: bytes, prefix: bytes, max_bytes: int) -> bytes:
+    """The value of the variable ``prefix`` (``NAME=``) in an environ block, at most ``max_bytes``; b"" when unset.
+    Found in place: the environment is not copied."""
+    if environ.startswith(prefix):
+        start = len(prefix)
+    else:
+        start = environ.find(b"\0" + prefix)
+        if start < 0:
+            return b""
+        start += 1 + len(prefix)
+    end = environ.find(b"\0", start, start + max_bytes)
+    return environ[start:end if end >= 0 else start + max_bytes]
+
+
+def _resource_attribute(attributes: bytes, key: bytes) -> bytes:
+    """The percent-decoded value of ``key`` in an ``OTEL_RESOURCE_ATTRIBUTES`` value (``k1=v1,k2=v2``); the last
+    one wins, as in the SDK; b"" when absent."""
+    found = b""
+    for pair in attributes.split(b","):
+        name, sep, value = pair.partition(b"=")
+        if sep and name.strip() == key:
+            found = urllib.parse.unquote_to_bytes(value.strip())
+    return found
 
 
 def _text(data: bytes) -> str:

@@ -48,6 +48,7 @@ class ProcessUsage:
     executable_name: str = ""
     container_id: str = ""
     pod_uid: str = ""
+    service_name: str = ""  # the process's own (OTEL_SERVICE_NAME / OTEL_RESOURCE_ATTRIBUTES), else its executable
     memory_bytes: int | None = None
     sm_utilization: float | None = None  # ratio 0..1 over the last sample period
 

@@ -328,6 +328,7 @@ class GPUReader:
                 executable_name=info.executable_name if info else "",
                 container_id=info.container_id if info else "",
                 pod_uid=info.pod_uid if info else "",
+                service_name=info.service_name if info else "",
                 memory_bytes=used,
                 sm_utilization=None if sm is None else sm.get(pid, 0.0),
             ))

@@ -44,14 +44,14 @@ def gpu_attributes(info: GPUInfo) -> Attributes:
 
 
 def process_attributes(process: ProcessUsage) -> Attributes:
-    """process.pid always; executable, container and pod only when known."""
+    """process.pid always; executable, container, pod and the process's own service.name only when known: the same
+    values the process's profiles carry (procfs.ProcessResolver reads them for both)."""
     attributes: Attributes = {semconv.PROCESS_PID: process.pid}
-    if process.executable_name:
-        attributes[semconv.PROCESS_EXECUTABLE_NAME] = process.executable_name
-    if process.container_id:
-        attributes[semconv.CONTAINER_ID] = process.container_id
-    if process.pod_uid:
-        attributes[semconv.K8S_POD_UID] = process.pod_uid
+    for key, value in ((semconv.PROCESS_EXECUTABLE_NAME, process.executable_name),
+                       (semconv.CONTAINER_ID, process.container_id), (semconv.K8S_POD_UID, process.pod_uid),
+                       (semconv.SERVICE_NAME, process.service_name)):
+        if value:
+            attributes[key] = value
     return attributes
 
 
