@@ -21,6 +21,7 @@ from typing import Any
 from otel_gpu import selfmetrics, semconv
 from otel_gpu.config import EXIT_CONFIG_ERROR, AgentConfig
 from otel_gpu.errors import SourceUnavailable
+from otel_gpu.k8s import K8sNames
 from otel_gpu.procfs import ProcessResolver
 from otel_gpu.profiles.source import ProcessSelection, ProfileSource
 from otel_gpu.resource import agent_resource, node_attributes
@@ -44,7 +45,9 @@ class Agent:
         self.config = config
         self._started = time.monotonic() if started_monotonic is None else started_monotonic
         self._stop = threading.Event()
-        self._resolver = ProcessResolver()
+        self._k8s_names = K8sNames(config.k8s.api_url, config.node_name, config.k8s.service_account_dir,
+                                   ttl_s=config.k8s.names_ttl_s) if config.k8s.names else None
+        self._resolver = ProcessResolver(names=self._k8s_names)
         self._selection = ProcessSelection(config.profiling)  # one selection for every profile source
         self._symbolizer: Symbolizer | None = None
         self._shutdown_deadline = 0.0  # monotonic; set when the loop ends
@@ -72,6 +75,9 @@ class Agent:
                               exc.strerror or exc)
                 return EXIT_CONFIG_ERROR
         with contextlib.ExitStack() as cleanup:
+            if self._k8s_names is not None:  # lists this node's pods in the background from now on
+                self._k8s_names.start()
+                cleanup.callback(self._k8s_names.stop)
             pipeline = self._start_metrics(cleanup)
             gpu = self._start_gpu(cleanup, pipeline)
             profilers = self._start_profilers(cleanup)

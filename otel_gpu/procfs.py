@@ -19,8 +19,9 @@ import threading
 import time
 import urllib.parse
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any, Protocol
 
 from otel_gpu import selfmetrics, semconv
 
@@ -54,6 +55,32 @@ class ProcessInfo:
     pod_uid: str = ""
     service_name: str = ""
     start_time_ticks: int = 0
+    # from the API server when --k8s-names is on (k8s.K8sNames), "" otherwise
+    k8s_pod_name: str = ""
+    k8s_namespace_name: str = ""
+    k8s_container_name: str = ""
+
+
+def identity_attributes(info: ProcessInfo) -> list[tuple[str, str | int]]:
+    """The process's identity as OTel attributes, the same on every signal (GPU metrics per process, CPU, gpu_time
+    and sync_wait profiles): service.name (the process's own, else its executable's name), process.pid, then
+    process.executable.name, container.id, k8s.pod.uid and the k8s names where known. The node's (host.name,
+    k8s.node.name) come from the agent's resource."""
+    service = info.service_name or info.executable_name
+    pairs: list[tuple[str, str | int]] = [(semconv.SERVICE_NAME, service)] if service else []
+    pairs.append((semconv.PROCESS_PID, info.pid))
+    pairs += [(key, value) for key, value in (
+        (semconv.PROCESS_EXECUTABLE_NAME, info.executable_name), (semconv.CONTAINER_ID, info.container_id),
+        (semconv.K8S_POD_UID, info.pod_uid), (semconv.K8S_POD_NAME, info.k8s_pod_name),
+        (semconv.K8S_NAMESPACE_NAME, info.k8s_namespace_name),
+        (semconv.K8S_CONTAINER_NAME, info.k8s_container_name)) if value]
+    return pairs
+
+
+class PodNameLookup(Protocol):
+    """What the resolver asks for Kubernetes names (k8s.K8sNames); it must not block."""
+
+    def lookup(self, pod_uid: str, container_id: str = "") -> Any: ...
 
 
 def read_capped(path: str | os.PathLike[str], max_bytes: int) -> tuple[bytes, bool]:
@@ -179,8 +206,9 @@ def _text(data: bytes) -> str:
 class ProcessResolver:
     """Resolves pids to :class:`ProcessInfo`, cached per (pid, start time) so reused pids are not confused."""
 
-    def __init__(self, proc_root: str = "/proc", max_entries: int = 8192) -> None:
+    def __init__(self, proc_root: str = "/proc", max_entries: int = 8192, names: PodNameLookup | None = None) -> None:
         self._root = Path(proc_root)
+        self._names = names
         self._max = max_entries
         self._cache: OrderedDict[int, ProcessInfo] = OrderedDict()
         self._lock = threading.Lock()
@@ -194,10 +222,16 @@ class ProcessResolver:
             cached = self._cache.get(pid)
             if cached is not None and cached.start_time_ticks == start:
                 self._cache.move_to_end(pid)
-                return cached
-        info = self._read(pid, start)
+                if not (self._names and cached.pod_uid and not cached.k8s_pod_name):
+                    return cached
+        info = cached if cached is not None and cached.start_time_ticks == start else self._read(pid, start)
         if info is None:
             return None
+        if self._names is not None and info.pod_uid and not info.k8s_pod_name:
+            names = self._names.lookup(info.pod_uid, info.container_id)  # the last list: never waits on the API
+            if names is not None:
+                info = replace(info, k8s_pod_name=names.pod_name, k8s_namespace_name=names.namespace_name,
+                               k8s_container_name=names.container_name)
         with self._lock:
             self._cache[pid] = info
             self._cache.move_to_end(pid)

@@ -2,7 +2,7 @@
 """Per-process GPU-time counters as OTel observable instruments: kernel launches, GPU kernel time and sync-wait
 time of every injected process, read from :meth:`GPUTimeSource.process_counters` at each collection.
 
-Attributes: process.pid, and process.executable.name, container.id, k8s.pod.uid, service.name when known.
+Attributes: the process's identity (procfs.identity_attributes), as on its profiles.
 Values are cumulative estimates (sampled windows re-weighted), so a dashboard can rate() them.
 """
 
@@ -15,6 +15,7 @@ from opentelemetry.metrics import CallbackOptions, Meter, Observation
 
 from otel_gpu import semconv
 from otel_gpu.cuda.source import ProcessCounters
+from otel_gpu.procfs import identity_attributes
 
 METER_NAME = "otel_gpu.cuda"
 
@@ -24,14 +25,8 @@ class CounterSource(Protocol):
 
 
 def process_attributes(counters: ProcessCounters) -> dict[str, str | int]:
-    info = counters.info
-    attributes: dict[str, str | int] = {semconv.PROCESS_PID: info.pid}
-    for key, value in ((semconv.PROCESS_EXECUTABLE_NAME, info.executable_name),
-                       (semconv.CONTAINER_ID, info.container_id), (semconv.K8S_POD_UID, info.pod_uid),
-                       (semconv.SERVICE_NAME, info.service_name)):
-        if value:
-            attributes[key] = value
-    return attributes
+    """The process's identity, as on its profiles and NVML metrics (procfs.identity_attributes)."""
+    return dict(identity_attributes(counters.info))
 
 
 def register_gpu_time_instruments(meter: Meter, source: CounterSource) -> None:
