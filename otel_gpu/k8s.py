@@ -99,7 +99,7 @@ class K8sNames:
         self._stopped.set()
         self._wake.set()
         if self._thread is not None:
-            self._thread.join(timeout=self._timeout_s + 1)
+            self._thread.join(timeout=1.0)  # a daemon thread: a list stuck in the API never holds up the exit
 
     def lookup(self, pod_uid: str, container_id: str = "") -> PodNames | None:
         """The names of ``pod_uid`` (and of ``container_id`` in it) from the last list, or None when unknown."""
