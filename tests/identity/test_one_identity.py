@@ -2,7 +2,8 @@
 """One identity per process on every signal (issue 15, item 1), end to end through `otel-gpu run` (root, real eBPF,
 real VictoriaMetrics): an instrumented Python program on the fake CUDA stack, listed by the fake NVML as a GPU
 process, runs in a cgroup laid out as a Kubernetes pod's container and names its service only through
-OTEL_RESOURCE_ATTRIBUTES. Its CPU, gpu_time and sync_wait profiles (OTLP resource and pprof labels) and its GPU
+OTEL_RESOURCE_ATTRIBUTES; the agent looks its pod's names up (--k8s-names) from a server that answers as the API
+server does. Its CPU, gpu_time and sync_wait profiles (OTLP resource and pprof labels) and its GPU
 metrics (NVML per-process gauges and GPU-time counters, queried back from VictoriaMetrics) carry equal values for
 every identity key, so one label selector built from a profile's resource selects every metric series."""
 
@@ -25,17 +26,19 @@ from tests.cuda.test_gpu_time_fake_cuda import FAKES, LIBRARY
 from tests.e2e.agent import FAKE_NVML_DIR, build_fake_nvml
 from tests.exporters.receivers import GrpcProfilesReceiver
 from tests.instrumentation.test_gpu_span_context import SPAN_WORKLOAD
+from tests.k8s.api_server import PODS, FakeAPIServer, make_pod
 from tests.profiles import pprof_proto
 from tests.profiles.pyroscope_rules import profile_type_ids
 
 __all__ = ["victoria_metrics"]  # fixture used below
 pytestmark = [pytest.mark.root, pytest.mark.backend]
 
-NODE = "gpu-node-7"
+NODE = "gpu-node-7"  # the fake API server's node
 SERVICE = "trainer"
 # the identity keys every signal carries, as OTel attributes and as the Prometheus labels they become
 IDENTITY = (semconv.PROCESS_PID, semconv.PROCESS_EXECUTABLE_NAME, semconv.CONTAINER_ID, semconv.K8S_POD_UID,
-            semconv.SERVICE_NAME, semconv.HOST_NAME, semconv.K8S_NODE_NAME)
+            semconv.SERVICE_NAME, semconv.HOST_NAME, semconv.K8S_NODE_NAME, semconv.K8S_POD_NAME,
+            semconv.K8S_NAMESPACE_NAME, semconv.K8S_CONTAINER_NAME)
 PROFILE_TYPES = {"process_cpu:cpu:nanoseconds:cpu:nanoseconds", "gpu:gpu_time:nanoseconds:gpu:nanoseconds",
                  "gpu_wait:sync_wait:nanoseconds:gpu_wait:nanoseconds"}
 METRICS = (semconv.GPU_PROCESS_MEMORY_USAGE, semconv.GPU_PROCESS_SM_UTILIZATION, semconv.GPU_PROCESS_KERNEL_LAUNCHES,
@@ -83,6 +86,8 @@ def test_one_label_selector_joins_every_signal_of_a_process(victoria_metrics: Vi
                                  str(FAKES / "workload.py"), "--steps", "100000", "--busy-ms", "3"],
                                 env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     receiver = GrpcProfilesReceiver().start()
+    api = FakeAPIServer(tmp_path)
+    PODS.append(make_pod(pod_uid, "trainer-0", NODE, {"trainer": container_id, "sidecar": "ef" * 32}))
     try:
         (folder / "cgroup.procs").write_text(str(workload.pid))  # before the agent first reads its identity
         agent_env = {k: v for k, v in env.items() if not k.startswith(("OTEL_", "CUDA_"))}
@@ -95,13 +100,16 @@ def test_one_label_selector_joins_every_signal_of_a_process(victoria_metrics: Vi
                           "--otlp-profiles-endpoint", f"http://127.0.0.1:{receiver.port}",
                           "--otlp-profiles-protocol", "grpc", "--profiling-interval", "2",
                           "--profiling-frequency-hz", "99", "--output-dir", str(out), "--local-files", "on",
-                          "--console", "off"),
+                          "--console", "off", "--k8s-names", "--k8s-api-url", api.url,
+                          "--k8s-service-account-dir", str(api.service_account(tmp_path / "serviceaccount"))),
             env=agent_env, capture_output=True, text=True, timeout=120, check=False)
         assert workload.poll() is None, workload.stderr.read() if workload.stderr else ""
     finally:
         workload.kill()
         workload.wait()
         receiver.stop()
+        api.stop()
+        PODS.pop()
     assert agent.returncode == 0, agent.stderr[-4000:]
 
     # the profiles: one resource per process and profile type, all with the same identity
@@ -117,7 +125,8 @@ def test_one_label_selector_joins_every_signal_of_a_process(victoria_metrics: Vi
     executable = Path(sys.executable).resolve().name
     expected = {semconv.PROCESS_PID: str(workload.pid), semconv.PROCESS_EXECUTABLE_NAME: executable,
                 semconv.CONTAINER_ID: container_id, semconv.K8S_POD_UID: pod_uid, semconv.SERVICE_NAME: SERVICE,
-                semconv.HOST_NAME: NODE, semconv.K8S_NODE_NAME: NODE}
+                semconv.HOST_NAME: NODE, semconv.K8S_NODE_NAME: NODE, semconv.K8S_POD_NAME: "trainer-0",
+                semconv.K8S_NAMESPACE_NAME: "ml", semconv.K8S_CONTAINER_NAME: "trainer"}
     for type_id, identity in identities.items():
         assert identity == expected, type_id
 

@@ -5,15 +5,10 @@ against its ca.crt; a 401, an API that does not answer and one that is not there
 
 from __future__ import annotations
 
-import http.server
-import json
 import logging
-import ssl
-import threading
 import time
 import urllib.parse
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -22,79 +17,7 @@ from otel_gpu import config, selfmetrics, semconv
 from otel_gpu.k8s import K8sNames, PodNames, parse_pod_list
 from otel_gpu.procfs import ProcessResolver, identity_attributes
 from tests.exporters.receivers import free_port, self_signed_certificate
-
-NODE = "gpu-node-7"
-TOKEN = "sa-token-123"
-POD_UID = "0b7a2c1d-1111-4222-8333-944455556666"
-CONTAINER_ID = "ab" * 32
-
-
-def _pod(uid: str, name: str, node: str, containers: dict[str, str]) -> dict[str, object]:
-    return {"metadata": {"uid": uid, "name": name, "namespace": "ml"}, "spec": {"nodeName": node},
-            "status": {"containerStatuses": [{"name": n, "containerID": f"containerd://{c}"}
-                                             for n, c in containers.items()],
-                       "initContainerStatuses": [{"name": "setup", "containerID": "cri-o://" + "cd" * 32}]}}
-
-
-PODS = [_pod(POD_UID, "trainer-0", NODE, {"trainer": CONTAINER_ID, "sidecar": "ef" * 32}),
-        _pod("11111111-2222-3333-4444-555555555555", "web-1", "other-node", {"web": "01" * 32})]
-
-
-@dataclass
-class FakeAPIServer:
-    """HTTPS on 127.0.0.1 answering GET /api/v1/pods like the API server (the field selector applied); ``status`` is
-    what it answers next (200 or an error code); while ``hold`` is clear, requests wait for it (an API that hangs)."""
-
-    folder: Path
-    status: int = 200
-    hold: threading.Event = field(default_factory=threading.Event)
-    requests: list[tuple[str, str]] = field(default_factory=list)  # (path with query, Authorization header)
-    held: threading.Event = field(default_factory=threading.Event)  # set while a request waits on ``hold``
-
-    def __post_init__(self) -> None:
-        self.hold.set()
-        cert, key = self_signed_certificate(self.folder)
-        self.ca = cert
-        api = self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802 - the stdlib's name
-                api.requests.append((self.path, self.headers.get("Authorization", "")))
-                if not api.hold.is_set():
-                    api.held.set()
-                    api.hold.wait(30)
-                url = urllib.parse.urlparse(self.path)
-                if api.status != 200 or url.path != "/api/v1/pods":
-                    code = api.status if api.status != 200 else 404
-                    self.send_response(code)
-                    self.end_headers()
-                    self.wfile.write(json.dumps({"kind": "Status", "code": code}).encode())
-                    return
-                selector = urllib.parse.parse_qs(url.query).get("fieldSelector", [""])[0]
-                node = selector.removeprefix("spec.nodeName=") if selector.startswith("spec.nodeName=") else None
-                items = [p for p in PODS if node is None or p["spec"]["nodeName"] == node]  # type: ignore[index]
-                body = json.dumps({"kind": "PodList", "items": items}).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        context.load_cert_chain(cert, key)
-        self.server.socket = context.wrap_socket(self.server.socket, server_side=True)
-        self.server.daemon_threads = True
-        self.url = f"https://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def stop(self) -> None:
-        self.hold.set()
-        self.server.shutdown()
-        self.server.server_close()
+from tests.k8s.api_server import CONTAINER_ID, NODE, PODS, POD_UID, FakeAPIServer, make_pod
 
 
 @pytest.fixture
@@ -107,11 +30,7 @@ def api(tmp_path: Path) -> Iterator[FakeAPIServer]:
 @pytest.fixture
 def account(tmp_path: Path, api: FakeAPIServer) -> Path:
     """A service-account folder as the kubelet mounts it: token and ca.crt."""
-    folder = tmp_path / "serviceaccount"
-    folder.mkdir()
-    (folder / "token").write_text(TOKEN + "\n")
-    (folder / "ca.crt").write_bytes(api.ca.read_bytes())
-    return folder
+    return api.service_account(tmp_path / "serviceaccount")
 
 
 def _errors(reason: str) -> float:
@@ -123,7 +42,7 @@ def test_names_of_this_nodes_pods_with_the_token_over_checked_tls(api: FakeAPISe
     assert names.refresh()
     ((path, authorization),) = api.requests
     assert urllib.parse.parse_qs(urllib.parse.urlparse(path).query) == {"fieldSelector": [f"spec.nodeName={NODE}"]}
-    assert authorization == f"Bearer {TOKEN}"
+    assert authorization == "Bearer sa-token-123"
     assert names.lookup(POD_UID, CONTAINER_ID) == PodNames("trainer-0", "ml", "trainer")
     assert names.lookup(POD_UID, "99" * 32) == PodNames("trainer-0", "ml", "")  # a container the list lacks
     assert names.lookup("11111111-2222-3333-4444-555555555555") is None  # another node's pod is not listed
@@ -201,7 +120,7 @@ def test_an_unknown_pod_asks_the_background_thread_for_an_early_list(api: FakeAP
         deadline = time.monotonic() + 10
         while len(api.requests) < 1 and time.monotonic() < deadline:
             time.sleep(0.05)
-        PODS.append(_pod("22222222-3333-4444-5555-666666666666", "late-0", NODE, {}))
+        PODS.append(make_pod("22222222-3333-4444-5555-666666666666", "late-0", NODE, {}))
         try:
             deadline = time.monotonic() + 20  # MIN_RELIST_S after the first list at most
             found = None
