@@ -21,9 +21,12 @@ import urllib.parse
 from collections import OrderedDict
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from otel_gpu import selfmetrics, semconv
+
+if TYPE_CHECKING:
+    from otel_gpu.k8s import PodNames
 
 SOURCE = semconv.Source.PROCFS
 # caps on what is read of each file (bytes): far above what the kernel writes for any real process
@@ -80,7 +83,7 @@ def identity_attributes(info: ProcessInfo) -> list[tuple[str, str | int]]:
 class PodNameLookup(Protocol):
     """What the resolver asks for Kubernetes names (k8s.K8sNames); it must not block."""
 
-    def lookup(self, pod_uid: str, container_id: str = "") -> Any: ...
+    def lookup(self, pod_uid: str, container_id: str = "") -> PodNames | None: ...
 
 
 def read_capped(path: str | os.PathLike[str], max_bytes: int) -> tuple[bytes, bool]:
@@ -169,6 +172,8 @@ def parse_service_name(environ: bytes) -> str:
     value = _environ_value(environ, _SERVICE_NAME_PREFIX, 4 * MAX_SERVICE_NAME_CHARS)
     if not value:
         attributes = _environ_value(environ, _RESOURCE_ATTRIBUTES_PREFIX, MAX_RESOURCE_ATTRIBUTES_BYTES)
+        if len(attributes) == MAX_RESOURCE_ATTRIBUTES_BYTES:  # cut at the cap: its last pair may be cut too
+            attributes = attributes[:attributes.rfind(b",") + 1]
         value = _resource_attribute(attributes, b"service.name") if attributes else b""
     return value.decode(errors="replace")[:MAX_SERVICE_NAME_CHARS]
 
@@ -222,7 +227,7 @@ class ProcessResolver:
             cached = self._cache.get(pid)
             if cached is not None and cached.start_time_ticks == start:
                 self._cache.move_to_end(pid)
-                if not (self._names and cached.pod_uid and not cached.k8s_pod_name):
+                if self._names is None or not cached.pod_uid or cached.k8s_pod_name:
                     return cached
         info = cached if cached is not None and cached.start_time_ticks == start else self._read(pid, start)
         if info is None:
