@@ -23,6 +23,7 @@ from otel_gpu.config import EXIT_CONFIG_ERROR, AgentConfig
 from otel_gpu.errors import SourceUnavailable
 from otel_gpu.k8s import K8sNames
 from otel_gpu.procfs import ProcessResolver
+from otel_gpu.profiles.model import ProcessProfile
 from otel_gpu.profiles.source import ProcessSelection, ProfileSource
 from otel_gpu.resource import agent_resource, node_attributes
 from otel_gpu.symbolize.symbolizer import Symbolizer
@@ -148,7 +149,7 @@ class Agent:
                                selection=self._selection)
         if not _opened(source, "GPU-time profiling is off", cleanup):
             return []
-        register_gpu_time_instruments(pipeline.meter("otel_gpu.cuda"), source)
+        register_gpu_time_instruments(pipeline.meter("otel_gpu.cuda"), source, self._resolver.with_names)
         return [source]
 
     def _start_profile_exporters(self, cleanup: contextlib.ExitStack) -> list:  # type: ignore[type-arg]
@@ -200,7 +201,7 @@ class Agent:
                     selfmetrics.count(semconv.SELF_DROPPED.name, otel_gpu__reason=semconv.Reason.NO_DESTINATION,
                                       otel_gpu__signal=semconv.Signal.PROFILES)
                     continue
-                batch = dataclasses.replace(batch, node=self._node)
+                batch = dataclasses.replace(batch, node=self._node, processes=self._named(batch.processes))
                 for exporter in exporters:
                     try:
                         exporter.export(batch)
@@ -208,6 +209,14 @@ class Agent:
                         _logger.exception("profile exporter %s failed", getattr(exporter, "name", exporter))
 
     # --- helpers ---------------------------------------------------------------------------------------------------
+
+    def _named(self, processes: tuple[ProcessProfile, ...]) -> tuple[ProcessProfile, ...]:
+        """With --k8s-names, each process's pod names as known now (a source may hold an identity read before its
+        pod was listed); the same tuple otherwise."""
+        if self._k8s_names is None:
+            return processes
+        return tuple(p if (info := self._resolver.with_names(p.process)) is p.process
+                     else dataclasses.replace(p, process=info) for p in processes)
 
     def _destinations(self, prometheus_address: tuple[str, int] | None) -> str:
         """Where each signal goes, for the start-up line; the Prometheus endpoint only when it really listens."""

@@ -232,17 +232,25 @@ class ProcessResolver:
         info = cached if cached is not None and cached.start_time_ticks == start else self._read(pid, start)
         if info is None:
             return None
-        if self._names is not None and info.pod_uid and not info.k8s_pod_name:
-            names = self._names.lookup(info.pod_uid, info.container_id)  # the last list: never waits on the API
-            if names is not None:
-                info = replace(info, k8s_pod_name=names.pod_name, k8s_namespace_name=names.namespace_name,
-                               k8s_container_name=names.container_name)
+        info = self.with_names(info)
         with self._lock:
             self._cache[pid] = info
             self._cache.move_to_end(pid)
             while len(self._cache) > self._max:
                 self._cache.popitem(last=False)
         return info
+
+    def with_names(self, info: ProcessInfo) -> ProcessInfo:
+        """``info`` with its pod's k8s names when --k8s-names knows them now (from the last list: never waits on the
+        API); ``info`` itself when it has them, has no pod, or the lookup is off. Sources that keep an identity from a
+        process's first record use it again before they report, since a new pod is named by a later list."""
+        if self._names is None or not info.pod_uid or info.k8s_pod_name:
+            return info
+        names = self._names.lookup(info.pod_uid, info.container_id)
+        if names is None:
+            return info
+        return replace(info, k8s_pod_name=names.pod_name, k8s_namespace_name=names.namespace_name,
+                       k8s_container_name=names.container_name)
 
     def cached(self, pid: int) -> ProcessInfo | None:
         """The last identity seen for ``pid`` even if it has exited since (for short-lived processes)."""

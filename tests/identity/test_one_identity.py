@@ -43,15 +43,18 @@ PROFILE_TYPES = {"process_cpu:cpu:nanoseconds:cpu:nanoseconds", "gpu:gpu_time:na
                  "gpu_wait:sync_wait:nanoseconds:gpu_wait:nanoseconds"}
 METRICS = (semconv.GPU_PROCESS_MEMORY_USAGE, semconv.GPU_PROCESS_SM_UTILIZATION, semconv.GPU_PROCESS_KERNEL_LAUNCHES,
            semconv.GPU_PROCESS_KERNEL_TIME, semconv.GPU_PROCESS_SYNC_WAIT_TIME)
-PIDS_CGROUP = Path("/sys/fs/cgroup/pids")
+# where a test may make a cgroup: cgroup v1's pids hierarchy, a hybrid layout's v2 tree, or a v2-only root
+CGROUP_ROOTS = (Path("/sys/fs/cgroup/pids"), Path("/sys/fs/cgroup/unified"), Path("/sys/fs/cgroup"))
 
 
 @pytest.fixture
 def pod_cgroup() -> Iterator[tuple[Path, str, str]]:
-    """A cgroup laid out as the kubelet lays out a pod's container (kubepods/burstable/pod<uid>/<container id>) in
-    the pids hierarchy: (its folder, pod uid, container id); removed afterwards."""
+    """A cgroup laid out as the kubelet lays out a pod's container (kubepods/burstable/pod<uid>/<container id>):
+    (its folder, pod uid, container id); removed afterwards."""
     pod_uid, container_id = str(uuid.uuid4()), uuid.uuid4().hex + uuid.uuid4().hex
-    top = PIDS_CGROUP / f"kubepods-otel-gpu-test-{os.getpid()}"
+    root = next((r for r in CGROUP_ROOTS if (r / "cgroup.procs").exists()), None)
+    assert root is not None, f"no cgroup hierarchy among {CGROUP_ROOTS}"
+    top = root / f"kubepods-otel-gpu-test-{os.getpid()}"
     folder = top / "burstable" / f"pod{pod_uid}" / container_id
     folder.mkdir(parents=True)
     try:

@@ -173,3 +173,53 @@ def test_the_flag_needs_a_node_name_and_an_api_server() -> None:
                                 "KUBERNETES_SERVICE_HOST": "fd00::1", "KUBERNETES_SERVICE_PORT": "6443"})
     assert loaded.k8s.names and loaded.k8s.api_url == "https://[fd00::1]:6443"
     assert not config.load(None, {}).k8s.names  # off by default
+
+
+def test_an_identity_kept_from_before_the_list_gets_the_names_when_reported(api: FakeAPIServer, account: Path) -> None:
+    """The GPU-time source keeps a process's identity from its first record, often before a new pod is listed: the
+    agent completes it with ProcessResolver.with_names before it exports profiles and in the GPU-time counters."""
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+    from otel_gpu.cuda.instruments import register_gpu_time_instruments
+    from otel_gpu.cuda.source import ProcessCounters
+    from otel_gpu.procfs import ProcessInfo
+
+    names = K8sNames(api.url, NODE, str(account))
+    resolver = ProcessResolver("/nonexistent", names=names)
+    early = ProcessInfo(4242, "trainer", container_id=CONTAINER_ID, pod_uid=POD_UID)
+    assert resolver.with_names(early) is early  # not listed yet
+    counters = [ProcessCounters(early, launches=1, kernel_time_ns=1, sync_wait_ns=1)]
+
+    class Source:
+        def process_counters(self) -> list[ProcessCounters]:
+            return counters
+
+    reader = InMemoryMetricReader()
+    register_gpu_time_instruments(MeterProvider(metric_readers=[reader]).get_meter("t"), Source(),
+                                  resolver.with_names)
+    assert names.refresh()
+    named = resolver.with_names(early)
+    assert (named.k8s_pod_name, named.k8s_namespace_name, named.k8s_container_name) == ("trainer-0", "ml", "trainer")
+    assert resolver.with_names(named) is named
+    data = reader.get_metrics_data()
+    points = [p for rm in data.resource_metrics for sm in rm.scope_metrics for m in sm.metrics
+              for p in m.data.data_points]
+    assert points and all(p.attributes[semconv.K8S_POD_NAME] == "trainer-0" for p in points)
+    assert ProcessResolver().with_names(early) is early  # the lookup off: nothing changes
+
+
+def test_the_agent_names_the_processes_of_a_batch_before_export(api: FakeAPIServer, account: Path) -> None:
+    from otel_gpu.agent import Agent
+    from otel_gpu.config import AgentConfig, K8sConfig
+    from otel_gpu.procfs import ProcessInfo
+    from otel_gpu.profiles.model import ProcessProfile
+
+    agent = Agent(AgentConfig(node_name=NODE, k8s=K8sConfig(names=True, api_url=api.url,
+                                                            service_account_dir=str(account))))
+    early = ProcessProfile(ProcessInfo(4242, "trainer", container_id=CONTAINER_ID, pod_uid=POD_UID), ())
+    plain = ProcessProfile(ProcessInfo(7, "bash"), ())
+    assert agent._named((early, plain)) == (early, plain)  # noqa: SLF001 - not listed yet
+    assert agent._k8s_names is not None and agent._k8s_names.refresh()  # noqa: SLF001
+    named, same = agent._named((early, plain))  # noqa: SLF001
+    assert named.process.k8s_pod_name == "trainer-0" and same is plain
