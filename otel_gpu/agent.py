@@ -76,8 +76,9 @@ class Agent:
                               exc.strerror or exc)
                 return EXIT_CONFIG_ERROR
         with contextlib.ExitStack() as cleanup:
-            if self._k8s_names is not None:  # lists this node's pods in the background from now on
-                self._k8s_names.start()
+            if self._k8s_names is not None:  # lists this node's pods in the background from now on; the sources'
+                # first reports carry the names unless the first list takes longer than one request may
+                self._k8s_names.start(wait_first_s=self._k8s_names.timeout_s + 0.5)
                 cleanup.callback(self._k8s_names.stop)
             pipeline = self._start_metrics(cleanup)
             gpu = self._start_gpu(cleanup, pipeline)

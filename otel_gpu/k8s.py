@@ -88,12 +88,20 @@ class K8sNames:
         self._failing = False
         self._wake = threading.Event()
         self._stopped = threading.Event()
+        self._first_done = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def start(self) -> None:
-        """List at once and then every ``ttl_s`` on a daemon thread."""
+    def start(self, wait_first_s: float = 0.0) -> None:
+        """List at once and then every ``ttl_s`` on a daemon thread; wait up to ``wait_first_s`` for the first list
+        (the agent does, before its sources start, so that their first reports carry the names)."""
         self._thread = threading.Thread(target=self._run, name="otel-gpu-k8s-names", daemon=True)
         self._thread.start()
+        self._first_done.wait(wait_first_s)
+
+    @property
+    def timeout_s(self) -> float:
+        """How long one list may take."""
+        return self._timeout_s
 
     def stop(self) -> None:
         self._stopped.set()
@@ -138,6 +146,7 @@ class K8sNames:
         while not self._stopped.is_set():
             self._wake.clear()
             self.refresh()
+            self._first_done.set()
             self._wake.wait(self.ttl_s)
             if not self._stopped.is_set():
                 self._stopped.wait(max(0.0, MIN_RELIST_S - (time.monotonic() - self._last_attempt_s)))
