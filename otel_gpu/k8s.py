@@ -145,8 +145,14 @@ class K8sNames:
     def _run(self) -> None:
         while not self._stopped.is_set():
             self._wake.clear()
-            self.refresh()
-            self._first_done.set()
+            try:
+                self.refresh()
+            except Exception:  # loop boundary: the lookup stays on what it had, the thread goes on
+                _logger.exception("k8s names: listing this node's pods failed unexpectedly")
+                selfmetrics.count(semconv.SELF_ERRORS.name, otel_gpu__source=SOURCE,
+                                  otel_gpu__reason=semconv.Reason.K8S_API_ERROR)
+            finally:
+                self._first_done.set()
             self._wake.wait(self.ttl_s)
             if not self._stopped.is_set():
                 self._stopped.wait(max(0.0, MIN_RELIST_S - (time.monotonic() - self._last_attempt_s)))
