@@ -21,7 +21,9 @@ from typing import Any
 from otel_gpu import selfmetrics, semconv
 from otel_gpu.config import EXIT_CONFIG_ERROR, AgentConfig
 from otel_gpu.errors import SourceUnavailable
+from otel_gpu.k8s import K8sNames
 from otel_gpu.procfs import ProcessResolver
+from otel_gpu.profiles.model import ProcessProfile
 from otel_gpu.profiles.source import ProcessSelection, ProfileSource
 from otel_gpu.resource import agent_resource, node_attributes
 from otel_gpu.symbolize.symbolizer import Symbolizer
@@ -44,7 +46,9 @@ class Agent:
         self.config = config
         self._started = time.monotonic() if started_monotonic is None else started_monotonic
         self._stop = threading.Event()
-        self._resolver = ProcessResolver()
+        self._k8s_names = K8sNames(config.k8s.api_url, config.node_name, config.k8s.service_account_dir,
+                                   ttl_s=config.k8s.names_ttl_s) if config.k8s.names else None
+        self._resolver = ProcessResolver(names=self._k8s_names)
         self._selection = ProcessSelection(config.profiling)  # one selection for every profile source
         self._symbolizer: Symbolizer | None = None
         self._shutdown_deadline = 0.0  # monotonic; set when the loop ends
@@ -72,6 +76,10 @@ class Agent:
                               exc.strerror or exc)
                 return EXIT_CONFIG_ERROR
         with contextlib.ExitStack() as cleanup:
+            if self._k8s_names is not None:  # lists this node's pods in the background from now on; the sources'
+                # first reports carry the names unless the first list takes longer than one request may
+                self._k8s_names.start(wait_first_s=self._k8s_names.timeout_s + 0.5)
+                cleanup.callback(self._k8s_names.stop)
             pipeline = self._start_metrics(cleanup)
             gpu = self._start_gpu(cleanup, pipeline)
             profilers = self._start_profilers(cleanup)
@@ -142,7 +150,7 @@ class Agent:
                                selection=self._selection)
         if not _opened(source, "GPU-time profiling is off", cleanup):
             return []
-        register_gpu_time_instruments(pipeline.meter("otel_gpu.cuda"), source)
+        register_gpu_time_instruments(pipeline.meter("otel_gpu.cuda"), source, self._resolver.with_names)
         return [source]
 
     def _start_profile_exporters(self, cleanup: contextlib.ExitStack) -> list:  # type: ignore[type-arg]
@@ -194,7 +202,7 @@ class Agent:
                     selfmetrics.count(semconv.SELF_DROPPED.name, otel_gpu__reason=semconv.Reason.NO_DESTINATION,
                                       otel_gpu__signal=semconv.Signal.PROFILES)
                     continue
-                batch = dataclasses.replace(batch, node=self._node)
+                batch = dataclasses.replace(batch, node=self._node, processes=self._named(batch.processes))
                 for exporter in exporters:
                     try:
                         exporter.export(batch)
@@ -202,6 +210,14 @@ class Agent:
                         _logger.exception("profile exporter %s failed", getattr(exporter, "name", exporter))
 
     # --- helpers ---------------------------------------------------------------------------------------------------
+
+    def _named(self, processes: tuple[ProcessProfile, ...]) -> tuple[ProcessProfile, ...]:
+        """With --k8s-names, each process's pod names as known now (a source may hold an identity read before its
+        pod was listed); the same tuple otherwise."""
+        if self._k8s_names is None:
+            return processes
+        return tuple(p if (info := self._resolver.with_names(p.process)) is p.process
+                     else dataclasses.replace(p, process=info) for p in processes)
 
     def _destinations(self, prometheus_address: tuple[str, int] | None) -> str:
         """Where each signal goes, for the start-up line; the Prometheus endpoint only when it really listens."""

@@ -215,6 +215,16 @@ class OutputConfig:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class K8sConfig:
+    """The optional lookup of k8s.pod.name, k8s.namespace.name and k8s.container.name from the API server (k8s.py)."""
+
+    names: bool = False
+    names_ttl_s: float = 60.0
+    api_url: str = ""  # from KUBERNETES_SERVICE_HOST/PORT in a pod
+    service_account_dir: str = "/var/run/secrets/kubernetes.io/serviceaccount"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class AgentConfig:
     """The effective configuration of one agent process."""
 
@@ -230,6 +240,7 @@ class AgentConfig:
     profiling: ProfilingConfig = field(default_factory=ProfilingConfig)
     pyroscope: PyroscopeConfig = field(default_factory=PyroscopeConfig)
     output: OutputConfig = field(default_factory=OutputConfig)
+    k8s: K8sConfig = field(default_factory=K8sConfig)
     warnings: tuple[str, ...] = field(default=(), compare=False)  # things worth saying that do not stop the agent
 
     @property
@@ -549,12 +560,23 @@ OPTIONS: tuple[Option, ...] = (
     Option("output.max_profile_bytes", "--max-profile-bytes",
            "most bytes of profile files kept in the output folder; the oldest are removed first", int,
            env=("OTEL_GPU_OUTPUT_MAX_PROFILE_BYTES",), check=_range(1024, 2**50)),
+    # Kubernetes names (off by default: the Collector's k8sattributes does it where one runs)
+    Option("k8s.names", "--k8s-names",
+           "add k8s.pod.name, k8s.namespace.name and k8s.container.name from the API server (needs --node-name and "
+           "RBAC to list pods)", _bool, env=("OTEL_GPU_K8S_NAMES",), boolean=True),
+    Option("k8s.names_ttl_s", "--k8s-names-ttl",
+           "seconds between lists of this node's pods; names are kept at most 3 times as long when the API is down",
+           float, env=("OTEL_GPU_K8S_NAMES_TTL",), check=_range(1, 86400)),
+    Option("k8s.api_url", "--k8s-api-url", "the API server (default: https://KUBERNETES_SERVICE_HOST:PORT)", str,
+           env=("OTEL_GPU_K8S_API_URL",), check=_url),
+    Option("k8s.service_account_dir", "--k8s-service-account-dir",
+           "folder of the service account's token and ca.crt", str, env=("OTEL_GPU_K8S_SERVICE_ACCOUNT_DIR",)),
 )
 
 _BY_PATH = {o.path: o for o in OPTIONS}
 _GROUPS: dict[str, type] = {
     "otlp": OTLPConfig, "metrics": MetricsConfig, "gpu": GPUConfig, "profiling": ProfilingConfig,
-    "pyroscope": PyroscopeConfig, "output": OutputConfig,
+    "pyroscope": PyroscopeConfig, "output": OutputConfig, "k8s": K8sConfig,
 }
 
 
@@ -609,6 +631,11 @@ def load(args: argparse.Namespace | None = None, environ: Mapping[str, str] | No
             _Converted(_millis_to_s, environ["OTEL_METRIC_EXPORT_INTERVAL"]),
             "environment variable OTEL_METRIC_EXPORT_INTERVAL (milliseconds; flag --metric-export-interval)",
         )
+    if "k8s.api_url" not in values and environ.get("KUBERNETES_SERVICE_HOST"):  # the in-cluster configuration
+        host = environ["KUBERNETES_SERVICE_HOST"]
+        host = f"[{host}]" if ":" in host else host
+        values["k8s.api_url"] = (f"https://{host}:{environ.get('KUBERNETES_SERVICE_PORT') or '443'}",
+                                 "environment variables KUBERNETES_SERVICE_HOST/PORT (flag --k8s-api-url)")
     # layer 3: flags
     for option in OPTIONS:
         raw = getattr(args, _dest(option), None) if args is not None else None
@@ -814,6 +841,12 @@ def _cross_checks(config: AgentConfig) -> list[str]:
         problems.append("flag --pyroscope-password: needs --pyroscope-user as well")
     if config.write_files and (message := output_dir_problem(config.output.dir)):
         problems.append(f"flag --output-dir: {config.output.dir!r} {message}")
+    if config.k8s.names and not config.node_name:
+        problems.append("flag --k8s-names: needs --node-name (the pods of this node are listed; set it from the "
+                        "downward API: spec.nodeName)")
+    if config.k8s.names and not config.k8s.api_url:
+        problems.append("flag --k8s-names: no API server: set --k8s-api-url, or run in a pod "
+                        "(KUBERNETES_SERVICE_HOST and KUBERNETES_SERVICE_PORT)")
     for pid in config.profiling.pids:
         if not os.path.exists(f"/proc/{pid}"):
             # A filter that can never match would run an agent that profiles nothing, silently; say so at once.

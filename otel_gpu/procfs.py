@@ -17,12 +17,17 @@ import os
 import re
 import threading
 import time
+import urllib.parse
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
 
 from otel_gpu import selfmetrics, semconv
 from otel_gpu.ranks import rank_attributes
+
+if TYPE_CHECKING:
+    from otel_gpu.k8s import PodNames
 
 SOURCE = semconv.Source.PROCFS
 # caps on what is read of each file (bytes): far above what the kernel writes for any real process
@@ -32,6 +37,7 @@ MAX_STATUS_BYTES = 64 << 10  # about 1.5 KiB, the per-CPU and per-group lines gr
 MAX_CGROUP_BYTES = 64 << 10  # one line per hierarchy, each path at most PATH_MAX
 MAX_ENVIRON_BYTES = 1 << 20  # limited by the stack (a quarter of RLIMIT_STACK: 2 MiB by default), rarely over 64 KiB
 MAX_SERVICE_NAME_CHARS = 256  # a longer OTEL_SERVICE_NAME is cut here
+MAX_RESOURCE_ATTRIBUTES_BYTES = 16 << 10  # of OTEL_RESOURCE_ATTRIBUTES, searched for service.name
 _READ_CHUNK_BYTES = 64 << 10
 
 # 64 hex digits: docker, containerd (cri-containerd-<id>.scope, /<id>), cri-o (crio-<id>.scope), podman (libpod-<id>)
@@ -39,6 +45,7 @@ _CONTAINER_RE = re.compile(r"(?:^|[/-])([0-9a-f]{64})(?:\.scope)?(?:/|$)")
 # kubepods/burstable/pod<uid>/... (cgroupfs) or kubepods-burstable-pod<uid_with_underscores>.slice (systemd)
 _POD_RE = re.compile(r"pod([0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12})")
 _SERVICE_NAME_PREFIX = b"OTEL_SERVICE_NAME="
+_RESOURCE_ATTRIBUTES_PREFIX = b"OTEL_RESOURCE_ATTRIBUTES="
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +60,33 @@ class ProcessInfo:
     service_name: str = ""
     start_time_ticks: int = 0
     ranks: tuple[tuple[str, int], ...] = ()  # distributed.rank, ... when a launcher set them (otel_gpu/ranks.py)
+    # from the API server when --k8s-names is on (k8s.K8sNames), "" otherwise
+    k8s_pod_name: str = ""
+    k8s_namespace_name: str = ""
+    k8s_container_name: str = ""
+
+
+def identity_attributes(info: ProcessInfo) -> list[tuple[str, str | int]]:
+    """The process's identity as OTel attributes, the same on every signal (GPU metrics per process, CPU, gpu_time
+    and sync_wait profiles): service.name (the process's own, else its executable's name), process.pid, then
+    process.executable.name, container.id, k8s.pod.uid, the k8s names and the distributed.* ranks where known. The
+    node's (host.name, k8s.node.name) come from the agent's resource."""
+    service = info.service_name or info.executable_name
+    pairs: list[tuple[str, str | int]] = [(semconv.SERVICE_NAME, service)] if service else []
+    pairs.append((semconv.PROCESS_PID, info.pid))
+    pairs += [(key, value) for key, value in (
+        (semconv.PROCESS_EXECUTABLE_NAME, info.executable_name), (semconv.CONTAINER_ID, info.container_id),
+        (semconv.K8S_POD_UID, info.pod_uid), (semconv.K8S_POD_NAME, info.k8s_pod_name),
+        (semconv.K8S_NAMESPACE_NAME, info.k8s_namespace_name),
+        (semconv.K8S_CONTAINER_NAME, info.k8s_container_name)) if value]
+    pairs += info.ranks
+    return pairs
+
+
+class PodNameLookup(Protocol):
+    """What the resolver asks for Kubernetes names (k8s.K8sNames); it must not block."""
+
+    def lookup(self, pod_uid: str, container_id: str = "") -> PodNames | None: ...
 
 
 def read_capped(path: str | os.PathLike[str], max_bytes: int) -> tuple[bytes, bool]:
@@ -135,18 +169,41 @@ def parse_cgroup(text: str) -> tuple[str, str]:
 
 
 def parse_service_name(environ: bytes) -> str:
-    """The value of ``OTEL_SERVICE_NAME`` in the NUL-separated text of /proc/PID/environ ("" when unset), cut to
-    :data:`MAX_SERVICE_NAME_CHARS` characters."""
-    if environ.startswith(_SERVICE_NAME_PREFIX):
-        start = len(_SERVICE_NAME_PREFIX)
-    else:
-        start = environ.find(b"\0" + _SERVICE_NAME_PREFIX)  # found in place: the environment is not copied
-        if start < 0:
-            return ""
-        start += 1 + len(_SERVICE_NAME_PREFIX)
-    end = environ.find(b"\0", start, start + 4 * MAX_SERVICE_NAME_CHARS)
-    value = environ[start:end if end >= 0 else start + 4 * MAX_SERVICE_NAME_CHARS]
+    """The process's own ``service.name`` from the NUL-separated text of /proc/PID/environ, as the OpenTelemetry SDK
+    in that process would set it: ``OTEL_SERVICE_NAME``, else ``service.name`` in ``OTEL_RESOURCE_ATTRIBUTES``
+    (percent-decoded); "" when neither says. Cut to :data:`MAX_SERVICE_NAME_CHARS` characters."""
+    value = _environ_value(environ, _SERVICE_NAME_PREFIX, 4 * MAX_SERVICE_NAME_CHARS)
+    if not value:
+        attributes = _environ_value(environ, _RESOURCE_ATTRIBUTES_PREFIX, MAX_RESOURCE_ATTRIBUTES_BYTES)
+        if len(attributes) == MAX_RESOURCE_ATTRIBUTES_BYTES:  # cut at the cap: its last pair may be cut too
+            attributes = attributes[:attributes.rfind(b",") + 1]
+        value = _resource_attribute(attributes, b"service.name") if attributes else b""
     return value.decode(errors="replace")[:MAX_SERVICE_NAME_CHARS]
+
+
+def _environ_value(environ: bytes, prefix: bytes, max_bytes: int) -> bytes:
+    """The value of the variable ``prefix`` (``NAME=``) in an environ block, at most ``max_bytes``; b"" when unset.
+    Found in place: the environment is not copied."""
+    if environ.startswith(prefix):
+        start = len(prefix)
+    else:
+        start = environ.find(b"\0" + prefix)
+        if start < 0:
+            return b""
+        start += 1 + len(prefix)
+    end = environ.find(b"\0", start, start + max_bytes)
+    return environ[start:end if end >= 0 else start + max_bytes]
+
+
+def _resource_attribute(attributes: bytes, key: bytes) -> bytes:
+    """The percent-decoded value of ``key`` in an ``OTEL_RESOURCE_ATTRIBUTES`` value (``k1=v1,k2=v2``); the last
+    one wins, as in the SDK; b"" when absent."""
+    found = b""
+    for pair in attributes.split(b","):
+        name, sep, value = pair.partition(b"=")
+        if sep and name.strip() == key:
+            found = urllib.parse.unquote_to_bytes(value.strip())
+    return found
 
 
 def _text(data: bytes) -> str:
@@ -157,8 +214,9 @@ def _text(data: bytes) -> str:
 class ProcessResolver:
     """Resolves pids to :class:`ProcessInfo`, cached per (pid, start time) so reused pids are not confused."""
 
-    def __init__(self, proc_root: str = "/proc", max_entries: int = 8192) -> None:
+    def __init__(self, proc_root: str = "/proc", max_entries: int = 8192, names: PodNameLookup | None = None) -> None:
         self._root = Path(proc_root)
+        self._names = names
         self._max = max_entries
         self._cache: OrderedDict[int, ProcessInfo] = OrderedDict()
         self._lock = threading.Lock()
@@ -172,16 +230,30 @@ class ProcessResolver:
             cached = self._cache.get(pid)
             if cached is not None and cached.start_time_ticks == start:
                 self._cache.move_to_end(pid)
-                return cached
-        info = self._read(pid, start)
+                if self._names is None or not cached.pod_uid or cached.k8s_pod_name:
+                    return cached
+        info = cached if cached is not None and cached.start_time_ticks == start else self._read(pid, start)
         if info is None:
             return None
+        info = self.with_names(info)
         with self._lock:
             self._cache[pid] = info
             self._cache.move_to_end(pid)
             while len(self._cache) > self._max:
                 self._cache.popitem(last=False)
         return info
+
+    def with_names(self, info: ProcessInfo) -> ProcessInfo:
+        """``info`` with its pod's k8s names when --k8s-names knows them now (from the last list: never waits on the
+        API); ``info`` itself when it has them, has no pod, or the lookup is off. Sources that keep an identity from a
+        process's first record use it again before they report, since a new pod is named by a later list."""
+        if self._names is None or not info.pod_uid or info.k8s_pod_name:
+            return info
+        names = self._names.lookup(info.pod_uid, info.container_id)
+        if names is None:
+            return info
+        return replace(info, k8s_pod_name=names.pod_name, k8s_namespace_name=names.namespace_name,
+                       k8s_container_name=names.container_name)
 
     def cached(self, pid: int) -> ProcessInfo | None:
         """The last identity seen for ``pid`` even if it has exited since (for short-lived processes)."""

@@ -55,6 +55,7 @@ K8S_NODE_NAME: Final = "k8s.node.name"
 K8S_POD_UID: Final = "k8s.pod.uid"
 K8S_POD_NAME: Final = "k8s.pod.name"
 K8S_NAMESPACE_NAME: Final = "k8s.namespace.name"
+K8S_CONTAINER_NAME: Final = "k8s.container.name"
 CONTAINER_ID: Final = "container.id"
 PROCESS_PID: Final = "process.pid"
 PROCESS_EXECUTABLE_NAME: Final = "process.executable.name"
@@ -207,6 +208,7 @@ class Source(enum.StrEnum):
     PROCFS = "procfs"
     OTLP_METRICS = "otlp_metrics"
     PROMETHEUS = "prometheus"
+    K8S = "k8s"  # the optional pod name lookup (--k8s-names)
 
 
 class Reason(enum.StrEnum):
@@ -279,6 +281,12 @@ class Reason(enum.StrEnum):
     DRAIN = "drain"  # a profile source's drain raised
     CERTIFICATE = "certificate"
     LISTEN = "listen"  # the Prometheus port could not be opened
+    # source errors: the Kubernetes API (--k8s-names)
+    K8S_NO_TOKEN = "k8s_no_token"  # the service-account token could not be read
+    K8S_UNAUTHORIZED = "k8s_unauthorized"  # 401 or 403: a bad token, or no RBAC to list pods
+    K8S_TIMEOUT = "k8s_timeout"
+    K8S_UNREACHABLE = "k8s_unreachable"  # refused, unknown host, TLS failure
+    K8S_API_ERROR = "k8s_api_error"  # another HTTP status, or an answer that is not a pod list
 
 SELF_SOURCE_UP = MetricSpec("otel_gpu.source.up", "updowncounter", "1",
                             "1 while a source (otel_gpu.source: nvml, cpu_profiler, gpu_time) runs, 0 when it is off")

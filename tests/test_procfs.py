@@ -174,3 +174,18 @@ def test_process_age_is_counted_from_the_start_time_in_stat(tmp_path: Path) -> N
     assert 99.0 <= procfs.process_age_s(4242, str(tmp_path)) <= 200.0
     assert procfs.process_age_s(4343, str(tmp_path)) == 0.0  # no such process
     assert 0.0 < procfs.process_age_s() < time.clock_gettime(time.CLOCK_BOOTTIME)  # this test's own process
+
+
+@pytest.mark.parametrize(("environ", "service"), [
+    (b"OTEL_RESOURCE_ATTRIBUTES=team=ml,service.name=trainer\0", "trainer"),
+    (b"A=1\0OTEL_RESOURCE_ATTRIBUTES= service.name = tr%C3%A4iner%2C1 ,x=y\0", "tr\u00e4iner,1"),  # percent-decoded
+    (b"OTEL_RESOURCE_ATTRIBUTES=service.name=a,service.name=b\0", "b"),  # the last wins, as in the SDK
+    (b"OTEL_RESOURCE_ATTRIBUTES=service.name=ignored\0OTEL_SERVICE_NAME=own\0", "own"),  # the variable wins
+    (b"OTEL_SERVICE_NAME=\0OTEL_RESOURCE_ATTRIBUTES=service.name=fallback\0", "fallback"),  # empty is unset
+    (b"OTEL_RESOURCE_ATTRIBUTES=service.namespace=x,my.service.name=y\0", ""),
+    # a value past the cap: the pair cut there is not read as a shorter name
+    (b"OTEL_RESOURCE_ATTRIBUTES=" + b"a=1," * (procfs.MAX_RESOURCE_ATTRIBUTES_BYTES // 4 - 4)
+     + b"service.name=trainer\0", ""),  # the cap falls after "service.name=tra"
+])
+def test_service_name_as_the_process_sdk_sets_it(environ: bytes, service: str) -> None:
+    assert procfs.parse_service_name(environ) == service

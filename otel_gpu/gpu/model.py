@@ -49,6 +49,10 @@ class ProcessUsage:
     container_id: str = ""
     pod_uid: str = ""
     ranks: tuple[tuple[str, int], ...] = ()  # distributed.rank, ... (otel_gpu/ranks.py)
+    service_name: str = ""  # the process's own (OTEL_SERVICE_NAME / OTEL_RESOURCE_ATTRIBUTES), else its executable
+    k8s_pod_name: str = ""  # with --k8s-names
+    k8s_namespace_name: str = ""
+    k8s_container_name: str = ""
     memory_bytes: int | None = None
     sm_utilization: float | None = None  # ratio 0..1 over the last sample period
 

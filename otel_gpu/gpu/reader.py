@@ -329,6 +329,10 @@ class GPUReader:
                 container_id=info.container_id if info else "",
                 pod_uid=info.pod_uid if info else "",
                 ranks=info.ranks if info else (),
+                service_name=info.service_name if info else "",
+                k8s_pod_name=info.k8s_pod_name if info else "",
+                k8s_namespace_name=info.k8s_namespace_name if info else "",
+                k8s_container_name=info.k8s_container_name if info else "",
                 memory_bytes=used,
                 sm_utilization=None if sm is None else sm.get(pid, 0.0),
             ))

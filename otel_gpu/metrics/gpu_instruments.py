@@ -18,6 +18,7 @@ from opentelemetry.metrics import CallbackOptions, Meter, Observation
 
 from otel_gpu import semconv
 from otel_gpu.gpu.model import STATES, THROTTLE_REASONS, GPUInfo, GPUSnapshot, ProcessUsage, XIDErrors
+from otel_gpu.procfs import ProcessInfo, identity_attributes
 from otel_gpu.semconv import MetricSpec
 
 Attributes = dict[str, str | int]
@@ -44,16 +45,11 @@ def gpu_attributes(info: GPUInfo) -> Attributes:
 
 
 def process_attributes(process: ProcessUsage) -> Attributes:
-    """process.pid always; executable, container, pod and distributed rank only when known."""
-    attributes: Attributes = {semconv.PROCESS_PID: process.pid}
-    if process.executable_name:
-        attributes[semconv.PROCESS_EXECUTABLE_NAME] = process.executable_name
-    if process.container_id:
-        attributes[semconv.CONTAINER_ID] = process.container_id
-    if process.pod_uid:
-        attributes[semconv.K8S_POD_UID] = process.pod_uid
-    attributes.update(process.ranks)
-    return attributes
+    """The process's identity, the same attributes (and values) its profiles carry: procfs.identity_attributes."""
+    return dict(identity_attributes(ProcessInfo(
+        pid=process.pid, executable_name=process.executable_name, container_id=process.container_id,
+        pod_uid=process.pod_uid, service_name=process.service_name, k8s_pod_name=process.k8s_pod_name,
+        k8s_namespace_name=process.k8s_namespace_name, k8s_container_name=process.k8s_container_name, ranks=process.ranks)))
 
 
 # --- per-metric readings: (value, extra attributes) from one snapshot ------------------------------------------

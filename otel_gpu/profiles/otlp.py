@@ -23,7 +23,7 @@ from opentelemetry.proto.profiles.v1development import profiles_pb2 as pb
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 
 from otel_gpu import __version__, semconv
-from otel_gpu.procfs import ProcessInfo
+from otel_gpu.procfs import ProcessInfo, identity_attributes
 from otel_gpu.profiles.model import Frame, Mapping, ProcessProfile, ProfileBatch, Sample
 
 SCOPE_NAME = "otel-gpu"
@@ -50,15 +50,8 @@ def encode_otlp(batch: ProfileBatch) -> ExportProfilesServiceRequest:
 def process_resource(info: ProcessInfo, node: tuple[tuple[str, str], ...] = ()) -> Resource:
     """The process's resource, then the node's attributes (a process's own key wins): plain ``KeyValue`` keys and
     ``string_value``/``int_value`` (what Pyroscope reads)."""
-    pairs: list[tuple[str, AttributeValue]] = [
-        (semconv.SERVICE_NAME, info.service_name or info.executable_name),
-        (semconv.PROCESS_PID, info.pid),
-        (semconv.PROCESS_EXECUTABLE_NAME, info.executable_name),
-        (semconv.PROCESS_EXECUTABLE_PATH, info.executable_path),
-        (semconv.CONTAINER_ID, info.container_id),
-        (semconv.K8S_POD_UID, info.pod_uid),
-        *info.ranks,
-    ]
+    pairs: list[tuple[str, AttributeValue]] = [*identity_attributes(info),
+                                                (semconv.PROCESS_EXECUTABLE_PATH, info.executable_path)]
     own = {key for key, value in pairs if value != ""}
     pairs += [(key, value) for key, value in node if key not in own]
     return Resource(attributes=[KeyValue(key=key, value=any_value(value)) for key, value in pairs if value != ""])

@@ -54,6 +54,7 @@ TOGGLES: dict[str, list[str]] = {
     "no-injection": ["injection.enabled=false"],
     "no-dashboards": ["dashboards.enabled=false"],
     "no-service-account": ["serviceAccount.create=false"],
+    "k8s-names": ["k8sNames.enabled=true", "k8sNames.ttlSeconds=30"],
     "node-selector": ["string:nodeSelector.nvidia\\.com/gpu\\.present=true", "affinity=null"],
     "extras": ["extraArgs={--process-name,python}", "extraEnv[0].name=OTEL_GPU_PROFILING_INCLUDE_SELF",
                "string:extraEnv[0].value=true", "podAnnotations.a=b", "podLabels.team=ml"],
@@ -498,3 +499,30 @@ def test_the_agent_accepts_the_chart_environment(tmp_path: Path) -> None:
         ("http://pyroscope:4040", "team-a", "u", "p")
     assert loaded["service-monitor"].metrics.prometheus_port == 9464
     assert loaded["no-gpu-time"].profiling.gpu_time is False and loaded["defaults"].profiling.gpu_time is True
+
+
+def test_k8s_names_bring_a_token_and_a_role_that_may_only_list_pods(tmp_path: Path) -> None:
+    from otel_gpu import config
+
+    plain = render([])
+    assert not by_kind(plain, "ClusterRole") and not by_kind(plain, "ClusterRoleBinding")
+    daemonset = by_kind(plain, "DaemonSet")[0]["spec"]["template"]["spec"]
+    assert daemonset["automountServiceAccountToken"] is False
+    assert by_kind(plain, "ServiceAccount")[0]["automountServiceAccountToken"] is False
+
+    objects = render(TOGGLES["k8s-names"])
+    (role,) = by_kind(objects, "ClusterRole")
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]}]
+    (binding,) = by_kind(objects, "ClusterRoleBinding")
+    (account,) = by_kind(objects, "ServiceAccount")
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account["metadata"]["name"],
+                                    "namespace": "monitoring"}]
+    pod = by_kind(objects, "DaemonSet")[0]["spec"]["template"]["spec"]
+    assert pod["automountServiceAccountToken"] is True and pod["serviceAccountName"] == account["metadata"]["name"]
+    # in the pod the kubelet adds the in-cluster variables; the agent then turns the lookup on
+    environ = kubelet_environment(objects, {}, tmp_path / "ca.crt")
+    environ.update(KUBERNETES_SERVICE_HOST="10.96.0.1", KUBERNETES_SERVICE_PORT="443")
+    loaded = config.load(environ=environ)
+    assert loaded.k8s.names and loaded.k8s.names_ttl_s == 30 and loaded.k8s.api_url == "https://10.96.0.1:443"
+    assert loaded.warnings == ()

@@ -39,14 +39,14 @@ def wait_for(condition: Callable[[], object], timeout_s: float = 10.0) -> None:
         time.sleep(0.02)
 
 
-def fake_proc_tree(root: Path, pid: int, comm: str, cgroup: str) -> None:
+def fake_proc_tree(root: Path, pid: int, comm: str, cgroup: str, environ: bytes = b"") -> None:
     """A /proc/<pid> entry with the files ProcessResolver reads."""
     folder = root / str(pid)
     folder.mkdir(parents=True)
     (folder / "stat").write_text(f"{pid} ({comm}) S 1 1 1 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 4242 0 0\n")
     (folder / "comm").write_text(comm + "\n")
     (folder / "cgroup").write_text(cgroup)
-    (folder / "environ").write_bytes(b"")
+    (folder / "environ").write_bytes(environ)
 
 
 def test_processes_carry_identity_and_an_exited_process_leaves_no_stale_series(make_source, scenario, sleepers,
@@ -55,7 +55,7 @@ def test_processes_carry_identity_and_an_exited_process_leaves_no_stale_series(m
     scenario.write(processes=f"{busy.pid}@0:{GIB}:55,{idle.pid}@1:{2 * GIB}:0")
     fake_proc_tree(tmp_path, busy.pid, "trainer",
                    f"0::/kubepods.slice/kubepods-burstable-pod{POD_UID.replace('-', '_')}.slice/"
-                   f"cri-containerd-{CONTAINER_ID}.scope\n")
+                   f"cri-containerd-{CONTAINER_ID}.scope\n", b"OTEL_RESOURCE_ATTRIBUTES=service.name=train-job\0")
     fake_proc_tree(tmp_path, idle.pid, "sleep", "0::/user.slice/session-1.scope\n")
     source = make_source(resolver=ProcessResolver(proc_root=str(tmp_path)))
     reader, provider = instruments(source)
@@ -67,11 +67,12 @@ def test_processes_carry_identity_and_an_exited_process_leaves_no_stale_series(m
         semconv.HW_ID: UUIDS[0], semconv.HW_NAME: "NVIDIA H200", semconv.HW_MODEL: "NVIDIA H200",
         semconv.NVIDIA_GPU_INDEX: 0, semconv.NVIDIA_GPU_PCI_BUS_ID: "00000000:18:00.0",
         semconv.PROCESS_PID: busy.pid, semconv.PROCESS_EXECUTABLE_NAME: "trainer",
-        semconv.CONTAINER_ID: CONTAINER_ID, semconv.K8S_POD_UID: POD_UID}, GIB)]
+        semconv.CONTAINER_ID: CONTAINER_ID, semconv.K8S_POD_UID: POD_UID, semconv.SERVICE_NAME: "train-job"}, GIB)]
     idle_memory = select(memory, process__pid=idle.pid)
     assert [(a[semconv.HW_ID], a[semconv.PROCESS_EXECUTABLE_NAME], v) for a, v in idle_memory] == [
         (UUIDS[1], "sleep", 2 * GIB)]
     assert semconv.CONTAINER_ID not in idle_memory[0][0] and semconv.K8S_POD_UID not in idle_memory[0][0]
+    assert idle_memory[0][0][semconv.SERVICE_NAME] == "sleep"  # no service of its own: the executable, as on profiles
     assert [v for _, v in select(sm, process__pid=busy.pid)] == [pytest.approx(0.55)]
     assert [v for _, v in select(sm, process__pid=idle.pid)] == [0.0]  # listed, but no utilization sample
 
