@@ -6,11 +6,13 @@ distinct copy of libotel_gpu_inject.so. The files it knows of - the packaged lib
 and ``library_paths`` - are attached at once, before any process maps them: the kernel then sets the semaphores and
 places the probes in every process that loads such a file, from its first mapping, so a new process is profiled from
 its CUDA initialisation with no scan at all. Other copies (containers, other paths) are found by scanning /proc and
-counted as late attaches. A scan lists /proc every ``rescan_interval_s`` and reads the maps only of processes new
-since the last one and of those due again: a process read without the library is read again after
+counted as late attaches. A scan lists /proc every ``rescan_interval_s`` and reads the maps only of processes due:
+one listed for the first time is read at the next scan (most of a churning node's processes have exited by then,
+and reading a maps file is most of a scan's cost), and one read without the library is read again after
 ``full_rescan_s`` (it may initialise CUDA late), then after twice as long each time nothing is found, up to
-``RECHECK_BACKOFF`` times ``full_rescan_s``; so on a node whose processes churn, the scan reads each new process
-about once, and the long-lived ones ever more rarely. Its thread blocks on the ring buffer's epoll descriptor
+``RECHECK_BACKOFF`` times ``full_rescan_s``; so on a node whose processes churn, a scan reads only the new processes
+that outlived the previous scan, and the long-lived ones ever more rarely. The first scan, at open, reads every
+process. Its thread blocks on the ring buffer's epoll descriptor
 (the program wakes it only when a quarter of the buffer is used) for at most ``poll_interval_s``, or until the next
 scan or :meth:`stop`, and hands each decoded record to ``on_record``. What the records mean is
 :mod:`otel_gpu.cuda.accounting`'s job.
@@ -80,6 +82,7 @@ class GPUTimeProbes:
         # pid -> (when its maps are due to be read again, the wait after that read), clock seconds
         self._checked: dict[int, tuple[float, float]] = {}
         self._last_scan = 0.0
+        self._listed = False  # the first scan (at open) reads every process: some may have a copy mapped already
         self._wake_r, self._wake_w = -1, -1  # a pipe: stop() writes to it to end the thread's wait at once
         self._ring_lock = threading.Lock()  # libbpf's ring buffer has one consumer at a time
         self._stop = threading.Event()
@@ -187,10 +190,15 @@ class GPUTimeProbes:
         live = list_pids(self._proc_root)
         live.discard(os.getpid())
         self._checked = {pid: due for pid, due in self._checked.items() if pid in live}  # the rest exited
-        read = [pid for pid in live if pid not in self._checked or self._checked[pid][0] <= now]
+        first = not self._listed
+        self._listed = True
+        read = [pid for pid in live if first or (pid in self._checked and self._checked[pid][0] <= now)]
+        for pid in live:
+            if pid not in self._checked:  # listed for the first time: read at the next scan, if it still runs then
+                self._checked[pid] = (now, 0.0)
         libraries, pids = scan(self._proc_root, self._library_name, only=read)
         for pid in read:
-            _due, wait = self._checked.get(pid, (0.0, 0.0))
+            _due, wait = self._checked[pid]
             # nothing found (or a process already known to map a copy): read it less often each time
             wait = self._full_rescan_s if wait <= 0 else min(2 * wait, RECHECK_BACKOFF * self._full_rescan_s)
             self._checked[pid] = (now + wait, wait)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -106,8 +107,11 @@ def test_probes_reread_a_process_only_every_full_rescan(tmp_path: Path) -> None:
     lib = "/opt/libotel_gpu_inject.so"
     (proc / "200" / "maps").write_text(LINE.format(inode=2, path=lib))  # it initialises CUDA later
     _process(proc, 201, LINE.format(inode=2, path=lib), {lib: b"ELF"})  # a new process
+    now[0] = 7.0
+    probes.rescan()  # listed
+    assert not found
     now[0] = 9.0
-    probes.rescan()
+    probes.rescan()  # read, since it still runs
     assert 201 in found and 200 not in found
     now[0] = 10.0  # once the full period has passed, pid 200 is read again
     probes.rescan()
@@ -140,8 +144,9 @@ def test_probes_read_a_process_without_the_library_ever_less_often(tmp_path: Pat
     assert RECHECK_BACKOFF == 8  # the 80 s cap above
 
 
-def test_probes_read_the_maps_of_a_new_process_once_per_scan_only(tmp_path: Path) -> None:
-    """Between two reads of the old processes, a scan reads only the processes it has not seen."""
+def test_probes_read_a_new_process_at_the_scan_after_it_is_listed(tmp_path: Path) -> None:
+    """Between two reads of the old processes, a scan reads only the new processes that outlived the previous scan;
+    the first scan reads every process."""
     from otel_gpu.cuda.probes import GPUTimeProbes
 
     proc = tmp_path / "proc"
@@ -156,9 +161,15 @@ def test_probes_read_the_maps_of_a_new_process_once_per_scan_only(tmp_path: Path
     for pid in range(400, 410):  # they all load a copy now: not seen until they are due again
         (proc / str(pid) / "maps").write_text(LINE.format(inode=2, path=lib))
     _process(proc, 410, LINE.format(inode=2, path=lib), {lib: b"ELF"})
+    _process(proc, 411, LINE.format(inode=2, path=lib), {lib: b"ELF"})
     now[0] = 2.0
+    probes.rescan()  # 410 and 411 are listed, not read: most new processes of a churning node exit before the next
+    assert not found
+    shutil.rmtree(proc / "411")  # a short-lived process: never read
+    now[0] = 4.0
     probes.rescan()
     assert found == {410}
+    assert 411 not in probes._checked  # forgotten once it left /proc
 
 
 def test_inject_passes_the_overhead_budget_to_the_library(packaged: Path, tmp_path: Path) -> None:
