@@ -132,14 +132,14 @@ class GPUTimeProbes:
         """Stop reading records in the background; :meth:`poll_now` still reads them."""
         self._stop.set()
         if self._wake_w >= 0:
-            os.write(self._wake_w, b"x")
+            os.close(self._wake_w)  # the thread's wait sees the pipe's end at once
+            self._wake_w = -1
         if self._thread is not None:
             self._thread.join(timeout=5)
             self._thread = None
-        for fd in (self._wake_r, self._wake_w):
-            if fd >= 0:
-                os.close(fd)
-        self._wake_r = self._wake_w = -1
+        if self._wake_r >= 0:
+            os.close(self._wake_r)
+            self._wake_r = -1
 
     def close(self) -> None:
         """Stop polling, detach every probe and free the program (idempotent)."""
