@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """How long after a process initialises CUDA the GPU-time source starts seeing it: the real injected library on the
 fake CUDA driver and fake CUPTI, the agent's real eBPF program attached by GPUTimeProbes with the agent's scan
-periods (new processes every 2 s, every process again every 10 s).
+periods (/proc listed every 2 s, a new process read at the next scan, every process again from 10 s, backing off).
 
 Two ways of attaching, side by side in one run:
   scan   only the /proc scan finds library files (what the agent did before issue 16: ``library_paths=[]``);
@@ -70,7 +70,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=2400, help="workload steps (~5 ms each here)")
     args = parser.parse_args()
-    print(f"workload: {args.steps} steps, one stream wait each; agent scan every 2 s, each process again every 10 s")
+    print(f"workload: {args.steps} steps, one stream wait each; agent scan every 2 s (new processes read at the next), "
+          "each process again from 10 s on")
     print(f"{'workload':<8} {'attach':<6} {'steps missed':>12} {'latency ms':>11}")
     for workload in ("fresh", "late"):
         for mode in ("scan", "known"):

@@ -15,7 +15,8 @@ RSS (VmHWM), start-up CPU-s (at the start-up line), how long ``--duration`` real
 and the longest profile interval written (pprof duration).
 
 Run (as root, after make build): .venv/bin/python bench/bench_cost.py [--seconds 20] [--quick] [--json out.json]
-  [--scenario node --source all] [--agent-arg=--flag ...]
+  [--scenario node --source all] [--agent-arg=--flag ...] [--threads]
+--threads runs the agent under bench/agent_threads.py and adds each thread's steady-state % of one core.
 """
 
 from __future__ import annotations
@@ -124,13 +125,15 @@ def _churn(commands: list[list[str]], stop: threading.Event, stats: dict[str, fl
 
 # --- one run ---------------------------------------------------------------------------------------------------------
 
-def run_agent(source: str, seconds: float, extra: list[str]) -> dict[str, object]:
+def run_agent(source: str, seconds: float, extra: list[str], threads: bool = False) -> dict[str, object]:
     from tests.profiles.pprof_proto import decode
 
     out = tempfile.mkdtemp(prefix="otel-gpu-bench-cost-")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "FAKE_NVML_"))}
     env["LD_LIBRARY_PATH"] = str(FAKE_NVML)
-    command = [sys.executable, "-m", "otel_gpu", "run", *SOURCES[source], "--duration", f"{seconds:g}",
+    threads_file = os.path.join(out, "threads.json")
+    launcher = [str(REPO / "bench" / "agent_threads.py"), threads_file, "--"] if threads else ["-m", "otel_gpu"]
+    command = [sys.executable, *launcher, "run", *SOURCES[source], "--duration", f"{seconds:g}",
                "--profiling-interval", str(INTERVAL_S),
                "--output-dir", out, "--console", "off", "--log-level", "info", *extra]
     began = time.monotonic()
@@ -161,6 +164,7 @@ def run_agent(source: str, seconds: float, extra: list[str]) -> dict[str, object
     for path in Path(out).glob("profile-*.pb.gz"):
         profile = decode(path.read_bytes())
         intervals.append(profile.duration_nanos / 1e9)
+    per_thread = json.loads(Path(threads_file).read_text()) if threads and os.path.exists(threads_file) else []
     shutil.rmtree(out, ignore_errors=True)
     if agent.returncode != 0 or not running_at or not readings:
         return {"error": f"exit {agent.returncode}: {' | '.join(log[-3:])}"}
@@ -169,6 +173,7 @@ def run_agent(source: str, seconds: float, extra: list[str]) -> dict[str, object
     steady_from = next((r for r in readings if r[0] >= ready + 2 * INTERVAL_S + 0.5), readings[0])
     last = readings[-1]
     steady_s = last[0] - steady_from[0]
+    thread_percent = _thread_percent(per_thread, steady_from[0], last[0])
     return {"startup_cpu_s": round(startup_cpu[0], 2) if startup_cpu else 0.0,
             "startup_wall_s": round(ready - began, 2),
             "steady_cpu_percent": round(100 * (last[1] - steady_from[1]) / steady_s, 2) if steady_s > 0 else 0.0,
@@ -176,7 +181,18 @@ def run_agent(source: str, seconds: float, extra: list[str]) -> dict[str, object
             "peak_rss_mb": round(max(r[2] for r in readings), 1),
             "duration_s": round(ended - began, 2),
             "longest_interval_s": round(max(intervals), 2) if intervals else None,
-            "profiles": len(intervals)}
+            "profiles": len(intervals),
+            **({"threads": thread_percent} if threads else {})}
+
+
+def _thread_percent(readings: list[tuple[float, dict[str, float]]], begin: float, end: float) -> dict[str, float]:
+    """% of one core per thread name between the readings nearest ``begin`` and ``end`` (bench/agent_threads.py)."""
+    inside = [r for r in readings if begin <= r[0] <= end + 0.5]
+    if len(inside) < 2:
+        return {}
+    (t0, first), (t1, final) = inside[0], inside[-1]
+    percent = {name: 100 * (cpu - first.get(name, 0.0)) / (t1 - t0) for name, cpu in final.items()}
+    return dict(sorted(((n, round(p, 2)) for n, p in percent.items() if p >= 0.005), key=lambda item: -item[1]))
 
 
 # --- main ------------------------------------------------------------------------------------------------------------
@@ -190,6 +206,8 @@ def main() -> int:
     parser.add_argument("--source", action="append", choices=list(SOURCES), help="only this source (repeatable)")
     parser.add_argument("--agent-arg", action="append", default=[], help="an extra flag for otel-gpu run")
     parser.add_argument("--json", help="also write the results to this file")
+    parser.add_argument("--threads", action="store_true",
+                        help="run the agent under bench/agent_threads.py and print each thread's steady %% of a core")
     args = parser.parse_args()
     if os.geteuid() != 0:
         print("bench_cost: needs root (the agent loads eBPF programs)", file=sys.stderr)
@@ -203,7 +221,7 @@ def main() -> int:
     results = []
     for scene, source in plan:
         with scenario(scene) as stats:
-            row = {"scenario": scene, "source": source, **run_agent(source, seconds, args.agent_arg)}
+            row = {"scenario": scene, "source": source, **run_agent(source, seconds, args.agent_arg, args.threads)}
             row["churned_per_s"] = round(stats["churned"] / max(seconds, 1), 1)
             row["load_1m"] = round(os.getloadavg()[0], 1)  # the machine's own load besides the scenario's
         results.append(row)
@@ -211,7 +229,7 @@ def main() -> int:
     print(f"\nCost of the whole agent: --duration {seconds:g}, --profiling-interval {INTERVAL_S} (metrics every 10 s), "
           f"{os.cpu_count()} CPUs, large libraries: {len(LARGE_LIBS)}")
     print(f"{'scenario':>8} {'source':>8} | {'steady %core':>12} {'target':>6} | {'peak MB':>7} {'target':>6} | "
-          f"{'start CPU-s':>11} {'start s':>7} | {'ran s':>6} {'asked':>5} | {'longest profile s':>17}")
+          f"{'start CPU-s':>11} {'start s':>7} | {'ran s':>6} {'asked':>5} | {'longest profile s':>17} | load")
     for row in results:
         if "error" in row:
             print(f"{row['scenario']:>8} {row['source']:>8} | {row['error']}")
@@ -223,6 +241,8 @@ def main() -> int:
               f"{row['startup_cpu_s']:>11.2f} {row['startup_wall_s']:>7.2f} | "
               f"{row['duration_s']:>6.2f} {seconds:>5g} | {longest if longest is not None else '-':>17} | "
               f"{row['load_1m']:>4}")
+        if row.get("threads"):
+            print(f"{'':>17} threads: " + ", ".join(f"{name} {p:.2f}" for name, p in row["threads"].items()))
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))
     return 0

@@ -26,6 +26,7 @@ from otel_gpu.procfs import ProcessResolver
 from otel_gpu.profiles.model import ProcessProfile
 from otel_gpu.profiles.source import ProcessSelection, ProfileSource
 from otel_gpu.resource import agent_resource, node_attributes
+from otel_gpu.symbolize.allowance import READ_BURST_S, READ_SHARE, ReadAllowance
 from otel_gpu.symbolize.symbolizer import Symbolizer
 
 _logger = logging.getLogger(__name__)
@@ -51,6 +52,8 @@ class Agent:
         self._resolver = ProcessResolver(names=self._k8s_names)
         self._selection = ProcessSelection(config.profiling)  # one selection for every profile source
         self._symbolizer: Symbolizer | None = None
+        # one ration of symbol-table reading for every source that symbolizes (symbolize/allowance.py)
+        self._read_allowance = ReadAllowance(READ_SHARE, READ_BURST_S, time.monotonic())
         self._shutdown_deadline = 0.0  # monotonic; set when the loop ends
         self._signals = 0  # SIGINT and SIGTERM received: the first stops, the second ends the process at once
         self._node = node_attributes(config)  # host.name, k8s.node.name, ... on every profile's resource
@@ -136,7 +139,7 @@ class Agent:
         from otel_gpu.cpu.source import CPUProfileSource
 
         source = CPUProfileSource(self.config.profiling, self._resolver, symbolizer=self._shared_symbolizer(),
-                                  selection=self._selection)
+                                  selection=self._selection, allowance=self._read_allowance)
         return [source] if _opened(source, "CPU profiling is off", cleanup) else []
 
     def _start_gpu_time(self, cleanup: contextlib.ExitStack, pipeline) -> list[ProfileSource]:  # type: ignore[no-untyped-def]
@@ -146,8 +149,8 @@ class Agent:
         from otel_gpu.cuda.source import GPUTimeSource
         from otel_gpu.cuda.symbols import SharedSymbolizer
 
-        source = GPUTimeSource(self._resolver, symbolizer=SharedSymbolizer(self._shared_symbolizer()),
-                               selection=self._selection)
+        source = GPUTimeSource(self._resolver, selection=self._selection,
+                               symbolizer=SharedSymbolizer(self._shared_symbolizer(), allowance=self._read_allowance))
         if not _opened(source, "GPU-time profiling is off", cleanup):
             return []
         register_gpu_time_instruments(pipeline.meter("otel_gpu.cuda"), source, self._resolver.with_names)

@@ -24,7 +24,7 @@ from otel_gpu.cpu.sampler import SOURCE, CPUSampler, StackCount
 from otel_gpu.procfs import ProcessInfo, ProcessResolver
 from otel_gpu.profiles.model import Frame, ProcessProfile, ProfileBatch, Sample, cpu_profile_type
 from otel_gpu.profiles.source import ProcessSelection
-from otel_gpu.symbolize.allowance import ReadAllowance
+from otel_gpu.symbolize.allowance import READ_BURST_S, READ_SHARE, ReadAllowance
 from otel_gpu.symbolize.symbolizer import Symbolizer
 
 _logger = logging.getLogger(__name__)
@@ -39,8 +39,8 @@ SYMBOLIZE_SHARE_OF_INTERVAL = 0.25
 SYMBOLIZE_WHEN_STOPPING_S = 0.5
 # On average, reading new symbol tables may take this share of one core (after a burst at start): on a node that
 # keeps starting new binaries, that reading is what would otherwise grow without bound (symbolize/allowance.py).
-SYMBOL_READ_SHARE = 0.005
-SYMBOL_READ_BURST_S = 5.0
+SYMBOL_READ_SHARE = READ_SHARE
+SYMBOL_READ_BURST_S = READ_BURST_S
 
 
 class CPUProfileSource:
@@ -49,7 +49,9 @@ class CPUProfileSource:
     name = SOURCE
 
     def __init__(self, config: ProfilingConfig, resolver: ProcessResolver, symbolizer: Symbolizer | None = None,
-                 sampler: CPUSampler | None = None, selection: ProcessSelection | None = None) -> None:
+                 sampler: CPUSampler | None = None, selection: ProcessSelection | None = None,
+                 allowance: ReadAllowance | None = None) -> None:
+        """``allowance``: shared with the other sources that read symbol tables (default: one of its own)."""
         self.config = config
         self._selection = selection or ProcessSelection(config)
         self._resolver = resolver
@@ -62,7 +64,7 @@ class CPUProfileSource:
         self._python = PythonFrames()
         self._started_ns = 0
         self._stopping = False
-        self._allowance = ReadAllowance(SYMBOL_READ_SHARE, SYMBOL_READ_BURST_S, time.monotonic())
+        self._allowance = allowance or ReadAllowance(SYMBOL_READ_SHARE, SYMBOL_READ_BURST_S, time.monotonic())
 
     @property
     def sampler(self) -> CPUSampler:

@@ -3,15 +3,18 @@
 
 Scans /proc/*/maps; a library path is opened through /proc/PID/root so libraries inside containers (other mount
 namespaces) are found. Files are told apart by (device, inode) so each is attached once however many processes map
-it, and whatever path it has in each container.
+it, and whatever path it has in each container. A maps file is searched as bytes for the library's name and only a
+line that holds it is parsed: a scan of a node's processes reads a few MB of maps, nearly all without the library.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 LIBRARY_NAME = "libotel_gpu_inject.so"
+MAX_MAPS_BYTES = 16 << 20  # as the symbolizer's cap: 65,530 mappings of 250 bytes each
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,29 +28,34 @@ class InjectedLibrary:
     pid: int  # 0: a file the agent attached to before any process mapped it (GPUTimeProbes.library_paths)
 
 
+def list_pids(proc_root: str = "/proc") -> set[int]:
+    """The pids of the processes that exist now (empty when ``proc_root`` cannot be listed)."""
+    try:
+        return {int(entry) for entry in os.listdir(proc_root) if entry.isdigit()}
+    except OSError:
+        return set()
+
+
 def scan(proc_root: str = "/proc", library_name: str = LIBRARY_NAME, exclude_pids: frozenset[int] = frozenset(),
-         checked: set[int] | None = None) -> tuple[dict[tuple[int, int], InjectedLibrary], set[int]]:
+         checked: set[int] | None = None,
+         only: Iterable[int] | None = None) -> tuple[dict[tuple[int, int], InjectedLibrary], set[int]]:
     """(libraries by (device, inode), pids that map one). Processes that exit mid-scan are skipped.
 
-    ``exclude_pids`` are not read at all; every pid whose maps were read is added to ``checked`` when given.
+    ``only``: read just these pids (default: every process in ``proc_root``); ``exclude_pids`` are not read at all;
+    every pid whose maps were read is added to ``checked`` when given.
     """
     libraries: dict[tuple[int, int], InjectedLibrary] = {}
     pids: set[int] = set()
-    try:
-        entries = os.listdir(proc_root)
-    except OSError:
-        return libraries, pids
-    for entry in entries:
-        if not entry.isdigit() or int(entry) in exclude_pids:
+    for pid in sorted(list_pids(proc_root) if only is None else set(only)):
+        if pid in exclude_pids:
             continue
-        pid = int(entry)
         if checked is not None:
             checked.add(pid)
-        path = _mapped_library(f"{proc_root}/{entry}/maps", library_name)
+        path = _mapped_library(f"{proc_root}/{pid}/maps", library_name)
         if path is None:
             continue
         pids.add(pid)
-        host_path = f"{proc_root}/{entry}/root{path}"
+        host_path = f"{proc_root}/{pid}/root{path}"
         try:
             st = os.stat(host_path)
         except OSError:
@@ -59,15 +67,22 @@ def scan(proc_root: str = "/proc", library_name: str = LIBRARY_NAME, exclude_pid
 
 
 def _mapped_library(maps_path: str, library_name: str) -> str | None:
+    """The path of the first mapping of a file named ``library_name*`` in a maps file; None when none or gone."""
     try:
-        with open(maps_path, encoding="utf-8", errors="replace") as maps:
-            for line in maps:
-                if library_name not in line:
-                    continue
-                parts = line.split(None, 5)
-                if len(parts) == 6 and os.path.basename(parts[5].strip()).startswith(library_name):
-                    path = parts[5].strip()
-                    return path.removesuffix(" (deleted)")
+        with open(maps_path, "rb") as maps:
+            data = maps.read(MAX_MAPS_BYTES)
     except OSError:
         return None
+    needle = library_name.encode()
+    at = data.find(needle)
+    while at >= 0:
+        begin = data.rfind(b"\n", 0, at) + 1
+        end = data.find(b"\n", at)
+        end = len(data) if end < 0 else end
+        parts = data[begin:end].split(None, 5)
+        if len(parts) == 6:
+            path = parts[5].strip().decode("utf-8", "surrogateescape").removesuffix(" (deleted)")
+            if os.path.basename(path).startswith(library_name):
+                return path
+        at = data.find(needle, end)
     return None

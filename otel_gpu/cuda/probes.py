@@ -5,17 +5,24 @@ It loads ebpf/programs/gpu_time.bpf.o and attaches its four USDT handlers system
 distinct copy of libotel_gpu_inject.so. The files it knows of - the packaged library that ``otel-gpu inject`` names,
 and ``library_paths`` - are attached at once, before any process maps them: the kernel then sets the semaphores and
 places the probes in every process that loads such a file, from its first mapping, so a new process is profiled from
-its CUDA initialisation with no scan at all. Other copies (containers, other paths) are found by scanning /proc (new
-processes every ``rescan_interval_s``, every process again every ``full_rescan_s``, for those that initialise CUDA
-late) and counted as late attaches. It reads the ring buffer on a thread every ``poll_interval_s``
-(the program wakes it early only when a quarter of the buffer is used) and hands each decoded record to
-``on_record``. What the records mean is :mod:`otel_gpu.cuda.accounting`'s job.
+its CUDA initialisation with no scan at all. Other copies (containers, other paths) are found by scanning /proc and
+counted as late attaches. A scan lists /proc every ``rescan_interval_s`` and reads the maps only of processes due:
+one listed for the first time is read at the next scan (most of a churning node's processes have exited by then,
+and reading a maps file is most of a scan's cost), and one read without the library is read again after
+``full_rescan_s`` (it may initialise CUDA late), then after twice as long each time nothing is found, up to
+``RECHECK_BACKOFF`` times ``full_rescan_s``; so on a node whose processes churn, a scan reads only the new processes
+that outlived the previous scan, and the long-lived ones ever more rarely. The first scan, at open, reads every
+process. Its thread blocks on the ring buffer's epoll descriptor
+(the program wakes it only when a quarter of the buffer is used) for at most ``poll_interval_s``, or until the next
+scan or :meth:`stop`, and hands each decoded record to ``on_record``. What the records mean is
+:mod:`otel_gpu.cuda.accounting`'s job.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import select
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -25,7 +32,7 @@ from typing import TYPE_CHECKING
 from otel_gpu import selfmetrics, semconv
 from otel_gpu.cuda import abi
 from otel_gpu.cuda.accounting import SOURCE
-from otel_gpu.cuda.discovery import LIBRARY_NAME, InjectedLibrary, scan
+from otel_gpu.cuda.discovery import LIBRARY_NAME, InjectedLibrary, list_pids, scan
 from otel_gpu.ebpf import PROGRAMS_DIR
 from otel_gpu.errors import SourceUnavailable
 
@@ -40,6 +47,9 @@ PROGRAM_PATH = PROGRAMS_DIR / "gpu_time.bpf.o"
 # weight is known), launches last (so every launch seen has its activity and window probes in place).
 PROBES = (("otel_gpu_window", "window"), ("otel_gpu_activity", "activity"), ("otel_gpu_sync", "sync"),
           ("otel_gpu_launch", "launch"))
+# A process read without the library is read again after full_rescan_s, then twice as long each time, up to this many
+# times full_rescan_s: a long-lived process that never loads a copy costs a maps read every 80 s, not every 10 s.
+RECHECK_BACKOFF = 8
 _HOW_TO = ("run workloads with `otel-gpu inject -- python train.py`, or set CUDA_INJECTION64_PATH={path} in their "
            "environment (containers: mount the library and set the same variable)")
 
@@ -53,9 +63,10 @@ class GPUTimeProbes:
 
     def __init__(self, on_record: Callable[[abi.Record], None], on_processes: Callable[[Iterable[int]], None], *,
                  proc_root: str = "/proc", program_path: str | os.PathLike[str] = PROGRAM_PATH,
-                 ringbuf_bytes: int = 4 << 20, poll_interval_s: float = 0.1, rescan_interval_s: float = 2.0,
+                 ringbuf_bytes: int = 4 << 20, poll_interval_s: float = 1.0, rescan_interval_s: float = 2.0,
                  full_rescan_s: float = 10.0, library_name: str = LIBRARY_NAME,
-                 library_paths: Iterable[str | os.PathLike[str]] | None = None) -> None:
+                 library_paths: Iterable[str | os.PathLike[str]] | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self._on_record = on_record
         self._on_processes = on_processes
         self._proc_root = proc_root
@@ -67,8 +78,12 @@ class GPUTimeProbes:
         self._library_name = library_name
         # None: the packaged library, when built
         self._library_paths = [Path(p) for p in library_paths] if library_paths is not None else _packaged()
-        self._checked: dict[int, float] = {}  # pid -> when its maps were last read (monotonic s)
+        self._clock = clock
+        # pid -> (when its maps are due to be read again, the wait after that read), clock seconds
+        self._checked: dict[int, tuple[float, float]] = {}
         self._last_scan = 0.0
+        self._listed = False  # the first scan (at open) reads every process: some may have a copy mapped already
+        self._wake_r, self._wake_w = -1, -1  # a pipe: stop() writes to it to end the thread's wait at once
         self._ring_lock = threading.Lock()  # libbpf's ring buffer has one consumer at a time
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -109,15 +124,22 @@ class GPUTimeProbes:
         if not any(library.pid for library in self._attached.values()):
             _logger.info("GPU-time profiling is waiting: no process has %s loaded; %s", self._library_name,
                          _HOW_TO.format(path=_library_hint()))
+        self._wake_r, self._wake_w = os.pipe()
         self._thread = threading.Thread(target=self._run, name="otel-gpu-gpu-time", daemon=True)
         self._thread.start()
 
     def stop(self) -> None:
         """Stop reading records in the background; :meth:`poll_now` still reads them."""
         self._stop.set()
+        if self._wake_w >= 0:
+            os.close(self._wake_w)  # the thread's wait sees the pipe's end at once
+            self._wake_w = -1
         if self._thread is not None:
             self._thread.join(timeout=5)
             self._thread = None
+        if self._wake_r >= 0:
+            os.close(self._wake_r)
+            self._wake_r = -1
 
     def close(self) -> None:
         """Stop polling, detach every probe and free the program (idempotent)."""
@@ -164,15 +186,22 @@ class GPUTimeProbes:
 
     def rescan(self) -> list[InjectedLibrary]:
         """Attach to library files not seen before; returns the newly attached ones."""
-        now = self._last_scan = time.monotonic()
-        # A process is read again only every full_rescan_s: new processes are found within rescan_interval_s, and
-        # one that initialises CUDA later within full_rescan_s, at a fraction of the cost of reading every map.
-        skip = {pid for pid, at in self._checked.items() if now - at < self._full_rescan_s}
-        skip.add(os.getpid())
-        checked: set[int] = set()
-        libraries, pids = scan(self._proc_root, self._library_name, frozenset(skip), checked)
-        self._checked = {pid: at for pid, at in self._checked.items() if pid in skip and self._alive(pid)}
-        self._checked.update({pid: now for pid in checked})
+        now = self._last_scan = self._clock()
+        live = list_pids(self._proc_root)
+        live.discard(os.getpid())
+        self._checked = {pid: due for pid, due in self._checked.items() if pid in live}  # the rest exited
+        first = not self._listed
+        self._listed = True
+        read = [pid for pid in live if first or (pid in self._checked and self._checked[pid][0] <= now)]
+        for pid in live:
+            if pid not in self._checked:  # listed for the first time: read at the next scan, if it still runs then
+                self._checked[pid] = (now, 0.0)
+        libraries, pids = scan(self._proc_root, self._library_name, only=read)
+        for pid in read:
+            _due, wait = self._checked[pid]
+            # nothing found (or a process already known to map a copy): read it less often each time
+            wait = self._full_rescan_s if wait <= 0 else min(2 * wait, RECHECK_BACKOFF * self._full_rescan_s)
+            self._checked[pid] = (now + wait, wait)
         self._on_processes(pids)
         added: list[InjectedLibrary] = []
         for library in libraries.values():
@@ -207,16 +236,19 @@ class GPUTimeProbes:
         return totals
 
     def _run(self) -> None:
-        timeout_ms = max(1, int(self._poll_interval_s * 1000))
+        ring = self._ring
+        watched = [self._wake_r] + ([ring.epoll_fd] if ring is not None else [])
         failures = 0
         while not self._stop.is_set():
             try:
-                with self._ring_lock:
-                    if self._ring is not None:
-                        # the program wakes us only when the buffer fills up; otherwise read every poll interval
-                        self._ring.poll(timeout_ms)
-                        self._ring.consume()
-                if time.monotonic() - self._last_scan >= self._rescan_interval_s:
+                next_scan_in = self._last_scan + self._rescan_interval_s - self._clock()
+                # the program wakes us only when the buffer fills up; otherwise records wait for the timeout, the
+                # next scan, a drain (poll_now) or stop()
+                select.select(watched, [], [], max(0.0, min(self._poll_interval_s, next_scan_in)))
+                if self._stop.is_set():
+                    break
+                self.poll_now()
+                if self._clock() - self._last_scan >= self._rescan_interval_s:
                     self.rescan()
             except Exception:  # loop boundary: keep polling
                 failures += 1
@@ -236,9 +268,6 @@ class GPUTimeProbes:
             selfmetrics.count(semconv.SELF_ERRORS.name, otel_gpu__source=SOURCE, otel_gpu__reason=semconv.Reason.DECODE)
             return
         self._on_record(record)
-
-    def _alive(self, pid: int) -> bool:
-        return os.path.exists(f"{self._proc_root}/{pid}")
 
 
 def _packaged() -> list[Path]:

@@ -34,7 +34,7 @@ class GPUTimeSource:
 
     def __init__(self, resolver: ProcessResolver | None = None, *, proc_root: str = "/proc",
                  program_path: str | os.PathLike[str] = PROGRAM_PATH, ringbuf_bytes: int = 4 << 20,
-                 poll_interval_s: float = 0.1, rescan_interval_s: float = 2.0, full_rescan_s: float = 10.0,
+                 poll_interval_s: float = 1.0, rescan_interval_s: float = 2.0, full_rescan_s: float = 10.0,
                  library_name: str = LIBRARY_NAME, symbolizer: NativeSymbolizer | None = None,
                  max_pending_per_process: int = 65536, selection: ProcessSelection | None = None) -> None:
         self._proc_root = proc_root

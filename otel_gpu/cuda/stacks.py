@@ -2,7 +2,9 @@
 """StackFrames: the frames of each launching stack, symbolized once per process and kept while the process lives.
 
 A launch's stack is symbolized when its record arrives (the process may exit before its work is weighted), and most
-launches repeat a few stacks, so the frames are cached by (pid, stack) up to ``max_stacks``, oldest out first.
+launches repeat a few stacks, so the frames are cached by (pid, stack) up to ``max_stacks``, oldest out first; a
+stack with a frame left unnamed for now (the symbol-reading allowance was spent) is not cached, so a later launch of
+it names it.
 """
 
 from __future__ import annotations
@@ -42,6 +44,8 @@ class StackFrames:
         else:
             native = ()
         frames = builder.merge_python_frames(native, stack.python)
+        if not self._symbolizer.last_complete:
+            return frames
         self._frames[key] = frames
         while len(self._frames) > self._max_stacks:
             self._frames.popitem(last=False)

@@ -117,6 +117,7 @@ _SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
     "ring_buffer__add": (_I, [_P, _I, RING_BUFFER_SAMPLE_FN, _P]),
     "ring_buffer__poll": (_I, [_P, _I]),
     "ring_buffer__consume": (_I, [_P]),
+    "ring_buffer__epoll_fd": (_I, [_P]),
     "ring_buffer__free": (None, [_P]),
     "btf__find_by_name_kind": (ctypes.c_int32, [_P, _S, _U32]),
     "btf__type_by_id": (ctypes.POINTER(BtfType), [_P, _U32]),

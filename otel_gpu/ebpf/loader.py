@@ -271,6 +271,13 @@ class RingBuffer:
             _raise(f"polling ring buffer {self.name}", n)
         return int(n)
 
+    @property
+    def epoll_fd(self) -> int:
+        """The descriptor that becomes readable when a record is there to handle (to wait on it with others)."""
+        if self._handle is None:
+            return -1
+        return int(self._lib.ring_buffer__epoll_fd(self._handle))
+
     def consume(self) -> int:
         """Handle every record available now without waiting."""
         if self._handle is None:

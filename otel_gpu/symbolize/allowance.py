@@ -6,10 +6,18 @@ for a 200 MB library, paid once per file while it stays in the bounded cache. On
 rebuilt binaries that cost never ends, so it is rationed like a token bucket: a burst at start (the running
 workloads' binaries are named at once), then ``share`` of one core. A drain past its allowance sends frames of files
 not yet read as file+offset with their mapping and build id (symbolizable off the node) and names them once the
-allowance has refilled. Pure: the caller passes the clock and the seconds it spent.
+allowance has refilled. The agent gives one allowance to every source that symbolizes (the CPU drains and the
+GPU-time launches), so together they stay within ``share``. The caller passes the clock and the seconds it spent;
+a lock makes it safe to share between threads.
 """
 
 from __future__ import annotations
+
+import threading
+
+# On average, reading new symbol tables may take this share of one core, after a burst of this many seconds at start.
+READ_SHARE = 0.005
+READ_BURST_S = 5.0
 
 
 class ReadAllowance:
@@ -21,12 +29,15 @@ class ReadAllowance:
         self.burst_s = burst_s
         self._left_s = burst_s
         self._at_s = now_s
+        self._lock = threading.Lock()
 
     def available_s(self, now_s: float) -> float:
         """What may be spent now (0 while an overdraft is being repaid)."""
-        self._left_s = min(self.burst_s, self._left_s + self.share * max(0.0, now_s - self._at_s))
-        self._at_s = max(self._at_s, now_s)
-        return max(0.0, self._left_s)
+        with self._lock:
+            self._left_s = min(self.burst_s, self._left_s + self.share * max(0.0, now_s - self._at_s))
+            self._at_s = max(self._at_s, now_s)
+            return max(0.0, self._left_s)
 
     def spend(self, seconds: float) -> None:
-        self._left_s -= max(0.0, seconds)
+        with self._lock:
+            self._left_s -= max(0.0, seconds)

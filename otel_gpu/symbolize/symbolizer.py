@@ -106,6 +106,7 @@ class Symbolizer:
         self._symbol_bytes = 0
         self.read_seconds = 0.0  # CPU time spent reading symbol tables (ELF and debug files), all threads together
         self.evictions = 0  # ELF files dropped from the cache to stay within max_files and max_symbol_bytes
+        self.deferred_frames = 0  # frames named file+offset because their file was not read before the deadline
         self._unsymbolized = 0  # frames in a known file without a symbol, counted per call into selfmetrics
         self._vdso: ElfSymbols | None = None
         self._vdso_read = False
@@ -227,6 +228,7 @@ class Symbolizer:
                 selfmetrics.count(semconv.SELF_ERRORS.name, self._unsymbolized - unsymbolized_before,
                                   otel_gpu__source=SOURCE, otel_gpu__reason=semconv.Reason.NO_SYMBOL)
             if deferred:
+                self.deferred_frames += deferred
                 selfmetrics.count(semconv.SELF_ERRORS.name, deferred, otel_gpu__source=SOURCE,
                                   otel_gpu__reason=semconv.Reason.SYMBOLS_DEFERRED)
             return out

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -99,16 +100,76 @@ def test_probes_reread_a_process_only_every_full_rescan(tmp_path: Path) -> None:
     proc = tmp_path / "proc"
     _process(proc, 200, LINE.format(inode=1, path="/usr/lib/libc.so.6"))
     found: set[int] = set()
-    probes = GPUTimeProbes(lambda record: None, found.update, proc_root=str(proc), full_rescan_s=3600)
+    now = [0.0]
+    probes = GPUTimeProbes(lambda record: None, found.update, proc_root=str(proc), full_rescan_s=10,
+                           clock=lambda: now[0])
     probes.rescan()  # pid 200 read once: not injected
     lib = "/opt/libotel_gpu_inject.so"
     (proc / "200" / "maps").write_text(LINE.format(inode=2, path=lib))  # it initialises CUDA later
     _process(proc, 201, LINE.format(inode=2, path=lib), {lib: b"ELF"})  # a new process
-    probes.rescan()
+    now[0] = 7.0
+    probes.rescan()  # listed
+    assert not found
+    now[0] = 9.0
+    probes.rescan()  # read, since it still runs
     assert 201 in found and 200 not in found
-    probes._full_rescan_s = 0  # once the full period has passed, pid 200 is read again
+    now[0] = 10.0  # once the full period has passed, pid 200 is read again
     probes.rescan()
     assert 200 in found
+
+
+def test_probes_read_a_process_without_the_library_ever_less_often(tmp_path: Path) -> None:
+    """10 s, then 20, 40 and 80 s (RECHECK_BACKOFF) between reads of a process that never shows the library."""
+    from otel_gpu.cuda.probes import RECHECK_BACKOFF, GPUTimeProbes
+
+    proc = tmp_path / "proc"
+    _process(proc, 300, LINE.format(inode=1, path="/usr/lib/libc.so.6"))
+    found: set[int] = set()
+    now = [0.0]
+    probes = GPUTimeProbes(lambda record: None, found.update, proc_root=str(proc), full_rescan_s=10,
+                           clock=lambda: now[0])
+    lib = "/opt/libotel_gpu_inject.so"
+    reads = []
+    maps = proc / "300" / "maps"
+    for second in range(0, 400, 2):  # a scan every 2 s; a read shows as the pid reported, the maps reset after
+        now[0] = float(second)
+        maps.write_text(LINE.format(inode=2, path=lib))
+        (proc / "300" / "root" / "opt").mkdir(parents=True, exist_ok=True)
+        (proc / "300" / "root" / "opt" / "libotel_gpu_inject.so").write_bytes(b"ELF")
+        probes.rescan()
+        if 300 in found:
+            reads.append(second)
+            found.clear()
+    assert reads[:6] == [0, 10, 30, 70, 150, 230]
+    assert RECHECK_BACKOFF == 8  # the 80 s cap above
+
+
+def test_probes_read_a_new_process_at_the_scan_after_it_is_listed(tmp_path: Path) -> None:
+    """Between two reads of the old processes, a scan reads only the new processes that outlived the previous scan;
+    the first scan reads every process."""
+    from otel_gpu.cuda.probes import GPUTimeProbes
+
+    proc = tmp_path / "proc"
+    lib = "/opt/libotel_gpu_inject.so"
+    for pid in range(400, 410):
+        _process(proc, pid, LINE.format(inode=1, path="/usr/lib/libc.so.6"))
+    found: set[int] = set()
+    now = [0.0]
+    probes = GPUTimeProbes(lambda record: None, found.update, proc_root=str(proc), full_rescan_s=10,
+                           clock=lambda: now[0])
+    probes.rescan()
+    for pid in range(400, 410):  # they all load a copy now: not seen until they are due again
+        (proc / str(pid) / "maps").write_text(LINE.format(inode=2, path=lib))
+    _process(proc, 410, LINE.format(inode=2, path=lib), {lib: b"ELF"})
+    _process(proc, 411, LINE.format(inode=2, path=lib), {lib: b"ELF"})
+    now[0] = 2.0
+    probes.rescan()  # 410 and 411 are listed, not read: most new processes of a churning node exit before the next
+    assert not found
+    shutil.rmtree(proc / "411")  # a short-lived process: never read
+    now[0] = 4.0
+    probes.rescan()
+    assert found == {410}
+    assert 411 not in probes._checked  # forgotten once it left /proc
 
 
 def test_inject_passes_the_overhead_budget_to_the_library(packaged: Path, tmp_path: Path) -> None:

@@ -158,3 +158,34 @@ def test_no_injected_process_says_how_to_turn_it_on(caplog: pytest.LogCaptureFix
         assert gpu.processes == () and waits.processes == ()
     finally:
         source.close()
+
+
+def test_the_thread_reads_what_wakes_it_and_stop_ends_its_wait(schedule: Path) -> None:
+    """The probes' thread blocks on the ring buffer's epoll descriptor: records that fill a quarter of the buffer
+    wake it and come out with no drain and no scan (both an hour away here), and stop() ends its wait at once."""
+    import threading
+
+    from otel_gpu.cuda.probes import GPUTimeProbes
+
+    seen: list[object] = []
+    arrived = threading.Event()
+
+    def on_record(record: object) -> None:
+        seen.append(record)
+        arrived.set()
+
+    probes = GPUTimeProbes(on_record, lambda pids: None, ringbuf_bytes=64 << 10, poll_interval_s=3600,
+                           rescan_interval_s=3600, full_rescan_s=3600,
+                           library_paths=[schedule.parent / "lib" / "libotel_gpu_inject.so"])
+    probes.open()
+    try:
+        thread = probes._thread
+        assert thread is not None
+        done = subprocess.run([str(schedule), "2000", "0"], capture_output=True, text=True, timeout=60, check=False)
+        assert done.returncode == 0, done.stderr
+        assert arrived.wait(30), "no record reached on_record without a drain"
+        probes.stop()
+        assert not thread.is_alive()  # stop() joins for at most 5 s: the wait (an hour) was ended at once
+        assert probes.decode_errors == 0
+    finally:
+        probes.close()

@@ -23,6 +23,7 @@ class FakeSymbolizer:
     def __init__(self) -> None:
         self.remembered: list[int] = []
         self.calls = 0
+        self.last_complete = True
 
     def remember(self, pid: int) -> None:
         self.remembered.append(pid)
