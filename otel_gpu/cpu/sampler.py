@@ -8,6 +8,8 @@ already read the old value to finish (they run for microseconds), then reads and
 The first sample of each process is announced through a ring buffer, which a background thread polls, so that
 the process's mappings can be captured while it still runs (``on_new_process``). A sample whose stack id collides in
 the stack map comes whole through a second ring buffer (polled by the same thread) and is added to the next drain.
+User stacks walked from unwind tables (``programs/native_unwind.h``) are counted the same way, their frames kept in
+``unwound_stacks{0,1}`` under ids from ``abi.UNWOUND_ID_BASE`` up.
 Processes registered with :meth:`CPUSampler.register_python` also get their Python stack walked at each sample
 (``programs/python_frames.h``); :meth:`CPUSampler.python_stacks` reads those by the id each sample carries.
 """
@@ -283,6 +285,8 @@ class CPUSampler:
         stack_map = bpf.map(f"stacks{generation}")
         stacks: dict[int, tuple[int, ...]] = {}
         for stack_id in wanted:
+            if stack_id >= abi.UNWOUND_ID_BASE:
+                continue
             raw = stack_map.lookup(ctypes.c_uint32(stack_id))
             if raw is None:
                 continue
@@ -290,6 +294,10 @@ class CPUSampler:
             depth = addresses.index(0) if 0 in addresses else len(addresses)
             stacks[stack_id] = addresses[:depth]
         stack_map.clear()
+        # stacks walked by native_unwind.h: every entry of the generation is some sample's (read in batches)
+        for raw_key, raw_value in bpf.map(f"unwound_stacks{generation}").pop_all():
+            depth = min(struct.unpack_from("<I", raw_value, 8)[0], abi.MAX_STACK_DEPTH)
+            stacks[struct.unpack_from("<I", raw_key)[0]] = struct.unpack_from(f"<{depth}Q", raw_value, 16)
         return stacks
 
     def _report_stats(self, bpf: BPFObject) -> None:

@@ -15,7 +15,7 @@ import pytest
 
 from otel_gpu import selfmetrics, semconv
 from otel_gpu.config import ProfilingConfig
-from otel_gpu.cpu.sampler import CPUSampler
+from otel_gpu.cpu.sampler import CPUSampler, StackCount
 from otel_gpu.cpu.source import CPUProfileSource
 from otel_gpu.procfs import ProcessResolver
 from otel_gpu.profiles.model import FrameKind, ProfileBatch
@@ -134,3 +134,39 @@ def test_a_stop_in_code_no_file_backs_is_counted_by_reason() -> None:
                                  otel_gpu__reason=semconv.Reason.UNWIND_NO_MAPPING)
     assert reported == stats["unwind_no_mapping"]
     assert stats["unwind_unsupported"] + stats["unwind_read_failed"] + stats["unwind_truncated"] < 0.1 * total
+
+
+def test_unwound_samples_are_counted_in_the_kernel() -> None:
+    """A registered process's walked stacks are aggregated like frame-pointer ones: few distinct (thread, stack)
+    entries for many samples, next to none sent whole, every one with its whole chain."""
+    binary = UNWIND / "cpu_3to1_nofp"
+    process = subprocess.Popen([str(binary), "60"], stdout=subprocess.PIPE, text=True)
+    assert process.stdout is not None
+    pid = int(process.stdout.readline().split()[1])
+    sampler = CPUSampler(199, pids=[pid])
+    sampler.open()
+    counts: list[StackCount] = []
+    try:
+        deadline = time.monotonic() + 60
+        while sampler.stats()["unwind_processes"] == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)  # its first sample announces it; then its tables are built
+        assert sampler.settle_unwinder(60)
+        sampler.drain()  # the samples taken before the process was registered (frame pointers)
+        before = sampler.stats()
+        while sum(c.count for c in counts) < 300 and time.monotonic() < deadline:
+            time.sleep(1.0)
+            counts += sampler.drain()
+        stats = sampler.stats()
+    finally:
+        sampler.close()
+        process.kill()
+        process.wait()
+    samples = sum(c.count for c in counts)
+    walked = stats["unwind_samples"] - before["unwind_samples"]
+    assert samples > 100 and walked > 0.9 * samples, (samples, walked)
+    # counted in the kernel: one entry per distinct (thread, leaf pc, stack) and drain, not one record per sample
+    assert len(counts) < samples / 2 and max(c.count for c in counts) > 5, (len(counts), samples)
+    # sent whole: only when a kernel stack's id collides in the stack map (the walked stacks share no map with it)
+    assert stats["raw_sent"] - before["raw_sent"] < 0.05 * samples, (stats, before)
+    deep = sum(c.count for c in counts if len(c.user_stack) >= 5)  # leaf, busy_loop, run, main, libc's start
+    assert deep > 0.9 * samples, Counter(len(c.user_stack) for c in counts)
