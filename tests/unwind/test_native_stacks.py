@@ -170,3 +170,27 @@ def test_unwound_samples_are_counted_in_the_kernel() -> None:
     assert stats["raw_sent"] - before["raw_sent"] < 0.05 * samples, (stats, before)
     deep = sum(c.count for c in counts if len(c.user_stack) >= 5)  # leaf, busy_loop, run, main, libc's start
     assert deep > 0.9 * samples, Counter(len(c.user_stack) for c in counts)
+
+
+def test_files_that_do_not_fit_the_rows_are_counted_and_walked_by_frame_pointer() -> None:
+    """unwind_rows sizes the tables: libc (28,000 rows) does not fit in 20,000, the program's own file does; the
+    process is still registered (libc left to frame pointers) and the file left out is counted."""
+    with pytest.raises(ValueError, match="unwind_rows"):
+        CPUSampler(99, unwind_rows=0)
+    process = subprocess.Popen([str(UNWIND / "cpu_3to1_nofp"), "60"], stdout=subprocess.PIPE, text=True)
+    assert process.stdout is not None
+    pid = int(process.stdout.readline().split()[1])
+    sampler = CPUSampler(99, pids=[pid], unwind_rows=20_000)
+    sampler.open()
+    try:
+        deadline = time.monotonic() + 60
+        while sampler.stats()["unwind_processes"] == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert sampler.settle_unwinder(60)
+        stats = sampler.stats()
+    finally:
+        sampler.close()
+        process.kill()
+        process.wait()
+    assert stats["unwind_processes"] == 1 and stats["unwind_rows_full"] >= 1, stats
+    assert 0 < stats["unwind_rows"] <= 20_000, stats
