@@ -255,6 +255,19 @@ class CPUSampler:
             if self._unwinder is not None:
                 self._unwinder.forget(pid)
 
+    def unwind_maps(self) -> dict[str, int]:
+        """The native unwinder's table maps by name -> fd, for another BPF object to walk the same tables (the
+        GPU-time probes' fallback stacks); empty when native unwinding is off or the sampler is closed."""
+        bpf = self._bpf
+        if bpf is None or self._unwinder is None:
+            return {}
+        return {name: bpf.map(name).fd for name in ("unwind_rows", "unwind_processes")}
+
+    def register_unwinding(self, pid: int) -> None:
+        """Build and register ``pid``'s unwind tables now (in the background), rather than at its first sample."""
+        if self._unwinder is not None:
+            self._unwinder.submit(pid)
+
     def settle_unwinder(self, timeout_s: float) -> bool:
         """Wait until every process announced so far is registered for native unwinding (True at once without)."""
         return self._unwinder is None or self._unwinder.settle(timeout_s)

@@ -18,7 +18,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -55,8 +55,12 @@ class GPUTimeProbes:
                  proc_root: str = "/proc", program_path: str | os.PathLike[str] = PROGRAM_PATH,
                  ringbuf_bytes: int = 4 << 20, poll_interval_s: float = 0.1, rescan_interval_s: float = 2.0,
                  full_rescan_s: float = 10.0, library_name: str = LIBRARY_NAME,
-                 library_paths: Iterable[str | os.PathLike[str]] | None = None) -> None:
+                 library_paths: Iterable[str | os.PathLike[str]] | None = None,
+                 unwind_maps: Mapping[str, int] | None = None) -> None:
+        """``unwind_maps``: the CPU sampler's unwind tables (:meth:`CPUSampler.unwind_maps`), so that a fallback
+        stack of a process it registered is walked from them: one unwinder per process, not two."""
         self._on_record = on_record
+        self._unwind_maps = dict(unwind_maps or {})
         self._on_processes = on_processes
         self._proc_root = proc_root
         self._program_path = Path(program_path)
@@ -95,7 +99,10 @@ class GPUTimeProbes:
         if not Path("/sys/kernel/btf/vmlinux").exists():
             raise SourceUnavailable("GPU-time profiling needs a kernel with BTF (/sys/kernel/btf/vmlinux)")
         try:
-            self._bpf = BPFObject(self._program_path, max_entries={"events": self._ringbuf_bytes},
+            sizes = {"events": self._ringbuf_bytes}
+            if not self._unwind_maps:  # nothing to walk: the tables stay empty, one entry each
+                sizes.update(unwind_rows=1, unwind_processes=1)
+            self._bpf = BPFObject(self._program_path, max_entries=sizes, reuse_maps=self._unwind_maps,
                                   rodata={"wakeup_bytes": self._ringbuf_bytes // 4})
             self._ring = self._bpf.ring_buffer("events", self._decode)
         except (BPFError, OSError) as exc:
