@@ -138,6 +138,10 @@ def drain_rate(seconds: float, hz: int, native_unwind: bool = True) -> dict[str,
             source.drain()
             for workload in workloads:
                 workload.wait()
+            # tables are built in this process (pure Python, holding the GIL): a drain beside a build waits for it
+            building_s = time.perf_counter()
+            sampler.settle_unwinder(60)
+            building_s = time.perf_counter() - building_s
             started = time.perf_counter()
             (batch,) = source.drain()
             drained = time.perf_counter()
@@ -151,7 +155,7 @@ def drain_rate(seconds: float, hz: int, native_unwind: bool = True) -> dict[str,
     return {"samples": samples, "distinct": batch.sample_count, "drain_ms": 1000 * (drained - started),
             "encode_ms": 1000 * (encoded - drained), "samples_per_s": samples / (encoded - started),
             "unwound": stats.get("unwind_samples", 0), "raw_sent": stats.get("raw_sent", 0),
-            "pprof_bytes": pprof_bytes, "otlp_bytes": otlp_bytes}
+            "pprof_bytes": pprof_bytes, "otlp_bytes": otlp_bytes, "building_s": building_s}
 
 
 def _unwind_window(ip: int, sp: int, bp: int, stack: bytes,
@@ -289,7 +293,8 @@ def main() -> None:
                 print(f"{'eh_frame walk' if native else 'frame pointer':<14} samples {rate['samples']} "
                       f"({rate['distinct']} distinct), drain+symbolize {rate['drain_ms']:.1f} ms, encode "
                       f"{rate['encode_ms']:.1f} ms -> {rate['samples_per_s']:.0f} samples/s; unwound (machine-wide) "
-                      f"{rate['unwound']}, sent whole {rate['raw_sent']}")
+                      f"{rate['unwound']}, sent whole {rate['raw_sent']}; waited {rate['building_s']:.2f} s for "
+                      "table builds first")
     finally:
         STATS_SYSCTL.write_text(previous)
 
