@@ -27,6 +27,7 @@ from otel_gpu.cuda import abi
 from otel_gpu.cuda.accounting import SOURCE
 from otel_gpu.cuda.discovery import LIBRARY_NAME, InjectedLibrary, scan
 from otel_gpu.ebpf import PROGRAMS_DIR
+from otel_gpu.ebpf.abi import CPUStat
 from otel_gpu.errors import SourceUnavailable
 
 if TYPE_CHECKING:
@@ -43,6 +44,13 @@ PROBES = (("otel_gpu_window", "window"), ("otel_gpu_activity", "activity"), ("ot
 _HOW_TO = ("run workloads with `otel-gpu inject -- python train.py`, or set CUDA_INJECTION64_PATH={path} in their "
            "environment (containers: mount the library and set the same variable)")
 
+
+# the native unwinder's counters in gpu_time.bpf.c's unwind_stats (the CPU sampler's enum) and their reasons
+_UNWIND_REASONS = {CPUStat.UNWIND_NO_MAPPING: semconv.Reason.UNWIND_NO_MAPPING,
+                   CPUStat.UNWIND_UNSUPPORTED: semconv.Reason.UNWIND_UNSUPPORTED,
+                   CPUStat.UNWIND_READ_FAILED: semconv.Reason.UNWIND_READ_FAILED,
+                   CPUStat.UNWIND_TRUNCATED: semconv.Reason.UNWIND_TRUNCATED}
+_UNWIND_STATS = (CPUStat.UNWIND_SAMPLES, CPUStat.UNWIND_FP_FRAMES, *_UNWIND_REASONS)
 
 class GPUTimeProbes:
     """``open()`` loads and starts polling, ``stop()`` stops polling, ``close()`` detaches and frees.
@@ -61,6 +69,7 @@ class GPUTimeProbes:
         stack of a process it registered is walked from them: one unwinder per process, not two."""
         self._on_record = on_record
         self._unwind_maps = dict(unwind_maps or {})
+        self._unwind_seen: dict[str, int] = {}
         self._on_processes = on_processes
         self._proc_root = proc_root
         self._program_path = Path(program_path)
@@ -212,6 +221,28 @@ class GPUTimeProbes:
             raw = self._bpf.map("drops").lookup(index.to_bytes(4, "little"))  # per-CPU u64s
             totals.append(sum(int.from_bytes(raw[i:i + 8], "little") for i in range(0, len(raw), 8)) if raw else 0)
         return totals
+
+    def unwind_totals(self) -> dict[str, int]:
+        """Running totals of the fallback stacks walked from the CPU sampler's tables and of why walks stopped early
+        (names of :class:`otel_gpu.ebpf.abi.CPUStat` ``UNWIND_*``, lower case); empty when not loaded."""
+        if self._bpf is None:
+            return {}
+        stats = self._bpf.map("unwind_stats")
+        out = {}
+        for stat in _UNWIND_STATS:
+            raw = stats.lookup(int(stat).to_bytes(4, "little")) or b""  # per-CPU u64s
+            out[stat.name.lower()] = sum(int.from_bytes(raw[i:i + 8], "little") for i in range(0, len(raw), 8))
+        return out
+
+    def report_unwind(self) -> None:
+        """Count the walks' early stops since the last call in ``otel_gpu.source.errors`` by reason."""
+        totals = self.unwind_totals()
+        for stat, reason in _UNWIND_REASONS.items():
+            name = stat.name.lower()
+            delta = totals.get(name, 0) - self._unwind_seen.get(name, 0)
+            if delta > 0:
+                selfmetrics.count(semconv.SELF_ERRORS.name, delta, otel_gpu__source=SOURCE, otel_gpu__reason=reason)
+        self._unwind_seen = totals
 
     def _run(self) -> None:
         timeout_ms = max(1, int(self._poll_interval_s * 1000))

@@ -64,6 +64,7 @@ class GPUTimeSource:
         """The gpu_time and sync_wait batches since the last drain (each may have no processes)."""
         self._probes.poll_now()
         drops = self._probes.drop_totals()
+        self._probes.report_unwind()
         with self._lock:
             batches = self.accounting.drain(time.time_ns(), drops)
         return [self._selection.keep(batch) for batch in batches]

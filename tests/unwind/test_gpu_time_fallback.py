@@ -63,6 +63,8 @@ def _run(schedule: Path, shared_tables: bool) -> list[tuple[str, ...]]:
         assert workload.returncode == 0 and "done" in out, out
         time.sleep(0.2)
         gpu, _waits = source.drain()
+        walked = source._probes.unwind_totals()["unwind_samples"]
+        assert (walked >= 1) if shared_tables else (walked == 0), walked  # this program's own walks
         return _stacks(gpu, workload.pid)
     finally:
         workload.kill()
