@@ -45,6 +45,7 @@ _EFAULT = -errno_codes.EFAULT
 _SPAN_TABLE_RECHECK_S = 10.0  # a process may load the span context library after its first sample
 DEFAULT_UNWIND_ROWS = 1 << 20  # 16 MiB: the files of a node's ordinary processes (libc, libstdc++, Python, grpc)
 MAX_UNWIND_ROWS = 1 << 26  # 1 GiB: what native_unwind.h's per-file binary search covers
+DEFAULT_UNWOUND_STACKS = 4096  # 4 MiB a generation: 21 busy cores' samples at 19 Hz over a 10 s interval
 
 
 def _span_ids(trace_id: ctypes.Array[ctypes.c_uint8], span_id: ctypes.Array[ctypes.c_uint8]) -> tuple[str, str]:
@@ -78,18 +79,23 @@ class CPUSampler:
                  on_new_process: Callable[[int, str], None] | None = None, btf_path: str = BTF_PATH,
                  object_path: str | os.PathLike[str] | None = None, raw_only: bool = False,
                  cpus: list[int] | None = None, native_unwind: bool = True,
-                 unwind_rows: int = DEFAULT_UNWIND_ROWS) -> None:
+                 unwind_rows: int = DEFAULT_UNWIND_ROWS, unwound_stacks: int = DEFAULT_UNWOUND_STACKS) -> None:
         """``raw_only`` sends every sample whole through the ring buffer instead of aggregating in the kernel
         (for comparing the two designs; the aggregated default is cheaper, see bench/bench_cpu_profiler.py).
         ``cpus`` defaults to every online CPU. ``native_unwind`` off: frame pointers only (the comparison path).
         ``unwind_rows``: capacity of the unwind tables of every file, 16 bytes a row of kernel memory (the default,
-        1 Mi rows, is 16 MiB; libtorch_cpu.so alone needs several Mi rows, docs/benchmarks.md)."""
+        1 Mi rows, is 16 MiB; libtorch_cpu.so alone needs several Mi rows, docs/benchmarks.md). ``unwound_stacks``:
+        distinct walked stacks counted in the kernel per drain, 1 KiB each in each of two generations; past it a
+        walked sample comes whole through the ring buffer."""
         self.frequency_hz = frequency_hz
         self.raw_only = raw_only
         self.native_unwind = native_unwind
         if not 1 <= unwind_rows <= MAX_UNWIND_ROWS:
             raise ValueError(f"unwind_rows must be 1..{MAX_UNWIND_ROWS}, got {unwind_rows}")
         self.unwind_rows = unwind_rows
+        if unwound_stacks < 1:
+            raise ValueError(f"unwound_stacks must be at least 1, got {unwound_stacks}")
+        self.unwound_stacks = unwound_stacks
         self._unwinder: NativeUnwinder | None = None
         self._unwind_seen = (0, 0)  # (rows_full, file_errors) already reported
         self._cpus = cpus
@@ -119,7 +125,9 @@ class CPUSampler:
             self._bpf = BPFObject(self._object_path, rodata={"self_tgid": self.exclude_tgid,
                                                              "filter_pids": 1 if self.pids else 0,
                                                              "raw_only": 1 if self.raw_only else 0},
-                                  max_entries={"unwind_rows": self.unwind_rows if self.native_unwind else 1})
+                                  max_entries={"unwind_rows": self.unwind_rows if self.native_unwind else 1,
+                                               "unwound_stacks0": self.unwound_stacks,
+                                               "unwound_stacks1": self.unwound_stacks})
             pid_filter = self._bpf.map("pid_filter")
             for pid in self.pids:
                 pid_filter.update(ctypes.c_uint32(pid), ctypes.c_uint8(1))

@@ -194,3 +194,35 @@ def test_files_that_do_not_fit_the_rows_are_counted_and_walked_by_frame_pointer(
         process.wait()
     assert stats["unwind_processes"] == 1 and stats["unwind_rows_full"] >= 1, stats
     assert 0 < stats["unwind_rows"] <= 20_000, stats
+
+
+def test_walked_stacks_past_the_map_come_whole_and_complete() -> None:
+    """With room for two walked stacks per drain, the others are sent whole through the ring buffer: counted as
+    raw_sent, none lost, each with its whole chain."""
+    process = subprocess.Popen([str(UNWIND / "cpu_3to1_nofp"), "60"], stdout=subprocess.PIPE, text=True)
+    assert process.stdout is not None
+    pid = int(process.stdout.readline().split()[1])
+    sampler = CPUSampler(199, pids=[pid], unwound_stacks=2)
+    sampler.open()
+    counts: list[StackCount] = []
+    try:
+        deadline = time.monotonic() + 60
+        while sampler.stats()["unwind_processes"] == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert sampler.settle_unwinder(60)
+        sampler.drain()
+        before = sampler.stats()
+        while sum(c.count for c in counts) < 200 and time.monotonic() < deadline:
+            time.sleep(0.5)
+            counts += sampler.drain()
+        stats = sampler.stats()
+    finally:
+        sampler.close()
+        process.kill()
+        process.wait()
+    samples = sum(c.count for c in counts)
+    whole = stats["raw_sent"] - before["raw_sent"]
+    assert whole > 0.5 * samples, (whole, samples)  # a loop's leaf pcs make many distinct stacks
+    assert stats["samples"] - before["samples"] <= samples + 5  # none lost (a few may fall in the next drain)
+    deep = sum(c.count for c in counts if len(c.user_stack) >= 5)
+    assert deep > 0.9 * samples, Counter(len(c.user_stack) for c in counts)

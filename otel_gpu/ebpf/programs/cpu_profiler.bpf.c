@@ -20,7 +20,7 @@
 #define EFAULT 14
 #define STACK_ENTRIES 8192
 #define COUNT_ENTRIES 16384
-#define UNWOUND_ENTRIES 4096
+#define UNWOUND_ENTRIES 4096 /* the agent may set max_entries (CPUSampler's unwound_stacks) */
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
