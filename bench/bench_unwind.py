@@ -6,15 +6,17 @@ Reports:
   1. table build per file: parse + merge time, FDEs, rows, table bytes (libc, libstdc++, a large Python extension
      and any --elf given), and the rows each holds in the BPF array (16 bytes a row);
   2. per sample, one workload sampled alone (pid filter) at --hz, first with frame pointers (bpf_get_stackid into
-     the in-kernel counts), then with the table walker (the sample sent whole through the ring buffer): the BPF
+     the in-kernel counts), then with the table walker (the walked stack counted in the kernel too): the BPF
      program's run time per run (kernel.bpf_stats_enabled, run_time_ns / run_cnt from bpftool), bytes handed to
      user space per sample, and the agent's CPU time per sample (drain and ring-buffer handling, no symbolizing);
      for the workload with frame pointers (cpu_3to1) and without (cpu_3to1_nofp);
   3. the design not taken: copy the registers and a --window-byte window of the user stack per sample
      (bench/unwind_stack_copy.bpf.c, compiled here) and unwind it in the agent with the same tables (Python):
-     BPF run time per run, bytes per sample, agent CPU per sample, mean depth reached.
+     BPF run time per run, bytes per sample, agent CPU per sample, mean depth reached;
+  4. drain + unwind-resolve + symbolize + encode throughput of walked samples (the issue's target: >= 50,000/s).
 
 Run (as root, after make build): .venv/bin/python bench/bench_unwind.py [--seconds 5] [--hz 999] [--elf PATH ...]
+                                 [--parts 1234]
 """
 
 from __future__ import annotations
@@ -101,11 +103,59 @@ def per_sample(binary: Path, native_unwind: bool, seconds: float, hz: int) -> di
     raw_bytes = ctypes.sizeof(abi.RawSample)
     return {"samples": samples, "bpf_ns_per_run": (run_ns1 - run_ns0) / runs,
             "bpf_ns_per_sample": (run_ns1 - run_ns0) / max(1, samples),
-            "bytes_per_sample": raw_bytes if native_unwind else 0.0,
+            "bytes_per_sample": raw_bytes * stats.get("raw_sent", 0) / max(1, samples),
             "agent_us_per_sample": agent_s * 1e6 / max(1, samples),
             "unwound": stats.get("unwind_samples", 0), "fp_frames": stats.get("unwind_fp_frames", 0),
             "stops": sum(stats.get(k, 0) for k in ("unwind_no_mapping", "unwind_unsupported", "unwind_read_failed",
                                                    "unwind_truncated"))}
+
+
+def drain_rate(seconds: float, hz: int, native_unwind: bool = True) -> dict[str, float]:
+    """Drain + unwind-resolve + symbolize + encode, in samples per second: the real source at ``hz`` on two workloads
+    without frame pointers (a first round warms the tables, ELF and kernel symbol caches), then one drain and the
+    pprof and OTLP encodings of its batch, timed."""
+    from otel_gpu.config import ProfilingConfig
+    from otel_gpu.cpu.source import CPUProfileSource
+    from otel_gpu.procfs import ProcessResolver
+    from otel_gpu.profiles.otlp import encode_otlp
+    from otel_gpu.profiles.pprof import encode_pprof
+
+    config = ProfilingConfig(frequency_hz=hz, process_name="^(cpu_3to1_nofp|clock_loop)$")
+    sampler = CPUSampler(hz, native_unwind=native_unwind)
+    source = CPUProfileSource(config, ProcessResolver(), sampler=sampler)
+    source.open()
+    try:
+        time.sleep(0.3)
+        sampler.settle_unwinder(60)
+        for round_s in (1.0, seconds):
+            workloads = [subprocess.Popen([str(NATIVE / "unwind" / name), str(round_s + 1)], stdout=subprocess.PIPE,
+                                          text=True) for name in ("cpu_3to1_nofp", "clock_loop")]
+            for workload in workloads:
+                assert workload.stdout is not None
+                workload.stdout.readline()
+            time.sleep(0.5)
+            sampler.settle_unwinder(60)  # registered: what follows is walked
+            source.drain()
+            for workload in workloads:
+                workload.wait()
+            # tables are built in this process (pure Python, holding the GIL): a drain beside a build waits for it
+            building_s = time.perf_counter()
+            sampler.settle_unwinder(60)
+            building_s = time.perf_counter() - building_s
+            started = time.perf_counter()
+            (batch,) = source.drain()
+            drained = time.perf_counter()
+            pprof_bytes = len(encode_pprof(batch))
+            otlp_bytes = len(encode_otlp(batch).SerializeToString())
+            encoded = time.perf_counter()
+        stats = sampler.stats()
+    finally:
+        source.close()
+    samples = sum(s.value for p in batch.processes for s in p.samples)
+    return {"samples": samples, "distinct": batch.sample_count, "drain_ms": 1000 * (drained - started),
+            "encode_ms": 1000 * (encoded - drained), "samples_per_s": samples / (encoded - started),
+            "unwound": stats.get("unwind_samples", 0), "raw_sent": stats.get("raw_sent", 0),
+            "pprof_bytes": pprof_bytes, "otlp_bytes": otlp_bytes, "building_s": building_s}
 
 
 def _unwind_window(ip: int, sp: int, bp: int, stack: bytes,
@@ -194,43 +244,57 @@ def main() -> None:
     parser.add_argument("--hz", type=int, default=999)
     parser.add_argument("--elf", action="append", default=[])
     parser.add_argument("--window", type=int, default=16384, help="bytes of user stack copied per sample in part 3")
+    parser.add_argument("--parts", default="1234", help="which parts to run, e.g. 24")
     args = parser.parse_args()
-    print("1. unwind tables per file")
-    table_costs(DEFAULT_FILES + args.elf)
+    if "1" in args.parts:
+        print("1. unwind tables per file")
+        table_costs(DEFAULT_FILES + args.elf)
     if os.geteuid() != 0:
         print("2. skipped: needs root")
         return
     previous = STATS_SYSCTL.read_text().strip()
     STATS_SYSCTL.write_text("1")
     try:
-        print(f"\n2. per sample at {args.hz} Hz, {args.seconds:.0f} s each, the workload alone (pid filter)")
-        print("BPF ns/run: every run of the program on any CPU (other processes' runs end at the pid filter); "
-              "BPF ns/sample: all of it over the workload's samples")
-        print(f"{'workload':<16} {'path':<14} {'samples':>8} {'BPF ns/run':>11} {'ns/sample':>10} {'bytes/sample':>13} "
-              f"{'agent us/sample':>16} {'unwound':>8} {'fp frames':>10} {'stops':>6}")
-        results = {}
-        for binary in (NATIVE / "workloads" / "cpu_3to1", NATIVE / "unwind" / "cpu_3to1_nofp"):
+        if "2" in args.parts:
+            print(f"\n2. per sample at {args.hz} Hz, {args.seconds:.0f} s each, the workload alone (pid filter)")
+            print("BPF ns/run: every run of the program on any CPU (other processes' runs end at the pid filter); "
+                  "BPF ns/sample: all of it over the workload's samples")
+            print(f"{'workload':<16} {'path':<14} {'samples':>8} {'BPF ns/run':>11} {'ns/sample':>10} "
+                  f"{'bytes/sample':>13} {'agent us/sample':>16} {'unwound':>8} {'fp frames':>10} {'stops':>6}")
+            results = {}
+            for binary in (NATIVE / "workloads" / "cpu_3to1", NATIVE / "unwind" / "cpu_3to1_nofp"):
+                for native in (False, True):
+                    row = per_sample(binary, native, args.seconds, args.hz)
+                    results[(binary.name, native)] = row
+                    print(f"{binary.name:<16} {'eh_frame walk' if native else 'frame pointer':<14} {row['samples']:>8} "
+                          f"{row['bpf_ns_per_run']:>11.0f} {row['bpf_ns_per_sample']:>10.0f} "
+                          f"{row['bytes_per_sample']:>13.0f} "
+                          f"{row['agent_us_per_sample']:>16.1f} {row['unwound']:>8} {row['fp_frames']:>10} "
+                          f"{row['stops']:>6}")
+            for name in ("cpu_3to1", "cpu_3to1_nofp"):
+                fp, walk = results[(name, False)], results[(name, True)]
+                ratio = walk["bpf_ns_per_sample"] / max(1.0, fp["bpf_ns_per_sample"])
+                print(f"{name}: BPF time ratio walk/fp {ratio:.2f}, "
+                      f"extra {walk['bpf_ns_per_sample'] - fp['bpf_ns_per_sample']:.0f} ns/sample; agent ratio "
+                      f"{walk['agent_us_per_sample'] / max(0.001, fp['agent_us_per_sample']):.2f}")
+        if "3" in args.parts:
+            print(f"\n3. the other design: copy {args.window} bytes of stack + registers, unwind in the agent (Python)")
+            for binary in (NATIVE / "workloads" / "cpu_3to1", NATIVE / "unwind" / "cpu_3to1_nofp"):
+                row = stack_copy(binary, args.seconds, args.hz, args.window)
+                print(f"{binary.name:<16} samples {row['samples']}, BPF {row['bpf_ns_per_run']:.0f} ns/run, "
+                      f"{row['bpf_ns_per_sample']:.0f} ns/sample, "
+                      f"{row['bytes_per_sample']:.0f} bytes/sample, agent {row['agent_us_per_sample']:.1f} us/sample, "
+                      f"mean depth {row['mean_depth']:.1f}")
+        if "4" in args.parts:
+            print(f"\n4. drain + unwind-resolve + symbolize + encode at {args.hz} Hz, {args.seconds:.0f} s of "
+                  "cpu_3to1_nofp and clock_loop (target >= 50,000 samples/s)")
             for native in (False, True):
-                row = per_sample(binary, native, args.seconds, args.hz)
-                results[(binary.name, native)] = row
-                print(f"{binary.name:<16} {'eh_frame walk' if native else 'frame pointer':<14} {row['samples']:>8} "
-                      f"{row['bpf_ns_per_run']:>11.0f} {row['bpf_ns_per_sample']:>10.0f} "
-                      f"{row['bytes_per_sample']:>13.0f} "
-                      f"{row['agent_us_per_sample']:>16.1f} {row['unwound']:>8} {row['fp_frames']:>10} "
-                      f"{row['stops']:>6}")
-        for name in ("cpu_3to1", "cpu_3to1_nofp"):
-            fp, walk = results[(name, False)], results[(name, True)]
-            ratio = walk["bpf_ns_per_sample"] / max(1.0, fp["bpf_ns_per_sample"])
-            print(f"{name}: BPF time ratio walk/fp {ratio:.2f}, "
-                  f"extra {walk['bpf_ns_per_sample'] - fp['bpf_ns_per_sample']:.0f} ns/sample; agent ratio "
-                  f"{walk['agent_us_per_sample'] / max(0.001, fp['agent_us_per_sample']):.2f}")
-        print(f"\n3. the other design: copy {args.window} bytes of stack + registers, unwind in the agent (Python)")
-        for binary in (NATIVE / "workloads" / "cpu_3to1", NATIVE / "unwind" / "cpu_3to1_nofp"):
-            row = stack_copy(binary, args.seconds, args.hz, args.window)
-            print(f"{binary.name:<16} samples {row['samples']}, BPF {row['bpf_ns_per_run']:.0f} ns/run, "
-                  f"{row['bpf_ns_per_sample']:.0f} ns/sample, "
-                  f"{row['bytes_per_sample']:.0f} bytes/sample, agent {row['agent_us_per_sample']:.1f} us/sample, "
-                  f"mean depth {row['mean_depth']:.1f}")
+                rate = drain_rate(args.seconds, args.hz, native)
+                print(f"{'eh_frame walk' if native else 'frame pointer':<14} samples {rate['samples']} "
+                      f"({rate['distinct']} distinct), drain+symbolize {rate['drain_ms']:.1f} ms, encode "
+                      f"{rate['encode_ms']:.1f} ms -> {rate['samples_per_s']:.0f} samples/s; unwound (machine-wide) "
+                      f"{rate['unwound']}, sent whole {rate['raw_sent']}; waited {rate['building_s']:.2f} s for "
+                      "table builds first")
     finally:
         STATS_SYSCTL.write_text(previous)
 

@@ -8,6 +8,8 @@ already read the old value to finish (they run for microseconds), then reads and
 The first sample of each process is announced through a ring buffer, which a background thread polls, so that
 the process's mappings can be captured while it still runs (``on_new_process``). A sample whose stack id collides in
 the stack map comes whole through a second ring buffer (polled by the same thread) and is added to the next drain.
+User stacks walked from unwind tables (``programs/native_unwind.h``) are counted the same way, their frames kept in
+``unwound_stacks{0,1}`` under ids from ``abi.UNWOUND_ID_BASE`` up.
 Processes registered with :meth:`CPUSampler.register_python` also get their Python stack walked at each sample
 (``programs/python_frames.h``); :meth:`CPUSampler.python_stacks` reads those by the id each sample carries.
 """
@@ -41,6 +43,9 @@ _EVENT_POLL_MS = 250  # only bounds how fast close() stops the thread: a new rec
 _STACK = struct.Struct(f"<{abi.MAX_STACK_DEPTH}Q")
 _EFAULT = -errno_codes.EFAULT
 _SPAN_TABLE_RECHECK_S = 10.0  # a process may load the span context library after its first sample
+DEFAULT_UNWIND_ROWS = 1 << 20  # 16 MiB: the files of a node's ordinary processes (libc, libstdc++, Python, grpc)
+MAX_UNWIND_ROWS = 1 << 26  # 1 GiB: what native_unwind.h's per-file binary search covers
+DEFAULT_UNWOUND_STACKS = 4096  # 4 MiB a generation: 21 busy cores' samples at 19 Hz over a 10 s interval
 
 
 def _span_ids(trace_id: ctypes.Array[ctypes.c_uint8], span_id: ctypes.Array[ctypes.c_uint8]) -> tuple[str, str]:
@@ -73,13 +78,24 @@ class CPUSampler:
     def __init__(self, frequency_hz: int, pids: Iterable[int] = (), exclude_tgid: int = 0,
                  on_new_process: Callable[[int, str], None] | None = None, btf_path: str = BTF_PATH,
                  object_path: str | os.PathLike[str] | None = None, raw_only: bool = False,
-                 cpus: list[int] | None = None, native_unwind: bool = True) -> None:
+                 cpus: list[int] | None = None, native_unwind: bool = True,
+                 unwind_rows: int = DEFAULT_UNWIND_ROWS, unwound_stacks: int = DEFAULT_UNWOUND_STACKS) -> None:
         """``raw_only`` sends every sample whole through the ring buffer instead of aggregating in the kernel
         (for comparing the two designs; the aggregated default is cheaper, see bench/bench_cpu_profiler.py).
-        ``cpus`` defaults to every online CPU. ``native_unwind`` off: frame pointers only (the comparison path)."""
+        ``cpus`` defaults to every online CPU. ``native_unwind`` off: frame pointers only (the comparison path).
+        ``unwind_rows``: capacity of the unwind tables of every file, 16 bytes a row of kernel memory (the default,
+        1 Mi rows, is 16 MiB; libtorch_cpu.so alone needs several Mi rows, docs/benchmarks.md). ``unwound_stacks``:
+        distinct walked stacks counted in the kernel per drain, 1 KiB each in each of two generations; past it a
+        walked sample comes whole through the ring buffer."""
         self.frequency_hz = frequency_hz
         self.raw_only = raw_only
         self.native_unwind = native_unwind
+        if not 1 <= unwind_rows <= MAX_UNWIND_ROWS:
+            raise ValueError(f"unwind_rows must be 1..{MAX_UNWIND_ROWS}, got {unwind_rows}")
+        self.unwind_rows = unwind_rows
+        if unwound_stacks < 1:
+            raise ValueError(f"unwound_stacks must be at least 1, got {unwound_stacks}")
+        self.unwound_stacks = unwound_stacks
         self._unwinder: NativeUnwinder | None = None
         self._unwind_seen = (0, 0)  # (rows_full, file_errors) already reported
         self._cpus = cpus
@@ -108,7 +124,10 @@ class CPUSampler:
         try:
             self._bpf = BPFObject(self._object_path, rodata={"self_tgid": self.exclude_tgid,
                                                              "filter_pids": 1 if self.pids else 0,
-                                                             "raw_only": 1 if self.raw_only else 0})
+                                                             "raw_only": 1 if self.raw_only else 0},
+                                  max_entries={"unwind_rows": self.unwind_rows if self.native_unwind else 1,
+                                               "unwound_stacks0": self.unwound_stacks,
+                                               "unwound_stacks1": self.unwound_stacks})
             pid_filter = self._bpf.map("pid_filter")
             for pid in self.pids:
                 pid_filter.update(ctypes.c_uint32(pid), ctypes.c_uint8(1))
@@ -244,6 +263,19 @@ class CPUSampler:
             if self._unwinder is not None:
                 self._unwinder.forget(pid)
 
+    def unwind_maps(self) -> dict[str, int]:
+        """The native unwinder's table maps by name -> fd, for another BPF object to walk the same tables (the
+        GPU-time probes' fallback stacks); empty when native unwinding is off or the sampler is closed."""
+        bpf = self._bpf
+        if bpf is None or self._unwinder is None:
+            return {}
+        return {name: bpf.map(name).fd for name in ("unwind_rows", "unwind_processes")}
+
+    def register_unwinding(self, pid: int) -> None:
+        """Build and register ``pid``'s unwind tables now (in the background), rather than at its first sample."""
+        if self._unwinder is not None:
+            self._unwinder.submit(pid)
+
     def settle_unwinder(self, timeout_s: float) -> bool:
         """Wait until every process announced so far is registered for native unwinding (True at once without)."""
         return self._unwinder is None or self._unwinder.settle(timeout_s)
@@ -283,6 +315,8 @@ class CPUSampler:
         stack_map = bpf.map(f"stacks{generation}")
         stacks: dict[int, tuple[int, ...]] = {}
         for stack_id in wanted:
+            if stack_id >= abi.UNWOUND_ID_BASE:
+                continue
             raw = stack_map.lookup(ctypes.c_uint32(stack_id))
             if raw is None:
                 continue
@@ -290,6 +324,10 @@ class CPUSampler:
             depth = addresses.index(0) if 0 in addresses else len(addresses)
             stacks[stack_id] = addresses[:depth]
         stack_map.clear()
+        # stacks walked by native_unwind.h: every entry of the generation is some sample's (read in batches)
+        for raw_key, raw_value in bpf.map(f"unwound_stacks{generation}").pop_all():
+            depth = min(struct.unpack_from("<I", raw_value, 8)[0], abi.MAX_STACK_DEPTH)
+            stacks[struct.unpack_from("<I", raw_key)[0]] = struct.unpack_from(f"<{depth}Q", raw_value, 16)
         return stacks
 
     def _report_stats(self, bpf: BPFObject) -> None:

@@ -25,7 +25,7 @@ import os
 import select
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -34,6 +34,7 @@ from otel_gpu.cuda import abi
 from otel_gpu.cuda.accounting import SOURCE
 from otel_gpu.cuda.discovery import LIBRARY_NAME, InjectedLibrary, list_pids, scan
 from otel_gpu.ebpf import PROGRAMS_DIR
+from otel_gpu.ebpf.abi import CPUStat
 from otel_gpu.errors import SourceUnavailable
 
 if TYPE_CHECKING:
@@ -54,6 +55,13 @@ _HOW_TO = ("run workloads with `otel-gpu inject -- python train.py`, or set CUDA
            "environment (containers: mount the library and set the same variable)")
 
 
+# the native unwinder's counters in gpu_time.bpf.c's unwind_stats (the CPU sampler's enum) and their reasons
+_UNWIND_REASONS = {CPUStat.UNWIND_NO_MAPPING: semconv.Reason.UNWIND_NO_MAPPING,
+                   CPUStat.UNWIND_UNSUPPORTED: semconv.Reason.UNWIND_UNSUPPORTED,
+                   CPUStat.UNWIND_READ_FAILED: semconv.Reason.UNWIND_READ_FAILED,
+                   CPUStat.UNWIND_TRUNCATED: semconv.Reason.UNWIND_TRUNCATED}
+_UNWIND_STATS = (CPUStat.UNWIND_SAMPLES, CPUStat.UNWIND_FP_FRAMES, *_UNWIND_REASONS)
+
 class GPUTimeProbes:
     """``open()`` loads and starts polling, ``stop()`` stops polling, ``close()`` detaches and frees.
 
@@ -66,8 +74,12 @@ class GPUTimeProbes:
                  ringbuf_bytes: int = 4 << 20, poll_interval_s: float = 1.0, rescan_interval_s: float = 2.0,
                  full_rescan_s: float = 10.0, library_name: str = LIBRARY_NAME,
                  library_paths: Iterable[str | os.PathLike[str]] | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, unwind_maps: Mapping[str, int] | None = None) -> None:
+        """``unwind_maps``: the CPU sampler's unwind tables (:meth:`CPUSampler.unwind_maps`), so that a fallback
+        stack of a process it registered is walked from them: one unwinder per process, not two."""
         self._on_record = on_record
+        self._unwind_maps = dict(unwind_maps or {})
+        self._unwind_seen: dict[str, int] = {}
         self._on_processes = on_processes
         self._proc_root = proc_root
         self._program_path = Path(program_path)
@@ -110,7 +122,10 @@ class GPUTimeProbes:
         if not Path("/sys/kernel/btf/vmlinux").exists():
             raise SourceUnavailable("GPU-time profiling needs a kernel with BTF (/sys/kernel/btf/vmlinux)")
         try:
-            self._bpf = BPFObject(self._program_path, max_entries={"events": self._ringbuf_bytes},
+            sizes = {"events": self._ringbuf_bytes}
+            if not self._unwind_maps:  # nothing to walk: the tables stay empty, one entry each
+                sizes.update(unwind_rows=1, unwind_processes=1)
+            self._bpf = BPFObject(self._program_path, max_entries=sizes, reuse_maps=self._unwind_maps,
                                   rodata={"wakeup_bytes": self._ringbuf_bytes // 4})
             self._ring = self._bpf.ring_buffer("events", self._decode)
         except (BPFError, OSError) as exc:
@@ -234,6 +249,28 @@ class GPUTimeProbes:
             raw = self._bpf.map("drops").lookup(index.to_bytes(4, "little"))  # per-CPU u64s
             totals.append(sum(int.from_bytes(raw[i:i + 8], "little") for i in range(0, len(raw), 8)) if raw else 0)
         return totals
+
+    def unwind_totals(self) -> dict[str, int]:
+        """Running totals of the fallback stacks walked from the CPU sampler's tables and of why walks stopped early
+        (names of :class:`otel_gpu.ebpf.abi.CPUStat` ``UNWIND_*``, lower case); empty when not loaded."""
+        if self._bpf is None:
+            return {}
+        stats = self._bpf.map("unwind_stats")
+        out = {}
+        for stat in _UNWIND_STATS:
+            raw = stats.lookup(int(stat).to_bytes(4, "little")) or b""  # per-CPU u64s
+            out[stat.name.lower()] = sum(int.from_bytes(raw[i:i + 8], "little") for i in range(0, len(raw), 8))
+        return out
+
+    def report_unwind(self) -> None:
+        """Count the walks' early stops since the last call in ``otel_gpu.source.errors`` by reason."""
+        totals = self.unwind_totals()
+        for stat, reason in _UNWIND_REASONS.items():
+            name = stat.name.lower()
+            delta = totals.get(name, 0) - self._unwind_seen.get(name, 0)
+            if delta > 0:
+                selfmetrics.count(semconv.SELF_ERRORS.name, delta, otel_gpu__source=SOURCE, otel_gpu__reason=reason)
+        self._unwind_seen = totals
 
     def _run(self) -> None:
         ring = self._ring

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from otel_gpu.cuda import abi
 from otel_gpu.cuda.accounting import SOURCE, GPUTimeAccounting, ProcessCounters
@@ -36,7 +36,8 @@ class GPUTimeSource:
                  program_path: str | os.PathLike[str] = PROGRAM_PATH, ringbuf_bytes: int = 4 << 20,
                  poll_interval_s: float = 1.0, rescan_interval_s: float = 2.0, full_rescan_s: float = 10.0,
                  library_name: str = LIBRARY_NAME, symbolizer: NativeSymbolizer | None = None,
-                 max_pending_per_process: int = 65536, selection: ProcessSelection | None = None) -> None:
+                 max_pending_per_process: int = 65536, selection: ProcessSelection | None = None,
+                 unwind_maps: Mapping[str, int] | None = None) -> None:
         self._proc_root = proc_root
         self._selection = selection or ProcessSelection()
         self._lock = threading.RLock()  # the accounting is single-threaded: the poll thread and drain share it
@@ -48,7 +49,8 @@ class GPUTimeSource:
         self._probes = GPUTimeProbes(self.handle, self._on_processes, proc_root=proc_root,
                                      program_path=program_path, ringbuf_bytes=ringbuf_bytes,
                                      poll_interval_s=poll_interval_s, rescan_interval_s=rescan_interval_s,
-                                     full_rescan_s=full_rescan_s, library_name=library_name)
+                                     full_rescan_s=full_rescan_s, library_name=library_name,
+                                     unwind_maps=unwind_maps)
 
     # --- ProfileSource -----------------------------------------------------------------------------------------------
 
@@ -63,6 +65,7 @@ class GPUTimeSource:
         """The gpu_time and sync_wait batches since the last drain (each may have no processes)."""
         self._probes.poll_now()
         drops = self._probes.drop_totals()
+        self._probes.report_unwind()
         with self._lock:
             batches = self.accounting.drain(time.time_ns(), drops, final=self._stopped)
         return [self._selection.keep(batch) for batch in batches]

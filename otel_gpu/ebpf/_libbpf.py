@@ -99,6 +99,7 @@ _SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
     "bpf_map__value_size": (_U32, [_P]),
     "bpf_map__max_entries": (_U32, [_P]),
     "bpf_map__set_max_entries": (_I, [_P, _U32]),
+    "bpf_map__reuse_fd": (_I, [_P, _I]),
     "bpf_map__initial_value": (_P, [_P, ctypes.POINTER(ctypes.c_size_t)]),
     "bpf_object__next_program": (_P, [_P, _P]),
     "bpf_program__name": (_S, [_P]),

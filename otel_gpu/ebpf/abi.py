@@ -52,6 +52,7 @@ PYTHON_NO_OFFSET = 0xFFFF
 MAX_PYTHON_DEPTH = 64
 PYTHON_TRUNCATED = 1
 UNWIND_MAX_MAPPINGS = 256
+UNWOUND_ID_BASE = 0x40000000  # user_stack_id of a stack walked by native_unwind.h: in unwound_stacks{0,1}
 
 
 class UnwindKind(enum.IntEnum):
@@ -95,6 +96,17 @@ class UnwindProcess(ctypes.Structure):
         ("count", ctypes.c_uint32),
         ("reserved", ctypes.c_uint32),
         ("mappings", UnwindMapping * UNWIND_MAX_MAPPINGS),
+    ]
+
+
+class UnwoundStack(ctypes.Structure):
+    """struct otel_gpu_unwound_stack."""
+
+    _fields_ = [
+        ("hash", ctypes.c_uint64),
+        ("depth", ctypes.c_uint32),
+        ("reserved", ctypes.c_uint32),
+        ("frames", ctypes.c_uint64 * MAX_STACK_DEPTH),
     ]
 
 

@@ -298,7 +298,9 @@ class BPFObject:
     """One opened, configured and loaded eBPF object with its attachments; a context manager."""
 
     def __init__(self, path: str | os.PathLike[str], rodata: Mapping[str, int | bytes] | None = None,
-                 max_entries: Mapping[str, int] | None = None) -> None:
+                 max_entries: Mapping[str, int] | None = None, reuse_maps: Mapping[str, int] | None = None) -> None:
+        """``reuse_maps``: map name -> fd of a map another object loaded, used instead of creating one (its
+        definition must match)."""
         self.path = Path(path)
         self._lib = _libbpf.lib()
         self._obj: int | None = None
@@ -317,6 +319,10 @@ class BPFObject:
                 err = self._lib.bpf_map__set_max_entries(self._map_handle(name), entries)
                 if err:
                     _raise(f"setting max_entries of map {name}", err)
+            for name, fd in (reuse_maps or {}).items():
+                err = self._lib.bpf_map__reuse_fd(self._map_handle(name), fd)
+                if err:
+                    _raise(f"reusing map {name}", err)
             if rodata:
                 self._set_rodata(rodata)
             err = self._lib.bpf_object__load(obj)

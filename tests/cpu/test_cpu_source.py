@@ -142,8 +142,10 @@ def test_syscall_heavy_workload_has_kernel_frames_under_its_user_frames() -> Non
     kernel = [s for s in samples if s.frames[0].kind is FrameKind.KERNEL]
     assert sum(s.value for s in kernel) > 0.3 * sum(s.value for s in samples)
     chains = [[f.function for f in s.frames] for s in kernel]
-    # libc's syscall wrappers have no frame pointer, so the unwinder skips their caller (do_syscalls) and goes on
-    # at run_syscalls: the chain is kernel frames -> libc wrapper -> run_syscalls -> main
+    # libc's syscall wrappers have no frame pointer: until the process's unwind tables are in (its first sample,
+    # then a fraction of a second), its stacks are frame-pointer ones, which skip the wrapper's caller (do_syscalls)
+    # and go on at run_syscalls; after that they are walked from .eh_frame (tests/unwind) and keep do_syscalls.
+    # Either way the chain holds kernel frames -> libc wrapper -> ... run_syscalls -> main
     assert any("run_syscalls" in chain and "main" in chain for chain in chains), chains[:5]
     kernel_names = {f.function for s in kernel for f in s.frames if f.kind is FrameKind.KERNEL}
     assert any(name.startswith(("__x64_sys_", "do_syscall_64", "entry_SYSCALL")) for name in kernel_names)

@@ -41,6 +41,7 @@ STRUCTS: dict[str, type[ctypes.Structure]] = {
     "otel_gpu_unwind_row": ebpf_abi.UnwindRow,
     "otel_gpu_unwind_mapping": ebpf_abi.UnwindMapping,
     "otel_gpu_unwind_process": ebpf_abi.UnwindProcess,
+    "otel_gpu_unwound_stack": ebpf_abi.UnwoundStack,
     # gpu_time.h
     "otel_gpu_event": cuda_abi.EventC,
     "otel_gpu_kstack": cuda_abi.KStackC,
@@ -65,6 +66,7 @@ CONSTANTS: dict[str, int] = {
     "OTEL_GPU_MAX_PYTHON_DEPTH": ebpf_abi.MAX_PYTHON_DEPTH,
     "OTEL_GPU_PYTHON_TRUNCATED": ebpf_abi.PYTHON_TRUNCATED,
     "OTEL_GPU_UNWIND_MAX_MAPPINGS": ebpf_abi.UNWIND_MAX_MAPPINGS,
+    "OTEL_GPU_UNWOUND_ID_BASE": ebpf_abi.UNWOUND_ID_BASE,
     # gpu_time.h
     "OTEL_GPU_KSTACK_DEPTH": cuda_abi.KSTACK_DEPTH,
     "OTEL_GPU_DROP_REASONS": len(cuda_abi.DROP_REASONS),

@@ -15,7 +15,7 @@ import pytest
 
 from otel_gpu import selfmetrics, semconv
 from otel_gpu.config import ProfilingConfig
-from otel_gpu.cpu.sampler import CPUSampler
+from otel_gpu.cpu.sampler import CPUSampler, StackCount
 from otel_gpu.cpu.source import CPUProfileSource
 from otel_gpu.procfs import ProcessResolver
 from otel_gpu.profiles.model import FrameKind, ProfileBatch
@@ -134,3 +134,95 @@ def test_a_stop_in_code_no_file_backs_is_counted_by_reason() -> None:
                                  otel_gpu__reason=semconv.Reason.UNWIND_NO_MAPPING)
     assert reported == stats["unwind_no_mapping"]
     assert stats["unwind_unsupported"] + stats["unwind_read_failed"] + stats["unwind_truncated"] < 0.1 * total
+
+
+def test_unwound_samples_are_counted_in_the_kernel() -> None:
+    """A registered process's walked stacks are aggregated like frame-pointer ones: few distinct (thread, stack)
+    entries for many samples, next to none sent whole, every one with its whole chain."""
+    binary = UNWIND / "cpu_3to1_nofp"
+    process = subprocess.Popen([str(binary), "60"], stdout=subprocess.PIPE, text=True)
+    assert process.stdout is not None
+    pid = int(process.stdout.readline().split()[1])
+    sampler = CPUSampler(199, pids=[pid])
+    sampler.open()
+    counts: list[StackCount] = []
+    try:
+        deadline = time.monotonic() + 60
+        while sampler.stats()["unwind_processes"] == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)  # its first sample announces it; then its tables are built
+        assert sampler.settle_unwinder(60)
+        sampler.drain()  # the samples taken before the process was registered (frame pointers)
+        before = sampler.stats()
+        while sum(c.count for c in counts) < 300 and time.monotonic() < deadline:
+            time.sleep(1.0)
+            counts += sampler.drain()
+        stats = sampler.stats()
+    finally:
+        sampler.close()
+        process.kill()
+        process.wait()
+    samples = sum(c.count for c in counts)
+    walked = stats["unwind_samples"] - before["unwind_samples"]
+    assert samples > 100 and walked > 0.9 * samples, (samples, walked)
+    # counted in the kernel: one entry per distinct (thread, leaf pc, stack) and drain, not one record per sample
+    assert len(counts) < samples / 2 and max(c.count for c in counts) > 5, (len(counts), samples)
+    # sent whole: only when a kernel stack's id collides in the stack map (the walked stacks share no map with it)
+    assert stats["raw_sent"] - before["raw_sent"] < 0.05 * samples, (stats, before)
+    deep = sum(c.count for c in counts if len(c.user_stack) >= 5)  # leaf, busy_loop, run, main, libc's start
+    assert deep > 0.9 * samples, Counter(len(c.user_stack) for c in counts)
+
+
+def test_files_that_do_not_fit_the_rows_are_counted_and_walked_by_frame_pointer() -> None:
+    """unwind_rows sizes the tables: libc (28,000 rows) does not fit in 20,000, the program's own file does; the
+    process is still registered (libc left to frame pointers) and the file left out is counted."""
+    with pytest.raises(ValueError, match="unwind_rows"):
+        CPUSampler(99, unwind_rows=0)
+    process = subprocess.Popen([str(UNWIND / "cpu_3to1_nofp"), "60"], stdout=subprocess.PIPE, text=True)
+    assert process.stdout is not None
+    pid = int(process.stdout.readline().split()[1])
+    sampler = CPUSampler(99, pids=[pid], unwind_rows=20_000)
+    sampler.open()
+    try:
+        deadline = time.monotonic() + 60
+        while sampler.stats()["unwind_processes"] == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert sampler.settle_unwinder(60)
+        stats = sampler.stats()
+    finally:
+        sampler.close()
+        process.kill()
+        process.wait()
+    assert stats["unwind_processes"] == 1 and stats["unwind_rows_full"] >= 1, stats
+    assert 0 < stats["unwind_rows"] <= 20_000, stats
+
+
+def test_walked_stacks_past_the_map_come_whole_and_complete() -> None:
+    """With room for two walked stacks per drain, the others are sent whole through the ring buffer: counted as
+    raw_sent, none lost, each with its whole chain."""
+    process = subprocess.Popen([str(UNWIND / "cpu_3to1_nofp"), "60"], stdout=subprocess.PIPE, text=True)
+    assert process.stdout is not None
+    pid = int(process.stdout.readline().split()[1])
+    sampler = CPUSampler(199, pids=[pid], unwound_stacks=2)
+    sampler.open()
+    counts: list[StackCount] = []
+    try:
+        deadline = time.monotonic() + 60
+        while sampler.stats()["unwind_processes"] == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert sampler.settle_unwinder(60)
+        sampler.drain()
+        before = sampler.stats()
+        while sum(c.count for c in counts) < 200 and time.monotonic() < deadline:
+            time.sleep(0.5)
+            counts += sampler.drain()
+        stats = sampler.stats()
+    finally:
+        sampler.close()
+        process.kill()
+        process.wait()
+    samples = sum(c.count for c in counts)
+    whole = stats["raw_sent"] - before["raw_sent"]
+    assert whole > 0.5 * samples, (whole, samples)  # a loop's leaf pcs make many distinct stacks
+    assert stats["samples"] - before["samples"] <= samples + 5  # none lost (a few may fall in the next drain)
+    deep = sum(c.count for c in counts if len(c.user_stack) >= 5)
+    assert deep > 0.9 * samples, Counter(len(c.user_stack) for c in counts)

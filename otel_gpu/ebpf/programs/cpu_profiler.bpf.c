@@ -7,8 +7,8 @@
  * collides in the stack map (-EEXIST), the whole sample goes through the raw_samples ring buffer instead. In a
  * process the agent registered as CPython, the thread's Python frames are walked too (python_frames.h) and the
  * sample's key carries the id of that Python stack. Processes the agent registered unwind tables for
- * (native_unwind.h) have their user stack walked from those tables instead of frame pointers, and come whole
- * through raw_samples too.
+ * (native_unwind.h) have their user stack walked from those tables instead of frame pointers; the walked stack is
+ * kept in the generation's unwound_stacks map under an id hashed from its frames and counted like any other.
  */
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
@@ -20,6 +20,7 @@
 #define EFAULT 14
 #define STACK_ENTRIES 8192
 #define COUNT_ENTRIES 16384
+#define UNWOUND_ENTRIES 4096 /* the agent may set max_entries (CPUSampler's unwound_stacks) */
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
@@ -41,10 +42,20 @@ struct count_map {
     __type(value, struct otel_gpu_sample_value);
 };
 
+/* Stacks walked by native_unwind.h, by their id (OTEL_GPU_UNWOUND_ID_BASE | 30 bits of their hash); 1 KiB each. */
+struct unwound_map {
+    __uint(type, BPF_MAP_TYPE_HASH);
+    __uint(max_entries, UNWOUND_ENTRIES);
+    __type(key, __u32);
+    __type(value, struct otel_gpu_unwound_stack);
+};
+
 struct stack_map stacks0 SEC(".maps");
 struct stack_map stacks1 SEC(".maps");
 struct count_map counts0 SEC(".maps");
 struct count_map counts1 SEC(".maps");
+struct unwound_map unwound_stacks0 SEC(".maps");
+struct unwound_map unwound_stacks1 SEC(".maps");
 
 struct {
     __uint(type, BPF_MAP_TYPE_ARRAY);
@@ -117,10 +128,10 @@ static __always_inline void check_stack_id(__s32 id, __u32 collision_stat) {
     bump(id == -EEXIST ? collision_stat : OTEL_GPU_STAT_STACK_ERROR);
 }
 
-/* Send the whole sample through raw_samples: for a process with unwind tables (`unwound`: its user stack walked by
- * native_unwind.h), or when a stack id collided, so that the collision costs nothing. */
+/* Send the whole sample through raw_samples: when a stack id collided, so that the collision costs nothing, or for
+ * raw_only. `unwound`: the process has unwind tables, and `walk` is its user stack (0: the walk failed). */
 static __always_inline int send_whole(struct bpf_perf_event_data *ctx, __u32 pid, __u32 tid, __u64 python_stack_id,
-                                      bool unwound) {
+                                      bool unwound, struct native_unwind_state *walk) {
     struct otel_gpu_raw_sample *raw = bpf_ringbuf_reserve(&raw_samples, sizeof(*raw), 0);
     if (!raw) {
         bump(OTEL_GPU_STAT_RAW_FULL);
@@ -130,7 +141,7 @@ static __always_inline int send_whole(struct bpf_perf_event_data *ctx, __u32 pid
     raw->tid = tid;
     raw->python_stack_id = python_stack_id;
     if (unwound)
-        raw->user_bytes = native_unwind_user(ctx, pid, raw->user);
+        raw->user_bytes = walk ? native_unwind_copy(walk, raw->user) : -1;
     else
         raw->user_bytes = bpf_get_stack(ctx, raw->user, sizeof(raw->user), BPF_F_USER_STACK);
     raw->kernel_bytes = bpf_get_stack(ctx, raw->kernel, sizeof(raw->kernel), 0);
@@ -140,9 +151,32 @@ static __always_inline int send_whole(struct bpf_perf_event_data *ctx, __u32 pid
     __builtin_memcpy(raw->trace_id, ids.trace_id, sizeof(ids.trace_id));
     __builtin_memcpy(raw->span_id, ids.span_id, sizeof(ids.span_id));
     bpf_ringbuf_submit(raw, 0);
-    if (!unwound)
-        bump(OTEL_GPU_STAT_RAW_SENT);
+    bump(OTEL_GPU_STAT_RAW_SENT);
     return 1;
+}
+
+/* The id under which the walked stack is kept in unwound (the generation's unwound_stacks), as bpf_get_stackid
+ * would return it: -EFAULT for an empty stack, -EEXIST when the id holds another stack, another error when the map
+ * is full or the walk failed. */
+static __always_inline __s32 unwound_stack_id(void *unwound, struct native_unwind_state *walk) {
+    if (!walk)
+        return -1; /* the registers could not be read: counted as unwind_no_regs, the user stack lost */
+    if (walk->stack.depth == 0)
+        return -EFAULT;
+    __u64 hash = walk->stack.hash ^ (walk->stack.hash >> 29) ^ (walk->stack.hash >> 47);
+    __u32 id = OTEL_GPU_UNWOUND_ID_BASE | (__u32)(hash & (OTEL_GPU_UNWOUND_ID_BASE - 1));
+    struct otel_gpu_unwound_stack *held = bpf_map_lookup_elem(unwound, &id);
+    if (!held) {
+        long err = bpf_map_update_elem(unwound, &id, &walk->stack, BPF_NOEXIST);
+        if (!err)
+            return id;
+        if (err != -EEXIST) /* full until the next drain */
+            return (__s32)err;
+        held = bpf_map_lookup_elem(unwound, &id); /* another CPU added it meanwhile */
+        if (!held)
+            return -EEXIST;
+    }
+    return held->hash == walk->stack.hash && held->depth == walk->stack.depth ? (__s32)id : -EEXIST;
 }
 
 static __always_inline void count_sample(void *counts, struct otel_gpu_sample_key *key) {
@@ -178,12 +212,10 @@ int on_cpu_sample(struct bpf_perf_event_data *ctx) {
     announce(pid, tid);
     __u64 python_stack_id = python_stack(pid);
 
-    if (native_unwind_wanted(pid)) {
-        send_whole(ctx, pid, tid, python_stack_id, true);
-        return 0;
-    }
+    bool unwound = native_unwind_wanted(pid);
+    struct native_unwind_state *walk = unwound ? native_unwind_perf(ctx, pid) : 0;
     if (raw_only) {
-        send_whole(ctx, pid, tid, python_stack_id, false);
+        send_whole(ctx, pid, tid, python_stack_id, unwound, walk);
         return 0;
     }
     __u32 zero = 0;
@@ -194,17 +226,24 @@ int on_cpu_sample(struct bpf_perf_event_data *ctx) {
     read_span_ids(pid, tid, &ids);
     __builtin_memcpy(key.trace_id, ids.trace_id, sizeof(ids.trace_id));
     __builtin_memcpy(key.span_id, ids.span_id, sizeof(ids.span_id));
-    if (generation) {
+    if (unwound)
+        key.user_stack_id = unwound_stack_id(generation ? (void *)&unwound_stacks1 : (void *)&unwound_stacks0, walk);
+    else if (generation)
         key.user_stack_id = bpf_get_stackid(ctx, &stacks1, BPF_F_USER_STACK);
-        key.kernel_stack_id = bpf_get_stackid(ctx, &stacks1, 0);
-    } else {
+    else
         key.user_stack_id = bpf_get_stackid(ctx, &stacks0, BPF_F_USER_STACK);
+    if (generation)
+        key.kernel_stack_id = bpf_get_stackid(ctx, &stacks1, 0);
+    else
         key.kernel_stack_id = bpf_get_stackid(ctx, &stacks0, 0);
-    }
-    check_stack_id(key.user_stack_id, OTEL_GPU_STAT_USER_COLLISION);
+    if (!unwound)
+        check_stack_id(key.user_stack_id, OTEL_GPU_STAT_USER_COLLISION);
+    else if (key.user_stack_id == -EEXIST) /* a failed walk is counted as unwind_no_regs already */
+        bump(OTEL_GPU_STAT_USER_COLLISION);
     check_stack_id(key.kernel_stack_id, OTEL_GPU_STAT_KERNEL_COLLISION);
-    if (key.user_stack_id == -EEXIST || key.kernel_stack_id == -EEXIST) {
-        send_whole(ctx, pid, tid, python_stack_id, false);
+    if (key.user_stack_id == -EEXIST || key.kernel_stack_id == -EEXIST ||
+        (unwound && walk && key.user_stack_id < 0 && key.user_stack_id != -EFAULT)) { /* unwound_stacks full */
+        send_whole(ctx, pid, tid, python_stack_id, unwound, walk);
         return 0;
     }
     if (generation)

@@ -21,12 +21,13 @@
 enum otel_gpu_cpu_stat {
     OTEL_GPU_STAT_SAMPLES = 0,          /* samples taken (after filters) */
     OTEL_GPU_STAT_FILTERED = 1,         /* samples skipped by the pid filter or the agent's own tgid */
-    OTEL_GPU_STAT_USER_COLLISION = 2,   /* bpf_get_stackid -EEXIST on the user stack: stack lost */
+    OTEL_GPU_STAT_USER_COLLISION = 2,   /* bpf_get_stackid -EEXIST on the user stack, or an unwound stack's id
+                                         * held by another stack: the sample went whole through raw_samples */
     OTEL_GPU_STAT_KERNEL_COLLISION = 3, /* same for the kernel stack */
     OTEL_GPU_STAT_STACK_ERROR = 4,      /* bpf_get_stackid failed otherwise (-ENOMEM, ...), user or kernel */
     OTEL_GPU_STAT_COUNTS_FULL = 5,      /* the counts map was full: sample dropped */
     OTEL_GPU_STAT_EVENTS_FULL = 6,      /* the process-event ring buffer was full: new-process event dropped */
-    OTEL_GPU_STAT_RAW_SENT = 7,         /* samples sent whole through raw_samples because a stack id collided */
+    OTEL_GPU_STAT_RAW_SENT = 7,         /* samples sent whole through raw_samples (a stack id collided, raw_only) */
     OTEL_GPU_STAT_RAW_FULL = 8,         /* raw_samples was full: a collided sample lost its stacks */
     OTEL_GPU_STAT_PYTHON_SAMPLES = 9,      /* samples of a registered Python process with a Python stack */
     OTEL_GPU_STAT_PYTHON_NO_THREAD = 10,   /* registered process, but no PyThreadState for the sampled thread */
@@ -77,6 +78,19 @@ struct otel_gpu_unwind_process {
     __u32 count; /* mappings used, sorted by start */
     __u32 reserved;
     struct otel_gpu_unwind_mapping mappings[OTEL_GPU_UNWIND_MAX_MAPPINGS];
+};
+
+/* A user stack walked by native_unwind.h, counted in the kernel like a frame-pointer one: kept in the generation's
+ * unwound_stacks map under a 32-bit id made from a hash of its frames, with OTEL_GPU_UNWOUND_ID_BASE set (stack-map
+ * ids stay below it), which the sample key carries as its user_stack_id. An id already held by another stack (its
+ * hash or depth differ) sends the sample whole through raw_samples instead. */
+#define OTEL_GPU_UNWOUND_ID_BASE 0x40000000
+
+struct otel_gpu_unwound_stack {
+    __u64 hash;  /* of the frames, leaf first */
+    __u32 depth; /* frames used */
+    __u32 reserved;
+    __u64 frames[OTEL_GPU_MAX_STACK_DEPTH];
 };
 
 /* Key of the aggregated counts: one entry per distinct (process, thread, user stack, kernel stack). */

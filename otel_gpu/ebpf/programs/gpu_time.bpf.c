@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: GPL-2.0 OR BSD-2-Clause
 /*
  * GPU-time probes: USDT handlers for otel_gpu:launch/activity/sync/window (fired by libotel_gpu_inject.so).
- * Each handler adds pid, tid and comm (and, for launches and syncs, a kernel-side user stack as a fallback),
+ * Each handler adds pid, tid and comm (and, for launches and syncs, a kernel-side user stack as a fallback: walked
+ * from the CPU sampler's unwind tables when the process has them, native_unwind.h, else by frame pointer),
  * copies the library's record with bpf_probe_read_user into the ring buffer "events", and counts what it could not
  * deliver in the per-CPU array "drops" (index: enum otel_gpu_drop_reason).
  */
@@ -11,6 +12,7 @@
 #include <bpf/usdt.bpf.h>
 
 #include "gpu_time.h"
+#include "cpu_profiler.h"
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
@@ -42,6 +44,45 @@ struct {
 /* Wake the reader only once this many bytes wait in the ring buffer (0: after every record). The agent reads the
  * buffer every poll interval anyway, so waking it per record would only cost context switches. */
 const volatile __u64 wakeup_bytes = 0;
+
+/* The native unwinder's counters (index: enum otel_gpu_cpu_stat, only its OTEL_GPU_STAT_UNWIND_* entries used). */
+struct {
+    __uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+    __uint(max_entries, OTEL_GPU_STAT_COUNT);
+    __type(key, __u32);
+    __type(value, __u64);
+} unwind_stats SEC(".maps");
+
+static __always_inline void bump(__u32 index)
+{
+    __u64 *value = bpf_map_lookup_elem(&unwind_stats, &index);
+    if (value)
+        *value += 1;
+}
+
+/* unwind_rows and unwind_processes are the CPU sampler's (the loader reuses them): a process it registered has its
+ * fallback stack walked from the same tables; without the sampler they are empty and the fallback is
+ * bpf_get_stack's frame-pointer walk. */
+#include "native_unwind.h"
+
+/* The fallback user stack: walked from the unwind tables for a registered process, else by frame pointer. */
+static __always_inline __s32 fallback_stack(struct pt_regs *ctx, __u64 *pcs, __u32 size)
+{
+    __u32 pid = bpf_get_current_pid_tgid() >> 32;
+    if (!native_unwind_wanted(pid))
+        return bpf_get_stack(ctx, pcs, size, BPF_F_USER_STACK);
+    struct native_unwind_state *walk = native_unwind_walk(pid, PT_REGS_IP(ctx), PT_REGS_SP(ctx), PT_REGS_FP(ctx));
+    if (!walk)
+        return -1;
+    __u32 depth = walk->stack.depth;
+    if (depth > OTEL_GPU_KSTACK_DEPTH)
+        depth = OTEL_GPU_KSTACK_DEPTH;
+    if (depth == 0)
+        return 0;
+    if (bpf_probe_read_kernel(pcs, depth * sizeof(__u64), walk->stack.frames))
+        return -1;
+    return depth * sizeof(__u64);
+}
 
 #define STACK_OFFSET __builtin_offsetof(struct otel_gpu_launch, stack)
 _Static_assert(__builtin_offsetof(struct otel_gpu_launch, stack) == __builtin_offsetof(struct otel_gpu_sync, stack),
@@ -100,7 +141,7 @@ static __always_inline int emit_with_stack(struct pt_regs *ctx, __u32 type, cons
     /* The kernel's unwind only when the library's is empty (both records keep their stack at the same offset). */
     const struct otel_gpu_stack *lib_stack = payload + STACK_OFFSET;
     if (rec_len < STACK_OFFSET + sizeof(lib_stack->native_count) || lib_stack->native_count == 0)
-        stack->bytes = bpf_get_stack(ctx, stack->pcs, sizeof(stack->pcs), BPF_F_USER_STACK);
+        stack->bytes = fallback_stack(ctx, stack->pcs, sizeof(stack->pcs));
     __u64 used = sizeof(struct otel_gpu_event) + sizeof(struct otel_gpu_kstack) + rec_len;
     if (used > STACK_RECORD_BYTES) /* cannot happen (rec_len was checked); tells the verifier the bound */
         used = STACK_RECORD_BYTES;

@@ -8,8 +8,10 @@
  * working. Every early stop is counted by reason (enum otel_gpu_cpu_stat). The walk is one bpf_loop callback, so the
  * verifier checks a frame once, not OTEL_GPU_MAX_STACK_DEPTH times.
  *
- * Included by cpu_profiler.bpf.c after its bump(); only processes the agent registered in unwind_processes are
- * walked here, everything else keeps bpf_get_stackid.
+ * Included by cpu_profiler.bpf.c and gpu_time.bpf.c after their bump(index of enum otel_gpu_cpu_stat); only
+ * processes the agent registered in unwind_processes are walked here, everything else keeps bpf_get_stackid. The
+ * two objects share unwind_rows and unwind_processes (the GPU-time loader reuses the CPU sampler's maps: one set of
+ * tables per process); each keeps its own per-CPU scratch.
  */
 #ifndef OTEL_GPU_NATIVE_UNWIND_H
 #define OTEL_GPU_NATIVE_UNWIND_H
@@ -19,8 +21,8 @@
 
 #ifdef __BPF__ /* BPF code only: tests/ebpf/test_abi.py compiles every header of this folder for user space */
 
-#define UNWIND_ROWS 1048576         /* 16 MB; the agent may set max_entries */
-#define UNWIND_ROW_STEPS 21         /* binary-search steps: 2^21 > UNWIND_ROWS */
+#define UNWIND_ROWS 1048576         /* 16 MB; the agent may set max_entries (CPUSampler's unwind_rows) */
+#define UNWIND_ROW_STEPS 26         /* binary-search steps within one file: 2^26 rows (1 GiB) > any file's table */
 #define UNWIND_MAPPING_STEPS 9      /* 2^9 > OTEL_GPU_UNWIND_MAX_MAPPINGS */
 
 struct {
@@ -43,10 +45,8 @@ struct native_unwind_state {
     __u64 sp;
     __u64 bp;
     __u32 pid;
-    __u32 depth;
     __u32 stop; /* 0: go on; else the stat that says why the walk ended (OTEL_GPU_STAT_COUNT: a normal end) */
-    __u32 reserved;
-    __u64 frames[OTEL_GPU_MAX_STACK_DEPTH];
+    struct otel_gpu_unwound_stack stack; /* the frames so far and their running hash */
 };
 
 struct {
@@ -127,15 +127,16 @@ static long unwind_step(__u32 index, void *unused) {
     struct native_unwind_state *st = bpf_map_lookup_elem(&unwind_scratch, &zero);
     if (!st)
         return 1;
-    if (st->depth >= OTEL_GPU_MAX_STACK_DEPTH) {
+    if (st->stack.depth >= OTEL_GPU_MAX_STACK_DEPTH) {
         st->stop = OTEL_GPU_STAT_UNWIND_TRUNCATED;
         return 1;
     }
-    __u32 depth = st->depth;
+    __u32 depth = st->stack.depth;
     if (depth >= OTEL_GPU_MAX_STACK_DEPTH) /* again, in a register the verifier follows */
         return 1;
-    st->frames[depth] = st->pc;
-    st->depth = depth + 1;
+    st->stack.frames[depth] = st->pc;
+    st->stack.depth = depth + 1;
+    st->stack.hash = (st->stack.hash ^ st->pc) * 0x100000001b3ULL; /* FNV-1a over 8-byte words */
     __u32 pid = st->pid;
     struct otel_gpu_unwind_process *proc = bpf_map_lookup_elem(&unwind_processes, &pid);
     if (!proc) {
@@ -144,7 +145,7 @@ static long unwind_step(__u32 index, void *unused) {
     }
     /* A caller's pc is a return address: the call instruction is the byte before it (which matters when the call
      * is the last instruction of a function or of a rule's range). */
-    __u64 lookup = st->depth > 1 ? st->pc - 1 : st->pc;
+    __u64 lookup = st->stack.depth > 1 ? st->pc - 1 : st->pc;
     struct otel_gpu_unwind_mapping *mapping = unwind_find_mapping(proc, pid, lookup);
     if (!mapping) {
         st->stop = OTEL_GPU_STAT_UNWIND_NO_MAPPING;
@@ -199,41 +200,56 @@ static __always_inline int native_unwind_wanted(__u32 pid) {
     return bpf_map_lookup_elem(&unwind_processes, &pid) != 0;
 }
 
-/* Unwind the current thread's user stack into frames (leaf first, OTEL_GPU_MAX_STACK_DEPTH entries); returns the
- * bytes written, or < 0. */
-static __always_inline long native_unwind_user(struct bpf_perf_event_data *ctx, __u32 pid, __u64 *frames) {
+/* Walk the user stack from the registers pc, sp, bp of process pid. Returns the walk's per-CPU state (the frames, leaf
+ * first, in st->stack), valid until the next walk on this CPU; 0 when the state is missing. Counts the walk and the
+ * reason it stopped early, if it did. */
+static __always_inline struct native_unwind_state *native_unwind_walk(__u32 pid, __u64 pc, __u64 sp, __u64 bp) {
     __u32 zero = 0;
     struct native_unwind_state *st = bpf_map_lookup_elem(&unwind_scratch, &zero);
     if (!st)
-        return -1;
-    /* volatile: the context allows only whole 8-byte loads, and `cs & 3` would otherwise become a 2-byte one */
-    __u64 cs = *(volatile __u64 *)&ctx->regs.cs;
-    if ((cs & 3) == 3) { /* sampled in user mode; volatile loads keep each one a plain ctx load */
-        st->pc = *(volatile __u64 *)&ctx->regs.ip;
-        st->sp = *(volatile __u64 *)&ctx->regs.sp;
-        st->bp = *(volatile __u64 *)&ctx->regs.bp;
-    } else { /* in the kernel: the registers the task entered it with */
-        struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(bpf_get_current_task_btf());
-        if (!regs || bpf_probe_read_kernel(&st->pc, sizeof(st->pc), &regs->ip) ||
-            bpf_probe_read_kernel(&st->sp, sizeof(st->sp), &regs->sp) ||
-            bpf_probe_read_kernel(&st->bp, sizeof(st->bp), &regs->bp)) {
-            bump(OTEL_GPU_STAT_UNWIND_NO_REGS);
-            return -1;
-        }
-    }
+        return 0;
+    st->pc = pc;
+    st->sp = sp;
+    st->bp = bp;
     st->pid = pid;
-    st->depth = 0;
     st->stop = 0;
+    st->stack.depth = 0;
+    st->stack.hash = 0xcbf29ce484222325ULL;
     bpf_loop(OTEL_GPU_MAX_STACK_DEPTH + 1, unwind_step, 0, 0);
     if (st->stop && st->stop != OTEL_GPU_STAT_COUNT)
         bump(st->stop);
     bump(OTEL_GPU_STAT_UNWIND_SAMPLES);
-    __u32 depth = st->depth;
+    return st;
+}
+
+/* The same, from a perf event's registers (sampled in user mode) or the ones the task entered the kernel with. */
+static __always_inline struct native_unwind_state *native_unwind_perf(struct bpf_perf_event_data *ctx, __u32 pid) {
+    __u64 pc, sp, bp;
+    /* volatile: the context allows only whole 8-byte loads, and `cs & 3` would otherwise become a 2-byte one */
+    __u64 cs = *(volatile __u64 *)&ctx->regs.cs;
+    if ((cs & 3) == 3) { /* sampled in user mode; volatile loads keep each one a plain ctx load */
+        pc = *(volatile __u64 *)&ctx->regs.ip;
+        sp = *(volatile __u64 *)&ctx->regs.sp;
+        bp = *(volatile __u64 *)&ctx->regs.bp;
+    } else { /* in the kernel: the registers the task entered it with */
+        struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(bpf_get_current_task_btf());
+        if (!regs || bpf_probe_read_kernel(&pc, sizeof(pc), &regs->ip) ||
+            bpf_probe_read_kernel(&sp, sizeof(sp), &regs->sp) || bpf_probe_read_kernel(&bp, sizeof(bp), &regs->bp)) {
+            bump(OTEL_GPU_STAT_UNWIND_NO_REGS);
+            return 0;
+        }
+    }
+    return native_unwind_walk(pid, pc, sp, bp);
+}
+
+/* Copy a walk's frames into frames (OTEL_GPU_MAX_STACK_DEPTH entries); returns the bytes written, or < 0. */
+static __always_inline long native_unwind_copy(struct native_unwind_state *st, __u64 *frames) {
+    __u32 depth = st->stack.depth;
     if (depth > OTEL_GPU_MAX_STACK_DEPTH)
         depth = OTEL_GPU_MAX_STACK_DEPTH;
     if (depth == 0)
         return 0;
-    if (bpf_probe_read_kernel(frames, depth * sizeof(__u64), st->frames))
+    if (bpf_probe_read_kernel(frames, depth * sizeof(__u64), st->stack.frames))
         return -1;
     return depth * sizeof(__u64);
 }
