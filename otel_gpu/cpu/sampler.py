@@ -31,7 +31,7 @@ from otel_gpu import selfmetrics, semconv
 from otel_gpu.ebpf import _libbpf, abi
 from otel_gpu.ebpf.loader import BPFError, BPFObject, program_path
 from otel_gpu.errors import SourceUnavailable
-from otel_gpu.unwind.processes import NativeUnwinder
+from otel_gpu.unwind.processes import MAX_FRAME_BYTES, NativeUnwinder
 
 _logger = logging.getLogger(__name__)
 
@@ -79,14 +79,16 @@ class CPUSampler:
                  on_new_process: Callable[[int, str], None] | None = None, btf_path: str = BTF_PATH,
                  object_path: str | os.PathLike[str] | None = None, raw_only: bool = False,
                  cpus: list[int] | None = None, native_unwind: bool = True,
-                 unwind_rows: int = DEFAULT_UNWIND_ROWS, unwound_stacks: int = DEFAULT_UNWOUND_STACKS) -> None:
+                 unwind_rows: int = DEFAULT_UNWIND_ROWS, unwound_stacks: int = DEFAULT_UNWOUND_STACKS,
+                 unwind_max_frame_bytes: int = MAX_FRAME_BYTES) -> None:
         """``raw_only`` sends every sample whole through the ring buffer instead of aggregating in the kernel
         (for comparing the two designs; the aggregated default is cheaper, see bench/bench_cpu_profiler.py).
         ``cpus`` defaults to every online CPU. ``native_unwind`` off: frame pointers only (the comparison path).
         ``unwind_rows``: capacity of the unwind tables of every file, 16 bytes a row of kernel memory (the default,
         1 Mi rows, is 16 MiB; libtorch_cpu.so alone needs several Mi rows, docs/benchmarks.md). ``unwound_stacks``:
         distinct walked stacks counted in the kernel per drain, 1 KiB each in each of two generations; past it a
-        walked sample comes whole through the ring buffer."""
+        walked sample comes whole through the ring buffer. ``unwind_max_frame_bytes``: files whose .eh_frame is larger
+        are walked by frame pointer (their tables would cost seconds of the agent's CPU and MiBs each)."""
         self.frequency_hz = frequency_hz
         self.raw_only = raw_only
         self.native_unwind = native_unwind
@@ -96,6 +98,7 @@ class CPUSampler:
         if unwound_stacks < 1:
             raise ValueError(f"unwound_stacks must be at least 1, got {unwound_stacks}")
         self.unwound_stacks = unwound_stacks
+        self.unwind_max_frame_bytes = unwind_max_frame_bytes
         self._unwinder: NativeUnwinder | None = None
         self._unwind_seen = (0, 0)  # (rows_full, file_errors) already reported
         self._cpus = cpus
@@ -133,7 +136,8 @@ class CPUSampler:
                 pid_filter.update(ctypes.c_uint32(pid), ctypes.c_uint8(1))
             self._bpf.map("control").update(ctypes.c_uint32(0), abi.Control(generation=0))
             if self.native_unwind:
-                self._unwinder = NativeUnwinder(self._bpf.map("unwind_rows"), self._bpf.map("unwind_processes"))
+                self._unwinder = NativeUnwinder(self._bpf.map("unwind_rows"), self._bpf.map("unwind_processes"),
+                                               max_frame_bytes=self.unwind_max_frame_bytes)
             ring = self._bpf.ring_buffer("process_events", self._handle_event, {"raw_samples": self._handle_raw})
             self.cpus = self._bpf.attach_perf_event("on_cpu_sample", self.frequency_hz, cpus=self._cpus)
         except BPFError as exc:
@@ -283,12 +287,13 @@ class CPUSampler:
     def stats(self) -> dict[str, int]:
         """Totals of the BPF-side statistics since open (names of :class:`otel_gpu.ebpf.abi.CPUStat`), and the
         native unwinder's (``unwind_processes``, ``unwind_files``, ``unwind_rows``, ``unwind_rows_full``,
-        ``unwind_file_errors``)."""
+        ``unwind_file_errors``, ``unwind_files_too_large``)."""
         out = {stat.name.lower(): self._stats_seen[stat] for stat in abi.CPUStat}
         if self._unwinder is not None:
             unwinder = self._unwinder.stats
             out.update(unwind_processes=unwinder.processes, unwind_files=unwinder.files, unwind_rows=unwinder.rows,
-                       unwind_rows_full=unwinder.rows_full, unwind_file_errors=unwinder.file_errors)
+                       unwind_rows_full=unwinder.rows_full, unwind_file_errors=unwinder.file_errors,
+                       unwind_files_too_large=unwinder.files_too_large)
         return out
 
     # --- internals -------------------------------------------------------------------------------------------------

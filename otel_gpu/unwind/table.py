@@ -146,6 +146,18 @@ def _image_reader(image: bytes) -> _Read:
 
 
 def _frame_sections(read: _Read, name: str) -> tuple[tuple[str, int, bytes] | None, tuple[Segment, ...]]:
+    found, segments = _find_frame_section(read, name)
+    if found is None:
+        return None, segments
+    section, addr, offset, size = found
+    if size > _MAX_SECTION_BYTES:
+        raise ValueError(f"{name}: {section} is {size} bytes, over {_MAX_SECTION_BYTES}")
+    return (section, addr, read(offset, size)), segments
+
+
+def _find_frame_section(read: _Read, name: str) -> tuple[tuple[str, int, int, int] | None, tuple[Segment, ...]]:
+    """(section name, link-time address, file offset, size) of .eh_frame, else .debug_frame, and the PT_LOAD
+    segments; the section itself is not read."""
     header = read(0, _EHDR.size)
     if len(header) < _EHDR.size or header[:4] != b"\x7fELF" or header[4] != 2 or header[5] != 1:
         raise ValueError(f"{name}: not a 64-bit little-endian ELF file")
@@ -175,10 +187,15 @@ def _frame_sections(read: _Read, name: str) -> tuple[tuple[str, int, bytes] | No
     for section in (".eh_frame", ".debug_frame"):
         if section in found:
             addr, offset, size = found[section]
-            if size > _MAX_SECTION_BYTES:
-                raise ValueError(f"{name}: {section} is {size} bytes, over {_MAX_SECTION_BYTES}")
-            return (section, addr, read(offset, size)), tuple(segments)
+            return (section, addr, offset, size), tuple(segments)
     return None, tuple(segments)
+
+
+def frame_section_bytes(path: str) -> int:
+    """The size of the file's .eh_frame (else .debug_frame), 0 if neither: read from its headers only."""
+    with open(path, "rb") as file:
+        found, _ = _find_frame_section(_file_reader(file), path)
+    return found[3] if found else 0
 
 
 def frame_sections(path: str) -> tuple[str, int, bytes] | None:

@@ -73,6 +73,35 @@ def main(seconds):
 main(float(sys.argv[1]))
 """
 
+# CPU_PYTHON_LOCAL=1 (a machine without torch): the same shape in pure Python, with large native libraries mapped
+# (LLVM, clang, z3 where installed) so that the unwinder meets libtorch-sized files
+LOCAL_PROGRAM = r"""
+import ctypes, glob, os, sys, time
+for pattern in ("libLLVM-*.so.1", "libclang-*.so.*", "libz3.so.*"):
+    for lib in sorted(glob.glob("/usr/lib/x86_64-linux-gnu/" + pattern))[:1]:
+        ctypes.CDLL(lib)
+
+def block(n):
+    s = 0
+    for i in range(n):
+        s += i
+    return s
+
+def forward():
+    return block(20000)
+
+def train_step():
+    return forward()
+
+def main(seconds):
+    print("ready", os.getpid(), flush=True)
+    end = time.time() + seconds
+    while time.time() < end:
+        train_step()
+
+main(float(sys.argv[1]))
+"""
+
 OWN = {"train_step", "forward", "block", "main"}
 TORCH_NATIVE = ("at::", "c10::", "torch::")
 
@@ -165,7 +194,7 @@ def main(argv: list[str]) -> int:
              f"- Python {sys.version.split()[0]} ({sys.executable})"]
     work = Path(tempfile.mkdtemp(prefix="otel-gpu-cpu-python-"))
     program = work / "train.py"
-    program.write_text(PROGRAM)
+    program.write_text(LOCAL_PROGRAM if os.environ.get("CPU_PYTHON_LOCAL") == "1" else PROGRAM)
     env = dict(os.environ)
     env.pop("CUDA_INJECTION64_PATH", None)
     for native_unwind in (False, True):

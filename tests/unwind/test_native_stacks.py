@@ -27,11 +27,12 @@ WORKLOADS = NATIVE / "workloads"
 pytestmark = [pytest.mark.root, pytest.mark.usefixtures("other_agent")]
 
 
-def _profile(binary: Path, seconds: str, native_unwind: bool = True) -> tuple[Counter[tuple[str, ...]], dict[str, int]]:
+def _profile(binary: Path, seconds: str, native_unwind: bool = True,
+             **sampler_args: int) -> tuple[Counter[tuple[str, ...]], dict[str, int]]:
     """Caller-first user+kernel function chains of ``binary``'s samples, and the sampler's statistics."""
     if not binary.exists():
         pytest.fail(f"{binary} is not built: run make -s build")
-    sampler = CPUSampler(99, native_unwind=native_unwind)
+    sampler = CPUSampler(99, native_unwind=native_unwind, **sampler_args)
     source = CPUProfileSource(ProfilingConfig(frequency_hz=99), ProcessResolver(), sampler=sampler)
     source.open()
     batches: list[ProfileBatch] = []
@@ -122,6 +123,18 @@ def test_frame_pointer_code_keeps_working() -> None:
     heavy = _ending(stacks, "main", "run", "busy_loop", "leaf_heavy")
     light = _ending(stacks, "main", "run", "busy_loop", "leaf_light")
     assert (heavy + light) / total > 0.9, stacks.most_common(5)
+
+
+def test_files_over_the_frame_section_cap_are_walked_by_frame_pointer() -> None:
+    """A file whose .eh_frame is over the cap gets no table (libtorch-sized files would cost the agent seconds and
+    MiBs each) but its mapping is registered: the walk steps through it by frame pointer, so a frame-pointer
+    program's chain stays whole, and the files left out are counted."""
+    stacks, stats = _profile(WORKLOADS / "cpu_3to1", "2", unwind_max_frame_bytes=1)
+    total = sum(stacks.values())
+    heavy = _ending(stacks, "main", "run", "busy_loop", "leaf_heavy")
+    light = _ending(stacks, "main", "run", "busy_loop", "leaf_light")
+    assert (heavy + light) / total > 0.9, stacks.most_common(5)
+    assert stats["unwind_files_too_large"] >= 2 and stats["unwind_samples"] > 0, stats
 
 
 def test_a_stop_in_code_no_file_backs_is_counted_by_reason() -> None:
