@@ -49,7 +49,8 @@ def process_attributes(process: ProcessUsage) -> Attributes:
     return dict(identity_attributes(ProcessInfo(
         pid=process.pid, executable_name=process.executable_name, container_id=process.container_id,
         pod_uid=process.pod_uid, service_name=process.service_name, k8s_pod_name=process.k8s_pod_name,
-        k8s_namespace_name=process.k8s_namespace_name, k8s_container_name=process.k8s_container_name, ranks=process.ranks)))
+        k8s_namespace_name=process.k8s_namespace_name, k8s_container_name=process.k8s_container_name,
+        ranks=process.ranks)))
 
 
 # --- per-metric readings: (value, extra attributes) from one snapshot ------------------------------------------
