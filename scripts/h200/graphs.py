@@ -16,12 +16,10 @@ difference comes from (missing node records, records joined to nothing, weights)
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import random
 import statistics
-import struct
 import subprocess
 import sys
 import tempfile
@@ -34,7 +32,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from verify_gpu_time import WindowedSource, write_report  # noqa: E402
+from verify_gpu_time import WindowedSource, debug_records, write_report  # noqa: E402
 
 from otel_gpu.cuda import abi  # noqa: E402
 from otel_gpu.cuda.join import WindowWeights  # noqa: E402
@@ -102,26 +100,6 @@ def main(mode, seconds, out):
 if __name__ == "__main__":
     main(sys.argv[1], float(sys.argv[2]), sys.argv[3])
 """
-
-
-def debug_records(path: Path, pid: int) -> list[abi.Record]:
-    """The library's debug file (u32 type, u32 length, payload), decoded like ring-buffer records."""
-    data = path.read_bytes() if path.exists() else b""
-    at, out = 0, []
-    kstack = bytes(abi.KStackC(bytes=-1))
-    size = ctypes.sizeof(abi.ActivityC)
-    while at + 8 <= len(data):
-        kind, length = struct.unpack_from("<II", data, at)
-        payload = data[at + 8:at + 8 + length]
-        at += 8 + length
-        chunks = [payload]
-        if kind == abi.EVENT_ACTIVITY:
-            chunks = [payload[i:i + size] for i in range(0, len(payload), size)]
-        for chunk in chunks:
-            header = bytes(abi.EventC(type=kind, pid=pid, tid=pid, payload_len=len(chunk), ktime_ns=0, comm=b"python"))
-            extra = kstack if kind in (abi.EVENT_LAUNCH, abi.EVENT_SYNC) else b""
-            out.append(abi.decode_event(header + extra + chunk))
-    return out
 
 
 def owner(frames: tuple) -> str:  # type: ignore[type-arg]

@@ -291,25 +291,32 @@ def quantiles(values: list[float]) -> str:
     return " / ".join(f"{v:.0f}" for v in pick)
 
 
-def replay_debug_file(source: GPUTimeSource, path: Path, pid: int) -> int:
-    """Feed the library's debug file (u32 type, u32 length, payload) through the same decoder as ring records."""
+def debug_records(path: Path, pid: int) -> list[abi.Record]:
+    """The library's debug file (u32 type, u32 length, payload), decoded like ring-buffer records."""
     data = path.read_bytes() if path.exists() else b""
-    at, count = 0, 0
+    at, out = 0, []
     kstack = bytes(abi.KStackC(bytes=-1))
+    size = ctypes.sizeof(abi.ActivityC)
     while at + 8 <= len(data):
         kind, length = struct.unpack_from("<II", data, at)
         payload = data[at + 8:at + 8 + length]
         at += 8 + length
         chunks = [payload]
         if kind == abi.EVENT_ACTIVITY:
-            size = ctypes.sizeof(abi.ActivityC)
             chunks = [payload[i:i + size] for i in range(0, len(payload), size)]
         for chunk in chunks:
             header = bytes(abi.EventC(type=kind, pid=pid, tid=pid, payload_len=len(chunk), ktime_ns=0, comm=b"python"))
             extra = kstack if kind in (abi.EVENT_LAUNCH, abi.EVENT_SYNC) else b""
-            source.handle(abi.decode_event(header + extra + chunk))
-            count += 1
-    return count
+            out.append(abi.decode_event(header + extra + chunk))
+    return out
+
+
+def replay_debug_file(source: GPUTimeSource, path: Path, pid: int) -> int:
+    """Feed the library's debug file through the same decoder as ring records."""
+    records = debug_records(path, pid)
+    for record in records:
+        source.handle(record)
+    return len(records)
 
 
 # --- helpers ----------------------------------------------------------------------------------------------------------

@@ -1,0 +1,61 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The GPU machine's graph-replay script (scripts/h200/graphs.py) checked before device time is spent on it: its
+record-level diagnosis counts each sampled graph launch's kernel records, and the sampling spread it reports comes
+from resampling the windows (exact when every window sees the same work, wide when windows differ)."""
+
+from __future__ import annotations
+
+import pytest
+
+from otel_gpu.cuda import abi
+from tests import h200_scripts
+from tests.cuda.records import kernel, launch, window
+
+
+@pytest.fixture(scope="module")
+def graphs():  # type: ignore[no-untyped-def]
+    return h200_scripts.load("graphs")
+
+
+def _records(windows: int, graph_in: set[int]) -> list[abi.Record]:
+    """Per window: one graph launch of 60 kernels of 2 us (in the windows of ``graph_in``) and 60 eager launches of
+    one 1.9 us kernel each."""
+    records: list[abi.Record] = []
+    corr = 1
+    for w in range(1, windows + 1):
+        if w in graph_in:
+            records.append(launch(7, corr, window=w, kind=abi.LAUNCH_GRAPH))
+            records += [kernel(7, corr, 2000, graph=5) for _ in range(60)]
+            corr += 1
+        for _ in range(60):
+            records += [launch(7, corr, window=w), kernel(7, corr, 1900)]
+            corr += 1
+        records.append(window(7, w, covered_ns=w * 1_000_000, elapsed_ns=w * 100_000_000))
+    return records
+
+
+def _split(records: list[abi.Record]):  # type: ignore[no-untyped-def]
+    launches = [r for r in records if isinstance(r, abi.Launch)]
+    by_corr: dict[int, list[abi.Activity]] = {}
+    for r in records:
+        if isinstance(r, abi.Activity):
+            by_corr.setdefault(r.correlation_id, []).append(r)
+    return launches, by_corr, [r for r in records if isinstance(r, abi.Window)]
+
+
+def test_the_diagnosis_counts_each_graph_launchs_kernel_records(graphs) -> None:  # type: ignore[no-untyped-def]
+    lines: list[str] = []
+    graphs.diagnose(_records(12, set(range(1, 13))), lines)
+    text = "\n".join(lines)
+    assert "kernel records per sampled graph launch: {60: 12}" in text
+    assert "kernel records whose correlation id no sampled launch has: 0" in text
+    assert "720 with a graph id" in text
+
+
+def test_the_spread_is_exact_for_equal_windows_and_wide_for_clustered_work(graphs) -> None:  # type: ignore[no-untyped-def]
+    truth = 60 * 2000 / (60 * 1900)
+    low, high, count = graphs.ratio_interval(*_split(_records(40, set(range(1, 41)))))
+    assert count == 40 and low == pytest.approx(truth) and high == pytest.approx(truth)
+    # graph phases in every other window only: the estimate is half the ratio, and resampling the windows spreads it
+    low, high, _ = graphs.ratio_interval(*_split(_records(40, set(range(1, 41, 2)))))
+    assert low < truth / 2 < high and high - low > 0.1
