@@ -145,11 +145,14 @@ class Agent:
     def _start_gpu_time(self, cleanup: contextlib.ExitStack, pipeline) -> list[ProfileSource]:  # type: ignore[no-untyped-def]
         if not self.config.profiling.gpu_time:
             return []
+        from otel_gpu.cuda.inject import library_path
         from otel_gpu.cuda.instruments import register_gpu_time_instruments
         from otel_gpu.cuda.source import GPUTimeSource
         from otel_gpu.cuda.symbols import SharedSymbolizer
 
-        source = GPUTimeSource(self._resolver, selection=self._selection,
+        packaged = library_path()
+        libraries = [*([packaged] if packaged is not None else []), *self.config.profiling.gpu_time_libraries]
+        source = GPUTimeSource(self._resolver, selection=self._selection, library_paths=libraries,
                                symbolizer=SharedSymbolizer(self._shared_symbolizer(), allowance=self._read_allowance))
         if not _opened(source, "GPU-time profiling is off", cleanup):
             return []

@@ -181,6 +181,7 @@ class ProfilingConfig:
     container_id: str = ""
     include_self: bool = False
     gpu_time: bool = True
+    gpu_time_libraries: tuple[str, ...] = ()  # copies of the injection library that workloads load (a hostPath)
 
     def selects(self, pid: int, container_id: str, names: Iterable[str]) -> bool:
         """Whether --pid, --container-id and --process-name (searched in any of ``names``) take in this process."""
@@ -426,6 +427,13 @@ def _pid(value: Any) -> str | None:
     return None if 0 < value <= PID_MAX else f"is not a process id (1 to {PID_MAX})"
 
 
+def _library_file(value: Any) -> str | None:
+    path = Path(str(value))
+    if not path.name.startswith("libotel_gpu_inject"):
+        return "must name a copy of libotel_gpu_inject.so (the file name the agent's probes look for)"
+    return None if path.is_file() else "is not a file"
+
+
 def _not_empty(value: Any) -> str | None:
     return None if str(value).strip() else "must name a folder"
 
@@ -533,6 +541,10 @@ OPTIONS: tuple[Option, ...] = (
     Option("profiling.gpu_time", "--gpu-time-profiling",
            "GPU time by launching stack and CPU time blocked on the GPU, for processes run under `otel-gpu inject`",
            _bool, env=("OTEL_GPU_PROFILING_GPU_TIME",), boolean=True),
+    Option("profiling.gpu_time_libraries", "--gpu-time-library",
+           "a copy of the injection library that workloads load (e.g. the chart's hostPath copy), attached at start so "
+           "their processes are profiled from their first launch (repeatable)", str,
+           env=("OTEL_GPU_PROFILING_GPU_TIME_LIBRARIES",), repeatable=True, check=_library_file),
     # pyroscope
     Option("pyroscope.url", "--pyroscope-url", "Grafana Pyroscope base URL (e.g. http://pyroscope:4040)", str,
            env=("OTEL_GPU_PYROSCOPE_URL",), check=_url),

@@ -414,3 +414,28 @@ def test_a_client_key_needs_a_client_certificate(tmp_path: Path) -> None:
     assert len(caught.value.problems) == 1
     assert "--otlp-metrics-client-certificate" in caught.value.problems[0]
     assert "client key but no client certificate" in caught.value.problems[0]
+
+
+def test_gpu_time_library_names_an_existing_copy_of_the_library(tmp_path: Path) -> None:
+    """--gpu-time-library (the chart's hostPath copy that workloads load) must be a file named like the library:
+    the probes attach to it at start; anything else exits 2 naming the flag."""
+    other = tmp_path / "libcuda.so.1"
+    other.write_bytes(b"\x7fELF")
+    for value, why in ((str(other), "must name a copy of libotel_gpu_inject.so"),
+                       (str(tmp_path / "libotel_gpu_inject.so"), "is not a file")):
+        result = _run("run", "--gpu-time-library", value, "--duration", "0.1")
+        assert result.returncode == 2, result.stderr
+        assert "--gpu-time-library" in result.stderr and why in result.stderr, result.stderr
+    copy = tmp_path / "libotel_gpu_inject.so"
+    copy.write_bytes(b"\x7fELF")
+    result = _run("config", "--gpu-time-library", str(copy), env={"OTEL_GPU_PROFILING_GPU_TIME_LIBRARIES": ""})
+    assert result.returncode == 0, result.stderr
+    assert str(copy) in result.stdout
+
+
+def test_the_gpu_time_source_attaches_the_named_copies_at_open(tmp_path: Path) -> None:
+    from otel_gpu.cuda.source import GPUTimeSource
+
+    copy = tmp_path / "libotel_gpu_inject.so"
+    source = GPUTimeSource(library_paths=[copy])
+    assert source._probes._library_paths == [copy]  # what _attach_known attaches at open (test_attach_early)

@@ -37,7 +37,9 @@ class GPUTimeSource:
                  poll_interval_s: float = 1.0, rescan_interval_s: float = 2.0, full_rescan_s: float = 10.0,
                  library_name: str = LIBRARY_NAME, symbolizer: NativeSymbolizer | None = None,
                  max_pending_per_process: int = 65536, selection: ProcessSelection | None = None,
-                 unwind_maps: Mapping[str, int] | None = None) -> None:
+                 unwind_maps: Mapping[str, int] | None = None,
+                 library_paths: Iterable[str | os.PathLike[str]] | None = None) -> None:
+        """``library_paths``: the library files attached at open (default: the packaged one)."""
         self._proc_root = proc_root
         self._selection = selection or ProcessSelection()
         self._lock = threading.RLock()  # the accounting is single-threaded: the poll thread and drain share it
@@ -50,7 +52,7 @@ class GPUTimeSource:
                                      program_path=program_path, ringbuf_bytes=ringbuf_bytes,
                                      poll_interval_s=poll_interval_s, rescan_interval_s=rescan_interval_s,
                                      full_rescan_s=full_rescan_s, library_name=library_name,
-                                     unwind_maps=unwind_maps)
+                                     unwind_maps=unwind_maps, library_paths=library_paths)
 
     # --- ProfileSource -----------------------------------------------------------------------------------------------
 

@@ -164,7 +164,7 @@ def test_default_security_is_the_capability_list_not_privileged(defaults: list[d
     assert privileged["privileged"] is True and "capabilities" not in privileged
 
 
-def test_host_mounts_are_read_only_and_the_injection_folder_only_in_the_init_container(
+def test_host_mounts_are_read_only_and_the_injection_folder_writable_only_in_the_init_container(
         defaults: list[dict[str, Any]]) -> None:
     (daemonset,) = by_kind(defaults, "DaemonSet")
     spec = daemonset["spec"]["template"]["spec"]
@@ -173,7 +173,13 @@ def test_host_mounts_are_read_only_and_the_injection_folder_only_in_the_init_con
     for mount in agent(defaults)["volumeMounts"]:
         if mount["name"] in host_volumes:
             assert mount.get("readOnly") is True, mount
-    assert "injection-library" not in {m["name"] for m in agent(defaults)["volumeMounts"]}
+    # the agent attaches to the node's copy (the file workloads load) at start: mounted read-only, named by a flag
+    # the agent accepts
+    library = {m["name"]: m["mountPath"] for m in agent(defaults)["volumeMounts"]}["injection-library"]
+    assert f"--gpu-time-library={library}/libotel_gpu_inject.so" in agent(defaults)["args"]
+    no_gpu_time = agent(render(TOGGLES["no-gpu-time"]))
+    assert "injection-library" not in {m["name"] for m in no_gpu_time["volumeMounts"]}
+    assert not any(a.startswith("--gpu-time-library") for a in no_gpu_time["args"])
     (init,) = spec["initContainers"]
     assert init["securityContext"]["capabilities"] == {"drop": ["ALL"]}
     assert "/opt/otel-gpu/lib/libotel_gpu_inject.so" in init["args"][0]
