@@ -16,7 +16,7 @@ import threading
 import time
 from collections.abc import Callable
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from otel_gpu import selfmetrics, semconv
 from otel_gpu.config import EXIT_CONFIG_ERROR, AgentConfig
@@ -28,6 +28,9 @@ from otel_gpu.profiles.source import ProcessSelection, ProfileSource
 from otel_gpu.resource import agent_resource, node_attributes
 from otel_gpu.symbolize.allowance import READ_BURST_S, READ_SHARE, ReadAllowance
 from otel_gpu.symbolize.symbolizer import Symbolizer
+
+if TYPE_CHECKING:
+    from otel_gpu.cpu.sampler import CPUSampler
 
 _logger = logging.getLogger(__name__)
 
@@ -54,6 +57,7 @@ class Agent:
         self._symbolizer: Symbolizer | None = None
         # one ration of symbol-table reading for every source that symbolizes (symbolize/allowance.py)
         self._read_allowance = ReadAllowance(READ_SHARE, READ_BURST_S, time.monotonic())
+        self._cpu_sampler: CPUSampler | None = None  # its unwind tables serve the GPU-time source too
         self._shutdown_deadline = 0.0  # monotonic; set when the loop ends
         self._signals = 0  # SIGINT and SIGTERM received: the first stops, the second ends the process at once
         self._node = node_attributes(config)  # host.name, k8s.node.name, ... on every profile's resource
@@ -140,9 +144,14 @@ class Agent:
 
         source = CPUProfileSource(self.config.profiling, self._resolver, symbolizer=self._shared_symbolizer(),
                                   selection=self._selection, allowance=self._read_allowance)
-        return [source] if _opened(source, "CPU profiling is off", cleanup) else []
+        if not _opened(source, "CPU profiling is off", cleanup):
+            return []
+        self._cpu_sampler = source.sampler
+        return [source]
 
     def _start_gpu_time(self, cleanup: contextlib.ExitStack, pipeline) -> list[ProfileSource]:  # type: ignore[no-untyped-def]
+        """The GPU-time source; when CPU profiling runs, its native unwind tables walk the GPU-time fallback stacks
+        too (one unwinder per process, not two)."""
         if not self.config.profiling.gpu_time:
             return []
         from otel_gpu.cuda.inject import library_path
@@ -152,7 +161,9 @@ class Agent:
 
         packaged = library_path()
         libraries = [*([packaged] if packaged is not None else []), *self.config.profiling.gpu_time_libraries]
+        unwind_maps = self._cpu_sampler.unwind_maps() if self._cpu_sampler is not None else None
         source = GPUTimeSource(self._resolver, selection=self._selection, library_paths=libraries,
+                               unwind_maps=unwind_maps,
                                symbolizer=SharedSymbolizer(self._shared_symbolizer(), allowance=self._read_allowance))
         if not _opened(source, "GPU-time profiling is off", cleanup):
             return []
