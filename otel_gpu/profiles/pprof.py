@@ -7,11 +7,12 @@ strings are deduplicated; every id is non-zero and ``string_table[0]`` is "".
 
 Sample types: a ``samples/count`` batch (CPU) gets ``samples/count`` and ``<period_type>/<period_unit>``
 (= count x period, e.g. ``cpu/nanoseconds``); any other batch gets its own type (e.g. ``gpu_time/nanoseconds``).
-Labels: ``pid`` and ``thread_id`` (numbers), ``thread_name``, ``container_id`` and ``rank`` (the process's
-``distributed.rank``) (strings), ``trace_id``/``span_id``
-(strings, as Pyroscope reads them), the node's ``host_name`` and ``k8s_node_name`` (strings, from
-:attr:`ProfileBatch.node`; a pprof file has no resource, and Pyroscope's /ingest keeps str labels as series labels)
-and every :attr:`Sample.attributes` pair (int -> num label, str -> str label).
+Labels: ``pid`` and ``thread_id`` (numbers), ``thread_name`` and the process's identity as on its OTLP resource with
+``_`` for ``.`` (``service_name``, ``process_executable_name``, ``container_id``, ``k8s_pod_uid``, the k8s names)
+and ``rank`` (its ``distributed.rank``) (strings), ``trace_id``/``span_id`` (strings, as Pyroscope reads them), the
+node's ``host_name`` and ``k8s_node_name`` (strings, from :attr:`ProfileBatch.node`; a pprof file has no resource,
+and Pyroscope's /ingest keeps str labels as series labels) and every :attr:`Sample.attributes` pair (int -> num
+label, str -> str label).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import gzip
 from collections.abc import Iterable
 
 from otel_gpu import semconv
+from otel_gpu.procfs import ProcessInfo, identity_attributes
 from otel_gpu.profiles.model import Frame, Mapping, ProcessProfile, ProfileBatch, Sample
 
 # perftools.profiles.Profile field numbers
@@ -105,6 +107,7 @@ class _PprofBuilder:
         self.locations: dict[Frame, int] = {}
         self.location_varints: dict[int, bytes] = {}  # id(frame) -> varint of its location id (frames outlive us)
         self.labels: dict[tuple[str, str, int], bytes] = {}  # (key, text, num) -> encoded label field
+        self.identity: dict[int, bytes] = {}  # id(ProcessInfo) -> its encoded identity labels (the batch holds it)
         self.out = _Writer()
         self.locations_out = _Writer()
         self.functions_out = _Writer()
@@ -163,11 +166,7 @@ class _PprofBuilder:
             w.buf += self._label(semconv.PPROF_LABEL_THREAD_ID, num=sample.thread_id)
         if sample.thread_name:
             w.buf += self._label(semconv.PPROF_LABEL_THREAD_NAME, text=sample.thread_name)
-        if info.container_id:
-            w.buf += self._label(semconv.PPROF_LABEL_CONTAINER_ID, text=info.container_id)
-        for key, value in info.ranks:
-            if key == semconv.DISTRIBUTED_RANK:
-                w.buf += self._label(semconv.PPROF_LABEL_RANK, text=str(value))
+        w.buf += self._identity_labels(info)
         w.buf += self.node_labels
         if sample.trace_id:
             w.buf += self._label(semconv.PPROF_LABEL_TRACE_ID, text=sample.trace_id)
@@ -179,6 +178,23 @@ class _PprofBuilder:
             else:
                 w.buf += self._label(key, text=str(value))
         return w.buf
+
+    def _identity_labels(self, info: ProcessInfo) -> bytes:
+        """The process's identity beyond its pid, as on its OTLP resource and GPU metrics (procfs.identity_attributes)
+        with ``_`` for ``.`` (container_id, service_name, k8s_pod_uid, ...), and its rank as ``rank``: encoded once
+        per process."""
+        encoded = self.identity.get(id(info))
+        if encoded is None:
+            parts = []
+            for key, value in identity_attributes(info):
+                if key == semconv.PROCESS_PID:
+                    continue
+                label = semconv.PPROF_LABEL_RANK if key == semconv.DISTRIBUTED_RANK else key.replace(".", "_")
+                if key.startswith("distributed.") and key != semconv.DISTRIBUTED_RANK:
+                    continue
+                parts.append(self._label(label, text=str(value)))
+            encoded = self.identity[id(info)] = b"".join(parts)
+        return encoded
 
     def _label(self, key: str, *, text: str = "", num: int = 0) -> bytes:
         """The whole ``label`` field (tag, length, message), cached: most labels repeat across samples."""

@@ -45,10 +45,13 @@ def test_cpu_batch_round_trips_with_both_sample_types() -> None:
 def test_labels_name_process_thread_container_and_trace() -> None:
     profile = pprof_proto.decode(encode_pprof(batches.cpu_batch()))
     labels = [_labels(profile, s) for s in profile.sample]
-    assert labels[0] == {"pid": 4242, "thread_id": 4242, "thread_name": "worker", "container_id": "c" * 64}
+    # the process's identity as on its OTLP resource, "." -> "_": one label selector joins pprof and OTLP series
+    assert labels[0] == {"pid": 4242, "thread_id": 4242, "thread_name": "worker", "container_id": "c" * 64,
+                         "service_name": "checkout", "process_executable_name": "worker",
+                         "k8s_pod_uid": "11111111-2222-3333-4444-555555555555"}
     assert labels[1]["thread_id"] == 4243 and labels[1]["thread_name"] == "helper"
-    assert labels[3] == {"pid": 77, "thread_id": 77, "thread_name": "other",
-                         "trace_id": batches.TRACE_ID, "span_id": batches.SPAN_ID}
+    assert labels[3] == {"pid": 77, "thread_id": 77, "thread_name": "other", "service_name": "other",
+                         "process_executable_name": "other", "trace_id": batches.TRACE_ID, "span_id": batches.SPAN_ID}
     # pid and thread id are numbers (Pyroscope leaves num labels out of its series)
     pid_key = list(profile.string_table).index("pid")
     assert all(label.num and not label.str for s in profile.sample for label in s.label if label.key == pid_key)
