@@ -314,10 +314,11 @@ static void on_driver_api(CUpti_CallbackId cbid, const CUpti_CallbackData *cb)
         entered = 1;
     }
     int sampled = entered && entered_window != 0;
-    if (sampled)
-        atomic_fetch_sub(&g_state.launches_entered, 1);
-    if (!atomic_load_explicit(&g_state.attached, memory_order_relaxed))
+    if (!atomic_load_explicit(&g_state.attached, memory_order_relaxed)) {
+        if (sampled)
+            atomic_fetch_sub(&g_state.launches_entered, 1);
         return;
+    }
     /* Outside a window the launch callbacks are on only while activity lingers (see window.c): nothing to do but
      * count the launch (its cost is charged by estimate.c), unless it entered inside the window that closed since. */
     if (launch_kind != 0 && wait_kind == 0 && !sampled &&
@@ -327,8 +328,12 @@ static void on_driver_api(CUpti_CallbackId cbid, const CUpti_CallbackData *cb)
     }
     uint64_t t0 = monotonic_ns();
     if (launch_kind != 0) {
-        /* in_launch lets the controller wait until no launch can still be counted in the window it closes. */
+        /* in_launch lets the controller wait until no launch can still be counted in the window it closes; it goes
+         * up before launches_entered goes down, so a closing window sees one or the other until the launch's id is
+         * known to the activity filter (its records may arrive at the close's flush). */
         atomic_fetch_add(&g_state.in_launch, 1);
+        if (sampled)
+            atomic_fetch_sub(&g_state.launches_entered, 1);
         uint64_t window_id = atomic_load(&g_state.window_id);
         if (sampled) {
             record_launch(cbid, cb, launch_kind, entered_window);
