@@ -201,7 +201,7 @@ def stack_copy(binary: Path, seconds: float, hz: int, window: int) -> dict[str, 
         workload = subprocess.Popen([str(binary), str(seconds + 3)], stdout=subprocess.PIPE, text=True)
         assert workload.stdout is not None
         pid = int(workload.stdout.readline().split()[1])
-        cache = TableCache()
+        cache = TableCache(max_frame_bytes=1 << 30)  # every file: this design unwinds in the agent, tables for all
         mappings = [(m.start, m.end, cache.get(m.path).bias(m.start, m.offset) or 0, cache.get(m.path))
                     for m in executable_mappings(pid) if m.path.startswith("/")]
         depths: list[int] = []

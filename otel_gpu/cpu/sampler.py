@@ -31,7 +31,8 @@ from otel_gpu import selfmetrics, semconv
 from otel_gpu.ebpf import _libbpf, abi
 from otel_gpu.ebpf.loader import BPFError, BPFObject, program_path
 from otel_gpu.errors import SourceUnavailable
-from otel_gpu.unwind.processes import MAX_FRAME_BYTES, NativeUnwinder
+from otel_gpu.unwind.processes import NativeUnwinder
+from otel_gpu.unwind.table import MAX_FRAME_BYTES, TableCache
 
 _logger = logging.getLogger(__name__)
 
@@ -137,7 +138,7 @@ class CPUSampler:
             self._bpf.map("control").update(ctypes.c_uint32(0), abi.Control(generation=0))
             if self.native_unwind:
                 self._unwinder = NativeUnwinder(self._bpf.map("unwind_rows"), self._bpf.map("unwind_processes"),
-                                               max_frame_bytes=self.unwind_max_frame_bytes)
+                                               TableCache(max_frame_bytes=self.unwind_max_frame_bytes))
             ring = self._bpf.ring_buffer("process_events", self._handle_event, {"raw_samples": self._handle_raw})
             self.cpus = self._bpf.attach_perf_event("on_cpu_sample", self.frequency_hz, cpus=self._cpus)
         except BPFError as exc:

@@ -18,15 +18,10 @@ from dataclasses import dataclass, field
 
 from otel_gpu.ebpf import abi
 from otel_gpu.ebpf.loader import BPFError, BPFMap
-from otel_gpu.unwind.table import TableCache, UnwindTable, file_key, frame_section_bytes
+from otel_gpu.unwind.table import TableCache, UnwindTable, file_key
 
 _logger = logging.getLogger(__name__)
 _ROW_BYTES = ctypes.sizeof(abi.UnwindRow)
-# Files whose .eh_frame is larger are walked by frame pointer: tables are built in the agent's Python at about 190
-# rows per KiB and 0.7-1.4 s per 100,000 rows (docs/benchmarks.md), so 1 MiB is at most ~1.5 s and 3 MiB of the
-# rows array. What needs tables most (libc, libstdc++, the interpreter: 150-410 KiB) stays under it; libtorch,
-# libcuda, cuBLAS and LLVM-sized libraries (2-30 MiB) keep frame pointers where torch's stacks need them (H200).
-MAX_FRAME_BYTES = 1 << 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,7 +40,7 @@ class UnwinderStats:
     files: int = 0  # files whose rows were loaded
     rows: int = 0  # rows used in unwind_rows
     rows_full: int = 0  # files left to frame pointers because unwind_rows was full
-    files_too_large: int = 0  # files left to frame pointers because their .eh_frame is over max_frame_bytes
+    files_too_large: int = 0  # files left to frame pointers because their .eh_frame is over the cache's cap
     file_errors: int = 0  # files that could not be read or parsed
     errors_by_file: dict[str, str] = field(default_factory=dict)  # the last few, for one log line each
 
@@ -73,9 +68,7 @@ class NativeUnwinder:
     :meth:`submit` queues a process for a background thread (a large file's table takes about a second to build, and
     the sampler's event thread must not wait); until it is registered, its stacks are unwound by frame pointer."""
 
-    def __init__(self, rows: BPFMap, processes: BPFMap, cache: TableCache | None = None, proc: str = "/proc",
-                 max_frame_bytes: int = MAX_FRAME_BYTES) -> None:
-        self.max_frame_bytes = max_frame_bytes
+    def __init__(self, rows: BPFMap, processes: BPFMap, cache: TableCache | None = None, proc: str = "/proc") -> None:
         self._rows_map = rows
         self._processes = processes
         self._cache = cache or TableCache()
@@ -162,9 +155,6 @@ class NativeUnwinder:
         image: bytes | None = None
         path = f"{self._proc}/{pid}/map_files/{mapping.start:x}-{mapping.end:x}"
         try:
-            if mapping.path != "[vdso]" and frame_section_bytes(path) > self.max_frame_bytes:
-                self.stats.files_too_large += 1  # walked by frame pointer, as if it had no frame information
-                return abi.UnwindMapping(start=mapping.start, end=mapping.end, bias=0, first_row=0, row_count=0)
             if mapping.path == "[vdso]":
                 with open(f"{self._proc}/{pid}/mem", "rb", buffering=0) as memory:
                     memory.seek(mapping.start)
@@ -192,7 +182,8 @@ class NativeUnwinder:
             return loaded
         count = len(table.pcs)
         first = self.stats.rows
-        if count == 0:
+        if count == 0:  # no frame information, or too large to build (walked by frame pointer)
+            self.stats.files_too_large += table.too_large
             loaded = (0, 0)
         elif first + count > self._rows_map.max_entries:
             self.stats.rows_full += 1

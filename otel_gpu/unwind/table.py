@@ -38,6 +38,12 @@ KIND_UNSUPPORTED = 4  # CFA expression, CFA in another register, return address 
 _MAX_SECTION_BYTES = 256 << 20  # .eh_frame read per file (libtorch_cpu.so's is ~30 MB)
 _MAX_SECTIONS = 1 << 16
 _CACHE_BYTES = 64 << 20  # tables kept in all
+# Files whose .eh_frame is larger get a table without rows and are walked by frame pointer: tables are built in the
+# agent's Python at about 190 rows per KiB and 0.7-1.4 s per 100,000 rows (docs/benchmarks.md), so 1 MiB is at most
+# ~1.5 s and 3 MiB of the rows array. What needs tables most (libc, libstdc++, the interpreter: 150-410 KiB) stays
+# under it; libtorch, libcuda, cuBLAS and LLVM-sized libraries (2-30 MiB) keep frame pointers where torch's stacks
+# need them (H200).
+MAX_FRAME_BYTES = 1 << 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +56,7 @@ class UnwindTable:
     rules: array[int]
     source: str  # ".eh_frame", ".debug_frame" or "" (no frame information)
     segments: tuple[Segment, ...] = ()  # the file's PT_LOAD segments (to find a mapping's load bias)
+    too_large: bool = False  # the frame section is over the cache's max_frame_bytes: no rows, frame pointers only
 
     @property
     def size_bytes(self) -> int:
@@ -150,9 +157,13 @@ def _frame_sections(read: _Read, name: str) -> tuple[tuple[str, int, bytes] | No
     if found is None:
         return None, segments
     section, addr, offset, size = found
+    return (section, addr, read(offset, _checked_size(name, section, size))), segments
+
+
+def _checked_size(name: str, section: str, size: int) -> int:
     if size > _MAX_SECTION_BYTES:
         raise ValueError(f"{name}: {section} is {size} bytes, over {_MAX_SECTION_BYTES}")
-    return (section, addr, read(offset, size)), segments
+    return size
 
 
 def _find_frame_section(read: _Read, name: str) -> tuple[tuple[str, int, int, int] | None, tuple[Segment, ...]]:
@@ -191,32 +202,31 @@ def _find_frame_section(read: _Read, name: str) -> tuple[tuple[str, int, int, in
     return None, tuple(segments)
 
 
-def frame_section_bytes(path: str) -> int:
-    """The size of the file's .eh_frame (else .debug_frame), 0 if neither: read from its headers only."""
-    with open(path, "rb") as file:
-        found, _ = _find_frame_section(_file_reader(file), path)
-    return found[3] if found else 0
-
-
 def frame_sections(path: str) -> tuple[str, int, bytes] | None:
     """(section name, link-time address, bytes) of the file's .eh_frame, else .debug_frame; None if neither."""
     with open(path, "rb") as file:
         return _frame_sections(_file_reader(file), path)[0]
 
 
-def build_table(path: str, image: bytes | None = None) -> UnwindTable:
+def build_table(path: str, image: bytes | None = None, max_frame_bytes: int = _MAX_SECTION_BYTES) -> UnwindTable:
     """The unwind table of the ELF file at ``path`` (or of the in-memory ``image``, e.g. the vDSO, which ``path``
-    then only names); raises OSError or ValueError for unreadable files."""
+    then only names); without rows (``too_large``) when its frame section is over ``max_frame_bytes``. Raises OSError
+    or ValueError for unreadable files."""
     if image is not None:
-        found, segments = _frame_sections(_image_reader(image), path)
-    else:
-        with open(path, "rb") as file:
-            found, segments = _frame_sections(_file_reader(file), path)
+        return _build(_image_reader(image), path, max_frame_bytes)
+    with open(path, "rb") as file:
+        return _build(_file_reader(file), path, max_frame_bytes)
+
+
+def _build(read: _Read, name: str, max_frame_bytes: int) -> UnwindTable:
+    found, segments = _find_frame_section(read, name)
     if found is None:
         return UnwindTable(array("Q"), array("Q"), "", segments)
-    name, addr, data = found
-    table = table_from_fdes(list(cfi.parse_frames(data, addr, name == ".eh_frame")), name)
-    return UnwindTable(table.pcs, table.rules, name, segments)
+    section, addr, offset, size = found
+    if _checked_size(name, section, size) > max_frame_bytes:
+        return UnwindTable(array("Q"), array("Q"), section, segments, too_large=True)
+    table = table_from_fdes(list(cfi.parse_frames(read(offset, size), addr, section == ".eh_frame")), section)
+    return UnwindTable(table.pcs, table.rules, section, segments)
 
 
 def file_key(path: str, image: bytes | None = None) -> tuple[int, ...]:
@@ -230,8 +240,10 @@ def file_key(path: str, image: bytes | None = None) -> tuple[int, ...]:
 class TableCache:
     """Tables by file identity (device, inode, size, mtime), least recently used dropped past ``max_bytes``."""
 
-    def __init__(self, max_bytes: int = _CACHE_BYTES) -> None:
+    def __init__(self, max_bytes: int = _CACHE_BYTES, max_frame_bytes: int = MAX_FRAME_BYTES) -> None:
+        """``max_frame_bytes``: files with a larger frame section get a table without rows (see MAX_FRAME_BYTES)."""
         self.max_bytes = max_bytes
+        self.max_frame_bytes = max_frame_bytes
         self.size_bytes = 0
         self.builds = 0
         self._tables: OrderedDict[tuple[int, ...], UnwindTable] = OrderedDict()
@@ -245,7 +257,7 @@ class TableCache:
             if table is not None:
                 self._tables.move_to_end(key)
                 return table
-        table = build_table(path, image)
+        table = build_table(path, image, self.max_frame_bytes)
         with self._lock:
             self.builds += 1
             if key not in self._tables:
