@@ -280,6 +280,15 @@ void CUPTIAPI inject_callback(void *userdata, CUpti_CallbackDomain domain, CUpti
     }
 }
 
+/* A sampled launch's exit: one fewer in its call. Never below zero: a linger that timed out reset the count while a
+ * launch was still in its call (window.c). */
+static void leave_entered(void)
+{
+    uint32_t n = atomic_load(&g_state.launches_entered);
+    while (n != 0 && !atomic_compare_exchange_weak(&g_state.launches_entered, &n, n - 1))
+        ;
+}
+
 static void on_driver_api(CUpti_CallbackId cbid, const CUpti_CallbackData *cb)
 {
     uint8_t cls = g_cbid_class[cbid];
@@ -316,7 +325,7 @@ static void on_driver_api(CUpti_CallbackId cbid, const CUpti_CallbackData *cb)
     int sampled = entered && entered_window != 0;
     if (!atomic_load_explicit(&g_state.attached, memory_order_relaxed)) {
         if (sampled)
-            atomic_fetch_sub(&g_state.launches_entered, 1);
+            leave_entered();
         return;
     }
     /* Outside a window the launch callbacks are on only while activity lingers (see window.c): nothing to do but
@@ -333,7 +342,7 @@ static void on_driver_api(CUpti_CallbackId cbid, const CUpti_CallbackData *cb)
          * known to the activity filter (its records may arrive at the close's flush). */
         atomic_fetch_add(&g_state.in_launch, 1);
         if (sampled)
-            atomic_fetch_sub(&g_state.launches_entered, 1);
+            leave_entered();
         uint64_t window_id = atomic_load(&g_state.window_id);
         if (sampled) {
             record_launch(cbid, cb, launch_kind, entered_window);
