@@ -208,6 +208,11 @@ class CPUSampler:
         if bpf is not None:
             bpf.map("python_procs").update(ctypes.c_uint32(pid), proc)
 
+    def walks_python(self, pid: int) -> bool:
+        """Whether the BPF program walks the Python frames of ``pid`` (it was registered and not dropped since)."""
+        bpf = self._bpf
+        return bpf is not None and bpf.map("python_procs").lookup(ctypes.c_uint32(pid)) is not None
+
     def unregister_python(self, pid: int) -> None:
         """Stop walking the Python frames of ``pid`` (it no longer runs a supported CPython)."""
         bpf = self._bpf

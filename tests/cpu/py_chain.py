@@ -1,16 +1,19 @@
 # SPDX-License-Identifier: Apache-2.0
 """A Python workload with a known call chain and a 3:1 split of work by iteration counts, for any CPython 3.10+.
 
-    python py_chain.py MODE ROUNDS UNIT     MODE: one | two (two threads) | ctypes (the work in libpyspin.so)
+    python py_chain.py MODE ROUNDS UNIT [warm]  MODE: one | two (two threads) | ctypes (the work in libpyspin.so)
                                             | crowd (one, behind 100 idle Python threads created after main's)
                                             | callback (main -> outer -> C call_back -> inner -> loop; a
                                               first round, "warm", then it waits for a second line)
                                             | cuda (main -> gpu_rounds -> Launcher.after -> loop, then a kernel
                                               launch on the fake driver, tests/native/cuda, GIL released)
 
+Prints "ready PID" and waits for a line; with `warm`, then spins in warm-up until a second line (so a profiler can
+register the process before the measured work); works, prints "done" and waits again (so the profiler can read the
+code objects before the process exits).
+
 main -> run_rounds -> step -> heavy (3 x UNIT iterations) / light (UNIT iterations); heavy and light run the same
-loop, so their CPU time is 3:1. Prints "ready PID", waits for a line on stdin, works, prints "done", waits again
-(so the profiler can read the code objects before the process exits).
+loop, so their CPU time is 3:1.
 """
 
 import ctypes
@@ -75,6 +78,18 @@ def run_rounds(rounds, unit):
         steps.step(unit)  # LINE run_rounds
 
 
+def _warm_until_told():
+    told = threading.Event()
+    threading.Thread(target=_warm_until_line, args=(told,), daemon=True).start()
+    while not told.is_set():
+        loop(10_000)
+
+
+def _warm_until_line(told):
+    sys.stdin.readline()
+    told.set()
+
+
 def main():
     global SPIN, DRIVER
     mode, rounds, unit = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
@@ -99,6 +114,8 @@ def main():
             threading.Thread(target=idle.wait, daemon=True).start()
     print("ready", os.getpid(), flush=True)
     sys.stdin.readline()
+    if sys.argv[4:] == ["warm"]:  # spins until a second line: the profiler sees the process and registers it first
+        _warm_until_told()
     if mode == "two":
         threads = [threading.Thread(target=run_rounds, args=(rounds, unit)) for _ in range(2)]
         for thread in threads:

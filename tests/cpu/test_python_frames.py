@@ -34,6 +34,7 @@ LIBRARY = Path(__file__).parents[1] / "native" / "pyspin" / "libpyspin.so"
 PYENV = Path("/root/.pyenv/versions")
 INTERPRETERS = {"3.10": "3.10.*/bin/python3.10", "3.11": "3.11.*/bin/python3.11", "3.12": "3.12.*/bin/python3.12",
                 "3.13": "3.13.*/bin/python3.13"}
+WARM_UP = {"_warm_until_told", "_warm_until_line"}  # py_chain.py's functions before the measured work
 UNIT = 200_000  # loop iterations of light(); heavy() runs three times as many
 
 
@@ -56,7 +57,9 @@ def _marker_lines() -> dict[str, int]:
 
 
 def _profile(python: str, mode: str, rounds: int) -> tuple[list[Sample], ProfileBatch, int]:
-    process = subprocess.Popen([python, str(WORKLOAD), mode, str(rounds), str(UNIT)], stdin=subprocess.PIPE,
+    """Samples of the measured rounds only: the workload spins in warm-up until its Python frames are walked (it is
+    registered when first sampled, from the sampler's event thread), and what was sampled before is drained away."""
+    process = subprocess.Popen([python, str(WORKLOAD), mode, str(rounds), str(UNIT), "warm"], stdin=subprocess.PIPE,
                                stdout=subprocess.PIPE, text=True)
     assert process.stdin is not None and process.stdout is not None
     try:
@@ -66,7 +69,14 @@ def _profile(python: str, mode: str, rounds: int) -> tuple[list[Sample], Profile
         source = CPUProfileSource(ProfilingConfig(frequency_hz=199, pids=(pid,)), ProcessResolver())
         source.open()
         try:
-            process.stdin.write("go\n")
+            process.stdin.write("go\n")  # warm-up
+            process.stdin.flush()
+            deadline = time.monotonic() + 60
+            while not source.sampler.walks_python(pid):
+                assert time.monotonic() < deadline, f"pid {pid} was never registered for Python frames"
+                time.sleep(0.05)
+            source.drain()
+            process.stdin.write("go\n")  # the measured rounds
             process.stdin.flush()
             assert process.stdout.readline().strip() == "done"
             batch = source.drain()[0]  # while the process still lives: its code objects are read now
@@ -75,7 +85,8 @@ def _profile(python: str, mode: str, rounds: int) -> tuple[list[Sample], Profile
     finally:
         process.kill()
         process.wait()
-    samples = [s for p in batch.processes if p.process.pid == pid for s in p.samples]
+    samples = [s for p in batch.processes if p.process.pid == pid for s in p.samples
+               if not WARM_UP & {f.function for f in s.frames}]  # the warm-up's last moments, before the second line
     return samples, batch, pid
 
 
