@@ -168,3 +168,41 @@ def test_a_written_slot_is_left_with_an_even_seq(traced) -> None:
             assert seq % 2 == 0 and seq != 0
             return
     raise AssertionError("this thread holds no slot")
+
+
+def test_a_forked_child_publishes_under_its_own_pid_and_tid() -> None:
+    code = (
+        "import os, threading\n"
+        "from opentelemetry.sdk.trace import TracerProvider\n"
+        "from opentelemetry.sdk.trace.export import SimpleSpanProcessor\n"
+        "from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter\n"
+        "from otel_gpu.instrumentation import SpanContextProcessor, SpanContextTable\n"
+        "table = SpanContextTable.shared()\n"
+        "provider = TracerProvider()\n"
+        "provider.add_span_processor(SpanContextProcessor(table))\n"
+        "exporter = InMemorySpanExporter()\n"
+        "provider.add_span_processor(SimpleSpanProcessor(exporter))\n"
+        "tracer = provider.get_tracer('t')\n"
+        "with tracer.start_as_current_span('parent'):\n"
+        "    pass\n"
+        "parent_tid = threading.get_native_id()\n"
+        "child = os.fork()\n"
+        "if child == 0:\n"
+        "    code = 1\n"
+        "    try:\n"
+        "        assert table.read(parent_tid) is None, 'the inherited slot is still claimed'\n"
+        "        with tracer.start_as_current_span('child') as s:\n"
+        "            r = table.read(threading.get_native_id())\n"
+        "            assert r is not None and r.span_id == s.get_span_context().span_id, r\n"
+        "        (span,) = exporter.get_finished_spans()[1:]\n"
+        "        assert span.attributes['process.pid'] == os.getpid(), span.attributes\n"
+        "        assert span.attributes['thread.id'] == threading.get_native_id(), span.attributes\n"
+        "        code = 0\n"
+        "    finally:\n"
+        "        os._exit(code)\n"
+        "_, status = os.waitpid(child, 0)\n"
+        "assert os.waitstatus_to_exitcode(status) == 0\n"
+        "print('ok')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip() == "ok", out.stderr
