@@ -216,10 +216,18 @@ def bpf_cost(seconds: float, phases: int = 3) -> None:
     spans: list[float] = []
     try:
         for _ in range(phases):
-            plain.append(_bpf_phase(False, seconds)[0])
-            spans.append(_bpf_phase(True, seconds)[0])
+            for with_spans, into in ((False, plain), (True, spans)):
+                ns, samples = _bpf_phase(with_spans, seconds)
+                if samples == 0:  # the program's run count did not move: no reading, not a zero cost
+                    print(f"BPF phase ({'spans' if with_spans else 'plain'}) counted no runs; left out",
+                          file=sys.stderr)
+                    continue
+                into.append(ns)
     finally:
         stats_path.write_text(previous)
+    if not plain or not spans:
+        print("BPF sampler: no phase counted runs (kernel.bpf_stats_enabled?)", file=sys.stderr)
+        return
     p, w = statistics.median(plain), statistics.median(spans)
     print(f"BPF sampler, process without the module: {p:.0f} ns per sample (phases: {_list(plain)})")
     print(f"BPF sampler, threads inside a span:      {w:.0f} ns per sample (phases: {_list(spans)})")
