@@ -2,13 +2,17 @@
 """Costs of span context: the span processor per span, and the BPF sampler's reading of the table per sample.
 
 1. The processor's added cost per span (start + end), side by side against the SDK alone: both tracer providers run
-   the same nested workload in alternating rounds (so drift and neighbours' load hit both), with a no-op exporter
-   behind a SimpleSpanProcessor as the baseline pipeline. Prints medians, their difference and ratio.
+   the same workload in alternating rounds (so drift and neighbours' load hit both), with a no-op exporter behind a
+   SimpleSpanProcessor as the baseline pipeline. Three mixes: "nested" (a local root with three nested children per
+   four spans), "roots" (every span a local root: the three root attributes each time), "children" (every span a
+   child of one long-lived root). Prints medians, fastest rounds, their differences and ratios, then each hook of
+   the processor alone (best of repeated timeit runs) and one SUMMARY line to paste.
 2. With --bpf-seconds N (root): the CPU sampler's run time per sample (kernel.bpf_stats_enabled, this sampler's own
    program only) on a busy process that never loads the module (one failed map lookup) against one whose two threads
    are always inside a span (the lookup plus the slot reads), alternating phases of N seconds.
 
 Run: .venv/bin/python bench/bench_span_context.py [--rounds 60] [--spans 2000] [--bpf-seconds 5]
+(without --bpf-seconds, or with 0, it needs neither root nor BPF: only the built libotel_gpu_context.so)
 """
 
 from __future__ import annotations
@@ -21,9 +25,11 @@ import statistics
 import subprocess
 import sys
 import time
+import timeit
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from collections.abc import Sequence
 
+from opentelemetry import trace
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
 
@@ -43,18 +49,96 @@ def _provider(with_context: bool) -> TracerProvider:
     return provider
 
 
-def _round_us(provider: TracerProvider, spans: int) -> float:
-    """Microseconds per span: a root with three nested children, repeated; start_as_current_span as apps use it."""
+def _round_us(provider: TracerProvider, spans: int, mix: str) -> float:
+    """Microseconds per span (start + end) of one mix; start_as_current_span as apps use it."""
     tracer = provider.get_tracer("bench")
+    span = tracer.start_as_current_span
     start = time.perf_counter_ns()
-    for _ in range(spans // 4):
-        with tracer.start_as_current_span("root"):
-            with tracer.start_as_current_span("a"):
-                with tracer.start_as_current_span("b"):
+    if mix == "nested":
+        for _ in range(spans // 4):
+            with span("root"):
+                with span("a"):
+                    with span("b"):
+                        pass
+                with span("c"):
                     pass
-            with tracer.start_as_current_span("c"):
+    elif mix == "roots":
+        for _ in range(spans // 4 * 4):
+            with span("root"):
                 pass
+    else:
+        with span("long-lived root"):
+            start = time.perf_counter_ns()
+            for _ in range(spans // 4 * 4):
+                with span("child"):
+                    pass
     return (time.perf_counter_ns() - start) / 1000 / (spans // 4 * 4)
+
+
+MIXES = ("nested", "roots", "children")
+
+
+def span_cost(rounds: int, spans: int) -> dict[str, tuple[float, float]]:
+    """Per mix: (added us per span, median of paired rounds; added us, fastest rounds). Prints the table."""
+    sdk, ours = _provider(False), _provider(True)
+    result: dict[str, tuple[float, float]] = {}
+    print(f"load average before: {_load()}")
+    for mix in MIXES:
+        _round_us(sdk, spans, mix), _round_us(ours, spans, mix)  # warm-up
+        base: list[float] = []
+        with_ctx: list[float] = []
+        for _ in range(rounds):
+            base.append(_round_us(sdk, spans, mix))
+            with_ctx.append(_round_us(ours, spans, mix))
+        b, w = statistics.median(base), statistics.median(with_ctx)
+        bmin, wmin = min(base), min(with_ctx)
+        diffs = sorted(x - y for x, y in zip(with_ctx, base, strict=True))
+        print(f"[{mix}] SDK alone {b:.2f} us per span (start + end), SDK + span context {w:.2f} us, "
+              f"median of {rounds} rounds: added {w - b:.2f} us (paired p10 {diffs[len(diffs) // 10]:.2f}, "
+              f"p90 {diffs[len(diffs) * 9 // 10]:.2f}), ratio {w / b:.2f}")
+        print(f"[{mix}]   fastest rounds {bmin:.2f} vs {wmin:.2f} us: added {wmin - bmin:.2f} us, "
+              f"ratio {wmin / bmin:.2f}")
+        result[mix] = (w - b, wmin - bmin)
+    print(f"load average after: {_load()}")
+    return result
+
+
+def hook_cost(number: int = 20000, repeat: int = 15) -> dict[str, float]:
+    """Each hook of the processor alone on a live span, best of `repeat` timeit runs, in us. Prints them."""
+    provider = TracerProvider()
+    processor = SpanContextProcessor()
+    tracer = provider.get_tracer("bench")
+    root = tracer.start_span("root")
+    child = tracer.start_span("child", context=trace.set_span_in_context(root))
+    root_items = root._attributes._dict  # type: ignore[attr-defined]
+    processor.on_start(root)
+    processor.on_start(child)
+    ended_root, ended_child = root._readable_span(), child._readable_span()
+
+    def root_start() -> None:
+        root_items.clear()  # a fresh local root each time, as the processor sees one (clearing is timed apart)
+        processor.on_start(root)
+
+    hooks: dict[str, Callable[[], object]] = {
+        "local root on_start": root_start,
+        "  of which clearing the attributes (harness)": root_items.clear,
+        "local root on_end": lambda: processor.on_end(ended_root),
+        "child on_start": lambda: processor.on_start(child),
+        "child on_end": lambda: processor.on_end(ended_child),
+    }
+    best = {name: min(timeit.repeat(hook, number=number, repeat=repeat)) / number * 1e6 for name, hook in hooks.items()}
+    root.end(), child.end()
+    for name, us in best.items():
+        print(f"hook {name:46s} {us:.3f} us")
+    clear = best["  of which clearing the attributes (harness)"]
+    root_us = best["local root on_start"] - clear + best["local root on_end"]
+    child_us = best["child on_start"] + best["child on_end"]
+    print(f"hooks per span: local root {root_us:.2f} us, child {child_us:.2f} us (start + end)")
+    return {"root": root_us, "child": child_us}
+
+
+def _load() -> str:
+    return " ".join(f"{x:.2f}" for x in os.getloadavg()) + f" ({os.cpu_count()} CPUs)"
 
 
 _BUSY = """
@@ -132,10 +216,18 @@ def bpf_cost(seconds: float, phases: int = 3) -> None:
     spans: list[float] = []
     try:
         for _ in range(phases):
-            plain.append(_bpf_phase(False, seconds)[0])
-            spans.append(_bpf_phase(True, seconds)[0])
+            for with_spans, into in ((False, plain), (True, spans)):
+                ns, samples = _bpf_phase(with_spans, seconds)
+                if samples == 0:  # the program's run count did not move: no reading, not a zero cost
+                    print(f"BPF phase ({'spans' if with_spans else 'plain'}) counted no runs; left out",
+                          file=sys.stderr)
+                    continue
+                into.append(ns)
     finally:
         stats_path.write_text(previous)
+    if not plain or not spans:
+        print("BPF sampler: no phase counted runs (kernel.bpf_stats_enabled?)", file=sys.stderr)
+        return
     p, w = statistics.median(plain), statistics.median(spans)
     print(f"BPF sampler, process without the module: {p:.0f} ns per sample (phases: {_list(plain)})")
     print(f"BPF sampler, threads inside a span:      {w:.0f} ns per sample (phases: {_list(spans)})")
@@ -146,28 +238,18 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--rounds", type=int, default=60)
     parser.add_argument("--spans", type=int, default=2000, help="spans per round")
-    parser.add_argument("--bpf-seconds", type=float, default=0.0, help="also measure the BPF side (root)")
+    parser.add_argument("--bpf-seconds", type=float, default=0.0, help="also measure the BPF side (root); 0: skip")
     args = parser.parse_args(argv)
-    sdk, ours = _provider(False), _provider(True)
-    _round_us(sdk, args.spans), _round_us(ours, args.spans)  # warm-up
-    base: list[float] = []
-    with_ctx: list[float] = []
-    for _ in range(args.rounds):
-        base.append(_round_us(sdk, args.spans))
-        with_ctx.append(_round_us(ours, args.spans))
-    b, w = statistics.median(base), statistics.median(with_ctx)
-    bmin, wmin = min(base), min(with_ctx)
-    diffs = sorted(x - y for x, y in zip(with_ctx, base, strict=True))
-    print(f"SDK alone:              {b:.2f} us per span (start + end), median of {args.rounds} rounds")
-    print(f"SDK + span context:     {w:.2f} us per span")
-    print(f"added cost:             {w - b:.2f} us per span (paired rounds: p10 {diffs[len(diffs) // 10]:.2f}, "
-          f"p90 {diffs[len(diffs) * 9 // 10]:.2f}); ratio {w / b:.2f}")
-    print(f"fastest rounds:         {bmin:.2f} vs {wmin:.2f} us per span: "
-          f"added {wmin - bmin:.2f} us, ratio {wmin / bmin:.2f}")
+    if args.bpf_seconds > 0 and os.geteuid() != 0:
+        print("--bpf-seconds needs root (it loads eBPF programs); give 0 to measure only the span processor",
+              file=sys.stderr)
+        return 2
+    added = span_cost(args.rounds, args.spans)
+    hooks = hook_cost()
+    mixes = ", ".join(f"{mix} {median:.2f}/{fastest:.2f}" for mix, (median, fastest) in added.items())
+    print(f"SUMMARY span context: added us per span (start + end), median/fastest of {args.rounds} paired rounds: "
+          f"{mixes}; hooks alone: root {hooks['root']:.2f}, child {hooks['child']:.2f}; load {_load()}")
     if args.bpf_seconds > 0:
-        if os.geteuid() != 0:
-            print("--bpf-seconds needs root (loads eBPF programs)", file=sys.stderr)
-            return 1
         bpf_cost(args.bpf_seconds)
     return 0
 

@@ -6,16 +6,44 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import weakref
 from typing import Any
 
 from opentelemetry import trace
+from opentelemetry.attributes import BoundedAttributes
 from opentelemetry.context import Context
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
 
 from otel_gpu.instrumentation._table import SlotWriter, SpanContextTable
 
 PROFILE_ID_ATTRIBUTE = "pyroscope.profile.id"
+_PID_ATTRIBUTE = "process.pid"
+_TID_ATTRIBUTE = "thread.id"
+_PROFILE_ID_LENGTH = 16
 _log = logging.getLogger(__name__)
+
+
+def _sdk_attributes_are_known() -> bool:
+    """Whether the SDK's span attributes have the private fields the fast path writes (checked once at import)."""
+    probe = BoundedAttributes(maxlen=1, immutable=False, max_value_len=None)
+    return all(hasattr(probe, name) for name in ("_dict", "_lock", "_immutable", "maxlen", "max_value_len"))
+
+
+_FAST_ATTRIBUTES = _sdk_attributes_are_known()
+
+
+class _ThreadState:
+    """What the processor keeps per thread: its slot writer, its local root, its tid, the last trace id split."""
+
+    __slots__ = ("writer", "root", "tid", "trace_id", "trace_hi", "trace_lo")
+
+    def __init__(self, writer: SlotWriter | None) -> None:
+        self.writer = writer
+        self.root = 0
+        self.tid = threading.get_native_id()
+        self.trace_id = 0
+        self.trace_hi = 0
+        self.trace_lo = 0
 
 
 class SpanContextProcessor(SpanProcessor):
@@ -30,49 +58,95 @@ class SpanContextProcessor(SpanProcessor):
     def __init__(self, table: SpanContextTable | None = None) -> None:
         self._table = table or SpanContextTable.shared()
         self._pid = os.getpid()
-        self._thread = threading.local()  # per thread: .writer (False: no slot free), .root, .tid
+        self._thread = threading.local()  # .state: this thread's _ThreadState
+        me = weakref.ref(self)
+        os.register_at_fork(after_in_child=lambda: (p := me()) is not None and p._forked())
 
-    def _writer(self) -> SlotWriter | None:
-        thread = self._thread
-        writer = getattr(thread, "writer", None)
-        if writer is None:
-            writer = thread.writer = self._table.thread_writer() or False
-        return writer or None
+    def _forked(self) -> None:
+        """A forked child has another pid and, for the forking thread, another tid and no slot: start afresh."""
+        self._pid = os.getpid()
+        self._thread = threading.local()
+
+    def _state(self) -> _ThreadState:
+        """This thread's state, made (and its slot claimed) on its first span."""
+        try:
+            return self._thread.state  # type: ignore[no-any-return]
+        except AttributeError:
+            state = self._thread.state = _ThreadState(self._table.thread_writer())
+            return state
 
     def on_start(self, span: Span, parent_context: Context | None = None) -> None:
+        try:
+            state = self._thread.state
+        except AttributeError:
+            state = self._state()
         ctx = span.get_span_context()
         parent = span.parent
         if parent is None or parent.is_remote:
-            root = ctx.span_id
-            span.set_attributes(
-                {
-                    PROFILE_ID_ATTRIBUTE: format(root, "016x"),
-                    "process.pid": self._pid,
-                    "thread.id": threading.get_native_id(),
-                }
-            )
+            root = state.root = ctx.span_id
+            self._set_root_attributes(span, state.tid, root)
         else:
-            root = getattr(self._thread, "root", 0)
-        self._thread.root = root
-        writer = self._writer()
+            root = state.root
+        writer = state.writer
         if writer is not None:
-            writer.write(ctx.trace_id, ctx.span_id, root)
+            trace_id = ctx.trace_id
+            if trace_id != state.trace_id:  # a new trace on this thread: split its id once, not per span
+                state.trace_id = trace_id
+                state.trace_hi = trace_id >> 64
+                state.trace_lo = trace_id & 0xFFFFFFFFFFFFFFFF
+            writer.write(state.trace_hi, state.trace_lo, ctx.span_id, root)
+
+    def _set_root_attributes(self, span: Span, tid: int, root: int) -> None:
+        """`span.set_attributes` of the three root attributes, or what it would do, without its validation.
+
+        The values need none: a 16-character string of hex digits and two ints are valid attribute values. The fast
+        path is taken only where the SDK would store them unchanged and drop nothing: the span's attributes are still
+        mutable, none of the three keys is set yet, the count limit leaves room for all three and the length limit
+        for the 16 characters. Anywhere else (and with an SDK whose attribute internals differ) the SDK's own call
+        runs, so its limits and warnings apply as before.
+        """
+        profile_id = root.to_bytes(8, "big").hex()
+        attributes = getattr(span, "_attributes", None)
+        if _FAST_ATTRIBUTES and type(attributes) is BoundedAttributes and not attributes._immutable:
+            items = attributes._dict
+            maxlen = attributes.maxlen
+            max_value_len = attributes.max_value_len
+            if (
+                (maxlen is None or len(items) + 3 <= maxlen)
+                and (max_value_len is None or max_value_len >= _PROFILE_ID_LENGTH)
+                and PROFILE_ID_ATTRIBUTE not in items
+                and _PID_ATTRIBUTE not in items
+                and _TID_ATTRIBUTE not in items
+            ):
+                with attributes._lock:
+                    items[PROFILE_ID_ATTRIBUTE] = profile_id
+                    items[_PID_ATTRIBUTE] = self._pid
+                    items[_TID_ATTRIBUTE] = tid
+                return
+        span.set_attributes({PROFILE_ID_ATTRIBUTE: profile_id, _PID_ATTRIBUTE: self._pid, _TID_ATTRIBUTE: tid})
 
     def on_end(self, span: ReadableSpan) -> None:
-        writer = self._writer()
+        try:
+            state = self._thread.state
+        except AttributeError:
+            state = self._state()
+        writer = state.writer
         if writer is None:
             return
         parent = span.parent
         if parent is None or parent.is_remote:
-            self._thread.root = 0
-            writer.write(0, 0, 0)
-        else:
-            writer.write(parent.trace_id, parent.span_id, getattr(self._thread, "root", 0))
+            state.root = 0
+            writer.write(0, 0, 0, 0)
+        elif parent.trace_id == state.trace_id:
+            writer.write(state.trace_hi, state.trace_lo, parent.span_id, state.root)
+        else:  # spans of two traces interleaved on this thread
+            trace_id = parent.trace_id
+            writer.write(trace_id >> 64, trace_id & 0xFFFFFFFFFFFFFFFF, parent.span_id, state.root)
 
     def shutdown(self) -> None:
-        writer = self._writer()
-        if writer is not None:
-            writer.write(0, 0, 0)
+        state = self._state()
+        if state.writer is not None:
+            state.writer.write(0, 0, 0, 0)
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
         return True

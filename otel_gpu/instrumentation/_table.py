@@ -81,26 +81,26 @@ class SpanContextTable:
         return None
 
 
-_PAYLOAD = struct.Struct(">QQQQ").pack_into  # trace id high, low, span id, local root span id: W3C byte order
-_MASK64 = (1 << 64) - 1
+# seq then the ids, in one pack: seq is packed big-endian as 0x01000000, which a little-endian u32 reader sees as 1
+# (odd: being written); the ids follow in W3C byte order (trace id high, low, span id, local root span id).
+_WRITING = struct.Struct(">IQQQQ").pack_into
+_SEQ_WRITING = 0x01000000
 
 
 class SlotWriter:
-    """Writes one thread's slot in place, without a foreign call: ~0.5 us against ~2 us through ctypes.
+    """Writes one thread's slot in place, without a foreign call: one pack and one store, ~0.3 us.
 
-    The sampler interrupts the writing thread on its own CPU, so program order suffices: seq odd, ids, seq even.
+    The sampler interrupts the writing thread on its own CPU, so program order suffices: seq odd (1), ids, seq even
+    (2). Readers look only at seq's parity (a reader on another CPU is not part of the contract).
     """
 
-    __slots__ = ("_seq", "_payload", "_view")
+    __slots__ = ("_seq", "_view")
 
     def __init__(self, address: int) -> None:
         self._view = memoryview((ctypes.c_uint8 * SLOT_SIZE).from_address(address)).cast("B")
         self._seq = self._view[0:8].cast("I")
-        self._payload = self._view[8:SLOT_SIZE]
 
-    def write(self, trace_id: int, span_id: int, local_root_span_id: int) -> None:
-        seq = self._seq
-        n = seq[1]
-        seq[1] = n + 1
-        _PAYLOAD(self._payload, 0, trace_id >> 64, trace_id & _MASK64, span_id, local_root_span_id)
-        seq[1] = n + 2
+    def write(self, trace_hi: int, trace_lo: int, span_id: int, local_root_span_id: int) -> None:
+        """Publishes ids (the trace id as its high and low 64 bits); all zero means "in no span"."""
+        _WRITING(self._view, 4, _SEQ_WRITING, trace_hi, trace_lo, span_id, local_root_span_id)
+        self._seq[1] = 2

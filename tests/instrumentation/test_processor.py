@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import ctypes
 import os
+import struct
 import subprocess
 import sys
 import threading
@@ -11,7 +13,8 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.attributes import BoundedAttributes
+from opentelemetry.sdk.trace import SpanLimits, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags, set_span_in_context
@@ -115,6 +118,90 @@ def test_the_instrumentor_entry_point_adds_the_processor() -> None:
         "with trace.get_tracer('t').start_as_current_span('s') as s:\n"
         "    r = SpanContextTable.shared().read(threading.get_native_id())\n"
         "    assert r.span_id == s.get_span_context().span_id, r\n"
+        "print('ok')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip() == "ok", out.stderr
+
+
+@pytest.mark.parametrize(
+    ("limits", "given"),
+    [
+        ({}, {}),  # the fast path
+        ({}, {"http.route": "/step", "rank": 3}),  # the fast path, after the span's own attributes
+        ({"max_span_attributes": 3}, {}),  # exactly room for the three: the fast path
+        ({"max_span_attributes": 4}, {"a": 1, "b": 2}),  # the SDK drops the oldest: its own call runs
+        ({"max_span_attributes": 0}, {}),  # nothing kept, three counted as dropped
+        ({"max_span_attribute_length": 8}, {}),  # the SDK truncates the profile id
+        ({}, {"thread.id": "worker-1", "z": 0}),  # the span set one of the keys already: overwritten, moved last
+    ],
+)
+def test_root_attributes_are_what_the_sdk_call_would_leave(limits: dict[str, int], given: dict[str, object]) -> None:
+    provider = TracerProvider(span_limits=SpanLimits(**limits))
+    provider.add_span_processor(SpanContextProcessor(SpanContextTable.shared()))
+    span = provider.get_tracer("t").start_span("root", attributes=given)
+    try:
+        root = span.get_span_context().span_id
+        expected = BoundedAttributes(
+            span._limits.max_span_attributes, given, immutable=False,
+            max_value_len=span._limits.max_span_attribute_length,
+        )
+        expected._set_items(
+            {PROFILE_ID_ATTRIBUTE: format(root, "016x"), "process.pid": os.getpid(),
+             "thread.id": threading.get_native_id()}
+        )
+        assert list(span.attributes.items()) == list(expected.items())
+        assert span.dropped_attributes == expected.dropped
+    finally:
+        span.end()
+
+
+def test_a_written_slot_is_left_with_an_even_seq(traced) -> None:
+    provider, _, table = traced
+    with provider.get_tracer("t").start_as_current_span("root"):
+        pass
+    tid = threading.get_native_id()
+    for i in range(table.max_probe):
+        index = (tid + i) & (table.slot_count - 1)
+        tid_field, seq = struct.unpack_from("<II", ctypes.string_at(table.address + 16 + index * 40, 8))
+        if tid_field == tid:
+            assert seq % 2 == 0 and seq != 0
+            return
+    raise AssertionError("this thread holds no slot")
+
+
+def test_a_forked_child_publishes_under_its_own_pid_and_tid() -> None:
+    code = (
+        "import os, threading\n"
+        "from opentelemetry.sdk.trace import TracerProvider\n"
+        "from opentelemetry.sdk.trace.export import SimpleSpanProcessor\n"
+        "from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter\n"
+        "from otel_gpu.instrumentation import SpanContextProcessor, SpanContextTable\n"
+        "table = SpanContextTable.shared()\n"
+        "provider = TracerProvider()\n"
+        "provider.add_span_processor(SpanContextProcessor(table))\n"
+        "exporter = InMemorySpanExporter()\n"
+        "provider.add_span_processor(SimpleSpanProcessor(exporter))\n"
+        "tracer = provider.get_tracer('t')\n"
+        "with tracer.start_as_current_span('parent'):\n"
+        "    pass\n"
+        "parent_tid = threading.get_native_id()\n"
+        "child = os.fork()\n"
+        "if child == 0:\n"
+        "    code = 1\n"
+        "    try:\n"
+        "        assert table.read(parent_tid) is None, 'the inherited slot is still claimed'\n"
+        "        with tracer.start_as_current_span('child') as s:\n"
+        "            r = table.read(threading.get_native_id())\n"
+        "            assert r is not None and r.span_id == s.get_span_context().span_id, r\n"
+        "        (span,) = exporter.get_finished_spans()[1:]\n"
+        "        assert span.attributes['process.pid'] == os.getpid(), span.attributes\n"
+        "        assert span.attributes['thread.id'] == threading.get_native_id(), span.attributes\n"
+        "        code = 0\n"
+        "    finally:\n"
+        "        os._exit(code)\n"
+        "_, status = os.waitpid(child, 0)\n"
+        "assert os.waitstatus_to_exitcode(status) == 0\n"
         "print('ok')\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)

@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* libotel_gpu_context.so: owns the span context table (span_context.h). otel_gpu.instrumentation calls
- * otel_gpu_span_context_slot once per thread and writes its slot on span start and end; each thread claims one slot on first use and frees it at exit. */
+ * otel_gpu_span_context_slot once per thread and writes its slot on span start and end; each thread claims one slot on
+ * first use and frees it at exit (or, in a forked child, at the fork). */
 #include "span_context.h"
 
 #include <pthread.h>
@@ -36,6 +37,19 @@ static void release(void *slot_ptr) {
 }
 
 static void make_key(void) { pthread_key_create(&release_key, release); }
+
+/* A forked child's only thread has a new tid but inherited the forking thread's slot pointer: free that slot (its
+ * owner does not exist here) so the child's thread claims one under its own tid on its next write. */
+static void forked_child(void) {
+    if (my_slot) {
+        release(my_slot);
+        pthread_setspecific(release_key, NULL); /* or this thread's exit would free the slot again, maybe another's */
+    }
+    my_slot = NULL;
+    no_slot = 0;
+}
+
+__attribute__((constructor)) static void register_fork_handler(void) { pthread_atfork(NULL, NULL, forked_child); }
 
 static struct otel_gpu_span_slot *claim(void) {
     uint32_t tid = (uint32_t)syscall(SYS_gettid);
