@@ -37,7 +37,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from otel_gpu.config import ProfilingConfig  # noqa: E402
-from otel_gpu.cpu.python import EVALUATION_LOOP, PythonFrames, elf_symbols  # noqa: E402
+from otel_gpu.cpu.python import EVALUATION_LOOP, elf_symbols  # noqa: E402
 from otel_gpu.cpu.sampler import StackCount  # noqa: E402
 from otel_gpu.cpu.source import CPUProfileSource  # noqa: E402
 from otel_gpu.ebpf import abi  # noqa: E402
@@ -209,9 +209,10 @@ def main() -> int:
         base = rows[0]["us_per_sample"]
         for row in rows:
             print(f"  {row['kind']:>6}: {row['samples_per_cpu_s']:>9,.0f} samples/CPU-s "
-                  f"(drain+merge {row['drain_samples_per_cpu_s']:>9,.0f}, encode {row['encode_samples_per_cpu_s']:>9,.0f}"
-                  f"), {row['us_per_sample']:.2f} us/sample, +{row['us_per_sample'] - base:.2f} us vs fp; "
-                  f"cold first drain {row['cold_samples_per_cpu_s']:>9,.0f} samples/CPU-s")
+                  f"(drain+merge {row['drain_samples_per_cpu_s']:>9,.0f}, "
+                  f"encode {row['encode_samples_per_cpu_s']:>9,.0f}), {row['us_per_sample']:.2f} us/sample, "
+                  f"+{row['us_per_sample'] - base:.2f} us vs fp; "
+                  f"first drain (symbol tables read; drain only) {row['cold_samples_per_cpu_s']:>9,.0f} samples/CPU-s")
         if profiler is not None:
             profiler.dump_stats(args.profile)
     finally:

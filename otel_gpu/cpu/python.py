@@ -235,6 +235,7 @@ class CodeReader:
         self._proc_root = proc_root
         self._cache: dict[int, _Code | None] = {}
         self._frames: dict[int, dict[int, Frame]] = {}  # code address -> instruction offset -> its frame
+        self._lines: dict[tuple[int, int], Frame] = {}  # (code address, line) -> its frame
         self._checked: set[int] = set()  # code addresses checked since the last drain began
         self.read_errors = 0
 
@@ -274,6 +275,8 @@ class CodeReader:
             if code is None:
                 return None
             frame = Frame(code.name, FrameKind.PYTHON, filename=code.filename, line=self._line(code, offset))
+            # one object per (code, line), not per instruction: encoders deduplicate frames by identity first
+            frame = self._lines.setdefault((address, frame.line), frame)
             self._frames.setdefault(address, {})[offset] = frame
         return frame
 
@@ -281,6 +284,7 @@ class CodeReader:
         if len(self._cache) + len(addresses) > _CODE_CACHE_ENTRIES:
             self._cache.clear()
             self._frames.clear()
+            self._lines.clear()
         try:
             memory = ProcessMemory(self.process.pid, self._proc_root)
         except OSError:
@@ -292,7 +296,8 @@ class CodeReader:
                 cached = self._cache.get(address)
                 if cached is not None and cached.identity == self._identity(memory, address):
                     continue
-                self._frames.pop(address, None)
+                for frame in self._frames.pop(address, {}).values():
+                    self._lines.pop((address, frame.line), None)
                 code = self._read_code(memory, address)
                 if code is None:
                     self.read_errors += 1
@@ -475,18 +480,29 @@ class PythonFrames:
 
     def merged(self, pid: int, native: tuple[Frame, ...], stack: abi.PythonStack | None) -> tuple[Frame, ...]:
         """The user frames of one sample, leaf first, with its Python frames merged in."""
-        if pid in self._unsupported:
-            return native + (unsupported_frame(self._unsupported[pid]),)
+        runs = self.runs_of(pid, {0: stack}).get(0) if stack is not None else None
+        return self.merged_runs(pid, native, runs)
+
+    def runs_of(self, pid: int, stacks: dict[int, abi.PythonStack]) -> dict[int, tuple[tuple[Frame, ...], ...]]:
+        """Each Python stack's frames in runs (:meth:`CodeReader.runs`), by stack id: once per drain and stack, however
+        many threads and native stacks share it."""
         reader = self._readers.get(pid)
-        if reader is None or stack is None:
-            return native
+        if reader is None or not stacks:
+            return {}
         before = reader.read_errors
-        runs = reader.runs(stack)
+        runs = {stack_id: reader.runs(stack) for stack_id, stack in stacks.items()}
         if reader.read_errors > before:
             selfmetrics.count(semconv.SELF_ERRORS.name, reader.read_errors - before,
                               otel_gpu__source=semconv.Source.CPU_PROFILER,
                               otel_gpu__reason=semconv.Reason.PYTHON_CODE_UNREADABLE)
-        return merge(native, runs)
+        return runs
+
+    def merged_runs(self, pid: int, native: tuple[Frame, ...],
+                    runs: Sequence[tuple[Frame, ...]] | None) -> tuple[Frame, ...]:
+        """The user frames of one sample, leaf first, with its Python runs (:meth:`runs_of`) merged in."""
+        if pid in self._unsupported:
+            return native + (unsupported_frame(self._unsupported[pid]),)
+        return native if runs is None else merge(native, runs)
 
     def executable_changed(self, pid: int) -> bool:
         """True when ``pid`` was discovered and has run exec since (it was first sampled between fork and exec)."""
