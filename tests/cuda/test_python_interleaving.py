@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from otel_gpu.cuda.abi import KStackC, PythonFrame, decode_stack
+from otel_gpu.cuda.abi import KStackC, PythonFrame, Stack, decode_stack
 from otel_gpu.cuda.stacks import PYTHON_ENTRY, StackFrames, python_runs
-from otel_gpu.cuda.symbols import SharedSymbolizer
-from otel_gpu.profiles.model import Frame, FrameKind
+from otel_gpu.cuda.symbols import NativeSymbolizer, SharedSymbolizer
+from otel_gpu.profiles.model import Frame, FrameKind, Mapping
 from tests.cpu.test_python_frames import VERSIONS, WORKLOAD, _interpreter, _marker_lines
 from tests.cuda.test_native_inject import read_debug_file
 
@@ -33,6 +33,46 @@ def test_entry_marks_cut_the_python_frames_into_runs() -> None:
     assert [[f.function for f in run] for run in python_runs(frames[:3])] == [["leaf", "called_back"], ["caller"]]
     unmarked = [PythonFrame(f.name, f.filename, f.line, f.first_line & ~PYTHON_ENTRY) for f in frames]
     assert [len(run) for run in python_runs(unmarked)] == [4]
+
+
+class _Named:
+    """A NativeSymbolizer over a fixed table: pc -> frame."""
+
+    last_complete = True
+
+    def __init__(self, frames: dict[int, Frame]) -> None:
+        self._frames = frames
+
+    def remember(self, pid: int) -> None: ...
+
+    def frames(self, pid: int, pcs: object) -> tuple[Frame, ...]:
+        return tuple(self._frames[pc] for pc in pcs)  # type: ignore[attr-defined]
+
+    def forget(self, pid: int) -> None: ...
+
+
+def _native(name: str, path: str) -> Frame:
+    return Frame(name, FrameKind.NATIVE, mapping=Mapping(0, 1, 0, path))
+
+
+def test_launch_stacks_merge_like_cpu_samples() -> None:
+    """The launch stack's runs go where the evaluation loops are; the interpreter's glue between two loops and what
+    started it go; a stack cut short gets the remaining runs after its frames; no Python frames: unchanged."""
+    table = dict(enumerate([
+        _native("cuLaunchKernel", "/usr/lib/libcuda.so.1"), _native("at::launch", "/x/libtorch_cuda.so"),
+        _native("_PyEval_EvalFrameDefault", "/usr/bin/python3.12"), _native("_PyObject_Call", "/usr/bin/python3.12"),
+        _native("call_back", "/x/libpyspin.so"), _native("_PyEval_EvalFrameDefault", "/usr/bin/python3.12"),
+        _native("Py_RunMain", "/usr/bin/python3.12"), _native("main", "/usr/bin/python3.12")]))
+    symbolizer: NativeSymbolizer = _Named(table)
+    python = (PythonFrame("A", "/app/a.py", 10, 9 | PYTHON_ENTRY), PythonFrame("B", "/app/a.py", 20, 19),
+              PythonFrame("<module>", "/app/a.py", 30, 1 | PYTHON_ENTRY))
+    frames = StackFrames(symbolizer).frames(1, Stack(native=tuple(range(8)), python=python))
+    assert [f.function for f in frames] == ["cuLaunchKernel", "at::launch", "A", "call_back", "B", "<module>"]
+    assert frames[2] == Frame("A", FrameKind.PYTHON, filename="/app/a.py", line=10)
+    short = StackFrames(symbolizer).frames(1, Stack(native=(0, 1), python=python))
+    assert [f.function for f in short] == ["cuLaunchKernel", "at::launch", "A", "B", "<module>"]
+    plain = StackFrames(symbolizer).frames(1, Stack(native=tuple(range(8))))
+    assert plain == tuple(table.values())
 
 
 @pytest.mark.root
