@@ -59,7 +59,7 @@ class _Resolved(NamedTuple):
 _EVICTED = object()  # a file key no longer in the cache
 # Whole stacks remembered per process (their frames are remembered anyway): a drain of stacks seen before is one
 # lookup per stack instead of one per frame. Past it, the process's stacks are forgotten and built again.
-_STACK_CACHE_ENTRIES = 32768
+_STACK_CACHE_ENTRIES = 8192  # about 3 MB per process at most (stacks of ~20 frames)
 
 
 class _Process:
