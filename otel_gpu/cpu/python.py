@@ -16,7 +16,7 @@ import logging
 import os
 import re
 import struct
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -237,6 +237,8 @@ class CodeReader:
         self._frames: dict[int, dict[int, Frame]] = {}  # code address -> instruction offset -> its frame
         self._lines: dict[tuple[int, int], Frame] = {}  # (code address, line) -> its frame
         self._checked: set[int] = set()  # code addresses checked since the last drain began
+        # a stack's raw bytes -> its runs; emptied whenever a code object read before reads differently
+        self._runs: dict[bytes, tuple[tuple[Frame, ...], ...]] = {}
         self.read_errors = 0
 
     def new_drain(self) -> None:
@@ -251,9 +253,14 @@ class CodeReader:
         (each run ends with a frame the walker marked as an entry). A run whose code objects cannot be read is
         empty, never left out, so the runs still pair with the native evaluation-loop frames."""
         depth = min(stack.depth, abi.MAX_PYTHON_DEPTH)
-        unchecked = [stack.code[i] for i in range(depth) if stack.code[i] not in self._checked]
+        checked = self._checked
+        unchecked = [address for address in stack.code[:depth] if address not in checked]
         if unchecked:
             self._refresh(unchecked)
+        key = bytes(stack)
+        cached = self._runs.get(key)
+        if cached is not None:
+            return cached
         runs: list[tuple[Frame, ...]] = []
         run: list[Frame] = []
         for i in range(depth):
@@ -265,7 +272,19 @@ class CodeReader:
                 run = []
         if run:  # the outermost frames were cut (or the walk found no entry mark)
             runs.append(tuple(run))
-        return tuple(runs)
+        if len(self._runs) >= _CODE_CACHE_ENTRIES:
+            self._runs.clear()
+        out = self._runs[key] = tuple(runs)
+        return out
+
+    def prepare(self, stacks: Iterable[abi.PythonStack]) -> None:
+        """Checks every code object of ``stacks`` not checked in this drain yet, with one open of the memory file
+        (rather than one per stack)."""
+        checked = self._checked
+        unchecked = {address for stack in stacks for address in stack.code[:min(stack.depth, abi.MAX_PYTHON_DEPTH)]
+                     if address not in checked}
+        if unchecked:
+            self._refresh(list(unchecked))
 
     def _frame(self, address: int, offset: int) -> Frame | None:
         by_offset = self._frames.get(address)
@@ -285,6 +304,7 @@ class CodeReader:
             self._cache.clear()
             self._frames.clear()
             self._lines.clear()
+            self._runs.clear()
         try:
             memory = ProcessMemory(self.process.pid, self._proc_root)
         except OSError:
@@ -301,6 +321,8 @@ class CodeReader:
                 code = self._read_code(memory, address)
                 if code is None:
                     self.read_errors += 1
+                if address in self._cache and code != cached:  # runs built with the old one are wrong now
+                    self._runs.clear()
                 self._cache[address] = code
         finally:
             memory.close()
@@ -490,6 +512,7 @@ class PythonFrames:
         if reader is None or not stacks:
             return {}
         before = reader.read_errors
+        reader.prepare(stacks.values())
         runs = {stack_id: reader.runs(stack) for stack_id, stack in stacks.items()}
         if reader.read_errors > before:
             selfmetrics.count(semconv.SELF_ERRORS.name, reader.read_errors - before,
