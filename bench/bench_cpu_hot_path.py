@@ -15,11 +15,15 @@ spread, 4 threads). The first drain reads the symbol tables (cold); then DRAINS 
 profiler sees between reports. Printed: samples per CPU-second (drain+merge and encode apart) and the extra CPU
 per sample against fp.
 
-The sampler's own map reads are not in it (they are the kernel's and the sampler's, measured in
-bench_cpu_profiler.py); the stacks are fed from lists built from the live process's real mappings.
+The stacks of that part are fed from lists built from the live process's real mappings. With --real SECONDS, a
+second part runs the real sampler (eBPF, 999 Hz) on two programs built without frame pointers
+(tests/native/unwind: cpu_3to1_nofp, clock_loop) and the Python callback workload (tests/cpu/py_chain.py), once
+with frame pointers only and once with native unwinding, and charges each whole drain (the sampler's map reads
+included) plus encoding to the draining thread; the unwinder's table building runs on its own thread and is not in
+it.
 
-Run (root for /proc/PID/mem; after make build): .venv/bin/python bench/bench_cpu_hot_path.py
-        [--samples 50000] [--distinct 4000] [--drains 3] [--profile FILE.pstats]
+Run (root; after make build): .venv/bin/python bench/bench_cpu_hot_path.py
+        [--samples 50000] [--distinct 4000] [--drains 3] [--profile FILE.pstats] [--real SECONDS]
 """
 
 from __future__ import annotations
@@ -185,12 +189,59 @@ def measure(kind: str, pid: int, feed: FeedSampler, drains: int,
             "samples_per_cpu_s": drains * total / (drain_s + encode_s), "us_per_sample": per_sample_us}
 
 
+def real_drains(native_unwind: bool, seconds: float) -> dict[str, float]:
+    """The real sampler at 999 Hz on the three workloads for ``seconds``: agent thread CPU per drained sample."""
+    from otel_gpu.cpu.sampler import CPUSampler
+
+    unwind = ROOT / "tests" / "native" / "unwind"
+    sampler = CPUSampler(999, native_unwind=native_unwind)
+    config = ProfilingConfig(frequency_hz=999, process_name="^(cpu_3to1_nofp|clock_loop|python3.12)$")
+    source = CPUProfileSource(config, ProcessResolver(), sampler=sampler)
+    source.open()
+    workloads = []
+    try:
+        workloads = [subprocess.Popen([str(unwind / name), str(seconds + 30)], stdout=subprocess.DEVNULL)
+                     for name in ("cpu_3to1_nofp", "clock_loop")]
+        python = subprocess.Popen([PYTHON, str(ROOT / "tests" / "cpu" / "py_chain.py"), "callback", "100000",
+                                   "200000"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        workloads.append(python)
+        assert python.stdin is not None and python.stdout is not None
+        python.stdout.readline()
+        python.stdin.write("go\n")
+        python.stdin.flush()
+        python.stdout.readline()  # warm
+        python.stdin.write("go\n")
+        python.stdin.flush()
+        time.sleep(1.0)
+        source.drain()  # announces and registers them (Python walker, unwind tables)
+        assert sampler.settle_unwinder(120)
+        source.drain()
+        samples = 0
+        cpu_s = 0.0
+        ended = time.monotonic() + seconds
+        while time.monotonic() < ended:
+            time.sleep(1.0)
+            started = time.thread_time()
+            (batch,) = source.drain()
+            encode_pprof(batch)
+            encode_otlp(batch).SerializeToString()
+            cpu_s += time.thread_time() - started
+            samples += sum(s.value for p in batch.processes for s in p.samples)
+    finally:
+        source.close()
+        for workload in workloads:
+            workload.kill()
+            workload.wait()
+    return {"samples": samples, "cpu_s": cpu_s, "us_per_sample": 1e6 * cpu_s / max(1, samples)}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--samples", type=int, default=50_000)
     parser.add_argument("--distinct", type=int, default=4_000)
     parser.add_argument("--drains", type=int, default=3)
     parser.add_argument("--profile", help="write a cProfile of the steady drains to this file")
+    parser.add_argument("--real", type=float, default=0.0, help="seconds of the real sampler, each way (0: skip)")
     args = parser.parse_args()
     child = subprocess.Popen([PYTHON, "-c", CHILD], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
@@ -218,6 +269,13 @@ def main() -> int:
     finally:
         child.kill()
         child.wait()
+    if args.real:
+        print(f"real sampler, 999 Hz x {args.real:g} s, 3 workloads, drains every 1 s "
+              "(drain + encode, agent thread CPU)")
+        rows = [("frame pointers", real_drains(False, args.real)), ("native unwinding", real_drains(True, args.real))]
+        for name, row in rows:
+            print(f"  {name:>16}: {row['samples']:>6} samples, {row['cpu_s'] * 1000:7.1f} ms CPU, "
+                  f"{row['us_per_sample']:.2f} us/sample ({1e6 / max(row['us_per_sample'], 1e-9):,.0f} samples/CPU-s)")
     return 0
 
 
