@@ -31,6 +31,8 @@ EVALUATION_LOOP = "_PyEval_EvalFrameDefault"  # one native frame per run of Pyth
 _LIBRARY = re.compile(r"(?:^|/)(?:lib)?python(\d)\.(\d+)[a-z]*(?:\.so[.\d]*)?$")
 _DEBUG_COOKIE = b"xdebugpy"
 _CODE_CACHE_ENTRIES = 16384  # per process; with line tables of at most _LINETABLE_BYTES
+_RUNS_CACHE_ENTRIES = 4096  # per process: stacks whose runs are kept across drains (a key is ~250 bytes)
+_STACK_CODE, _STACK_OFFSET = abi.PythonStack.code.offset, abi.PythonStack.offset.offset
 _NAME_BYTES = 1024
 _LINETABLE_BYTES = 65536  # a longer table is cut: lines past it read as 0
 _OWNER_CSTACK_NONE = 0xFF
@@ -237,7 +239,7 @@ class CodeReader:
         self._frames: dict[int, dict[int, Frame]] = {}  # code address -> instruction offset -> its frame
         self._lines: dict[tuple[int, int], Frame] = {}  # (code address, line) -> its frame
         self._checked: set[int] = set()  # code addresses checked since the last drain began
-        # a stack's raw bytes -> its runs; emptied whenever a code object read before reads differently
+        # a stack's bytes in use -> its runs; emptied whenever a code object read before reads differently
         self._runs: dict[bytes, tuple[tuple[Frame, ...], ...]] = {}
         self.read_errors = 0
 
@@ -257,7 +259,8 @@ class CodeReader:
         unchecked = [address for address in stack.code[:depth] if address not in checked]
         if unchecked:
             self._refresh(unchecked)
-        key = bytes(stack)
+        raw = bytes(stack)  # the key: depth, flags, marks, then the code addresses and offsets in use
+        key = raw[:_STACK_CODE + 8 * depth] + raw[_STACK_OFFSET:_STACK_OFFSET + 4 * depth]
         cached = self._runs.get(key)
         if cached is not None:
             return cached
@@ -272,7 +275,7 @@ class CodeReader:
                 run = []
         if run:  # the outermost frames were cut (or the walk found no entry mark)
             runs.append(tuple(run))
-        if len(self._runs) >= _CODE_CACHE_ENTRIES:
+        if len(self._runs) >= _RUNS_CACHE_ENTRIES:
             self._runs.clear()
         out = self._runs[key] = tuple(runs)
         return out
