@@ -16,7 +16,7 @@ import logging
 import os
 import re
 import struct
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,6 +31,8 @@ EVALUATION_LOOP = "_PyEval_EvalFrameDefault"  # one native frame per run of Pyth
 _LIBRARY = re.compile(r"(?:^|/)(?:lib)?python(\d)\.(\d+)[a-z]*(?:\.so[.\d]*)?$")
 _DEBUG_COOKIE = b"xdebugpy"
 _CODE_CACHE_ENTRIES = 16384  # per process; with line tables of at most _LINETABLE_BYTES
+_RUNS_CACHE_ENTRIES = 4096  # per process: stacks whose runs are kept across drains (a key is ~250 bytes)
+_STACK_CODE, _STACK_OFFSET = abi.PythonStack.code.offset, abi.PythonStack.offset.offset
 _NAME_BYTES = 1024
 _LINETABLE_BYTES = 65536  # a longer table is cut: lines past it read as 0
 _OWNER_CSTACK_NONE = 0xFF
@@ -235,7 +237,10 @@ class CodeReader:
         self._proc_root = proc_root
         self._cache: dict[int, _Code | None] = {}
         self._frames: dict[int, dict[int, Frame]] = {}  # code address -> instruction offset -> its frame
+        self._lines: dict[tuple[int, int], Frame] = {}  # (code address, line) -> its frame
         self._checked: set[int] = set()  # code addresses checked since the last drain began
+        # a stack's bytes in use -> its runs; emptied whenever a code object read before reads differently
+        self._runs: dict[bytes, tuple[tuple[Frame, ...], ...]] = {}
         self.read_errors = 0
 
     def new_drain(self) -> None:
@@ -250,9 +255,15 @@ class CodeReader:
         (each run ends with a frame the walker marked as an entry). A run whose code objects cannot be read is
         empty, never left out, so the runs still pair with the native evaluation-loop frames."""
         depth = min(stack.depth, abi.MAX_PYTHON_DEPTH)
-        unchecked = [stack.code[i] for i in range(depth) if stack.code[i] not in self._checked]
+        checked = self._checked
+        unchecked = [address for address in stack.code[:depth] if address not in checked]
         if unchecked:
             self._refresh(unchecked)
+        raw = bytes(stack)  # the key: depth, flags, marks, then the code addresses and offsets in use
+        key = raw[:_STACK_CODE + 8 * depth] + raw[_STACK_OFFSET:_STACK_OFFSET + 4 * depth]
+        cached = self._runs.get(key)
+        if cached is not None:
+            return cached
         runs: list[tuple[Frame, ...]] = []
         run: list[Frame] = []
         for i in range(depth):
@@ -264,7 +275,19 @@ class CodeReader:
                 run = []
         if run:  # the outermost frames were cut (or the walk found no entry mark)
             runs.append(tuple(run))
-        return tuple(runs)
+        if len(self._runs) >= _RUNS_CACHE_ENTRIES:
+            self._runs.clear()
+        out = self._runs[key] = tuple(runs)
+        return out
+
+    def prepare(self, stacks: Iterable[abi.PythonStack]) -> None:
+        """Checks every code object of ``stacks`` not checked in this drain yet, with one open of the memory file
+        (rather than one per stack)."""
+        checked = self._checked
+        unchecked = {address for stack in stacks for address in stack.code[:min(stack.depth, abi.MAX_PYTHON_DEPTH)]
+                     if address not in checked}
+        if unchecked:
+            self._refresh(list(unchecked))
 
     def _frame(self, address: int, offset: int) -> Frame | None:
         by_offset = self._frames.get(address)
@@ -274,6 +297,8 @@ class CodeReader:
             if code is None:
                 return None
             frame = Frame(code.name, FrameKind.PYTHON, filename=code.filename, line=self._line(code, offset))
+            # one object per (code, line), not per instruction: encoders deduplicate frames by identity first
+            frame = self._lines.setdefault((address, frame.line), frame)
             self._frames.setdefault(address, {})[offset] = frame
         return frame
 
@@ -281,6 +306,8 @@ class CodeReader:
         if len(self._cache) + len(addresses) > _CODE_CACHE_ENTRIES:
             self._cache.clear()
             self._frames.clear()
+            self._lines.clear()
+            self._runs.clear()
         try:
             memory = ProcessMemory(self.process.pid, self._proc_root)
         except OSError:
@@ -292,10 +319,13 @@ class CodeReader:
                 cached = self._cache.get(address)
                 if cached is not None and cached.identity == self._identity(memory, address):
                     continue
-                self._frames.pop(address, None)
+                for frame in self._frames.pop(address, {}).values():
+                    self._lines.pop((address, frame.line), None)
                 code = self._read_code(memory, address)
                 if code is None:
                     self.read_errors += 1
+                if address in self._cache and code != cached:  # runs built with the old one are wrong now
+                    self._runs.clear()
                 self._cache[address] = code
         finally:
             memory.close()
@@ -475,18 +505,30 @@ class PythonFrames:
 
     def merged(self, pid: int, native: tuple[Frame, ...], stack: abi.PythonStack | None) -> tuple[Frame, ...]:
         """The user frames of one sample, leaf first, with its Python frames merged in."""
-        if pid in self._unsupported:
-            return native + (unsupported_frame(self._unsupported[pid]),)
+        runs = self.runs_of(pid, {0: stack}).get(0) if stack is not None else None
+        return self.merged_runs(pid, native, runs)
+
+    def runs_of(self, pid: int, stacks: dict[int, abi.PythonStack]) -> dict[int, tuple[tuple[Frame, ...], ...]]:
+        """Each Python stack's frames in runs (:meth:`CodeReader.runs`), by stack id: once per drain and stack, however
+        many threads and native stacks share it."""
         reader = self._readers.get(pid)
-        if reader is None or stack is None:
-            return native
+        if reader is None or not stacks:
+            return {}
         before = reader.read_errors
-        runs = reader.runs(stack)
+        reader.prepare(stacks.values())
+        runs = {stack_id: reader.runs(stack) for stack_id, stack in stacks.items()}
         if reader.read_errors > before:
             selfmetrics.count(semconv.SELF_ERRORS.name, reader.read_errors - before,
                               otel_gpu__source=semconv.Source.CPU_PROFILER,
                               otel_gpu__reason=semconv.Reason.PYTHON_CODE_UNREADABLE)
-        return merge(native, runs)
+        return runs
+
+    def merged_runs(self, pid: int, native: tuple[Frame, ...],
+                    runs: Sequence[tuple[Frame, ...]] | None) -> tuple[Frame, ...]:
+        """The user frames of one sample, leaf first, with its Python runs (:meth:`runs_of`) merged in."""
+        if pid in self._unsupported:
+            return native + (unsupported_frame(self._unsupported[pid]),)
+        return native if runs is None else merge(native, runs)
 
     def executable_changed(self, pid: int) -> bool:
         """True when ``pid`` was discovered and has run exec since (it was first sampled between fork and exec)."""

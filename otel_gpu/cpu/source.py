@@ -158,15 +158,29 @@ class CPUProfileSource:
         return self._selection.selects(info, thread_names | {self._comms.get(info.pid, "")})
 
     def _samples(self, pid: int, samples: list[StackCount], deadline: float) -> tuple[Sample, ...]:
+        """The process's samples, each distinct (user, kernel, Python) stack symbolized and merged once; samples
+        whose frames come out equal are summed (equal frame tuples are made one object, so that sum is by identity
+        rather than by hashing every frame of every sample)."""
         stacks = sorted({s.user_stack for s in samples if s.user_stack})
         user_frames = dict(zip(stacks, self._symbolizer.user_stacks(pid, stacks, deadline), strict=True))
         python_ids = {s.python_stack_id for s in samples if s.python_stack_id}
         python = self._sampler.python_stacks(python_ids) if python_ids else {}
-        merged: dict[tuple[tuple[Frame, ...], int, str, str, str], int] = defaultdict(int)
+        python_runs = self._python.runs_of(pid, python)
+        built: dict[tuple[tuple[int, ...], tuple[int, ...], int], tuple[Frame, ...]] = {}
+        interned: dict[tuple[Frame, ...], tuple[Frame, ...]] = {}
+        merged: dict[tuple[int, int, str, str, str], int] = defaultdict(int)
+        by_id: dict[int, tuple[Frame, ...]] = {}
         for sample in samples:
-            frames = self._symbolizer.kernel_stack(sample.kernel_stack) if sample.kernel_stack else ()
-            frames += self._python.merged(pid, user_frames.get(sample.user_stack, ()),
-                                          python.get(sample.python_stack_id))
-            merged[(frames or (_UNKNOWN,), sample.tid, sample.comm, sample.trace_id, sample.span_id)] += sample.count
-        return tuple(Sample(frames, count, thread_id=tid, thread_name=comm, trace_id=trace_id, span_id=span_id)
-                     for (frames, tid, comm, trace_id, span_id), count in merged.items())
+            raw = (sample.user_stack, sample.kernel_stack, sample.python_stack_id)
+            frames = built.get(raw)
+            if frames is None:
+                frames = self._symbolizer.kernel_stack(sample.kernel_stack) if sample.kernel_stack else ()
+                frames += self._python.merged_runs(pid, user_frames.get(sample.user_stack, ()),
+                                                   python_runs.get(sample.python_stack_id))
+                frames = interned.setdefault(frames or (_UNKNOWN,), frames or (_UNKNOWN,))
+                built[raw] = frames
+                by_id[id(frames)] = frames
+            merged[(id(frames), sample.tid, sample.comm, sample.trace_id, sample.span_id)] += sample.count
+        return tuple(Sample(by_id[frames_id], count, thread_id=tid, thread_name=comm, trace_id=trace_id,
+                            span_id=span_id)
+                     for (frames_id, tid, comm, trace_id, span_id), count in merged.items())

@@ -5,7 +5,6 @@ the merge of Python frames into a native stack, and the accumulator that sums we
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -30,8 +29,6 @@ _NCCL_KERNEL = re.compile(r"nccl(?:Dev)?Kernel_(AllReduce|AllGather|ReduceScatte
                           r"(?![A-Za-z])")
 _NCCL_COLLECTIVES = dict(zip(("AllReduce", "AllGather", "ReduceScatter", "Broadcast", "Reduce", "SendRecv", "Send",
                               "Recv"), semconv.NCCL_COLLECTIVE_NAMES[:-1], strict=True))
-_INTERPRETER_FILE = re.compile(r"^(lib)?python\d*(\.\d+)*[a-z]*(\.so.*|$)")
-_INTERPRETER_FUNCTIONS = ("_PyEval_EvalFrame", "PyEval_EvalCode", "_PyEval_Vector")
 
 
 def format_bytes(count: int) -> str:
@@ -108,32 +105,8 @@ def sync_frame(sync: abi.Sync) -> Frame:
     return Frame(f"[{sync_api_name(sync)}]", FrameKind.CUDA)
 
 
-def is_interpreter_frame(frame: Frame) -> bool:
-    """True for native frames of the CPython interpreter (libpython, the python binary, its eval loop)."""
-    if frame.kind != FrameKind.NATIVE:
-        return False
-    if frame.function.startswith(_INTERPRETER_FUNCTIONS):
-        return True
-    return frame.mapping is not None and bool(_INTERPRETER_FILE.match(os.path.basename(frame.mapping.path)))
-
-
 def python_frames(frames: Sequence[abi.PythonFrame]) -> tuple[Frame, ...]:
     return tuple(Frame(f.name or "<unknown>", FrameKind.PYTHON, filename=f.filename, line=f.line) for f in frames)
-
-
-def merge_python_frames(native: Sequence[Frame], python: Sequence[abi.PythonFrame]) -> tuple[Frame, ...]:
-    """Leaf-first native frames with the interpreter's part replaced by the Python frames.
-
-    From the first native frame inside the interpreter outwards, the native frames are the eval loop running the
-    Python frames; they are replaced by those frames. Without an interpreter frame (the unwind stopped early) the
-    Python frames follow the native ones.
-    """
-    if not python:
-        return tuple(native)
-    for index, frame in enumerate(native):
-        if is_interpreter_frame(frame):
-            return tuple(native[:index]) + python_frames(python)
-    return tuple(native) + python_frames(python)
 
 
 @dataclass(frozen=True, slots=True)

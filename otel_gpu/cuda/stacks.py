@@ -4,17 +4,24 @@
 A launch's stack is symbolized when its record arrives (the process may exit before its work is weighted), and most
 launches repeat a few stacks, so the frames are cached by (pid, stack) up to ``max_stacks``, oldest out first; a
 stack with a frame left unnamed for now (the symbol-reading allowance was spent) is not cached, so a later launch of
-it names it.
+it names it. Python frames are merged as in CPU samples (:func:`otel_gpu.cpu.python.merge`): the library marks each
+run's entry frame, and each run takes the place of the ``_PyEval_EvalFrameDefault`` frame that runs it, so
+Python -> C -> Python reads as such.
 """
 
 from __future__ import annotations
 
 import os
 from collections import OrderedDict
+from collections.abc import Sequence
 
+from otel_gpu.cpu.python import merge
 from otel_gpu.cuda import abi, builder
 from otel_gpu.cuda.symbols import NativeSymbolizer
 from otel_gpu.profiles.model import Frame
+
+# In otel_gpu_python_frame.first_line: the frame is the outermost its evaluation loop runs (otel_gpu_probes.h).
+PYTHON_ENTRY = 0x80000000
 
 
 class StackFrames:
@@ -43,7 +50,7 @@ class StackFrames:
                 native = native[1:]
         else:
             native = ()
-        frames = builder.merge_python_frames(native, stack.python)
+        frames = merge(native, python_runs(stack.python))
         if not self._symbolizer.last_complete:
             return frames
         self._frames[key] = frames
@@ -56,6 +63,20 @@ class StackFrames:
         self._symbolizer.forget(pid)
         for key in [key for key in self._frames if key[0] == pid]:
             del self._frames[key]
+
+
+def python_runs(python: Sequence[abi.PythonFrame]) -> tuple[tuple[Frame, ...], ...]:
+    """The launch's Python frames, innermost first, cut after each entry frame into runs (as
+    :meth:`otel_gpu.cpu.python.CodeReader.runs`); without marks (a reader that cannot tell), one run."""
+    runs: list[tuple[Frame, ...]] = []
+    start = 0
+    for index, frame in enumerate(python):
+        if frame.first_line & PYTHON_ENTRY:
+            runs.append(builder.python_frames(python[start:index + 1]))
+            start = index + 1
+    if start < len(python):
+        runs.append(builder.python_frames(python[start:]))
+    return tuple(runs)
 
 
 def _is_tracing_library(path: str) -> bool:

@@ -44,6 +44,16 @@ class Frame:
     system_name: str = ""
     filename: str = ""
     line: int = 0
+    # Frames are dictionary keys on every hot path (stacks, locations); hashing one field by field (the kind and the
+    # mapping each a Python-level hash) cost more than the rest of a sample's work, so it is computed once.
+    _hash: int = field(default=0, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_hash", hash((self.function, self.kind.value, self.address, self.mapping,
+                                                self.system_name, self.filename, self.line)))
+
+    def __hash__(self) -> int:
+        return self._hash
 
 
 @dataclass(frozen=True, slots=True)

@@ -113,6 +113,7 @@ class _DictionaryBuilder:
         self.locations_by_id: dict[int, int] = {}  # id(frame) -> index: the batch keeps its frames alive
         self.location_table: list[pb.Location] = [pb.Location()]
         self.stacks: dict[tuple[int, ...], int] = {}
+        self.stacks_by_id: dict[int, int] = {}  # id(frames tuple) -> index: threads share stacks, the batch keeps them
         self.stack_table: list[pb.Stack] = [pb.Stack()]
         self.links: dict[tuple[bytes, bytes], int] = {}
         self.link_table: list[pb.Link] = [pb.Link()]
@@ -171,6 +172,12 @@ class _DictionaryBuilder:
         return index
 
     def stack(self, frames: tuple[Frame, ...]) -> int:
+        index = self.stacks_by_id.get(id(frames))
+        if index is None:
+            index = self.stacks_by_id[id(frames)] = self._stack(frames)
+        return index
+
+    def _stack(self, frames: tuple[Frame, ...]) -> int:
         by_id = self.locations_by_id
         key = tuple([by_id.get(id(frame)) or self.location(frame) for frame in frames])
         index = self.stacks.get(key)

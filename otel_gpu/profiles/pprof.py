@@ -106,6 +106,7 @@ class _PprofBuilder:
         self.functions: dict[tuple[str, str, str], int] = {}
         self.locations: dict[Frame, int] = {}
         self.location_varints: dict[int, bytes] = {}  # id(frame) -> varint of its location id (frames outlive us)
+        self.stack_ids: dict[int, bytes] = {}  # id(frames tuple) -> its location ids (threads share stacks)
         self.labels: dict[tuple[str, str, int], bytes] = {}  # (key, text, num) -> encoded label field
         self.identity: dict[int, bytes] = {}  # id(ProcessInfo) -> its encoded identity labels (the batch holds it)
         self.out = _Writer()
@@ -152,8 +153,11 @@ class _PprofBuilder:
 
     def _sample(self, process: ProcessProfile, sample: Sample, n_values: int) -> bytearray:
         w = _Writer()
-        cache = self.location_varints
-        ids = b"".join([cache.get(id(frame)) or self._location(frame) for frame in sample.frames])
+        ids = self.stack_ids.get(id(sample.frames))
+        if ids is None:
+            cache = self.location_varints
+            ids = self.stack_ids[id(sample.frames)] = b"".join([cache.get(id(frame)) or self._location(frame)
+                                                                for frame in sample.frames])
         if ids:
             w.data(1, ids)
         values = [sample.value]

@@ -57,6 +57,9 @@ class _Resolved(NamedTuple):
     deferred: bool = False  # its file was not read (the call's deadline had passed): not cached, named file+offset
 
 _EVICTED = object()  # a file key no longer in the cache
+# Whole stacks remembered per process (their frames are remembered anyway): a drain of stacks seen before is one
+# lookup per stack instead of one per frame. Past it, the process's stacks are forgotten and built again.
+_STACK_CACHE_ENTRIES = 8192  # about 3 MB per process at most (stacks of ~20 frames)
 
 
 class _Process:
@@ -70,6 +73,7 @@ class _Process:
         # only in the Symbolizer's bounded cache, so evicting it frees its memory and file descriptor
         self.files: dict[int, tuple[FileKey | None, Mapping]] = {}
         self.frames: dict[tuple[int, bool], Frame] = {}  # (address, is_leaf)
+        self.stacks: dict[tuple[int, ...], tuple[Frame, ...]] = {}  # whole stacks whose every frame is in frames
         self.build_ids: dict[int, str] = {}  # by entry start: files whose symbols were not read yet (deferred frames)
         self.perf_map: PerfMap | None = None
         self.perf_map_checked = False
@@ -192,9 +196,15 @@ class Symbolizer:
                 self._count_capped_maps(process, found is not None and found[1])
             process.refreshed = False  # re-read the maps at most once per call (a library loaded meanwhile)
             process.perf_map_checked = False
+            known = process.stacks
+            todo = [stack for stack in dict.fromkeys(map(tuple, stacks)) if stack not in known]
+            if not todo:  # the steady state: every stack seen before, one lookup each
+                return [known[tuple(stack)] for stack in stacks]
+            if len(known) + len(todo) > _STACK_CACHE_ENTRIES:
+                known.clear()
             raw: list[list[_Resolved]] = []
             names: set[str] = set()
-            for stack in stacks:
+            for stack in todo:
                 resolved: list[_Resolved] = []
                 for depth, address in enumerate(stack):
                     leaf = depth == 0
@@ -207,11 +217,12 @@ class Symbolizer:
                         names.add(item.name)
                 raw.append(resolved)
             self._demangler.prepare(names)
-            out = []
+            built: dict[tuple[int, ...], tuple[Frame, ...]] = {}
             unsymbolized_before = self._unsymbolized
             deferred = 0
-            for resolved in raw:
+            for stack, resolved in zip(todo, raw, strict=True):
                 frames = []
+                deferred_before = deferred
                 for address, leaf, name, entry, mapping, file_offset, later in resolved:
                     frame = process.frames.get((address, leaf))
                     if frame is None and later:
@@ -221,9 +232,15 @@ class Symbolizer:
                                       address, mapping)
                     elif frame is None:
                         frame = self._frame(process, address, name, entry, mapping, file_offset)
+                        other = process.frames.get((address, not leaf))
+                        if other == frame:  # one object per value: encoders deduplicate frames by identity first
+                            frame = other
                         process.frames[(address, leaf)] = frame
                     frames.append(frame)
-                out.append(tuple(frames))
+                built[stack] = tuple(frames)
+                if deferred == deferred_before:  # a frame named later must not be remembered as file+offset
+                    known[stack] = built[stack]
+            out = [built[stack] if stack in built else known[stack] for stack in map(tuple, stacks)]
             if self._unsymbolized != unsymbolized_before:
                 selfmetrics.count(semconv.SELF_ERRORS.name, self._unsymbolized - unsymbolized_before,
                                   otel_gpu__source=SOURCE, otel_gpu__reason=semconv.Reason.NO_SYMBOL)

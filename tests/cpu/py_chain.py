@@ -7,6 +7,8 @@
                                               first round, "warm", then it waits for a second line)
                                             | cuda (main -> gpu_rounds -> Launcher.after -> loop, then a kernel
                                               launch on the fake driver, tests/native/cuda, GIL released)
+                                            | cuda-callback (main -> outer_launch -> C call_back -> inner_launch
+                                              -> a kernel launch on the fake driver)
 
 Prints "ready PID" and waits for a line; with `warm`, then spins in warm-up until a second line (so a profiler can
 register the process before the measured work); works, prints "done" and waits again (so the profiler can read the
@@ -65,6 +67,18 @@ class Launcher:
         DRIVER.launch(DRIVER.matmul)  # LINE after-launch
 
 
+def inner_launch(n):  # called back from C, launches a kernel
+    loop(n)
+    DRIVER.launch(DRIVER.matmul)  # LINE inner-launch
+    return n
+
+
+def outer_launch(rounds, unit):
+    callback = ctypes.CFUNCTYPE(ctypes.c_uint64, ctypes.c_uint64)(inner_launch)
+    for _ in range(rounds):
+        SPIN.call_back(callback, unit)  # LINE outer-launch
+
+
 def gpu_rounds(rounds, unit):
     launcher = Launcher()
     for _ in range(rounds):
@@ -93,14 +107,14 @@ def _warm_until_line(told):
 def main():
     global SPIN, DRIVER
     mode, rounds, unit = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-    if mode in ("ctypes", "callback"):
+    if mode in ("ctypes", "callback", "cuda-callback"):
         SPIN = ctypes.CDLL(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "native", "pyspin",
                                         "libpyspin.so"))
         SPIN.spin_work.argtypes = [ctypes.c_uint64]
         SPIN.spin_work.restype = ctypes.c_uint64
         SPIN.call_back.argtypes = [ctypes.CFUNCTYPE(ctypes.c_uint64, ctypes.c_uint64), ctypes.c_uint64]
         SPIN.call_back.restype = ctypes.c_uint64
-    if mode == "cuda":
+    if mode in ("cuda", "cuda-callback"):
         fakes = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "native", "cuda")
         sys.path.insert(0, fakes)
         from workload import Driver
@@ -124,6 +138,8 @@ def main():
             thread.join()
     elif mode == "cuda":
         gpu_rounds(rounds, unit)  # LINE main-gpu
+    elif mode == "cuda-callback":
+        outer_launch(rounds, unit)  # LINE main-outer-launch
     elif mode == "callback":  # a first round gets the process sampled (and its unwind tables built), then more
         outer(1, unit)
         print("warm", flush=True)

@@ -171,3 +171,27 @@ def test_a_code_address_reused_by_another_code_object_is_read_again() -> None:
     stack.code[0] = id(second.__code__)
     frame = reader.frames(stack)[0]
     assert frame.function.endswith("second") and frame.filename == __file__ and frame.line > 0
+
+
+def test_runs_kept_from_an_earlier_drain_are_built_again_when_their_code_reads_differently() -> None:
+    """A stack's runs are kept across drains (by its raw bytes); a code object of it that reads differently at the
+    next drain's check (its address reused) drops them, so the new name shows even for the very same stack bytes."""
+    found = find_python(os.getpid())
+    assert isinstance(found, PythonProcess), found
+    reader = CodeReader(found)
+
+    def first() -> None: ...
+
+    def second() -> None: ...
+
+    primer = abi.PythonStack(depth=1)
+    primer.code[0] = id(first.__code__)
+    reader.frames(primer)
+    stack = abi.PythonStack(depth=1)
+    stack.code[0] = id(second.__code__)
+    reader._cache[id(second.__code__)] = reader._cache[id(first.__code__)]  # what the address held before
+    reader._checked.add(id(second.__code__))  # checked in this drain already: its stale entry is used
+    assert reader.frames(stack)[0].function.endswith("first")
+    reader.new_drain()
+    assert reader.frames(stack)[0].function.endswith("second")
+    assert reader.frames(primer)[0].function.endswith("first")

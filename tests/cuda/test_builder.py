@@ -6,7 +6,7 @@ from __future__ import annotations
 from otel_gpu import semconv
 from otel_gpu.cuda import abi, builder
 from otel_gpu.procfs import ProcessInfo
-from otel_gpu.profiles.model import Frame, FrameKind, Mapping, gpu_time_profile_type
+from otel_gpu.profiles.model import Frame, FrameKind, gpu_time_profile_type
 from otel_gpu.symbolize.demangle import demangle
 from tests.cuda.records import kernel, memcpy, sync
 
@@ -43,27 +43,6 @@ def test_sync_frame_names_the_call() -> None:
     assert builder.sync_frame(sync(1, 10, cbid=126)).function == "[cuStreamSynchronize]"
     assert builder.sync_frame(sync(1, 10, cbid=17, kind=abi.SYNC_CONTEXT)).function == "[cuCtxSynchronize]"
     assert builder.sync_frame(sync(1, 10, cbid=-1, kind=abi.SYNC_EVENT)).function == "[cuEventSynchronize]"
-
-
-def _native(name: str, path: str) -> Frame:
-    return Frame(name, FrameKind.NATIVE, mapping=Mapping(0, 1, 0, path))
-
-
-def test_python_frames_replace_the_interpreter() -> None:
-    native = [_native("cuLaunchKernel", "/usr/lib/libcuda.so.1"), _native("at::launch", "/x/libtorch_cuda.so"),
-              _native("_PyEval_EvalFrameDefault", "/usr/bin/python3.12"), _native("main", "/usr/bin/python3.12")]
-    python = (abi.PythonFrame("A", "/app/train.py", 10), abi.PythonFrame("<module>", "/app/train.py", 30))
-    merged = builder.merge_python_frames(native, python)
-    assert [f.function for f in merged] == ["cuLaunchKernel", "at::launch", "A", "<module>"]
-    assert merged[2] == Frame("A", FrameKind.PYTHON, filename="/app/train.py", line=10)
-
-    in_libpython = [_native("x", "/lib/libcuda.so.1"), _native("PyObject_Call", "/lib/libpython3.11.so.1.0")]
-    assert [f.function for f in builder.merge_python_frames(in_libpython, python)] == ["x", "A", "<module>"]
-    # no interpreter frame (unwind stopped early): python frames follow
-    short = [_native("x", "/lib/libcuda.so.1")]
-    assert [f.function for f in builder.merge_python_frames(short, python)] == ["x", "A", "<module>"]
-    # no python frames: unchanged
-    assert builder.merge_python_frames(native, ()) == tuple(native)
 
 
 def test_accumulator_sums_and_rounds() -> None:

@@ -68,8 +68,12 @@ struct otel_gpu_python_frame {
     otel_u32 line;
     otel_u32 name_offset;     /* qualified function name, NUL-terminated, offset into strings */
     otel_u32 filename_offset; /* source file, NUL-terminated, offset into strings */
-    otel_u32 first_line;
+    otel_u32 first_line;      /* the code's first line, | OTEL_GPU_PYTHON_ENTRY on an entry frame */
 };
+/* An entry frame is the outermost one its native call of the evaluation loop runs (3.10 and older: every frame;
+ * 3.11 _PyInterpreterFrame.is_entry; 3.12+ the frame above a FRAME_OWNED_BY_CSTACK shim), so the frames split into
+ * runs that each take the place of one _PyEval_EvalFrameDefault frame, as in CPU samples. */
+#define OTEL_GPU_PYTHON_ENTRY 0x80000000u
 
 /*
  * The launching thread's stack as the injected library unwound it (eh_frame unwinding: works through libraries

@@ -212,6 +212,15 @@ static int line_of(const void *code, long byte_offset)
     return -1;
 }
 
+/* Marks the last frame kept since *run_start as its run's entry frame (OTEL_GPU_PYTHON_ENTRY); a run with no frame
+ * kept has none to mark. */
+static void end_run(struct otel_gpu_stack *stack, uint32_t *run_start)
+{
+    if (stack->python_count > *run_start)
+        stack->python[stack->python_count - 1].first_line |= OTEL_GPU_PYTHON_ENTRY;
+    *run_start = stack->python_count;
+}
+
 /* Appends the thread's Python frames, innermost first; returns 0 when this reader is off or finds no thread state. */
 int pyframes_capture(struct otel_gpu_stack *stack)
 {
@@ -227,17 +236,25 @@ int pyframes_capture(struct otel_gpu_stack *stack)
         stack->strings[0] = '\0';
         stack->strings_len = 1;
     }
+    uint32_t run_start = stack->python_count; /* the first frame of the current evaluation loop's run */
     for (int walked = 0; frame != NULL && walked < MAX_CHAIN; walked++, frame = AT(frame, layout->frame_previous, const void *)) {
         int owner = AT(frame, layout->frame_owner, char);
-        if (owner == layout->owner_cstack)
-            continue; /* the C stack's shim frame between two evaluation loops */
-        const void *code = AT(frame, layout->frame_code, const void *);
-        if (!is_type(code, code_type))
+        if (owner == layout->owner_cstack) { /* 3.12+: the shim frame an evaluation loop starts with */
+            end_run(stack, &run_start);
             continue;
-        const char *instructions = (const char *)code + layout->code_adaptive;
+        }
+        /* 3.11: the frame the evaluation loop was entered with; its run ends with it (or with the last frame kept
+         * before it, when this one is not shown) */
+        int entry = layout->frame_is_entry >= 0 && AT(frame, layout->frame_is_entry, char);
+        const void *code = AT(frame, layout->frame_code, const void *);
+        const char *instructions = is_type(code, code_type) ? (const char *)code + layout->code_adaptive : NULL;
         const char *instr = AT(frame, layout->frame_instr, const char *);
-        if (owner != OWNER_GENERATOR && instr < instructions + 2 * (long)AT(code, layout->code_firsttraceable, int))
-            continue; /* not started yet: no line, not shown by CPython either */
+        if (instructions == NULL ||
+            (owner != OWNER_GENERATOR && instr < instructions + 2 * (long)AT(code, layout->code_firsttraceable, int))) {
+            if (entry) /* not code, or not started yet (no line, not shown by CPython either) */
+                end_run(stack, &run_start);
+            continue;
+        }
         if (stack->python_count >= OTEL_GPU_MAX_PYTHON_FRAMES) {
             stack->flags |= 4;
             break;
@@ -248,6 +265,8 @@ int pyframes_capture(struct otel_gpu_stack *stack)
         out->first_line = (uint32_t)AT(code, layout->code_firstlineno, int);
         out->name_offset = put_str(stack, AT(code, layout->code_qualname, const void *));
         out->filename_offset = put_str(stack, AT(code, layout->code_filename, const void *));
+        if (entry)
+            end_run(stack, &run_start);
     }
     if (stack->python_count > 0)
         stack->flags |= 1;

@@ -74,6 +74,7 @@ static struct {
     void (*dec_ref)(PyObject *);
     void (*err_fetch)(PyObject **, PyObject **, PyObject **);
     void (*err_restore)(PyObject *, PyObject *, PyObject *);
+    int loop_per_frame; /* 3.10 and older (no Py_Version): every Python call runs its own evaluation loop */
 } py;
 
 static void python_resolve(void)
@@ -93,6 +94,7 @@ static void python_resolve(void)
     py.dec_ref = dlsym(RTLD_DEFAULT, "Py_DecRef");
     py.err_fetch = dlsym(RTLD_DEFAULT, "PyErr_Fetch");
     py.err_restore = dlsym(RTLD_DEFAULT, "PyErr_Restore");
+    py.loop_per_frame = dlsym(RTLD_DEFAULT, "Py_Version") == NULL;
     py.ready = py.thread_state_unchecked && py.gil_check && py.eval_get_frame && py.frame_get_back &&
                py.frame_get_code && py.frame_get_line && py.get_attr && py.unicode_utf8 && py.long_as_long &&
                py.inc_ref && py.dec_ref && py.err_fetch && py.err_restore;
@@ -182,7 +184,9 @@ static void python_capture(struct otel_gpu_stack *stack)
         out->name_offset = put_code_string(stack, code, "co_qualname", "co_name");
         out->filename_offset = put_code_string(stack, code, "co_filename", NULL);
         PyObject *first = py.get_attr(code, "co_firstlineno");
-        out->first_line = first ? (uint32_t)py.long_as_long(first) : 0;
+        out->first_line = first ? (uint32_t)py.long_as_long(first) & ~OTEL_GPU_PYTHON_ENTRY : 0;
+        if (py.loop_per_frame)
+            out->first_line |= OTEL_GPU_PYTHON_ENTRY;
         if (first)
             py.dec_ref(first);
         py.dec_ref(code);
