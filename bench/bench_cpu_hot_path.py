@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import cProfile
 import glob
+import shutil
 import random
 import subprocess
 import sys
@@ -51,7 +52,8 @@ from otel_gpu.profiles.pprof import encode_pprof  # noqa: E402
 from otel_gpu.symbolize.maps import read_maps  # noqa: E402
 from otel_gpu.symbolize.symbolizer import Symbolizer  # noqa: E402
 
-PYTHON = sorted(glob.glob("/root/.pyenv/versions/3.12.*/bin/python3.12"))[-1]
+# pyenv's 3.12 here; the GPU machine's own python3.12 there
+PYTHON = (sorted(glob.glob("/root/.pyenv/versions/3.12.*/bin/python3.12")) or [shutil.which("python3.12") or ""])[-1]
 # A long-lived CPython that maps tens of files and prints the addresses of its functions' code objects.
 CHILD = """
 import importlib, sys, types

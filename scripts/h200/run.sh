@@ -60,6 +60,9 @@ while time.time()-t<35: (a@a); torch.cuda.synchronize()' & load=$!
                 --no-gpu-time-profiling --output-dir "$OUT/rss_cpu" --console off 2> "$OUT/rss-cpu-stderr.txt"
               kill $load 2>/dev/null; wait $load 2>/dev/null
               grep -E 'WARNING|ERROR|Maximum resident|Elapsed|User time|System time' "$OUT/rss-cpu-stderr.txt" ;;
+    benches)  # pure-CPU benchmarks on an idle 16-core machine: the span processor (no BPF) and the CPU hot path
+              timeout 200 python3 bench/bench_span_context.py --rounds 40 | tee "$OUT/bench-span.txt" | tail -25
+              timeout 200 python3 bench/bench_cpu_hot_path.py | tee "$OUT/bench-hot-path.txt" | tail -25 ;;
     *) echo "unknown step $step" ;;
   esac
   echo "=== $step exit $?"
