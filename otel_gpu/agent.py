@@ -195,6 +195,8 @@ class Agent:
             if now >= next_report:
                 next_report = now + interval_s
                 self._report(profilers, exporters)
+        if self._cpu_sampler is not None:  # the unwinder's table builds would slow the last drain and the close
+            self._cpu_sampler.stop_unwinding()
         for source in profilers:  # the last report holds every record a counter has counted
             source.stop()
         self._report(profilers, exporters)  # what was sampled since the last report is not lost
