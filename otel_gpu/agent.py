@@ -26,6 +26,7 @@ from otel_gpu.procfs import ProcessResolver
 from otel_gpu.profiles.model import ProcessProfile
 from otel_gpu.profiles.source import ProcessSelection, ProfileSource
 from otel_gpu.resource import agent_resource, node_attributes
+from otel_gpu.selfcost import CostMeter
 from otel_gpu.symbolize.allowance import READ_BURST_S, READ_SHARE, ReadAllowance
 from otel_gpu.symbolize.symbolizer import Symbolizer
 
@@ -61,6 +62,7 @@ class Agent:
         self._shutdown_deadline = 0.0  # monotonic; set when the loop ends
         self._signals = 0  # SIGINT and SIGTERM received: the first stops, the second ends the process at once
         self._node = node_attributes(config)  # host.name, k8s.node.name, ... on every profile's resource
+        self._cost = CostMeter(self._started)  # logged at stop: CPU by thread, start-up, peak memory
 
     def _shared_symbolizer(self) -> Symbolizer:
         """One symbolizer (and one symbol cache) for the CPU and GPU-time sources; it is thread-safe."""
@@ -104,7 +106,10 @@ class Agent:
             _logger.info("otel-gpu running: gpu metrics %s, cpu profiling %s, gpu-time profiling %s; %s",
                          on[semconv.Source.NVML], on[semconv.Source.CPU_PROFILER], on[semconv.Source.GPU_TIME],
                          self._destinations(pipeline.prometheus_address))
+            self._cost.running()
             self._loop(profilers, exporters)
+            # before the sources close: their threads are still there to be named
+            _logger.info("otel-gpu cost: %s", self._cost.summary())
             self._shutdown_deadline = time.monotonic() + SHUTDOWN_TIMEOUT_S
             _logger.info("otel-gpu stopping (sending what is queued for at most %g s; a second signal stops at "
                          "once)", SHUTDOWN_TIMEOUT_S)
