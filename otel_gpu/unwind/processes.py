@@ -22,7 +22,7 @@ from otel_gpu.unwind.table import TableCache, UnwindTable, file_key
 
 _logger = logging.getLogger(__name__)
 _ROW_BYTES = ctypes.sizeof(abi.UnwindRow)
-_CLOSE_JOIN_S = 0.5  # close() waits this long for the thread to leave a build, then lets it end by itself
+_CLOSE_JOIN_S = 0.1  # close() waits this long for the thread to leave a build, then lets it end by itself
 
 
 @dataclass(frozen=True, slots=True)
