@@ -108,8 +108,6 @@ class Agent:
                          self._destinations(pipeline.prometheus_address))
             self._cost.running()
             self._loop(profilers, exporters)
-            # before the sources close: their threads are still there to be named
-            _logger.info("otel-gpu cost: %s", self._cost.summary())
             self._shutdown_deadline = time.monotonic() + SHUTDOWN_TIMEOUT_S
             _logger.info("otel-gpu stopping (sending what is queued for at most %g s; a second signal stops at "
                          "once)", SHUTDOWN_TIMEOUT_S)
@@ -200,6 +198,8 @@ class Agent:
             if now >= next_report:
                 next_report = now + interval_s
                 self._report(profilers, exporters)
+        # before anything stops: every thread is still there to be named
+        _logger.info("otel-gpu cost: %s", self._cost.summary())
         if self._cpu_sampler is not None:  # the unwinder's table builds would slow the last drain and the close
             self._cpu_sampler.stop_unwinding()
         for source in profilers:  # the last report holds every record a counter has counted
