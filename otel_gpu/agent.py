@@ -63,6 +63,7 @@ class Agent:
         self._signals = 0  # SIGINT and SIGTERM received: the first stops, the second ends the process at once
         self._node = node_attributes(config)  # host.name, k8s.node.name, ... on every profile's resource
         self._cost = CostMeter(self._started)  # logged at stop: CPU by thread, start-up, peak memory
+        self._profiling_since: float | None = None  # monotonic: when the first profile source opened
 
     def _shared_symbolizer(self) -> Symbolizer:
         """One symbolizer (and one symbol cache) for the CPU and GPU-time sources; it is thread-safe."""
@@ -149,6 +150,7 @@ class Agent:
                                   selection=self._selection, allowance=self._read_allowance)
         if not _opened(source, "CPU profiling is off", cleanup):
             return []
+        self._profiling_since = self._profiling_since or time.monotonic()
         self._cpu_sampler = source.sampler
         return [source]
 
@@ -170,6 +172,7 @@ class Agent:
                                symbolizer=SharedSymbolizer(self._shared_symbolizer(), allowance=self._read_allowance))
         if not _opened(source, "GPU-time profiling is off", cleanup):
             return []
+        self._profiling_since = self._profiling_since or time.monotonic()
         register_gpu_time_instruments(pipeline.meter("otel_gpu.cuda"), source, self._resolver.with_names)
         return [source]
 
@@ -186,7 +189,8 @@ class Agent:
     def _loop(self, profilers: list[ProfileSource], exporters: list) -> None:  # type: ignore[type-arg]
         interval_s = self.config.profiling.interval_s
         deadline = self._started + self.config.duration_s if self.config.duration_s else None
-        next_report = time.monotonic() + interval_s
+        # the first profile starts when its source opened, not when start-up ended (seconds later on a loaded node)
+        next_report = (self._profiling_since or time.monotonic()) + interval_s
         while not self._stop.is_set():
             now = time.monotonic()
             wake = next_report if deadline is None else min(next_report, deadline)
