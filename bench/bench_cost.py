@@ -16,7 +16,8 @@ and the longest profile interval written (pprof duration).
 
 Run (as root, after make build): .venv/bin/python bench/bench_cost.py [--seconds 20] [--quick] [--json out.json]
   [--scenario node --source all] [--agent-arg=--flag ...] [--threads]
---threads runs the agent under bench/agent_threads.py and adds each thread's steady-state % of one core.
+--threads runs the agent under bench/agent_threads.py and adds each thread's steady-state % of one core. Every row
+also shows the agent's own "otel-gpu cost" line (CPU-s by thread from its start-up line to its stop).
 """
 
 from __future__ import annotations
@@ -182,6 +183,7 @@ def run_agent(source: str, seconds: float, extra: list[str], threads: bool = Fal
             "duration_s": round(ended - began, 2),
             "longest_interval_s": round(max(intervals), 2) if intervals else None,
             "profiles": len(intervals),
+            "agent_cost": next((line.split("otel-gpu cost: ", 1)[1] for line in log if "otel-gpu cost: " in line), ""),
             **({"threads": thread_percent} if threads else {})}
 
 
@@ -243,6 +245,8 @@ def main() -> int:
               f"{row['load_1m']:>4}")
         if row.get("threads"):
             print(f"{'':>17} threads: " + ", ".join(f"{name} {p:.2f}" for name, p in row["threads"].items()))
+        if row.get("agent_cost"):  # the agent's own line at stop: steady window from its start-up line
+            print(f"{'':>17} agent: {row['agent_cost']}")
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))
     return 0

@@ -26,6 +26,7 @@ from otel_gpu.procfs import ProcessResolver
 from otel_gpu.profiles.model import ProcessProfile
 from otel_gpu.profiles.source import ProcessSelection, ProfileSource
 from otel_gpu.resource import agent_resource, node_attributes
+from otel_gpu.selfcost import CostMeter
 from otel_gpu.symbolize.allowance import READ_BURST_S, READ_SHARE, ReadAllowance
 from otel_gpu.symbolize.symbolizer import Symbolizer
 
@@ -61,6 +62,8 @@ class Agent:
         self._shutdown_deadline = 0.0  # monotonic; set when the loop ends
         self._signals = 0  # SIGINT and SIGTERM received: the first stops, the second ends the process at once
         self._node = node_attributes(config)  # host.name, k8s.node.name, ... on every profile's resource
+        self._cost = CostMeter(self._started)  # logged at stop: CPU by thread, start-up, peak memory
+        self._profiling_since: float | None = None  # monotonic: when the first profile source opened
 
     def _shared_symbolizer(self) -> Symbolizer:
         """One symbolizer (and one symbol cache) for the CPU and GPU-time sources; it is thread-safe."""
@@ -104,6 +107,7 @@ class Agent:
             _logger.info("otel-gpu running: gpu metrics %s, cpu profiling %s, gpu-time profiling %s; %s",
                          on[semconv.Source.NVML], on[semconv.Source.CPU_PROFILER], on[semconv.Source.GPU_TIME],
                          self._destinations(pipeline.prometheus_address))
+            self._cost.running()
             self._loop(profilers, exporters)
             self._shutdown_deadline = time.monotonic() + SHUTDOWN_TIMEOUT_S
             _logger.info("otel-gpu stopping (sending what is queued for at most %g s; a second signal stops at "
@@ -146,6 +150,7 @@ class Agent:
                                   selection=self._selection, allowance=self._read_allowance)
         if not _opened(source, "CPU profiling is off", cleanup):
             return []
+        self._profiling_since = self._profiling_since or time.monotonic()
         self._cpu_sampler = source.sampler
         return [source]
 
@@ -167,6 +172,7 @@ class Agent:
                                symbolizer=SharedSymbolizer(self._shared_symbolizer(), allowance=self._read_allowance))
         if not _opened(source, "GPU-time profiling is off", cleanup):
             return []
+        self._profiling_since = self._profiling_since or time.monotonic()
         register_gpu_time_instruments(pipeline.meter("otel_gpu.cuda"), source, self._resolver.with_names)
         return [source]
 
@@ -183,7 +189,8 @@ class Agent:
     def _loop(self, profilers: list[ProfileSource], exporters: list) -> None:  # type: ignore[type-arg]
         interval_s = self.config.profiling.interval_s
         deadline = self._started + self.config.duration_s if self.config.duration_s else None
-        next_report = time.monotonic() + interval_s
+        # the first profile starts when its source opened, not when start-up ended (seconds later on a loaded node)
+        next_report = (self._profiling_since or time.monotonic()) + interval_s
         while not self._stop.is_set():
             now = time.monotonic()
             wake = next_report if deadline is None else min(next_report, deadline)
@@ -195,6 +202,10 @@ class Agent:
             if now >= next_report:
                 next_report = now + interval_s
                 self._report(profilers, exporters)
+        # before anything stops: every thread is still there to be named
+        _logger.info("otel-gpu cost: %s", self._cost.summary())
+        if self._cpu_sampler is not None:  # the unwinder's table builds would slow the last drain and the close
+            self._cpu_sampler.stop_unwinding()
         for source in profilers:  # the last report holds every record a counter has counted
             source.stop()
         self._report(profilers, exporters)  # what was sampled since the last report is not lost

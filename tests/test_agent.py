@@ -94,6 +94,18 @@ def test_duration_counts_from_the_start_and_ends_with_one_report() -> None:
     assert finished and source.calls == ["stop", "drain"] and len(exporter.exported) == 1
 
 
+def test_the_first_report_comes_one_interval_after_profiling_opened() -> None:
+    """The first profile covers one interval from when its source opened, however long the rest of start-up took
+    (the other sources, exporters): 1.9 s of a 2 s interval passed before the loop, so it reports at once, again 2 s
+    later, and last at the 3 s deadline (counted from the loop's start: 2 s, then the deadline)."""
+    source = _Source("cpu_profiler", [])
+    began = time.monotonic()
+    agent = Agent(AgentConfig(duration_s=3.0, profiling=ProfilingConfig(interval_s=2.0)), started_monotonic=began)
+    agent._profiling_since = began - 1.9
+    agent._loop([source], [_Exporter()])
+    assert source.calls == ["drain", "drain", "stop", "drain"]
+
+
 # --- the agent as a process: start-up line, stopping with a backend that hangs, a second signal ---------------------
 
 QUIET_RUN = ("--no-cpu-profiling", "--no-gpu-metrics", "--no-gpu-time-profiling", "--console", "off",

@@ -286,6 +286,12 @@ class CPUSampler:
         if self._unwinder is not None:
             self._unwinder.submit(pid)
 
+    def stop_unwinding(self) -> None:
+        """Stopping: register no more processes for native unwinding and drop what is queued, so that neither the
+        last drain nor close() waits for table builds (their stacks fall back to frame pointers)."""
+        if self._unwinder is not None:
+            self._unwinder.abandon()
+
     def settle_unwinder(self, timeout_s: float) -> bool:
         """Wait until every process announced so far is registered for native unwinding (True at once without)."""
         return self._unwinder is None or self._unwinder.settle(timeout_s)

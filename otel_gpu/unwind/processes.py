@@ -22,6 +22,7 @@ from otel_gpu.unwind.table import TableCache, UnwindTable, file_key
 
 _logger = logging.getLogger(__name__)
 _ROW_BYTES = ctypes.sizeof(abi.UnwindRow)
+_CLOSE_JOIN_S = 0.1  # close() waits this long for the thread to leave a build, then lets it end by itself
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,9 +82,13 @@ class NativeUnwinder:
                                  mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         self._queue: queue.Queue[int | None] = queue.Queue()
         self._thread: threading.Thread | None = None
+        self._abandoned = threading.Event()  # stopping: register nothing more
+        self._write_lock = threading.Lock()  # held only to write the maps, so abandon() never waits for a build
 
     def submit(self, pid: int) -> None:
-        """Register ``pid`` in the background (see :meth:`settle`)."""
+        """Register ``pid`` in the background (see :meth:`settle`); nothing once :meth:`abandon` was called."""
+        if self._abandoned.is_set():
+            return
         if self._thread is None:
             self._thread = threading.Thread(target=self._work, name="otel-gpu-unwind", daemon=True)
             self._thread.start()
@@ -92,17 +97,37 @@ class NativeUnwinder:
     def settle(self, timeout_s: float) -> bool:
         """Wait until every submitted process is registered; False if ``timeout_s`` passed first."""
         deadline = time.monotonic() + timeout_s
-        while self._queue.unfinished_tasks:
+        while self._queue.unfinished_tasks and not self._abandoned.is_set():
             if time.monotonic() > deadline:
                 return False
             time.sleep(0.01)
         return True
 
-    def close(self) -> None:
+    def abandon(self) -> None:
+        """Stop registering at once: what is queued is dropped, and a table being built is finished by the thread but
+        never loaded (a build takes up to ~1.5 s of CPU; stopping must not wait for it, nor for the files queued
+        after it). Nothing is written to the maps after this returns. Idempotent."""
+        with self._write_lock:
+            self._abandoned.set()
+        while True:
+            try:
+                self._queue.get_nowait()
+            except queue.Empty:
+                break
+            self._queue.task_done()
         if self._thread is not None:
             self._queue.put(None)
-            self._thread.join(timeout=5)
-            self._thread = None
+
+    def close(self) -> None:
+        """:meth:`abandon`, then free the rows' memory once the thread has ended; a thread still inside a build after
+        _CLOSE_JOIN_S is left to end by itself (a daemon that writes nothing more) and the memory to the process's
+        exit."""
+        self.abandon()
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            thread.join(timeout=_CLOSE_JOIN_S)
+            if thread.is_alive():
+                return
         self._memory.close()
 
     def _work(self) -> None:
@@ -112,7 +137,7 @@ class NativeUnwinder:
         while True:
             pid = self._queue.get()
             try:
-                if pid is None:
+                if pid is None or self._abandoned.is_set():
                     return
                 self.add_process(pid)
             except (BPFError, OSError, ValueError) as exc:  # loop boundary: that process keeps frame pointers
@@ -130,6 +155,8 @@ class NativeUnwinder:
         entries: list[abi.UnwindMapping] = []
         with self._lock:
             for mapping in mappings[:abi.UNWIND_MAX_MAPPINGS]:
+                if self._abandoned.is_set():  # stopping: checked between files, the unit of work
+                    return False
                 try:
                     entry = self._entry(pid, mapping)
                 except (FileNotFoundError, ProcessLookupError):  # the process exited meanwhile
@@ -141,7 +168,10 @@ class NativeUnwinder:
         value = abi.UnwindProcess(count=len(entries))
         for index, entry in enumerate(entries):
             value.mappings[index] = entry
-        self._processes.update(ctypes.c_uint32(pid), value)
+        with self._write_lock:
+            if self._abandoned.is_set():
+                return False
+            self._processes.update(ctypes.c_uint32(pid), value)
         self.stats.processes += 1
         return True
 
@@ -189,7 +219,11 @@ class NativeUnwinder:
             self.stats.rows_full += 1
             return 0, 0  # not remembered: a later, smaller file may still fit
         else:
-            self._memory[first * _ROW_BYTES:(first + count) * _ROW_BYTES] = table.row_bytes()
+            rows = table.row_bytes()
+            with self._write_lock:
+                if self._abandoned.is_set():
+                    return 0, 0
+                self._memory[first * _ROW_BYTES:(first + count) * _ROW_BYTES] = rows
             self.stats.rows += count
             self.stats.files += 1
             loaded = (first, count)

@@ -34,7 +34,8 @@ for step in "${steps[@]}"; do
     harm)     timeout 580 python3 scripts/h200/do_no_harm.py "$OUT/h200-do-no-harm.md" ;;
     ddp)      # issue 17, needs 2+ GPUs (DDP_GPUS): torchrun DDP with a slowed rank, agent against torch.profiler
               nvidia-smi topo -m; timeout 580 python3 scripts/h200/ddp.py "$OUT/h200-ddp.md" ;;
-    agent)    # the real agent on the real GPU for 30 s, every source on, under an injected torch load: local files
+    agent)    # the real agent on the real GPU for 30 s, every source on, under an injected torch load: local files;
+              # its "otel-gpu cost" line at exit gives CPU-s by thread since start-up, start-up CPU-s and peak RSS
               python3 -m otel_gpu inject -- python3 -c 'import torch,time; a=torch.randn(8192,8192,device="cuda",dtype=torch.bfloat16); t=time.time()
 while time.time()-t<40: (a@a); torch.cuda.synchronize()' & load=$!
               sleep 5
@@ -42,7 +43,7 @@ while time.time()-t<40: (a@a); torch.cuda.synchronize()' & load=$!
                 --profiling-interval 10 --output-dir "$OUT/agent" --console on \
                 > "$OUT/agent-console.txt" 2> "$OUT/agent-stderr.txt"
               echo "agent exit $?"; kill $load 2>/dev/null; wait $load 2>/dev/null
-              tail -40 "$OUT/agent-console.txt"; grep -E 'WARNING|ERROR|Maximum resident|Elapsed|User time|System time' "$OUT/agent-stderr.txt"
+              tail -40 "$OUT/agent-console.txt"; grep -E 'WARNING|ERROR|otel-gpu cost|Maximum resident|Elapsed|User time|System time' "$OUT/agent-stderr.txt"
               ls -la "$OUT/agent" ;;
     rss)      # agent RSS and CPU with GPU metrics only, on the real GPU under a torch load
               python3 -c 'import torch,time; a=torch.randn(8192,8192,device="cuda",dtype=torch.bfloat16); t=time.time()

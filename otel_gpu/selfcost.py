@@ -1,0 +1,82 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The agent's own cost, read from /proc/self: CPU seconds per thread (by thread name), in all and since start-up,
+and the peak resident memory, for the one line the agent logs when it stops (issue 12: where the time goes, on any
+machine, without a profiler)."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+
+_CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def _task_cpu_s(stat: str) -> float:
+    """utime + stime of one /proc/.../stat line, in seconds."""
+    fields = stat[stat.rfind(")") + 2:].split()
+    return (int(fields[11]) + int(fields[12])) / _CLK_TCK
+
+
+def process_cpu_s(proc: str = "/proc/self") -> float:
+    """CPU seconds of the whole process so far, ended threads included."""
+    with open(f"{proc}/stat") as stat:
+        return _task_cpu_s(stat.read())
+
+
+def thread_cpu_s(proc: str = "/proc/self") -> dict[str, float]:
+    """CPU seconds of each live thread so far, by Python thread name (the comm for threads Python did not start);
+    threads of the same name are summed."""
+    names = {thread.native_id: thread.name for thread in threading.enumerate() if thread.native_id is not None}
+    out: dict[str, float] = defaultdict(float)
+    for entry in os.listdir(f"{proc}/task"):
+        try:
+            with open(f"{proc}/task/{entry}/stat") as stat:
+                line = stat.read()
+        except OSError:  # the thread ended meanwhile
+            continue
+        tid = int(entry)
+        name = names.get(tid) or line[line.find("(") + 1:line.rfind(")")]
+        out["main" if name == "MainThread" else name] += _task_cpu_s(line)
+    return dict(out)
+
+
+def peak_rss_mb(proc: str = "/proc/self") -> float:
+    """VmHWM: the most resident memory the process has held, in MB (MiB)."""
+    with open(f"{proc}/status") as status:
+        for line in status:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+@dataclass(slots=True)
+class CostMeter:
+    """Marks start-up's end, then describes the cost since in one line (:meth:`summary`)."""
+
+    began_monotonic: float  # when the process started (the CLI's clock for --duration)
+    running_monotonic: float = 0.0
+    startup_cpu_s: float = 0.0
+    running_threads: dict[str, float] | None = None
+
+    def running(self) -> None:
+        """Start-up is over: what the sources cost from here is the steady cost."""
+        self.running_monotonic = time.monotonic()
+        self.startup_cpu_s = process_cpu_s()
+        self.running_threads = thread_cpu_s()
+
+    def summary(self) -> str:
+        """``CPU-s in all, start-up, % of one core since start-up, peak MB, and each thread's CPU-s since start-up``,
+        largest first (threads under 5 ms left out)."""
+        now = time.monotonic()
+        total = process_cpu_s()
+        since_s = max(now - self.running_monotonic, 1e-9)
+        before = self.running_threads or {}
+        threads = sorted(((name, cpu - before.get(name, 0.0)) for name, cpu in thread_cpu_s().items()),
+                         key=lambda item: -item[1])
+        listed = ", ".join(f"{name} {cpu:.2f}" for name, cpu in threads if cpu >= 0.005) or "none"
+        return (f"{total:.2f} CPU-s over {now - self.began_monotonic:.1f} s (start-up {self.startup_cpu_s:.2f} CPU-s; "
+                f"since then {100 * (total - self.startup_cpu_s) / since_s:.2f} % of one core over {since_s:.1f} s), "
+                f"peak RSS {peak_rss_mb():.1f} MB; CPU-s by thread since start-up: {listed}")

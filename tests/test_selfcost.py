@@ -1,0 +1,47 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The agent's cost line reads this process's real /proc/self: a busy thread shows under its own name, start-up is
+set apart, and the line names what an operator compares with issue 12's targets."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from otel_gpu import selfcost
+
+
+def _spin(cpu_s: float) -> None:
+    until = time.thread_time() + cpu_s
+    while time.thread_time() < until:
+        pass
+
+
+def test_start_up_is_set_apart_from_what_follows() -> None:
+    meter = selfcost.CostMeter(time.monotonic())
+    _spin(0.3)  # start-up's work: in the start-up CPU, not in the main thread's CPU since start-up
+    meter.running()
+    assert meter.startup_cpu_s >= 0.3
+    line = meter.summary()
+    assert "start-up" in line and "% of one core" in line and "peak RSS" in line
+    since = line.split("since start-up: ", 1)[1]
+    main = next((float(part.split()[1]) for part in since.split(", ") if part.startswith("main ")), 0.0)
+    assert main < 0.3, line
+    assert selfcost.peak_rss_mb() > 1
+
+
+def test_each_live_thread_is_named() -> None:
+    finished = threading.Event()
+    worker = threading.Thread(target=lambda: (_spin(0.2), finished.wait()), name="cost-test-worker")
+    worker.start()
+    try:
+        time.sleep(0)
+        deadline = time.monotonic() + 30
+        while selfcost.thread_cpu_s().get("cost-test-worker", 0.0) < 0.15 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        meter = selfcost.CostMeter(time.monotonic())
+        meter.running_threads = {}
+        assert "cost-test-worker 0." in meter.summary()
+        assert selfcost.thread_cpu_s()["cost-test-worker"] >= 0.15
+    finally:
+        finished.set()
+        worker.join()
