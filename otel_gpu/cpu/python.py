@@ -121,6 +121,26 @@ class ProcessMemory:
         os.close(self._fd)
 
 
+_INTERPRETER_SYMBOLS = ("_PyRuntime", "Py_Version", "PyCode_Type")
+_SYMBOLS_BY_FILE: dict[tuple[int, int, int, int, int], tuple[dict[str, int], int]] = {}
+_SYMBOLS_BY_FILE_MAX = 64  # interpreter and libpython files; a few hundred bytes each
+
+
+def _interpreter_symbols(path: str) -> tuple[dict[str, int], int]:
+    """:func:`elf_symbols` of the interpreter's three symbols, once per file: every new process of the same
+    interpreter (a node starts many) maps the same file, and reading its symbol table took most of the time spent
+    on a new process. Cached by the file's identity (each process names it through its own /proc/PID/root)."""
+    st = os.stat(path)
+    identity = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+    found = _SYMBOLS_BY_FILE.pop(identity, None)
+    if found is None:
+        found = elf_symbols(path, _INTERPRETER_SYMBOLS)
+    _SYMBOLS_BY_FILE[identity] = found  # most recently used last
+    while len(_SYMBOLS_BY_FILE) > _SYMBOLS_BY_FILE_MAX:
+        del _SYMBOLS_BY_FILE[next(iter(_SYMBOLS_BY_FILE))]
+    return dict(found[0]), found[1]
+
+
 def find_python(pid: int, proc_root: str = "/proc") -> PythonProcess | str | None:
     """The process's CPython, a description of an unsupported one ("CPython 3.9"), or None when it runs none."""
     try:
@@ -135,8 +155,7 @@ def find_python(pid: int, proc_root: str = "/proc") -> PythonProcess | str | Non
     candidates = sorted((path for path in starts if _LIBRARY.search(path)), key=lambda p: "libpython" not in p)
     for path in candidates:
         try:
-            symbols, base = elf_symbols(f"{proc_root}/{pid}/root{path}",
-                                        ("_PyRuntime", "Py_Version", "PyCode_Type"))
+            symbols, base = _interpreter_symbols(f"{proc_root}/{pid}/root{path}")
         except OSError:
             continue
         if "_PyRuntime" not in symbols or "PyCode_Type" not in symbols:

@@ -195,3 +195,39 @@ def test_runs_kept_from_an_earlier_drain_are_built_again_when_their_code_reads_d
     reader.new_drain()
     assert reader.frames(stack)[0].function.endswith("second")
     assert reader.frames(primer)[0].function.endswith("first")
+
+
+def test_an_interpreter_file_is_read_once_for_all_its_processes(monkeypatch: pytest.MonkeyPatch,
+                                                                tmp_path: Path) -> None:
+    """A node starts many processes of one interpreter: its symbol table is read for the first only, and again when
+    the file is replaced (another inode)."""
+    from otel_gpu.cpu import python as module
+
+    reads: list[str] = []
+    real = module.elf_symbols
+
+    def counting(path: str, names: tuple[str, ...]) -> tuple[dict[str, int], int]:
+        reads.append(path)
+        return real(path, names)
+
+    monkeypatch.setattr(module, "elf_symbols", counting)
+    monkeypatch.setattr(module, "_SYMBOLS_BY_FILE", {})
+    copy = tmp_path / "python3.11"
+    shutil.copy2("/usr/bin/python3.11", copy)
+    sleeping = [subprocess.Popen([str(copy), "-c", "import time; time.sleep(60)"]) for _ in range(3)]
+    try:
+        found = [find_python(p.pid) for p in sleeping]
+        assert all(isinstance(f, PythonProcess) and f.version == (3, 11) for f in found), found
+        assert len(reads) == 1, reads
+        for p in sleeping:
+            p.kill()
+            p.wait()
+        os.unlink(copy)
+        shutil.copy2("/usr/bin/python3.11", copy)  # same path, new file
+        sleeping = [subprocess.Popen([str(copy), "-c", "import time; time.sleep(60)"])]
+        assert isinstance(find_python(sleeping[0].pid), PythonProcess)
+        assert len(reads) == 2, reads
+    finally:
+        for p in sleeping:
+            p.kill()
+            p.wait()
