@@ -81,7 +81,8 @@ static struct {
     double wait_share;            /* the waits' measured cost over the last period, fraction of wall time */
     /* The budget's ledger: everything charged since the first attach (the stats line, and the gap's floor). */
     uint64_t ledger_start_ns;               /* monotonic: first attach */
-    uint64_t in_window_ns, linger_ns, wait_ns; /* charged: windows' own time and prior, lingers, waits */
+    uint64_t in_window_ns, linger_ns, wait_ns; /* charged: windows' own time and prior, launches counted outside
+                                                * windows (lingers, hurried finalizes, graph looks), waits */
     /* Late GPU work. */
     int lingering;            /* the activity kinds are on outside a window, for late GPU work */
     uint64_t linger_start_ns; /* monotonic: the window closed */
@@ -412,6 +413,7 @@ static void probe_for_graphs_locked(void)
     sleep_locked(GRAPH_PROBE_NS);
     cbids_enable_launches(0);
     uint64_t launches = atomic_exchange(&g_state.outside_launches, 0), spent = monotonic_ns() - ctl.graph_probe_ns;
+    ctl.linger_ns += (uint64_t)((double)launches * ESTIMATE_EMPTY_CALLBACK_NS); /* the callbacks that counted them */
     double rate = (double)launches * 1e9 / (double)(spent ? spent : 1);
     ctl.graphs_launch_rate = rate > ctl.graphs_launch_rate ? rate : ctl.graphs_launch_rate;
     if (++ctl.graph_probes < GRAPH_PROBES || ctl.graphs_launch_rate == 0.0)
@@ -583,8 +585,8 @@ static void print_budget_locked(void)
     uint64_t wall_ns = ctl.ledger_start_ns ? monotonic_ns() - ctl.ledger_start_ns : 0;
     uint64_t charged = charged_ns_locked();
     double loss = wall_ns > charged ? (double)charged / (double)(wall_ns - charged) : 0.0;
-    fprintf(stderr, "otel-gpu: stats budget %.3f %%: charged loss %.3f %% over %.0f ms (in windows %.3f ms, lingering "
-            "%.3f ms, waits %.3f ms, finalize %.3f ms, subscribe %.3f ms, let go %.3f ms, flush %.3f ms, switches "
+    fprintf(stderr, "otel-gpu: stats budget %.3f %%: charged loss %.3f %% over %.0f ms (in windows %.3f ms, outside "
+            "windows %.3f ms, waits %.3f ms, finalize %.3f ms, subscribe %.3f ms, let go %.3f ms, flush %.3f ms, switches "
             "%.3f ms)\n", 100.0 * g_settings.overhead_budget, 100.0 * loss, (double)wall_ns / 1e6,
             (double)ctl.in_window_ns / 1e6, (double)ctl.linger_ns / 1e6, (double)ctl.wait_ns / 1e6,
             (double)hold_finalize_ns() / 1e6, (double)hold_take_ns() / 1e6, (double)hold_let_go_ns() / 1e6,
