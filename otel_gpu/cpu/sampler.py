@@ -101,7 +101,7 @@ class CPUSampler:
         self.unwound_stacks = unwound_stacks
         self.unwind_max_frame_bytes = unwind_max_frame_bytes
         self._unwinder: NativeUnwinder | None = None
-        self._unwind_seen = (0, 0)  # (rows_full, file_errors) already reported
+        self._unwind_seen = (0, 0, 0)  # (rows_full, file_errors, evictions) already reported
         self._cpus = cpus
         self.pids = tuple(pids)
         self.exclude_tgid = exclude_tgid
@@ -138,7 +138,9 @@ class CPUSampler:
             self._bpf.map("control").update(ctypes.c_uint32(0), abi.Control(generation=0))
             if self.native_unwind:
                 self._unwinder = NativeUnwinder(self._bpf.map("unwind_rows"), self._bpf.map("unwind_processes"),
-                                               TableCache(max_frame_bytes=self.unwind_max_frame_bytes))
+                                               TableCache(max_frame_bytes=self.unwind_max_frame_bytes),
+                                               hits=self._bpf.map("unwind_file_hits"),
+                                               remap=self._bpf.map("unwind_remap"))
             ring = self._bpf.ring_buffer("process_events", self._handle_event, {"raw_samples": self._handle_raw})
             self.cpus = self._bpf.attach_perf_event("on_cpu_sample", self.frequency_hz, cpus=self._cpus)
         except BPFError as exc:
@@ -274,7 +276,8 @@ class CPUSampler:
         bpf = self._bpf
         if bpf is None or self._unwinder is None:
             return {}
-        return {name: bpf.map(name).fd for name in ("unwind_rows", "unwind_processes")}
+        return {name: bpf.map(name).fd for name in ("unwind_rows", "unwind_processes", "unwind_file_hits",
+                                                    "unwind_remap")}
 
     def register_unwinding(self, pid: int) -> None:
         """Build and register ``pid``'s unwind tables now (in the background), rather than at its first sample."""
@@ -288,13 +291,15 @@ class CPUSampler:
     def stats(self) -> dict[str, int]:
         """Totals of the BPF-side statistics since open (names of :class:`otel_gpu.ebpf.abi.CPUStat`), and the
         native unwinder's (``unwind_processes``, ``unwind_files``, ``unwind_rows``, ``unwind_rows_full``,
-        ``unwind_file_errors``, ``unwind_files_too_large``)."""
+        ``unwind_file_errors``, ``unwind_files_too_large``, ``unwind_files_known``, ``unwind_evictions``,
+        ``unwind_remaps``)."""
         out = {stat.name.lower(): self._stats_seen[stat] for stat in abi.CPUStat}
         if self._unwinder is not None:
             unwinder = self._unwinder.stats
             out.update(unwind_processes=unwinder.processes, unwind_files=unwinder.files, unwind_rows=unwinder.rows,
                        unwind_rows_full=unwinder.rows_full, unwind_file_errors=unwinder.file_errors,
-                       unwind_files_too_large=unwinder.files_too_large)
+                       unwind_files_too_large=unwinder.files_too_large, unwind_files_known=unwinder.files_known,
+                       unwind_evictions=unwinder.evictions, unwind_remaps=unwinder.remaps)
         return out
 
     # --- internals -------------------------------------------------------------------------------------------------
@@ -377,17 +382,20 @@ class CPUSampler:
                  (semconv.Reason.UNWIND_UNSUPPORTED, delta[abi.CPUStat.UNWIND_UNSUPPORTED]),
                  (semconv.Reason.UNWIND_READ_FAILED, delta[abi.CPUStat.UNWIND_READ_FAILED]),
                  (semconv.Reason.UNWIND_TRUNCATED, delta[abi.CPUStat.UNWIND_TRUNCATED]),
-                 (semconv.Reason.UNWIND_NO_REGS, delta[abi.CPUStat.UNWIND_NO_REGS]))
+                 (semconv.Reason.UNWIND_NO_REGS, delta[abi.CPUStat.UNWIND_NO_REGS]),
+                 (semconv.Reason.UNWIND_BAD_FP, delta[abi.CPUStat.UNWIND_BAD_FP]))
         unwinder = self._unwinder
         if unwinder is not None:
-            rows_full, file_errors = unwinder.stats.rows_full, unwinder.stats.file_errors
-            seen_full, seen_errors = self._unwind_seen
-            self._unwind_seen = (rows_full, file_errors)
+            rows_full, file_errors, evictions = (unwinder.stats.rows_full, unwinder.stats.file_errors,
+                                                 unwinder.stats.evictions)
+            seen_full, seen_errors, seen_evictions = self._unwind_seen
+            self._unwind_seen = (rows_full, file_errors, evictions)
             stops += ((semconv.Reason.UNWIND_TABLES_FULL, rows_full - seen_full),
-                      (semconv.Reason.UNWIND_FILE_ERROR, file_errors - seen_errors))
+                      (semconv.Reason.UNWIND_FILE_ERROR, file_errors - seen_errors),
+                      (semconv.Reason.UNWIND_CACHE_EVICTED, evictions - seen_evictions))
             if rows_full and not seen_full:
-                _logger.warning("CPU sampler: the native unwind tables are full (%d rows): further files are "
-                                "unwound by frame pointer only", unwinder.stats.rows)
+                _logger.warning("CPU sampler: a file's unwind table is larger than unwind_rows (%d rows): such files "
+                                "are unwound by frame pointer only", self.unwind_rows)
         for reason, amount in stops:
             if amount:
                 selfmetrics.count(semconv.SELF_ERRORS.name, amount, otel_gpu__source=SOURCE, otel_gpu__reason=reason)

@@ -15,6 +15,7 @@ import pytest
 
 from otel_gpu import selfmetrics, semconv
 from otel_gpu.config import ProfilingConfig
+from otel_gpu.ebpf import abi
 from otel_gpu.cpu.sampler import CPUSampler, StackCount
 from otel_gpu.cpu.source import CPUProfileSource
 from otel_gpu.procfs import ProcessResolver
@@ -29,7 +30,8 @@ pytestmark = [pytest.mark.root, pytest.mark.usefixtures("other_agent")]
 
 def _profile(binary: Path, seconds: str, native_unwind: bool = True,
              **sampler_args: int) -> tuple[Counter[tuple[str, ...]], dict[str, int]]:
-    """Caller-first user+kernel function chains of ``binary``'s samples, and the sampler's statistics."""
+    """Caller-first user+kernel function chains of ``binary``'s samples, and the sampler's statistics (the BPF
+    counters over the samples measured: from when the hit files' tables exist)."""
     if not binary.exists():
         pytest.fail(f"{binary} is not built: run make -s build")
     sampler = CPUSampler(99, native_unwind=native_unwind, **sampler_args)
@@ -48,13 +50,17 @@ def _profile(binary: Path, seconds: str, native_unwind: bool = True,
         pid = int(line[1])
         if native_unwind:  # on a loaded machine the process's own tables may come late: its samples count from then
             sampler.register_unwinding(pid)
-            assert sampler.settle_unwinder(60)
+            _warm(sampler)
             source.drain()
+            selfmetrics.reset()  # the self-metrics, like the BPF counters below, count from here
+        before = sampler.stats()
         while process.poll() is None:
             time.sleep(0.5)
             batches += source.drain()
         batches += source.drain()
         stats = sampler.stats()
+        for stat in abi.CPUStat:  # the walker's counters over the samples measured (the unwinder's stay totals)
+            stats[stat.name.lower()] -= before[stat.name.lower()]
     finally:
         source.close()
     stacks: Counter[tuple[str, ...]] = Counter()
@@ -69,6 +75,22 @@ def _profile(binary: Path, seconds: str, native_unwind: bool = True,
     return stacks, stats
 
 
+def _warm(sampler: CPUSampler, timeout_s: float = 60) -> None:
+    """Let the running programs' samples hit their files until no new table comes: tables are built only for files
+    that samples hit, and a walk reaches the next file only once the one below has its table. What the tests assert
+    counts from here."""
+    deadline = time.monotonic() + timeout_s
+    loaded = -1
+    while time.monotonic() < deadline:
+        time.sleep(0.25)
+        assert sampler.settle_unwinder(max(0.0, deadline - time.monotonic()))
+        files = sampler.stats()["unwind_files"] + sampler.stats()["unwind_files_too_large"]
+        if files == loaded:
+            return
+        loaded = files
+    pytest.fail("the unwind tables of the hit files did not settle")
+
+
 def _ending(stacks: Counter[tuple[str, ...]], *chain: str) -> int:
     return sum(count for stack, count in stacks.items() if stack[-len(chain):] == chain)
 
@@ -81,7 +103,7 @@ def _containing(stacks: Counter[tuple[str, ...]], *chain: str) -> int:
 
 
 def test_no_frame_pointer_call_chain_and_3to1_split() -> None:
-    stacks, stats = _profile(UNWIND / "cpu_3to1_nofp", "3")
+    stacks, stats = _profile(UNWIND / "cpu_3to1_nofp", "5")  # 3 s after its tables exist
     total = sum(stacks.values())
     heavy = _ending(stacks, "main", "run", "busy_loop", "leaf_heavy")
     light = _ending(stacks, "main", "run", "busy_loop", "leaf_light")
@@ -167,8 +189,8 @@ def test_unwound_samples_are_counted_in_the_kernel() -> None:
         deadline = time.monotonic() + 60
         while sampler.stats()["unwind_processes"] == 0 and time.monotonic() < deadline:
             time.sleep(0.05)  # its first sample announces it; then its tables are built
-        assert sampler.settle_unwinder(60)
-        sampler.drain()  # the samples taken before the process was registered (frame pointers)
+        _warm(sampler)
+        sampler.drain()  # the samples taken before the process's hit files had tables (frame pointers)
         before = sampler.stats()
         while sum(c.count for c in counts) < 300 and time.monotonic() < deadline:
             time.sleep(1.0)
@@ -203,7 +225,7 @@ def test_files_that_do_not_fit_the_rows_are_counted_and_walked_by_frame_pointer(
         deadline = time.monotonic() + 60
         while sampler.stats()["unwind_processes"] == 0 and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert sampler.settle_unwinder(60)
+        _warm(sampler)
         stats = sampler.stats()
     finally:
         sampler.close()
@@ -227,7 +249,7 @@ def test_walked_stacks_past_the_map_come_whole_and_complete() -> None:
         deadline = time.monotonic() + 60
         while sampler.stats()["unwind_processes"] == 0 and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert sampler.settle_unwinder(60)
+        _warm(sampler)
         sampler.drain()
         before = sampler.stats()
         while sum(c.count for c in counts) < 200 and time.monotonic() < deadline:

@@ -40,6 +40,29 @@ struct {
     __type(value, struct otel_gpu_unwind_process);
 } unwind_processes SEC(".maps");
 
+/* Per file id (otel_gpu_unwind_mapping.file_id), the frames looked up in it: tells the agent which files samples
+ * hit, so that it builds tables only for those (a file without a table is walked by frame pointer until then) and
+ * evicts the least recently hit when unwind_rows is full. Mmap-able: the agent reads it without a syscall. */
+struct {
+    __uint(type, BPF_MAP_TYPE_ARRAY);
+    __uint(max_entries, OTEL_GPU_UNWIND_MAX_FILES);
+    __uint(map_flags, 1024); /* BPF_F_MMAPABLE */
+    __type(key, __u32);
+    __type(value, __u64);
+} unwind_file_hits SEC(".maps");
+
+/* Processes whose walk met a pc outside every registered mapping (a library loaded after registration, as torch
+ * loads its libraries): the agent reads their mappings again. Set once until the agent takes it. */
+struct {
+    __uint(type, BPF_MAP_TYPE_HASH);
+    __uint(max_entries, 1024);
+    __type(key, __u32);  /* tgid */
+    __type(value, __u8);
+} unwind_remap SEC(".maps");
+
+/* rbp is taken as a frame pointer only within this distance above rsp (a thread's stack is 8 MiB by default). */
+#define UNWIND_MAX_FRAME_BYTES (8ULL << 20)
+
 struct native_unwind_state {
     __u64 pc;
     __u64 sp;
@@ -148,8 +171,16 @@ static long unwind_step(__u32 index, void *unused) {
     __u64 lookup = st->stack.depth > 1 ? st->pc - 1 : st->pc;
     struct otel_gpu_unwind_mapping *mapping = unwind_find_mapping(proc, pid, lookup);
     if (!mapping) {
+        __u8 one = 1;
+        bpf_map_update_elem(&unwind_remap, &pid, &one, BPF_NOEXIST);
         st->stop = OTEL_GPU_STAT_UNWIND_NO_MAPPING;
         return 1;
+    }
+    __u32 file_id = mapping->file_id;
+    if (file_id) {
+        __u64 *hits = bpf_map_lookup_elem(&unwind_file_hits, &file_id);
+        if (hits)
+            __sync_fetch_and_add(hits, 1);
     }
     struct otel_gpu_unwind_row *row = mapping->row_count ? unwind_find_row(mapping, lookup - mapping->bias) : 0;
     __u8 kind = row ? row->kind : OTEL_GPU_UNWIND_NONE;
@@ -164,6 +195,12 @@ static long unwind_step(__u32 index, void *unused) {
     } else if (kind == OTEL_GPU_UNWIND_NONE) {
         if (st->bp == 0) { /* the outermost frame-pointer frame */
             st->stop = OTEL_GPU_STAT_COUNT;
+            return 1;
+        }
+        /* Code built without frame pointers uses rbp as an ordinary register: a value below the stack pointer or
+         * far above it would make a garbage caller (and then a failed read or an unmapped pc). Stop, and say why. */
+        if (st->bp < st->sp || st->bp - st->sp > UNWIND_MAX_FRAME_BYTES) {
+            st->stop = OTEL_GPU_STAT_UNWIND_BAD_FP;
             return 1;
         }
         bump(OTEL_GPU_STAT_UNWIND_FP_FRAMES);
