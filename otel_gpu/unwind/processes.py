@@ -25,11 +25,16 @@ from dataclasses import dataclass, field
 
 from otel_gpu.ebpf import abi
 from otel_gpu.ebpf.loader import BPFError, BPFMap
-from otel_gpu.unwind.table import TableCache, UnwindTable, build_table, file_key
+from otel_gpu.unwind.table import TableCache, UnwindTable, build_table, file_key, frame_section_size
 
 _logger = logging.getLogger(__name__)
 _ROW_BYTES = ctypes.sizeof(abi.UnwindRow)
 _POLL_S = 0.2  # how often the unwinder thread looks at the hit counters when no process is queued
+# Small files get their tables at registration: a walk that reaches a file without a table steps it by frame pointer,
+# which in code without frame pointers ends the walk, so the callers' files would be hit (and built) only one
+# sampling round after each other. Small files (a program, libgcc, a C extension: up to ~12,000 rows, ~0.1 s each)
+# are cheap; the large ones (libpython, libc, libstdc++, libtorch) are where the samples land, so they are hit.
+EAGER_FRAME_BYTES = 64 << 10
 _REMAP_EVERY_S = 2.0  # a process's maps are read again at most this often (JIT code keeps asking)
 
 # A file's table state
@@ -130,7 +135,12 @@ class NativeUnwinder:
     (a large file's table takes seconds, and the sampler's event thread must not wait)."""
 
     def __init__(self, rows: BPFMap, processes: BPFMap, cache: TableCache | None = None, proc: str = "/proc",
-                 hits: BPFMap | None = None, remap: BPFMap | None = None) -> None:
+                 hits: BPFMap | None = None, remap: BPFMap | None = None,
+                 eager_frame_bytes: int = EAGER_FRAME_BYTES) -> None:
+        """``hits`` and ``remap``: the walker's unwind_file_hits and unwind_remap (without ``hits`` only small files
+        get tables). ``eager_frame_bytes``: files whose frame section is at most this large get their table when a
+        process that maps them is registered, the others once samples hit them (see EAGER_FRAME_BYTES)."""
+        self._eager_frame_bytes = eager_frame_bytes
         self._rows_map = rows
         self._processes = processes
         self._remap = remap
@@ -245,6 +255,8 @@ class NativeUnwinder:
             if not self._free_ids:
                 return None  # more distinct files than ids: walked by frame pointer
             file = _File(self._free_ids.pop(), key, mapping.path, image=image)
+            if self._small(path, image):
+                file.since = -1  # built at once, hit or not
             if self._hits is not None:
                 self._hits[file.id] = 0
             self._files[key] = file
@@ -252,6 +264,15 @@ class NativeUnwinder:
             self.stats.files_known = len(self._files)
         file.sources[pid] = path
         return file
+
+    def _small(self, path: str, image: bytes | None) -> bool:
+        """Whether the file's frame section is within eager_frame_bytes (or it has none: nothing to build)."""
+        if image is not None:
+            return True
+        try:
+            return frame_section_size(path) <= self._eager_frame_bytes
+        except (OSError, ValueError):
+            return True  # the build will fail and count it
 
     def _write_process(self, pid: int) -> None:
         entries = self._processes_seen.get(pid)
@@ -272,10 +293,9 @@ class NativeUnwinder:
     def _wanted(self) -> list[_File]:
         """Pending files that samples hit since they became pending."""
         hits = self._hits
-        if hits is None:
-            return []
         with self._lock:
-            return [file for file in self._files.values() if file.state == _PENDING and hits[file.id] > file.since]
+            return [file for file in self._files.values()
+                    if file.state == _PENDING and (hits[file.id] if hits is not None else 0) > file.since]
 
     def _remap_wanted(self) -> bool:
         if self._remap is None:
@@ -293,8 +313,8 @@ class NativeUnwinder:
                 for file in self._files.values():
                     if hits[file.id] != file.hits:
                         file.hits, file.last_hit = hits[file.id], now
-            for file in self._wanted():
-                self._build(file)
+        for file in self._wanted():
+            self._build(file)
         if self._remap is not None:
             now = time.monotonic()
             for key, _ in self._remap.pop_all():

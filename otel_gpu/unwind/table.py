@@ -208,6 +208,13 @@ def frame_sections(path: str) -> tuple[str, int, bytes] | None:
         return _frame_sections(_file_reader(file), path)[0]
 
 
+def frame_section_size(path: str) -> int:
+    """Bytes of the file's .eh_frame, else .debug_frame (0 if neither); reads only the ELF headers."""
+    with open(path, "rb") as file:
+        found, _ = _find_frame_section(_file_reader(file), path)
+    return found[3] if found is not None else 0
+
+
 def build_table(path: str, image: bytes | None = None, max_frame_bytes: int = _MAX_SECTION_BYTES) -> UnwindTable:
     """The unwind table of the ELF file at ``path`` (or of the in-memory ``image``, e.g. the vDSO, which ``path``
     then only names); without rows (``too_large``) when its frame section is over ``max_frame_bytes``. Raises OSError
