@@ -21,7 +21,7 @@ import struct
 import threading
 from array import array
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import BinaryIO
 
@@ -107,29 +107,43 @@ def rule_of(row: cfi.Row) -> int:
     return pack_rule(kind, row.cfa_offset, row.rbp_offset if row.rbp_kind == cfi.OFFSET else 0)
 
 
-def table_from_fdes(fdes: list[cfi.Fde], source: str) -> UnwindTable:
-    """Merge FDEs (sorted by start here) into one table; consecutive equal rules are kept once."""
-    fdes.sort(key=lambda fde: fde.start)
+def table_from_fdes(fdes: Iterable[cfi.Fde], source: str) -> UnwindTable:
+    """Merge FDEs (sorted by start here) into one table; consecutive equal rules are kept once.
+
+    Each FDE's rows are packed into flat arrays as they are parsed, so a large file costs about 16 bytes a row while
+    it is built, not a Python object per row (libLLVM-15: ~160 MiB -> see docs/benchmarks.md)."""
+    starts, ends, firsts = array("Q"), array("Q"), array("Q")
+    row_pcs, row_rules = array("Q"), array("Q")
+    for fde in fdes:
+        starts.append(fde.start)
+        ends.append(fde.end)
+        firsts.append(len(row_pcs))
+        for row in fde.rows:
+            row_pcs.append(row.pc)
+            row_rules.append(rule_of(row))
+    firsts.append(len(row_pcs))
     pcs = array("Q")
     rules = array("Q")
     none = pack_rule(KIND_NONE, 0, 0)
     covered_to = 0
-    for fde in fdes:
-        if fde.start < covered_to:
+    for index in sorted(range(len(starts)), key=starts.__getitem__):
+        start = starts[index]
+        if start < covered_to:
             continue  # overlapping FDEs (duplicates from linker quirks): the first one wins
-        if pcs and fde.start > covered_to and rules[-1] != none:
+        if pcs and start > covered_to and rules[-1] != none:
             pcs.append(covered_to)
             rules.append(none)
-        for row in fde.rows:
-            rule = rule_of(row)
+        for at in range(firsts[index], firsts[index + 1]):
+            rule = row_rules[at]
             if pcs and rules[-1] == rule:
                 continue
-            if pcs and pcs[-1] == row.pc:
+            pc = row_pcs[at]
+            if pcs and pcs[-1] == pc:
                 rules[-1] = rule
                 continue
-            pcs.append(row.pc)
+            pcs.append(pc)
             rules.append(rule)
-        covered_to = fde.end
+        covered_to = ends[index]
     if pcs:
         pcs.append(covered_to)
         rules.append(none)
@@ -232,7 +246,7 @@ def _build(read: _Read, name: str, max_frame_bytes: int) -> UnwindTable:
     section, addr, offset, size = found
     if _checked_size(name, section, size) > max_frame_bytes:
         return UnwindTable(array("Q"), array("Q"), section, segments, too_large=True)
-    table = table_from_fdes(list(cfi.parse_frames(read(offset, size), addr, section == ".eh_frame")), section)
+    table = table_from_fdes(cfi.parse_frames(read(offset, size), addr, section == ".eh_frame"), section)
     return UnwindTable(table.pcs, table.rules, section, segments)
 
 
