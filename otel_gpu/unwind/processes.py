@@ -35,7 +35,8 @@ _POLL_S = 0.2  # how often the unwinder thread looks at the hit counters when no
 # sampling round after each other. Small files (a program, libgcc, a C extension: up to ~12,000 rows, ~0.1 s each)
 # are cheap; the large ones (libpython, libc, libstdc++, libtorch) are where the samples land, so they are hit.
 EAGER_FRAME_BYTES = 64 << 10
-_REMAP_EVERY_S = 2.0  # a process's maps are read again at most this often (JIT code keeps asking)
+_REMAP_EVERY_S = 2.0
+_COLD_S = 10.0  # a table is evicted for another only when samples have not hit it for this long  # a process's maps are read again at most this often (JIT code keeps asking)
 
 # A file's table state
 _PENDING = 0  # not built: built when samples hit the file
@@ -58,7 +59,7 @@ class UnwinderStats:
     processes: int = 0  # processes registered (again after a remap: counted once)
     files: int = 0  # tables loaded into unwind_rows (again after an eviction: counted again)
     rows: int = 0  # rows of unwind_rows in use now
-    rows_full: int = 0  # tables left out: larger than the whole of unwind_rows
+    rows_full: int = 0  # tables left out: larger than unwind_rows, or no room without evicting tables in use
     files_too_large: int = 0  # files left to frame pointers because their .eh_frame is over the cache's cap
     file_errors: int = 0  # files that could not be read or parsed
     files_known: int = 0  # file ids in use (files mapped by registered processes)
@@ -81,6 +82,7 @@ class _File:
     table: UnwindTable | None = None  # kept only for its segments (load bias), rows dropped once loaded
     hits: int = 0  # unwind_file_hits value last seen
     since: int = 0  # its value when the file last became pending: built once hits pass it
+    retry_at: float = 0.0  # monotonic time before which it is not built again (no room for it last time)
     last_hit: float = 0.0  # monotonic time the hits last changed
 
 
@@ -294,8 +296,10 @@ class NativeUnwinder:
         """Pending files that samples hit since they became pending."""
         hits = self._hits
         with self._lock:
+            now = time.monotonic()
             return [file for file in self._files.values()
-                    if file.state == _PENDING and (hits[file.id] if hits is not None else 0) > file.since]
+                    if file.state == _PENDING and (hits[file.id] if hits is not None else 0) > file.since
+                    and file.retry_at <= now]
 
     def _remap_wanted(self) -> bool:
         if self._remap is None:
@@ -353,6 +357,11 @@ class NativeUnwinder:
                 file.state = _NO_ROWS
             else:
                 first = self._room(count, file)
+                if first is None:  # only recently hit tables to evict: no room now, try again later
+                    self.stats.rows_full += 1
+                    file.retry_at = time.monotonic() + _COLD_S
+                    file.since = self._hits[file.id] if self._hits is not None else 0
+                    return
                 self._memory[first * _ROW_BYTES:(first + count) * _ROW_BYTES] = table.row_bytes()
                 file.state, file.first_row, file.row_count = _LOADED, first, count
                 self.stats.rows += count
@@ -360,11 +369,17 @@ class NativeUnwinder:
             for pid in list(file.sources):
                 self._write_process(pid)
 
-    def _room(self, count: int, wanting: _File) -> int:
-        """Rows for ``count`` (at most the capacity), evicting the least recently hit tables until they fit."""
+    def _room(self, count: int, wanting: _File) -> int | None:
+        """Rows for ``count`` (at most the capacity), evicting the least recently hit tables not hit for _COLD_S
+        until they fit; None if that is not enough (evicting tables still in use would only trade one for another,
+        rebuilding both again and again)."""
         first = self._extents.take(count)
+        cold = time.monotonic() - _COLD_S
         while first is None:
-            loaded = [file for file in self._files.values() if file.state == _LOADED and file is not wanting]
+            loaded = [file for file in self._files.values()
+                      if file.state == _LOADED and file is not wanting and file.last_hit < cold]
+            if not loaded:
+                return None
             victim = min(loaded, key=lambda file: file.last_hit)
             self._unload(victim)
             victim.state = _PENDING  # built again if samples hit it again

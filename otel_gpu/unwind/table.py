@@ -38,12 +38,13 @@ KIND_UNSUPPORTED = 4  # CFA expression, CFA in another register, return address 
 _MAX_SECTION_BYTES = 256 << 20  # .eh_frame read per file (libtorch_cpu.so's is ~30 MB)
 _MAX_SECTIONS = 1 << 16
 _CACHE_BYTES = 64 << 20  # tables kept in all
-# Files whose .eh_frame is larger get a table without rows and are walked by frame pointer: tables are built in the
-# agent's Python at about 190 rows per KiB and 0.7-1.4 s per 100,000 rows (docs/benchmarks.md), so 1 MiB is at most
-# ~1.5 s and 3 MiB of the rows array. What needs tables most (libc, libstdc++, the interpreter: 150-410 KiB) stays
-# under it; libtorch, libcuda, cuBLAS and LLVM-sized libraries (2-30 MiB) keep frame pointers where torch's stacks
-# need them (H200).
-MAX_FRAME_BYTES = 1 << 20
+# Files whose .eh_frame is larger get a table without rows and are walked by frame pointer. Tables are built only
+# for files that samples hit (unwind/processes.py), in the agent's Python at about 190 rows per KiB of .eh_frame and
+# ~0.3 CPU-s per 100,000 rows, ~16 bytes a row while built (docs/benchmarks.md): 6 MiB is at most ~1.2 M rows,
+# ~3.5 CPU-s once per file and 18 MiB of the rows array, which covers libLLVM-sized libraries (libLLVM-15: 4.96 MiB,
+# 979,120 rows, 2.7 CPU-s). libtorch_cpu's ~30 MiB (5-6 M rows, ~90 MiB of rows) needs both this cap and the
+# sampler's unwind_rows raised.
+MAX_FRAME_BYTES = 6 << 20
 
 
 @dataclass(frozen=True, slots=True)

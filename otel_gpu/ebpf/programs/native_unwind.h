@@ -21,7 +21,7 @@
 
 #ifdef __BPF__ /* BPF code only: tests/ebpf/test_abi.py compiles every header of this folder for user space */
 
-#define UNWIND_ROWS 1048576         /* 16 MB; the agent may set max_entries (CPUSampler's unwind_rows) */
+#define UNWIND_ROWS 1048576         /* the agent sets max_entries (CPUSampler's unwind_rows) */
 #define UNWIND_ROW_STEPS 26         /* binary-search steps within one file: 2^26 rows (1 GiB) > any file's table */
 #define UNWIND_MAPPING_STEPS 9      /* 2^9 > OTEL_GPU_UNWIND_MAX_MAPPINGS */
 
