@@ -271,7 +271,8 @@ def unwinder_cost(seconds: float, hz: int, eager_frame_bytes: int, max_frame_byt
                   libraries: list[str]) -> dict[str, float]:
     """One Python process that maps large C++ libraries (``libraries``) and spends its time in the first one's code
     (LLVMContextCreate/Dispose: libLLVM has no frame pointers) and in the interpreter, sampled alone for
-    ``seconds``: the unwinder thread's CPU time, its tables, how the walks ended, the agent's RSS."""
+    ``seconds``: the unwinder thread's CPU time, its tables, the agent's RSS, and over the second half the samples,
+    the share with 8 frames or more and how the walks ended."""
     workload = subprocess.Popen(["/usr/bin/python3", "-c", LLVM_WORKLOAD, str(seconds + 30), *libraries],
                                 stdout=subprocess.PIPE, text=True)
     assert workload.stdout is not None
@@ -280,26 +281,31 @@ def unwinder_cost(seconds: float, hz: int, eager_frame_bytes: int, max_frame_byt
                          unwind_max_frame_bytes=max_frame_bytes)
     sampler.open()
     try:
-        end = time.monotonic() + seconds
+        start = time.monotonic()
         samples, deep = 0, 0
-        while time.monotonic() < end:
+        before: dict[str, int] = {}
+        while time.monotonic() < start + seconds:
             time.sleep(0.5)
-            for count in sampler.drain():
-                samples += count.count
-                deep += count.count * (len(count.user_stack) >= 8)
+            counts = sampler.drain()
+            if not before and time.monotonic() >= start + seconds / 2:
+                before = sampler.stats()  # how walks end: over the second half, once hit files have tables
+            elif before:
+                samples += sum(count.count for count in counts)
+                deep += sum(count.count for count in counts if len(count.user_stack) >= 8)
         unwinder_s = _thread_cpu_s("otel-gpu-unwind")
         stats = sampler.stats()
+        stops = {key: stats[key] - before.get(key, 0) for key in stats if key.startswith("unwind_")}
         rss_kib = next(int(line.split()[1]) for line in Path("/proc/self/status").read_text().splitlines()
                        if line.startswith("VmRSS:"))
     finally:
         sampler.close()
         workload.kill()
         workload.wait()
-    walked = max(1, stats["unwind_samples"])
+    walked = max(1, stops["unwind_samples"])
     return {"samples": samples, "unwinder_s": unwinder_s, "files_known": stats["unwind_files_known"],
             "files": stats["unwind_files"], "rows": stats["unwind_rows"], "rss_mib": rss_kib / 1024,
             "deep": deep / max(1, samples),
-            **{reason: stats[f"unwind_{reason}"] / walked
+            **{reason: stops[f"unwind_{reason}"] / walked
                for reason in ("no_mapping", "read_failed", "bad_fp", "unsupported", "truncated")}}
 
 
@@ -370,6 +376,7 @@ def main() -> None:
             print(f"{'tables':<34} {'samples':>8} {'unwinder CPU-s':>15} {'files':>11} {'rows':>9} {'RSS MiB':>8} "
                   f"{'depth>=8':>9} {'no_mapping':>10} {'read_failed':>11} {'bad_fp':>7}")
             for label, eager, cap in (("eager, cap 1 MiB (previous)", 1 << 20, 1 << 20),
+                                      ("lazy over 64 KiB, cap 1 MiB", 64 << 10, 1 << 20),
                                       ("eager, cap 6 MiB", 6 << 20, 6 << 20),
                                       ("lazy over 64 KiB, cap 6 MiB (new)", 64 << 10, 6 << 20)):
                 row = unwinder_cost(args.seconds, args.hz, eager, cap, libraries)
@@ -377,7 +384,8 @@ def main() -> None:
                       f"{row['files']:>5}/{row['files_known']:<5} {row['rows']:>9} {row['rss_mib']:>8.0f} "
                       f"{row['deep']:>9.2f} {row['no_mapping']:>10.3f} {row['read_failed']:>11.3f} "
                       f"{row['bad_fp']:>7.3f}")
-            print("files: tables loaded / files mapped; the stop columns are per walked sample")
+            print("files: tables loaded / files mapped; samples, depth>=8 and the stop columns (per walked sample): "
+                  "the second half")
     finally:
         STATS_SYSCTL.write_text(previous)
 

@@ -35,8 +35,8 @@ _POLL_S = 0.2  # how often the unwinder thread looks at the hit counters when no
 # sampling round after each other. Small files (a program, libgcc, a C extension: up to ~12,000 rows, ~0.1 s each)
 # are cheap; the large ones (libpython, libc, libstdc++, libtorch) are where the samples land, so they are hit.
 EAGER_FRAME_BYTES = 64 << 10
-_REMAP_EVERY_S = 2.0
-_COLD_S = 10.0  # a table is evicted for another only when samples have not hit it for this long  # a process's maps are read again at most this often (JIT code keeps asking)
+_REMAP_EVERY_S = 2.0  # a process's maps are read again at most this often (JIT code keeps asking)
+_COLD_S = 10.0  # a table is evicted for another only when samples have not hit it for this long
 
 # A file's table state
 _PENDING = 0  # not built: built when samples hit the file
