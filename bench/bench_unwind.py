@@ -17,7 +17,8 @@ Reports:
   5. the unwinder thread's own CPU time (in process, so other load does not hide it) and the tables it keeps, for
      a Python process that maps libLLVM-15 and -14 (~225 MB of C++ without frame pointers) and runs libLLVM code:
      tables built for every mapped file when the process is registered (the previous design, at the previous 1 MiB
-     cap and at the new 6 MiB one) against tables built only for the files samples hit (the default).
+     cap and at the new 6 MiB one) against tables built only for the files samples hit (the default);
+  6. (not in the default parts) a table's build CPU time and the peak RSS it adds, each file in a fresh process.
 
 Run (as root, after make build): .venv/bin/python bench/bench_unwind.py [--seconds 5] [--hz 999] [--elf PATH ...]
                                  [--parts 12345] [--library PATH ...]
@@ -112,7 +113,7 @@ def per_sample(binary: Path, native_unwind: bool, seconds: float, hz: int) -> di
             "agent_us_per_sample": agent_s * 1e6 / max(1, samples),
             "unwound": stats.get("unwind_samples", 0), "fp_frames": stats.get("unwind_fp_frames", 0),
             "stops": sum(stats.get(k, 0) for k in ("unwind_no_mapping", "unwind_unsupported", "unwind_read_failed",
-                                                   "unwind_truncated"))}
+                                                   "unwind_truncated", "unwind_bad_fp"))}
 
 
 def drain_rate(seconds: float, hz: int, native_unwind: bool = True) -> dict[str, float]:
@@ -243,6 +244,29 @@ def stack_copy(binary: Path, seconds: float, hz: int, window: int) -> dict[str, 
             "mean_depth": sum(depths) / samples}
 
 
+BUILD_ONE = """
+import resource, sys, time
+sys.path.insert(0, sys.argv[1])
+from otel_gpu.unwind.table import build_table, frame_section_size
+size = frame_section_size(sys.argv[2])
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+start = time.thread_time()
+table = build_table(sys.argv[2], max_frame_bytes=1 << 40)
+cpu = time.thread_time() - start
+after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+print(f"{sys.argv[2]:<48} {size / 2**20:>10.2f} {len(table.pcs):>9} {table.size_bytes / 2**20:>10.2f} {cpu:>8.2f} "
+      f"{(after - before) / 1024:>9.0f}")
+"""
+
+
+def build_costs(paths: list[str]) -> None:
+    """Each file's table built by build_table in a fresh interpreter: CPU time and the peak RSS it adds."""
+    print(f"{'file':<48} {'frame MiB':>10} {'rows':>9} {'table MiB':>10} {'CPU-s':>8} {'+RSS MiB':>9}")
+    for path in paths:
+        if path and Path(path).exists():
+            subprocess.run([sys.executable, "-c", BUILD_ONE, str(REPO), path], check=True)
+
+
 LLVM_WORKLOAD = """
 import ctypes, os, sys, time
 libs = [ctypes.CDLL(path) for path in sys.argv[2:]]
@@ -322,6 +346,9 @@ def main() -> None:
     if "1" in args.parts:
         print("1. unwind tables per file")
         table_costs(DEFAULT_FILES + args.elf)
+    if "6" in args.parts:
+        print("6. table build in a fresh process per file: CPU time and peak RSS added")
+        build_costs(DEFAULT_FILES[:2] + ["/usr/lib/x86_64-linux-gnu/libLLVM-15.so.1"] + args.elf)
     if os.geteuid() != 0:
         print("2. skipped: needs root")
         return
