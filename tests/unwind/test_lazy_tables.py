@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """Lazy unwind tables, on the real kernel: files get tables only once samples hit them (files mapped but never hit
 get none), walks still come whole once the hit files have theirs, and a library loaded after the process was
-registered (as torch loads its own) is found by reading the maps again when a walk meets its code."""
+registered (as torch loads its own) is found by reading the maps again when a walk meets its code; a frame-pointer
+step through code without a table and without frame pointers stops, counted, instead of reporting a garbage caller."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from otel_gpu import selfmetrics, semconv
 from otel_gpu.cpu.sampler import CPUSampler, StackCount
 from otel_gpu.unwind.processes import _Extents, executable_mappings
 from tests.conftest import NATIVE
@@ -131,3 +133,34 @@ def test_a_library_loaded_later_is_found_and_walked_through() -> None:
                                                  for pc in c.user_stack))
     total = sum(c.count for c in in_llvm)
     assert total > 50 and through > 0.8 * total, (total, through)
+
+
+def test_a_frame_pointer_step_without_frame_pointers_stops_as_bad_fp() -> None:
+    """No table at all (every file over the cap): in a program built without frame pointers, the step by rbp from
+    the leaf gives no caller any file holds. Counted as unwind_bad_fp (a self-metric), never as an unmapped pc (which
+    would ask for the maps again) and never a frame past the leaf."""
+    selfmetrics.reset()
+    process = subprocess.Popen([str(NATIVE / "unwind" / "cpu_3to1_nofp"), "60"], stdout=subprocess.PIPE, text=True)
+    assert process.stdout is not None
+    pid = int(process.stdout.readline().split()[1])
+    sampler = CPUSampler(199, pids=[pid], unwind_max_frame_bytes=1, unwind_eager_frame_bytes=-1)
+    sampler.open()
+    try:
+        deadline = time.monotonic() + 60
+        while sampler.stats()["unwind_processes"] == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert sampler.settle_unwinder(60)
+        sampler.drain()  # the samples taken before the process was registered (bpf_get_stackid's own walk)
+        counts = _sample(sampler, 200)
+        stats = sampler.stats()
+    finally:
+        sampler.close()
+        process.kill()
+        process.wait()
+    walked = stats["unwind_samples"]
+    assert walked > 100 and stats["unwind_bad_fp"] > 0.9 * walked, stats
+    assert stats["unwind_no_mapping"] + stats["unwind_read_failed"] < 0.05 * walked and stats["unwind_remaps"] == 0
+    assert all(len(c.user_stack) == 1 for c in counts), [c.user_stack for c in counts if len(c.user_stack) > 1]
+    reported = selfmetrics.total(semconv.SELF_ERRORS.name, otel_gpu__source=semconv.Source.CPU_PROFILER,
+                                 otel_gpu__reason=semconv.Reason.UNWIND_BAD_FP)
+    assert reported == stats["unwind_bad_fp"]

@@ -42,7 +42,7 @@ enum otel_gpu_cpu_stat {
     OTEL_GPU_STAT_UNWIND_TRUNCATED = 18,  /* the stack was deeper than OTEL_GPU_MAX_STACK_DEPTH */
     OTEL_GPU_STAT_UNWIND_NO_REGS = 19,    /* the user registers could not be read */
     OTEL_GPU_STAT_UNWIND_BAD_FP = 20,     /* no table for the pc and rbp is no frame pointer (below rsp or far
-                                           * above it): stepping by it would give a garbage caller */
+                                           * above it), or the caller it gave is in no mapping: garbage */
     OTEL_GPU_STAT_COUNT = 21,
 };
 

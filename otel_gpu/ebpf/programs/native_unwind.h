@@ -69,6 +69,8 @@ struct native_unwind_state {
     __u64 bp;
     __u32 pid;
     __u32 stop; /* 0: go on; else the stat that says why the walk ended (OTEL_GPU_STAT_COUNT: a normal end) */
+    __u32 fp_step; /* the last step was by frame pointer (no table): its caller may be garbage */
+    __u32 reserved;
     struct otel_gpu_unwound_stack stack; /* the frames so far and their running hash */
 };
 
@@ -157,9 +159,10 @@ static long unwind_step(__u32 index, void *unused) {
     __u32 depth = st->stack.depth;
     if (depth >= OTEL_GPU_MAX_STACK_DEPTH) /* again, in a register the verifier follows */
         return 1;
+    __u64 hash_before = st->stack.hash;
     st->stack.frames[depth] = st->pc;
     st->stack.depth = depth + 1;
-    st->stack.hash = (st->stack.hash ^ st->pc) * 0x100000001b3ULL; /* FNV-1a over 8-byte words */
+    st->stack.hash = (hash_before ^ st->pc) * 0x100000001b3ULL; /* FNV-1a over 8-byte words */
     __u32 pid = st->pid;
     struct otel_gpu_unwind_process *proc = bpf_map_lookup_elem(&unwind_processes, &pid);
     if (!proc) {
@@ -171,7 +174,13 @@ static long unwind_step(__u32 index, void *unused) {
     __u64 lookup = st->stack.depth > 1 ? st->pc - 1 : st->pc;
     struct otel_gpu_unwind_mapping *mapping = unwind_find_mapping(proc, pid, lookup);
     if (!mapping) {
-        __u8 one = 1;
+        if (st->fp_step) { /* a frame-pointer step from code without a table gave a pc no file holds: garbage, */
+            st->stack.depth = depth; /* so it is no frame */
+            st->stack.hash = hash_before;
+            st->stop = OTEL_GPU_STAT_UNWIND_BAD_FP;
+            return 1;
+        }
+        __u8 one = 1; /* else maybe a library loaded since the process was registered: read its maps again */
         bpf_map_update_elem(&unwind_remap, &pid, &one, BPF_NOEXIST);
         st->stop = OTEL_GPU_STAT_UNWIND_NO_MAPPING;
         return 1;
@@ -192,6 +201,7 @@ static long unwind_step(__u32 index, void *unused) {
     } else if (kind == OTEL_GPU_UNWIND_RSP || kind == OTEL_GPU_UNWIND_RBP) {
         cfa = (kind == OTEL_GPU_UNWIND_RSP ? st->sp : st->bp) + row->cfa_offset;
         rbp_offset = row->rbp_offset;
+        st->fp_step = 0;
     } else if (kind == OTEL_GPU_UNWIND_NONE) {
         if (st->bp == 0) { /* the outermost frame-pointer frame */
             st->stop = OTEL_GPU_STAT_COUNT;
@@ -206,6 +216,7 @@ static long unwind_step(__u32 index, void *unused) {
         bump(OTEL_GPU_STAT_UNWIND_FP_FRAMES);
         cfa = st->bp + 16;
         rbp_offset = -16;
+        st->fp_step = 1;
     } else {
         st->stop = OTEL_GPU_STAT_UNWIND_UNSUPPORTED;
         return 1;
@@ -250,6 +261,7 @@ static __always_inline struct native_unwind_state *native_unwind_walk(__u32 pid,
     st->bp = bp;
     st->pid = pid;
     st->stop = 0;
+    st->fp_step = 0;
     st->stack.depth = 0;
     st->stack.hash = 0xcbf29ce484222325ULL;
     bpf_loop(OTEL_GPU_MAX_STACK_DEPTH + 1, unwind_step, 0, 0);
