@@ -195,11 +195,11 @@ class NativeUnwinder:
 
     def forget(self, pid: int) -> None:
         """Drop ``pid``'s entry; files no registered process maps any more give back their rows and id."""
-        try:
-            self._processes.delete(ctypes.c_uint32(pid))
-        except BPFError:
-            pass  # already gone
-        with self._lock:
+        with self._lock:  # held across the delete, so that a table loaded meanwhile cannot write the entry back
+            try:
+                self._processes.delete(ctypes.c_uint32(pid))
+            except BPFError:
+                pass  # already gone
             for _, file in self._processes_seen.pop(pid, []):
                 file.sources.pop(pid, None)
                 if not file.sources and file.key in self._files:
