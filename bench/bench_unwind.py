@@ -34,6 +34,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -284,7 +285,6 @@ while time.monotonic() < end:
 
 def _thread_cpu_s(name: str) -> float:
     """CPU seconds of this process's thread called ``name`` (0 if it has not started)."""
-    import threading
     for thread in threading.enumerate():
         if thread.name == name and thread.ident is not None:
             return time.clock_gettime(time.pthread_getcpuclockid(thread.ident))
