@@ -87,7 +87,7 @@ class CPUSampler:
         (for comparing the two designs; the aggregated default is cheaper, see bench/bench_cpu_profiler.py).
         ``cpus`` defaults to every online CPU. ``native_unwind`` off: frame pointers only (the comparison path).
         ``unwind_rows``: capacity of the unwind tables of every file, 16 bytes a row of kernel memory (the default,
-        2 Mi rows, is 32 MiB, written only as hit files get tables; libtorch_cpu.so alone needs several Mi rows,
+        2 Mi rows, is 32 MiB, written only as hit files get tables; libtorch_cpu.so alone needs 2.56 Mi rows,
         docs/benchmarks.md). ``unwound_stacks``:
         distinct walked stacks counted in the kernel per drain, 1 KiB each in each of two generations; past it a
         walked sample comes whole through the ring buffer. ``unwind_max_frame_bytes``: files whose .eh_frame is larger
