@@ -35,15 +35,15 @@ KIND_RBP = 2  # CFA = rbp + cfa_offset
 KIND_END = 3  # the outermost frame: stop
 KIND_UNSUPPORTED = 4  # CFA expression, CFA in another register, return address not at CFA-8
 
-_MAX_SECTION_BYTES = 256 << 20  # .eh_frame read per file (libtorch_cpu.so's is ~30 MB)
+_MAX_SECTION_BYTES = 256 << 20  # .eh_frame read per file at most (libtorch_cpu.so's is 17 MiB)
 _MAX_SECTIONS = 1 << 16
 _CACHE_BYTES = 64 << 20  # tables kept in all
 # Files whose .eh_frame is larger get a table without rows and are walked by frame pointer. Tables are built only
 # for files that samples hit (unwind/processes.py), in the agent's Python at about 190 rows per KiB of .eh_frame and
 # ~0.3 CPU-s per 100,000 rows, ~16 bytes a row while built (docs/benchmarks.md): 6 MiB is at most ~1.2 M rows,
 # ~3.5 CPU-s once per file and 18 MiB of the rows array, which covers libLLVM-sized libraries (libLLVM-15: 4.96 MiB,
-# 979,120 rows, 2.7 CPU-s). libtorch_cpu's ~30 MiB (5-6 M rows, ~90 MiB of rows) needs both this cap and the
-# sampler's unwind_rows raised.
+# 979,120 rows, 2.7 CPU-s). libtorch_cpu's 17 MiB (torch 2.13 CPU: 2.56 M rows, 39 MiB, 8.7 CPU-s) needs both
+# this cap and the sampler's unwind_rows raised.
 MAX_FRAME_BYTES = 6 << 20
 
 
