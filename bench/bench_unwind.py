@@ -13,10 +13,15 @@ Reports:
   3. the design not taken: copy the registers and a --window-byte window of the user stack per sample
      (bench/unwind_stack_copy.bpf.c, compiled here) and unwind it in the agent with the same tables (Python):
      BPF run time per run, bytes per sample, agent CPU per sample, mean depth reached;
-  4. drain + unwind-resolve + symbolize + encode throughput of walked samples (the issue's target: >= 50,000/s).
+  4. drain + unwind-resolve + symbolize + encode throughput of walked samples (the issue's target: >= 50,000/s);
+  5. the unwinder thread's own CPU time (in process, so other load does not hide it) and the tables it keeps, for
+     a Python process that maps libLLVM-15 and -14 (~225 MB of C++ without frame pointers) and runs libLLVM code:
+     tables built for every mapped file when the process is registered (the previous design, at the previous 1 MiB
+     cap and at the new 6 MiB one) against tables built only for the files samples hit (the default);
+  6. (not in the default parts) a table's build CPU time and the peak RSS it adds, each file in a fresh process.
 
 Run (as root, after make build): .venv/bin/python bench/bench_unwind.py [--seconds 5] [--hz 999] [--elf PATH ...]
-                                 [--parts 1234]
+                                 [--parts 12345] [--library PATH ...]
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -79,8 +85,9 @@ def per_sample(binary: Path, native_unwind: bool, seconds: float, hz: int) -> di
     sampler = CPUSampler(hz, pids=[pid], native_unwind=native_unwind)
     sampler.open()
     try:
-        time.sleep(0.5)
-        sampler.settle_unwinder(30)
+        for _ in range(3):  # tables come for the files samples hit; a walk reaches the next file once it has one
+            time.sleep(0.5)
+            sampler.settle_unwinder(30)
         sampler.drain()
         assert sampler._bpf is not None
         prog_id = sampler._bpf.program_ids()["on_cpu_sample"]
@@ -107,7 +114,7 @@ def per_sample(binary: Path, native_unwind: bool, seconds: float, hz: int) -> di
             "agent_us_per_sample": agent_s * 1e6 / max(1, samples),
             "unwound": stats.get("unwind_samples", 0), "fp_frames": stats.get("unwind_fp_frames", 0),
             "stops": sum(stats.get(k, 0) for k in ("unwind_no_mapping", "unwind_unsupported", "unwind_read_failed",
-                                                   "unwind_truncated"))}
+                                                   "unwind_truncated", "unwind_bad_fp"))}
 
 
 def drain_rate(seconds: float, hz: int, native_unwind: bool = True) -> dict[str, float]:
@@ -238,17 +245,110 @@ def stack_copy(binary: Path, seconds: float, hz: int, window: int) -> dict[str, 
             "mean_depth": sum(depths) / samples}
 
 
+BUILD_ONE = """
+import resource, sys, time
+sys.path.insert(0, sys.argv[1])
+from otel_gpu.unwind.table import build_table, frame_section_size
+size = frame_section_size(sys.argv[2])
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+start = time.thread_time()
+table = build_table(sys.argv[2], max_frame_bytes=1 << 40)
+cpu = time.thread_time() - start
+after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+print(f"{sys.argv[2]:<48} {size / 2**20:>10.2f} {len(table.pcs):>9} {table.size_bytes / 2**20:>10.2f} {cpu:>8.2f} "
+      f"{(after - before) / 1024:>9.0f}")
+"""
+
+
+def build_costs(paths: list[str]) -> None:
+    """Each file's table built by build_table in a fresh interpreter: CPU time and the peak RSS it adds."""
+    print(f"{'file':<48} {'frame MiB':>10} {'rows':>9} {'table MiB':>10} {'CPU-s':>8} {'+RSS MiB':>9}")
+    for path in paths:
+        if path and Path(path).exists():
+            subprocess.run([sys.executable, "-c", BUILD_ONE, str(REPO), path], check=True)
+
+
+LLVM_WORKLOAD = """
+import ctypes, os, sys, time
+libs = [ctypes.CDLL(path) for path in sys.argv[2:]]
+llvm = libs[0]
+llvm.LLVMContextCreate.restype = ctypes.c_void_p
+llvm.LLVMContextDispose.argtypes = [ctypes.c_void_p]
+print("ready", os.getpid(), flush=True)
+end = time.monotonic() + float(sys.argv[1])
+while time.monotonic() < end:
+    for _ in range(200):
+        llvm.LLVMContextDispose(llvm.LLVMContextCreate())
+    sum(i * i for i in range(2000))
+"""
+
+
+def _thread_cpu_s(name: str) -> float:
+    """CPU seconds of this process's thread called ``name`` (0 if it has not started)."""
+    for thread in threading.enumerate():
+        if thread.name == name and thread.ident is not None:
+            return time.clock_gettime(time.pthread_getcpuclockid(thread.ident))
+    return 0.0
+
+
+def unwinder_cost(seconds: float, hz: int, eager_frame_bytes: int, max_frame_bytes: int,
+                  libraries: list[str]) -> dict[str, float]:
+    """One Python process that maps large C++ libraries (``libraries``) and spends its time in the first one's code
+    (LLVMContextCreate/Dispose: libLLVM has no frame pointers) and in the interpreter, sampled alone for
+    ``seconds``: the unwinder thread's CPU time, its tables, the agent's RSS, and over the second half the samples,
+    the share with 8 frames or more and how the walks ended."""
+    workload = subprocess.Popen(["/usr/bin/python3", "-c", LLVM_WORKLOAD, str(seconds + 30), *libraries],
+                                stdout=subprocess.PIPE, text=True)
+    assert workload.stdout is not None
+    pid = int(workload.stdout.readline().split()[1])
+    sampler = CPUSampler(hz, pids=[pid], unwind_eager_frame_bytes=eager_frame_bytes,
+                         unwind_max_frame_bytes=max_frame_bytes)
+    sampler.open()
+    try:
+        start = time.monotonic()
+        samples, deep = 0, 0
+        before: dict[str, int] = {}
+        while time.monotonic() < start + seconds:
+            time.sleep(0.5)
+            counts = sampler.drain()
+            if not before and time.monotonic() >= start + seconds / 2:
+                before = sampler.stats()  # how walks end: over the second half, once hit files have tables
+            elif before:
+                samples += sum(count.count for count in counts)
+                deep += sum(count.count for count in counts if len(count.user_stack) >= 8)
+        unwinder_s = _thread_cpu_s("otel-gpu-unwind")
+        stats = sampler.stats()
+        stops = {key: stats[key] - before.get(key, 0) for key in stats if key.startswith("unwind_")}
+        rss_kib = next(int(line.split()[1]) for line in Path("/proc/self/status").read_text().splitlines()
+                       if line.startswith("VmRSS:"))
+    finally:
+        sampler.close()
+        workload.kill()
+        workload.wait()
+    walked = max(1, stops["unwind_samples"])
+    return {"samples": samples, "unwinder_s": unwinder_s, "files_known": stats["unwind_files_known"],
+            "files": stats["unwind_files"], "rows": stats["unwind_rows"], "rss_mib": rss_kib / 1024,
+            "deep": deep / max(1, samples),
+            **{reason: stops[f"unwind_{reason}"] / walked
+               for reason in ("no_mapping", "read_failed", "bad_fp", "unsupported", "truncated")}}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--hz", type=int, default=999)
     parser.add_argument("--elf", action="append", default=[])
     parser.add_argument("--window", type=int, default=16384, help="bytes of user stack copied per sample in part 3")
-    parser.add_argument("--parts", default="1234", help="which parts to run, e.g. 24")
+    parser.add_argument("--parts", default="12345", help="which parts to run, e.g. 24")
+    parser.add_argument("--library", action="append", default=[],
+                        help="part 5: large libraries the workload maps; the first must be libLLVM (its C API is run)")
     args = parser.parse_args()
     if "1" in args.parts:
         print("1. unwind tables per file")
         table_costs(DEFAULT_FILES + args.elf)
+    if "6" in args.parts:
+        print("6. table build in a fresh process per file: CPU time and peak RSS added")
+        build_costs(DEFAULT_FILES[:2] + ["/usr/lib/x86_64-linux-gnu/libLLVM-15.so.1"] + args.elf)
     if os.geteuid() != 0:
         print("2. skipped: needs root")
         return
@@ -295,6 +395,24 @@ def main() -> None:
                       f"{rate['encode_ms']:.1f} ms -> {rate['samples_per_s']:.0f} samples/s; unwound (machine-wide) "
                       f"{rate['unwound']}, sent whole {rate['raw_sent']}; waited {rate['building_s']:.2f} s for "
                       "table builds first")
+        if "5" in args.parts:
+            libraries = args.library or ["/usr/lib/x86_64-linux-gnu/libLLVM-15.so.1",
+                                         "/usr/lib/x86_64-linux-gnu/libLLVM-14.so.1"]
+            print(f"\n5. the unwinder thread's cost, one Python process mapping {', '.join(libraries)} and running "
+                  f"libLLVM-15's C++ (no frame pointers), {args.seconds:.0f} s at {args.hz} Hz, sampled alone")
+            print(f"{'tables':<34} {'samples':>8} {'unwinder CPU-s':>15} {'files':>11} {'rows':>9} {'RSS MiB':>8} "
+                  f"{'depth>=8':>9} {'no_mapping':>10} {'read_failed':>11} {'bad_fp':>7}")
+            for label, eager, cap in (("eager, cap 1 MiB (previous)", 1 << 20, 1 << 20),
+                                      ("lazy over 64 KiB, cap 1 MiB", 64 << 10, 1 << 20),
+                                      ("eager, cap 6 MiB", 6 << 20, 6 << 20),
+                                      ("lazy over 64 KiB, cap 6 MiB (new)", 64 << 10, 6 << 20)):
+                row = unwinder_cost(args.seconds, args.hz, eager, cap, libraries)
+                print(f"{label:<34} {row['samples']:>8} {row['unwinder_s']:>15.2f} "
+                      f"{row['files']:>5}/{row['files_known']:<5} {row['rows']:>9} {row['rss_mib']:>8.0f} "
+                      f"{row['deep']:>9.2f} {row['no_mapping']:>10.3f} {row['read_failed']:>11.3f} "
+                      f"{row['bad_fp']:>7.3f}")
+            print("files: tables loaded / files mapped; samples, depth>=8 and the stop columns (per walked sample): "
+                  "the second half")
     finally:
         STATS_SYSCTL.write_text(previous)
 

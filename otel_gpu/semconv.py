@@ -254,6 +254,8 @@ class Reason(enum.StrEnum):
     UNWIND_READ_FAILED = "unwind_read_failed"  # the return address or saved rbp could not be read
     UNWIND_TRUNCATED = "unwind_truncated"  # deeper than the stack depth
     UNWIND_NO_REGS = "unwind_no_regs"  # the user registers could not be read
+    UNWIND_BAD_FP = "unwind_bad_fp"  # a frame-pointer step where no table is gave no frame pointer or caller
+    UNWIND_CACHE_EVICTED = "unwind_cache_evicted"  # a file's rows evicted (least recently hit) to make room
     UNWIND_TABLES_FULL = "unwind_tables_full"  # a file left to frame pointers: the rows map was full
     UNWIND_FILE_ERROR = "unwind_file_error"  # a file's frame information could not be read
     # source errors: symbolizer and /proc

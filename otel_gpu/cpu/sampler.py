@@ -31,7 +31,7 @@ from otel_gpu import selfmetrics, semconv
 from otel_gpu.ebpf import _libbpf, abi
 from otel_gpu.ebpf.loader import BPFError, BPFObject, program_path
 from otel_gpu.errors import SourceUnavailable
-from otel_gpu.unwind.processes import NativeUnwinder
+from otel_gpu.unwind.processes import EAGER_FRAME_BYTES, NativeUnwinder
 from otel_gpu.unwind.table import MAX_FRAME_BYTES, TableCache
 
 _logger = logging.getLogger(__name__)
@@ -44,7 +44,7 @@ _EVENT_POLL_MS = 250  # only bounds how fast close() stops the thread: a new rec
 _STACK = struct.Struct(f"<{abi.MAX_STACK_DEPTH}Q")
 _EFAULT = -errno_codes.EFAULT
 _SPAN_TABLE_RECHECK_S = 10.0  # a process may load the span context library after its first sample
-DEFAULT_UNWIND_ROWS = 1 << 20  # 16 MiB: the files of a node's ordinary processes (libc, libstdc++, Python, grpc)
+DEFAULT_UNWIND_ROWS = 1 << 21  # 32 MiB: the hit files' tables, a libLLVM-sized one (~1 M rows) among them
 MAX_UNWIND_ROWS = 1 << 26  # 1 GiB: what native_unwind.h's per-file binary search covers
 DEFAULT_UNWOUND_STACKS = 4096  # 4 MiB a generation: 21 busy cores' samples at 19 Hz over a 10 s interval
 
@@ -81,15 +81,20 @@ class CPUSampler:
                  object_path: str | os.PathLike[str] | None = None, raw_only: bool = False,
                  cpus: list[int] | None = None, native_unwind: bool = True,
                  unwind_rows: int = DEFAULT_UNWIND_ROWS, unwound_stacks: int = DEFAULT_UNWOUND_STACKS,
-                 unwind_max_frame_bytes: int = MAX_FRAME_BYTES) -> None:
+                 unwind_max_frame_bytes: int = MAX_FRAME_BYTES,
+                 unwind_eager_frame_bytes: int = EAGER_FRAME_BYTES) -> None:
         """``raw_only`` sends every sample whole through the ring buffer instead of aggregating in the kernel
         (for comparing the two designs; the aggregated default is cheaper, see bench/bench_cpu_profiler.py).
         ``cpus`` defaults to every online CPU. ``native_unwind`` off: frame pointers only (the comparison path).
         ``unwind_rows``: capacity of the unwind tables of every file, 16 bytes a row of kernel memory (the default,
-        1 Mi rows, is 16 MiB; libtorch_cpu.so alone needs several Mi rows, docs/benchmarks.md). ``unwound_stacks``:
+        2 Mi rows, is 32 MiB, written only as hit files get tables; libtorch_cpu.so alone needs 2.56 Mi rows,
+        docs/benchmarks.md). ``unwound_stacks``:
         distinct walked stacks counted in the kernel per drain, 1 KiB each in each of two generations; past it a
         walked sample comes whole through the ring buffer. ``unwind_max_frame_bytes``: files whose .eh_frame is larger
-        are walked by frame pointer (their tables would cost seconds of the agent's CPU and MiBs each)."""
+        are walked by frame pointer (their tables would cost seconds of the agent's CPU and MiBs each).
+        ``unwind_eager_frame_bytes``: files with at most this much frame section get their table when a process that
+        maps them is registered, larger ones only once samples hit them (``unwind_max_frame_bytes``: everything
+        eagerly, as before tables were lazy)."""
         self.frequency_hz = frequency_hz
         self.raw_only = raw_only
         self.native_unwind = native_unwind
@@ -100,8 +105,9 @@ class CPUSampler:
             raise ValueError(f"unwound_stacks must be at least 1, got {unwound_stacks}")
         self.unwound_stacks = unwound_stacks
         self.unwind_max_frame_bytes = unwind_max_frame_bytes
+        self.unwind_eager_frame_bytes = unwind_eager_frame_bytes
         self._unwinder: NativeUnwinder | None = None
-        self._unwind_seen = (0, 0)  # (rows_full, file_errors) already reported
+        self._unwind_seen = (0, 0, 0)  # (rows_full, file_errors, evictions) already reported
         self._cpus = cpus
         self.pids = tuple(pids)
         self.exclude_tgid = exclude_tgid
@@ -138,7 +144,10 @@ class CPUSampler:
             self._bpf.map("control").update(ctypes.c_uint32(0), abi.Control(generation=0))
             if self.native_unwind:
                 self._unwinder = NativeUnwinder(self._bpf.map("unwind_rows"), self._bpf.map("unwind_processes"),
-                                               TableCache(max_frame_bytes=self.unwind_max_frame_bytes))
+                                               TableCache(max_frame_bytes=self.unwind_max_frame_bytes),
+                                               hits=self._bpf.map("unwind_file_hits"),
+                                               remap=self._bpf.map("unwind_remap"),
+                                               eager_frame_bytes=self.unwind_eager_frame_bytes)
             ring = self._bpf.ring_buffer("process_events", self._handle_event, {"raw_samples": self._handle_raw})
             self.cpus = self._bpf.attach_perf_event("on_cpu_sample", self.frequency_hz, cpus=self._cpus)
         except BPFError as exc:
@@ -279,7 +288,8 @@ class CPUSampler:
         bpf = self._bpf
         if bpf is None or self._unwinder is None:
             return {}
-        return {name: bpf.map(name).fd for name in ("unwind_rows", "unwind_processes")}
+        return {name: bpf.map(name).fd for name in ("unwind_rows", "unwind_processes", "unwind_file_hits",
+                                                    "unwind_remap")}
 
     def register_unwinding(self, pid: int) -> None:
         """Build and register ``pid``'s unwind tables now (in the background), rather than at its first sample."""
@@ -299,13 +309,15 @@ class CPUSampler:
     def stats(self) -> dict[str, int]:
         """Totals of the BPF-side statistics since open (names of :class:`otel_gpu.ebpf.abi.CPUStat`), and the
         native unwinder's (``unwind_processes``, ``unwind_files``, ``unwind_rows``, ``unwind_rows_full``,
-        ``unwind_file_errors``, ``unwind_files_too_large``)."""
+        ``unwind_file_errors``, ``unwind_files_too_large``, ``unwind_files_known``, ``unwind_evictions``,
+        ``unwind_remaps``)."""
         out = {stat.name.lower(): self._stats_seen[stat] for stat in abi.CPUStat}
         if self._unwinder is not None:
             unwinder = self._unwinder.stats
             out.update(unwind_processes=unwinder.processes, unwind_files=unwinder.files, unwind_rows=unwinder.rows,
                        unwind_rows_full=unwinder.rows_full, unwind_file_errors=unwinder.file_errors,
-                       unwind_files_too_large=unwinder.files_too_large)
+                       unwind_files_too_large=unwinder.files_too_large, unwind_files_known=unwinder.files_known,
+                       unwind_evictions=unwinder.evictions, unwind_remaps=unwinder.remaps)
         return out
 
     # --- internals -------------------------------------------------------------------------------------------------
@@ -388,17 +400,20 @@ class CPUSampler:
                  (semconv.Reason.UNWIND_UNSUPPORTED, delta[abi.CPUStat.UNWIND_UNSUPPORTED]),
                  (semconv.Reason.UNWIND_READ_FAILED, delta[abi.CPUStat.UNWIND_READ_FAILED]),
                  (semconv.Reason.UNWIND_TRUNCATED, delta[abi.CPUStat.UNWIND_TRUNCATED]),
-                 (semconv.Reason.UNWIND_NO_REGS, delta[abi.CPUStat.UNWIND_NO_REGS]))
+                 (semconv.Reason.UNWIND_NO_REGS, delta[abi.CPUStat.UNWIND_NO_REGS]),
+                 (semconv.Reason.UNWIND_BAD_FP, delta[abi.CPUStat.UNWIND_BAD_FP]))
         unwinder = self._unwinder
         if unwinder is not None:
-            rows_full, file_errors = unwinder.stats.rows_full, unwinder.stats.file_errors
-            seen_full, seen_errors = self._unwind_seen
-            self._unwind_seen = (rows_full, file_errors)
+            rows_full, file_errors, evictions = (unwinder.stats.rows_full, unwinder.stats.file_errors,
+                                                 unwinder.stats.evictions)
+            seen_full, seen_errors, seen_evictions = self._unwind_seen
+            self._unwind_seen = (rows_full, file_errors, evictions)
             stops += ((semconv.Reason.UNWIND_TABLES_FULL, rows_full - seen_full),
-                      (semconv.Reason.UNWIND_FILE_ERROR, file_errors - seen_errors))
+                      (semconv.Reason.UNWIND_FILE_ERROR, file_errors - seen_errors),
+                      (semconv.Reason.UNWIND_CACHE_EVICTED, evictions - seen_evictions))
             if rows_full and not seen_full:
-                _logger.warning("CPU sampler: the native unwind tables are full (%d rows): further files are "
-                                "unwound by frame pointer only", unwinder.stats.rows)
+                _logger.warning("CPU sampler: no room in unwind_rows (%d rows) for a hit file's table: it is unwound "
+                                "by frame pointer until room is freed", self.unwind_rows)
         for reason, amount in stops:
             if amount:
                 selfmetrics.count(semconv.SELF_ERRORS.name, amount, otel_gpu__source=SOURCE, otel_gpu__reason=reason)

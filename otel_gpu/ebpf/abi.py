@@ -45,13 +45,15 @@ class CPUStat(enum.IntEnum):
     UNWIND_READ_FAILED = 17
     UNWIND_TRUNCATED = 18
     UNWIND_NO_REGS = 19
+    UNWIND_BAD_FP = 20
 
 
-STAT_COUNT = 20
+STAT_COUNT = 21
 PYTHON_NO_OFFSET = 0xFFFF
 MAX_PYTHON_DEPTH = 64
 PYTHON_TRUNCATED = 1
 UNWIND_MAX_MAPPINGS = 256
+UNWIND_MAX_FILES = 16384  # file ids, each a counter in unwind_file_hits
 UNWOUND_ID_BASE = 0x40000000  # user_stack_id of a stack walked by native_unwind.h: in unwound_stacks{0,1}
 
 
@@ -86,6 +88,8 @@ class UnwindMapping(ctypes.Structure):
         ("bias", ctypes.c_uint64),
         ("first_row", ctypes.c_uint32),
         ("row_count", ctypes.c_uint32),
+        ("file_id", ctypes.c_uint32),
+        ("reserved", ctypes.c_uint32),
     ]
 
 

@@ -21,7 +21,7 @@ import struct
 import threading
 from array import array
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import BinaryIO
 
@@ -35,15 +35,16 @@ KIND_RBP = 2  # CFA = rbp + cfa_offset
 KIND_END = 3  # the outermost frame: stop
 KIND_UNSUPPORTED = 4  # CFA expression, CFA in another register, return address not at CFA-8
 
-_MAX_SECTION_BYTES = 256 << 20  # .eh_frame read per file (libtorch_cpu.so's is ~30 MB)
+_MAX_SECTION_BYTES = 256 << 20  # .eh_frame read per file at most (libtorch_cpu.so's is 17 MiB)
 _MAX_SECTIONS = 1 << 16
 _CACHE_BYTES = 64 << 20  # tables kept in all
-# Files whose .eh_frame is larger get a table without rows and are walked by frame pointer: tables are built in the
-# agent's Python at about 190 rows per KiB and 0.7-1.4 s per 100,000 rows (docs/benchmarks.md), so 1 MiB is at most
-# ~1.5 s and 3 MiB of the rows array. What needs tables most (libc, libstdc++, the interpreter: 150-410 KiB) stays
-# under it; libtorch, libcuda, cuBLAS and LLVM-sized libraries (2-30 MiB) keep frame pointers where torch's stacks
-# need them (H200).
-MAX_FRAME_BYTES = 1 << 20
+# Files whose .eh_frame is larger get a table without rows and are walked by frame pointer. Tables are built only
+# for files that samples hit (unwind/processes.py), in the agent's Python at about 190 rows per KiB of .eh_frame and
+# ~0.3 CPU-s per 100,000 rows, ~16 bytes a row while built (docs/benchmarks.md): 6 MiB is at most ~1.2 M rows,
+# ~3.5 CPU-s once per file and 18 MiB of the rows array, which covers libLLVM-sized libraries (libLLVM-15: 4.96 MiB,
+# 979,120 rows, 2.7 CPU-s). libtorch_cpu's 17 MiB (torch 2.13 CPU: 2.56 M rows, 39 MiB, 8.7 CPU-s) needs both
+# this cap and the sampler's unwind_rows raised.
+MAX_FRAME_BYTES = 6 << 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,29 +108,43 @@ def rule_of(row: cfi.Row) -> int:
     return pack_rule(kind, row.cfa_offset, row.rbp_offset if row.rbp_kind == cfi.OFFSET else 0)
 
 
-def table_from_fdes(fdes: list[cfi.Fde], source: str) -> UnwindTable:
-    """Merge FDEs (sorted by start here) into one table; consecutive equal rules are kept once."""
-    fdes.sort(key=lambda fde: fde.start)
+def table_from_fdes(fdes: Iterable[cfi.Fde], source: str) -> UnwindTable:
+    """Merge FDEs (sorted by start here) into one table; consecutive equal rules are kept once.
+
+    Each FDE's rows are packed into flat arrays as they are parsed, so a large file costs about 16 bytes a row while
+    it is built, not a Python object per row (libLLVM-15: ~160 MiB -> see docs/benchmarks.md)."""
+    starts, ends, firsts = array("Q"), array("Q"), array("Q")
+    row_pcs, row_rules = array("Q"), array("Q")
+    for fde in fdes:
+        starts.append(fde.start)
+        ends.append(fde.end)
+        firsts.append(len(row_pcs))
+        for row in fde.rows:
+            row_pcs.append(row.pc)
+            row_rules.append(rule_of(row))
+    firsts.append(len(row_pcs))
     pcs = array("Q")
     rules = array("Q")
     none = pack_rule(KIND_NONE, 0, 0)
     covered_to = 0
-    for fde in fdes:
-        if fde.start < covered_to:
+    for index in sorted(range(len(starts)), key=starts.__getitem__):
+        start = starts[index]
+        if start < covered_to:
             continue  # overlapping FDEs (duplicates from linker quirks): the first one wins
-        if pcs and fde.start > covered_to and rules[-1] != none:
+        if pcs and start > covered_to and rules[-1] != none:
             pcs.append(covered_to)
             rules.append(none)
-        for row in fde.rows:
-            rule = rule_of(row)
+        for at in range(firsts[index], firsts[index + 1]):
+            rule = row_rules[at]
             if pcs and rules[-1] == rule:
                 continue
-            if pcs and pcs[-1] == row.pc:
+            pc = row_pcs[at]
+            if pcs and pcs[-1] == pc:
                 rules[-1] = rule
                 continue
-            pcs.append(row.pc)
+            pcs.append(pc)
             rules.append(rule)
-        covered_to = fde.end
+        covered_to = ends[index]
     if pcs:
         pcs.append(covered_to)
         rules.append(none)
@@ -208,6 +223,13 @@ def frame_sections(path: str) -> tuple[str, int, bytes] | None:
         return _frame_sections(_file_reader(file), path)[0]
 
 
+def frame_section_size(path: str) -> int:
+    """Bytes of the file's .eh_frame, else .debug_frame (0 if neither); reads only the ELF headers."""
+    with open(path, "rb") as file:
+        found, _ = _find_frame_section(_file_reader(file), path)
+    return found[3] if found is not None else 0
+
+
 def build_table(path: str, image: bytes | None = None, max_frame_bytes: int = _MAX_SECTION_BYTES) -> UnwindTable:
     """The unwind table of the ELF file at ``path`` (or of the in-memory ``image``, e.g. the vDSO, which ``path``
     then only names); without rows (``too_large``) when its frame section is over ``max_frame_bytes``. Raises OSError
@@ -225,7 +247,7 @@ def _build(read: _Read, name: str, max_frame_bytes: int) -> UnwindTable:
     section, addr, offset, size = found
     if _checked_size(name, section, size) > max_frame_bytes:
         return UnwindTable(array("Q"), array("Q"), section, segments, too_large=True)
-    table = table_from_fdes(list(cfi.parse_frames(read(offset, size), addr, section == ".eh_frame")), section)
+    table = table_from_fdes(cfi.parse_frames(read(offset, size), addr, section == ".eh_frame"), section)
     return UnwindTable(table.pcs, table.rules, section, segments)
 
 

@@ -15,6 +15,7 @@ import pytest
 
 from otel_gpu import selfmetrics, semconv
 from otel_gpu.config import ProfilingConfig
+from otel_gpu.ebpf import abi
 from otel_gpu.cpu.sampler import CPUSampler, StackCount
 from otel_gpu.cpu.source import CPUProfileSource
 from otel_gpu.procfs import ProcessResolver
@@ -30,7 +31,8 @@ pytestmark = [pytest.mark.root, pytest.mark.usefixtures("other_agent")]
 
 def _profile(binary: Path, native_unwind: bool = True,
              **sampler_args: int) -> tuple[Counter[tuple[str, ...]], dict[str, int]]:
-    """Caller-first user+kernel function chains of ``binary``'s samples, and the sampler's statistics.
+    """Caller-first user+kernel function chains of ``binary``'s samples, and the sampler's statistics (the BPF
+    counters over the samples measured: from when the hit files' tables exist).
 
     Only this program is sampled, so the statistics (counted in the kernel for every sampled process) are its own:
     the other processes of a loaded machine do not add their walks' stops to them. It runs until SAMPLES of its
@@ -48,10 +50,12 @@ def _profile(binary: Path, native_unwind: bool = True,
         source = CPUProfileSource(ProfilingConfig(frequency_hz=99, pids=(pid,)), ProcessResolver(), sampler=sampler)
         source.open()
         try:
-            if native_unwind:  # its samples count from when its own tables are registered
+            if native_unwind:  # its samples count from when the tables of the files they hit exist
                 sampler.register_unwinding(pid)
-                assert sampler.settle_unwinder(60)
+                _warm(sampler)
                 source.drain()
+                selfmetrics.reset()  # the self-metrics, like the BPF counters below, count from here
+            before = sampler.stats()
             counted, deadline = 0, time.monotonic() + 100
             while counted < SAMPLES and process.poll() is None and time.monotonic() < deadline:
                 time.sleep(0.5)
@@ -60,6 +64,8 @@ def _profile(binary: Path, native_unwind: bool = True,
                 counted += sum(s.value for b in drained for p in b.processes if p.process.pid == pid
                                for s in p.samples)
             stats = sampler.stats()
+            for stat in abi.CPUStat:  # the walker's counters over the samples measured (the unwinder's stay totals)
+                stats[stat.name.lower()] -= before[stat.name.lower()]
         finally:
             source.close()
     finally:
@@ -75,6 +81,22 @@ def _profile(binary: Path, native_unwind: bool = True,
                 stacks[tuple(user)] += sample.value
     assert sum(stacks.values()) >= SAMPLES * 0.9, stacks
     return stacks, stats
+
+
+def _warm(sampler: CPUSampler, timeout_s: float = 60) -> None:
+    """Let the running programs' samples hit their files until no new table comes: tables are built only for files
+    that samples hit, and a walk reaches the next file only once the one below has its table. What the tests assert
+    counts from here."""
+    deadline = time.monotonic() + timeout_s
+    loaded = -1
+    while time.monotonic() < deadline:
+        time.sleep(0.25)
+        assert sampler.settle_unwinder(max(0.0, deadline - time.monotonic()))
+        files = sampler.stats()["unwind_files"] + sampler.stats()["unwind_files_too_large"]
+        if files == loaded:
+            return
+        loaded = files
+    pytest.fail("the unwind tables of the hit files did not settle")
 
 
 def _ending(stacks: Counter[tuple[str, ...]], *chain: str) -> int:
@@ -175,8 +197,8 @@ def test_unwound_samples_are_counted_in_the_kernel() -> None:
         deadline = time.monotonic() + 60
         while sampler.stats()["unwind_processes"] == 0 and time.monotonic() < deadline:
             time.sleep(0.05)  # its first sample announces it; then its tables are built
-        assert sampler.settle_unwinder(60)
-        sampler.drain()  # the samples taken before the process was registered (frame pointers)
+        _warm(sampler)
+        sampler.drain()  # the samples taken before the process's hit files had tables (frame pointers)
         before = sampler.stats()
         while sum(c.count for c in counts) < 300 and time.monotonic() < deadline:
             time.sleep(1.0)
@@ -211,7 +233,7 @@ def test_files_that_do_not_fit_the_rows_are_counted_and_walked_by_frame_pointer(
         deadline = time.monotonic() + 60
         while sampler.stats()["unwind_processes"] == 0 and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert sampler.settle_unwinder(60)
+        _warm(sampler)
         stats = sampler.stats()
     finally:
         sampler.close()
@@ -235,7 +257,7 @@ def test_walked_stacks_past_the_map_come_whole_and_complete() -> None:
         deadline = time.monotonic() + 60
         while sampler.stats()["unwind_processes"] == 0 and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert sampler.settle_unwinder(60)
+        _warm(sampler)
         sampler.drain()
         before = sampler.stats()
         while sum(c.count for c in counts) < 200 and time.monotonic() < deadline:

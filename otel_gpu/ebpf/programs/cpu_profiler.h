@@ -41,12 +41,15 @@ enum otel_gpu_cpu_stat {
     OTEL_GPU_STAT_UNWIND_READ_FAILED = 17, /* reading the return address or saved rbp from the stack failed */
     OTEL_GPU_STAT_UNWIND_TRUNCATED = 18,  /* the stack was deeper than OTEL_GPU_MAX_STACK_DEPTH */
     OTEL_GPU_STAT_UNWIND_NO_REGS = 19,    /* the user registers could not be read */
-    OTEL_GPU_STAT_COUNT = 20,
+    OTEL_GPU_STAT_UNWIND_BAD_FP = 20,     /* no table for the pc and rbp is no frame pointer (below rsp or far
+                                           * above it), or the caller it gave is in no mapping: garbage */
+    OTEL_GPU_STAT_COUNT = 21,
 };
 
 /* native_unwind.h's maps, written by otel_gpu/unwind/: one rule per pc range of a file (rows of every file in
  * one array, each file's rows sorted by pc), and per process its executable mappings sorted by start. */
 #define OTEL_GPU_UNWIND_MAX_MAPPINGS 256
+#define OTEL_GPU_UNWIND_MAX_FILES 16384 /* file ids: unwind_file_hits holds one 8-byte counter each (128 KiB) */
 
 enum otel_gpu_unwind_kind {
     OTEL_GPU_UNWIND_NONE = 0,        /* no FDE covers the pc: step by frame pointer */
@@ -71,7 +74,9 @@ struct otel_gpu_unwind_mapping {
     __u64 end;
     __u64 bias;        /* address - bias = link-time address in the file */
     __u32 first_row;   /* the file's rows: [first_row, first_row + row_count) of unwind_rows */
-    __u32 row_count;   /* 0: the file has no frame information (frame pointers only) */
+    __u32 row_count;   /* 0: no table (yet, or none: no frame information, too large, no room): frame pointers */
+    __u32 file_id;     /* the agent's id of the file (index of unwind_file_hits); 0: none */
+    __u32 reserved;
 };
 
 struct otel_gpu_unwind_process {

@@ -21,7 +21,7 @@
 
 #ifdef __BPF__ /* BPF code only: tests/ebpf/test_abi.py compiles every header of this folder for user space */
 
-#define UNWIND_ROWS 1048576         /* 16 MB; the agent may set max_entries (CPUSampler's unwind_rows) */
+#define UNWIND_ROWS 1048576         /* the agent sets max_entries (CPUSampler's unwind_rows) */
 #define UNWIND_ROW_STEPS 26         /* binary-search steps within one file: 2^26 rows (1 GiB) > any file's table */
 #define UNWIND_MAPPING_STEPS 9      /* 2^9 > OTEL_GPU_UNWIND_MAX_MAPPINGS */
 
@@ -40,12 +40,37 @@ struct {
     __type(value, struct otel_gpu_unwind_process);
 } unwind_processes SEC(".maps");
 
+/* Per file id (otel_gpu_unwind_mapping.file_id), the frames looked up in it: tells the agent which files samples
+ * hit, so that it builds tables only for those (a file without a table is walked by frame pointer until then) and
+ * evicts the least recently hit when unwind_rows is full. Mmap-able: the agent reads it without a syscall. */
+struct {
+    __uint(type, BPF_MAP_TYPE_ARRAY);
+    __uint(max_entries, OTEL_GPU_UNWIND_MAX_FILES);
+    __uint(map_flags, 1024); /* BPF_F_MMAPABLE */
+    __type(key, __u32);
+    __type(value, __u64);
+} unwind_file_hits SEC(".maps");
+
+/* Processes whose walk met a pc outside every registered mapping (a library loaded after registration, as torch
+ * loads its libraries): the agent reads their mappings again. Set once until the agent takes it. */
+struct {
+    __uint(type, BPF_MAP_TYPE_HASH);
+    __uint(max_entries, 1024);
+    __type(key, __u32);  /* tgid */
+    __type(value, __u8);
+} unwind_remap SEC(".maps");
+
+/* rbp is taken as a frame pointer only within this distance above rsp (a thread's stack is 8 MiB by default). */
+#define UNWIND_MAX_FRAME_BYTES (8ULL << 20)
+
 struct native_unwind_state {
     __u64 pc;
     __u64 sp;
     __u64 bp;
     __u32 pid;
     __u32 stop; /* 0: go on; else the stat that says why the walk ended (OTEL_GPU_STAT_COUNT: a normal end) */
+    __u32 fp_step; /* the last step was by frame pointer (no table): its caller may be garbage */
+    __u32 reserved;
     struct otel_gpu_unwound_stack stack; /* the frames so far and their running hash */
 };
 
@@ -134,9 +159,10 @@ static long unwind_step(__u32 index, void *unused) {
     __u32 depth = st->stack.depth;
     if (depth >= OTEL_GPU_MAX_STACK_DEPTH) /* again, in a register the verifier follows */
         return 1;
+    __u64 hash_before = st->stack.hash;
     st->stack.frames[depth] = st->pc;
     st->stack.depth = depth + 1;
-    st->stack.hash = (st->stack.hash ^ st->pc) * 0x100000001b3ULL; /* FNV-1a over 8-byte words */
+    st->stack.hash = (hash_before ^ st->pc) * 0x100000001b3ULL; /* FNV-1a over 8-byte words */
     __u32 pid = st->pid;
     struct otel_gpu_unwind_process *proc = bpf_map_lookup_elem(&unwind_processes, &pid);
     if (!proc) {
@@ -148,8 +174,22 @@ static long unwind_step(__u32 index, void *unused) {
     __u64 lookup = st->stack.depth > 1 ? st->pc - 1 : st->pc;
     struct otel_gpu_unwind_mapping *mapping = unwind_find_mapping(proc, pid, lookup);
     if (!mapping) {
+        if (st->fp_step) { /* a frame-pointer step from code without a table gave a pc no file holds: garbage, */
+            st->stack.depth = depth; /* so it is no frame */
+            st->stack.hash = hash_before;
+            st->stop = OTEL_GPU_STAT_UNWIND_BAD_FP;
+            return 1;
+        }
+        __u8 one = 1; /* else maybe a library loaded since the process was registered: read its maps again */
+        bpf_map_update_elem(&unwind_remap, &pid, &one, BPF_NOEXIST);
         st->stop = OTEL_GPU_STAT_UNWIND_NO_MAPPING;
         return 1;
+    }
+    __u32 file_id = mapping->file_id;
+    if (file_id) {
+        __u64 *hits = bpf_map_lookup_elem(&unwind_file_hits, &file_id);
+        if (hits)
+            __sync_fetch_and_add(hits, 1);
     }
     struct otel_gpu_unwind_row *row = mapping->row_count ? unwind_find_row(mapping, lookup - mapping->bias) : 0;
     __u8 kind = row ? row->kind : OTEL_GPU_UNWIND_NONE;
@@ -161,14 +201,22 @@ static long unwind_step(__u32 index, void *unused) {
     } else if (kind == OTEL_GPU_UNWIND_RSP || kind == OTEL_GPU_UNWIND_RBP) {
         cfa = (kind == OTEL_GPU_UNWIND_RSP ? st->sp : st->bp) + row->cfa_offset;
         rbp_offset = row->rbp_offset;
+        st->fp_step = 0;
     } else if (kind == OTEL_GPU_UNWIND_NONE) {
         if (st->bp == 0) { /* the outermost frame-pointer frame */
             st->stop = OTEL_GPU_STAT_COUNT;
             return 1;
         }
+        /* Code built without frame pointers uses rbp as an ordinary register: a value below the stack pointer or
+         * far above it would make a garbage caller (and then a failed read or an unmapped pc). Stop, and say why. */
+        if (st->bp < st->sp || st->bp - st->sp > UNWIND_MAX_FRAME_BYTES) {
+            st->stop = OTEL_GPU_STAT_UNWIND_BAD_FP;
+            return 1;
+        }
         bump(OTEL_GPU_STAT_UNWIND_FP_FRAMES);
         cfa = st->bp + 16;
         rbp_offset = -16;
+        st->fp_step = 1;
     } else {
         st->stop = OTEL_GPU_STAT_UNWIND_UNSUPPORTED;
         return 1;
@@ -213,6 +261,7 @@ static __always_inline struct native_unwind_state *native_unwind_walk(__u32 pid,
     st->bp = bp;
     st->pid = pid;
     st->stop = 0;
+    st->fp_step = 0;
     st->stack.depth = 0;
     st->stack.hash = 0xcbf29ce484222325ULL;
     bpf_loop(OTEL_GPU_MAX_STACK_DEPTH + 1, unwind_step, 0, 0);
