@@ -99,7 +99,7 @@ def test_nothing_is_loaded_after_stop_unwinding(tmp_path: Path) -> None:
             sampler.register_unwinding(pid)  # ignored once stopping
             assert sampler.settle_unwinder(0)
             time.sleep(2)  # the thread finishes the file it was building, and loads nothing
+            # (without the stop, the spinning interpreter's hit files, libpython among them, would be built now)
             assert (sampler.stats()["unwind_files"], sampler.stats()["unwind_processes"]) == loaded
-            assert loaded[1] == 0  # the process was left to frame pointers: its files were not all loaded
         finally:
             sampler.close()
