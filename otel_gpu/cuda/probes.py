@@ -59,7 +59,8 @@ _HOW_TO = ("run workloads with `otel-gpu inject -- python train.py`, or set CUDA
 _UNWIND_REASONS = {CPUStat.UNWIND_NO_MAPPING: semconv.Reason.UNWIND_NO_MAPPING,
                    CPUStat.UNWIND_UNSUPPORTED: semconv.Reason.UNWIND_UNSUPPORTED,
                    CPUStat.UNWIND_READ_FAILED: semconv.Reason.UNWIND_READ_FAILED,
-                   CPUStat.UNWIND_TRUNCATED: semconv.Reason.UNWIND_TRUNCATED}
+                   CPUStat.UNWIND_TRUNCATED: semconv.Reason.UNWIND_TRUNCATED,
+                   CPUStat.UNWIND_BAD_FP: semconv.Reason.UNWIND_BAD_FP}
 _UNWIND_STATS = (CPUStat.UNWIND_SAMPLES, CPUStat.UNWIND_FP_FRAMES, *_UNWIND_REASONS)
 
 class GPUTimeProbes:
