@@ -16,6 +16,7 @@ from otel_gpu import selfmetrics, semconv
 from otel_gpu.cpu.sampler import CPUSampler, StackCount
 from otel_gpu.unwind.processes import _Extents, executable_mappings
 from tests.conftest import NATIVE
+from tests.unwind.test_native_stacks import _registered, _warm
 
 pytestmark = [pytest.mark.root, pytest.mark.usefixtures("other_agent")]
 
@@ -34,20 +35,6 @@ end = time.monotonic() + float(sys.argv[2])
 while time.monotonic() < end:
     llvm.LLVMContextDispose(llvm.LLVMContextCreate())
 """
-
-
-def _warm(sampler: CPUSampler, timeout_s: float = 90) -> None:
-    """Until no new table comes: a walk reaches the next file once the one below has its table."""
-    deadline = time.monotonic() + timeout_s
-    loaded = -1
-    while time.monotonic() < deadline:
-        time.sleep(0.3)
-        assert sampler.settle_unwinder(max(0.0, deadline - time.monotonic()))
-        files = sampler.stats()["unwind_files"]
-        if files == loaded:
-            return
-        loaded = files
-    pytest.fail("the unwind tables of the hit files did not settle")
 
 
 def _sample(sampler: CPUSampler, samples: int, timeout_s: float = 60) -> list[StackCount]:
@@ -78,10 +65,8 @@ def test_only_hit_files_get_tables_and_the_chain_stays_whole() -> None:
     sampler = CPUSampler(199, pids=[pid], unwind_eager_frame_bytes=-1)
     sampler.open()
     try:
-        deadline = time.monotonic() + 60
-        while sampler.stats()["unwind_processes"] == 0 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        _warm(sampler)
+        _registered(sampler)
+        _warm(sampler, 90)
         sampler.drain()
         counts = _sample(sampler, 200)
         stats = sampler.stats()
@@ -108,14 +93,12 @@ def test_a_library_loaded_later_is_found_and_walked_through() -> None:
     sampler = CPUSampler(199, pids=[pid], unwind_max_frame_bytes=6 << 20)  # libLLVM's 5 MiB: over the default cap
     sampler.open()
     try:
-        deadline = time.monotonic() + 60
-        while sampler.stats()["unwind_processes"] == 0 and time.monotonic() < deadline:
-            time.sleep(0.05)
+        _registered(sampler)
         assert sampler.settle_unwinder(60)
         process.stdin.write("go\n")
         process.stdin.flush()
         assert process.stdout.readline().strip() == "loaded"
-        _warm(sampler)
+        _warm(sampler, 90)
         sampler.drain()
         counts = _sample(sampler, 200)
         stats = sampler.stats()
@@ -147,9 +130,7 @@ def test_a_frame_pointer_step_without_frame_pointers_stops_as_bad_fp() -> None:
     sampler = CPUSampler(199, pids=[pid], unwind_max_frame_bytes=1, unwind_eager_frame_bytes=-1)
     sampler.open()
     try:
-        deadline = time.monotonic() + 60
-        while sampler.stats()["unwind_processes"] == 0 and time.monotonic() < deadline:
-            time.sleep(0.05)
+        _registered(sampler)
         assert sampler.settle_unwinder(60)
         sampler.drain()  # the samples taken before the process was registered (bpf_get_stackid's own walk)
         counts = _sample(sampler, 200)

@@ -83,6 +83,13 @@ def _profile(binary: Path, native_unwind: bool = True,
     return stacks, stats
 
 
+def _registered(sampler: CPUSampler, timeout_s: float = 60) -> None:
+    """Until the sampler registered a process for unwinding (its first sample announces it)."""
+    deadline = time.monotonic() + timeout_s
+    while sampler.stats()["unwind_processes"] == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
 def _warm(sampler: CPUSampler, timeout_s: float = 60) -> None:
     """Let the running programs' samples hit their files until no new table comes: tables are built only for files
     that samples hit, and a walk reaches the next file only once the one below has its table. What the tests assert
@@ -194,12 +201,10 @@ def test_unwound_samples_are_counted_in_the_kernel() -> None:
     sampler.open()
     counts: list[StackCount] = []
     try:
-        deadline = time.monotonic() + 60
-        while sampler.stats()["unwind_processes"] == 0 and time.monotonic() < deadline:
-            time.sleep(0.05)  # its first sample announces it; then its tables are built
+        _registered(sampler)
         _warm(sampler)
         sampler.drain()  # the samples taken before the process's hit files had tables (frame pointers)
-        before = sampler.stats()
+        before, deadline = sampler.stats(), time.monotonic() + 60
         while sum(c.count for c in counts) < 300 and time.monotonic() < deadline:
             time.sleep(1.0)
             counts += sampler.drain()
@@ -230,9 +235,7 @@ def test_files_that_do_not_fit_the_rows_are_counted_and_walked_by_frame_pointer(
     sampler = CPUSampler(99, pids=[pid], unwind_rows=20_000)
     sampler.open()
     try:
-        deadline = time.monotonic() + 60
-        while sampler.stats()["unwind_processes"] == 0 and time.monotonic() < deadline:
-            time.sleep(0.05)
+        _registered(sampler)
         _warm(sampler)
         stats = sampler.stats()
     finally:
@@ -254,12 +257,10 @@ def test_walked_stacks_past_the_map_come_whole_and_complete() -> None:
     sampler.open()
     counts: list[StackCount] = []
     try:
-        deadline = time.monotonic() + 60
-        while sampler.stats()["unwind_processes"] == 0 and time.monotonic() < deadline:
-            time.sleep(0.05)
+        _registered(sampler)
         _warm(sampler)
         sampler.drain()
-        before = sampler.stats()
+        before, deadline = sampler.stats(), time.monotonic() + 60
         while sum(c.count for c in counts) < 200 and time.monotonic() < deadline:
             time.sleep(0.5)
             counts += sampler.drain()
