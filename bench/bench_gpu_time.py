@@ -8,17 +8,12 @@ Reports, side by side in one run:
      launches per second plain against injected with the agent attached, in alternating rounds; the loss, the
      sampling fraction the library chose and the budget it aimed at;
   2. the agent side: records per second through GPUTimeSource (decode, join, re-weight, accumulate) and the drain,
-     from launch + kernel + window records of known shape, and the agent's CPU while the workload of (1) ran;
-  3. (--spread-runs N) the sampling spread on clustered work: the fake workload's ``--phases`` (blocks of 40 ms of
-     matmul_kernel and of relu_kernel taking turns, equal GPU time) run N times per window length; matmul_kernel's
-     estimated share of the GPU time (true: 0.5) of each run from the library's debug records, re-weighted by its
-     windows, and its spread over the runs.
+     from launch + kernel + window records of known shape, and the agent's CPU while the workload of (1) ran.
 
 The targets of the issue are for a real GPU (scripts/h200/verify_gpu_time.py, docs/benchmarks.md); this measures
 the library's budget controller and the agent's own cost where no GPU is.
 
 Run (as root, after make build): .venv/bin/python bench/bench_gpu_time.py [--rounds 4] [--launches 12000000]
-    [--spread-runs 6 --spread-windows-ms 20,5,2 --spread-budget 0.02]
 """
 
 from __future__ import annotations
@@ -116,67 +111,17 @@ def part2(count: int) -> dict[str, float]:
             "stacks": samples}
 
 
-def clustered_ratio(window_ms: str, budget: float, work: Path) -> tuple[float, int]:
-    """(matmul_kernel's estimated share of the GPU time, windows) of one run of the fake clustered workload (true:
-    0.5; nan when no window saw either)."""
-    from tests.cuda.test_native_inject import read_debug_file
-
-    debug = work / "records.bin"
-    debug.unlink(missing_ok=True)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_GPU_", "CUDA_INJECTION"))}
-    env.update(FAKE_CUDA_SCHEDULE="", OTEL_GPU_CUPTI_PATH=str(FAKES / "libcupti.so"), OTEL_GPU_DEBUG_ALWAYS_ON="1",
-               OTEL_GPU_DEBUG_FILE=str(debug), OTEL_GPU_WINDOW_MS=window_ms, OTEL_GPU_OVERHEAD_BUDGET=str(budget),
-               CUDA_INJECTION64_PATH=str(LIBRARY))
-    # no graph (--graph-from past the end): a graph would hold windows back until the library chose to sample it
-    argv = [str(FAKES / "workload"), "--phases", "60", "--graph-every", "0", "--graph-from", "1000000000"]
-    subprocess.run(argv, env=env, check=True, capture_output=True, timeout=300)
-    records = read_debug_file(debug)
-    weights, covered0, elapsed0 = {}, 0, 0
-    for w in records.windows:  # a window stands for the stretch since the previous one (join.WindowWeights, no pace)
-        weights[w.window_id] = (w.elapsed_ns - elapsed0) / max(1, w.covered_ns - covered0)
-        covered0, elapsed0 = w.covered_ns, w.elapsed_ns
-    window_of = {la.correlation_id: la.window_id for la in records.launches}
-    kernel_ns = {"matmul_kernel": 0.0, "relu_kernel": 0.0}
-    for a in records.activities:
-        name = a.name.decode()
-        if name in kernel_ns and a.correlation_id in window_of:
-            kernel_ns[name] += (a.end_ns - a.start_ns) * weights.get(window_of[a.correlation_id], 0.0)
-    total = kernel_ns["matmul_kernel"] + kernel_ns["relu_kernel"]
-    return (kernel_ns["matmul_kernel"] / total if total else float("nan")), len(records.windows)
-
-
-def part3(runs: int, windows_ms: list[str], budget: float) -> None:
-    print(f"3. clustered work (40 ms blocks, matmul's true share 0.5), {runs} runs per window length, budget "
-          f"{budget * 100:g} %")
-    with tempfile.TemporaryDirectory() as work:
-        for window_ms in windows_ms:
-            results = [clustered_ratio(window_ms, budget, Path(work)) for _ in range(runs)]
-            shares = [r for r, _ in results if r == r]  # runs whose windows saw some work
-            spread = statistics.stdev(shares) if len(shares) > 1 else float("nan")
-            mean = statistics.mean(shares) if shares else float("nan")
-            print(f"   {window_ms:>4} ms windows: windows per run {' / '.join(str(n) for _, n in results)}; shares "
-                  f"{' / '.join(f'{r:.3f}' for r, _ in results)}; mean {mean:.3f}, sd {spread:.3f}")
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=4, help="rounds per mode (even; P I I P order)")
     parser.add_argument("--launches", type=int, default=12_000_000, help="launches per round")
     parser.add_argument("--budget", type=float, default=0.02, help="the library's overhead budget (fraction)")
     parser.add_argument("--records", type=int, default=200_000, help="launches fed to GPUTimeSource in part 2")
-    parser.add_argument("--spread-runs", type=int, default=0, help="part 3: runs per window length (0: skipped)")
-    parser.add_argument("--spread-windows-ms", default="20,5,2", help="part 3: window lengths, comma-separated")
-    parser.add_argument("--spread-budget", type=float, default=0.02, help="part 3: the overhead budget (fraction)")
-    parser.add_argument("--skip-loss", action="store_true", help="skip parts 1 and 2")
     args = parser.parse_args()
     for path in (LIBRARY, FAKES / "workload", FAKES / "libcupti.so"):
         if not path.exists():
             print(f"{path} is missing: run make build", file=sys.stderr)
             return 1
-    if args.spread_runs > 0:
-        part3(args.spread_runs, args.spread_windows_ms.split(","), args.spread_budget)
-    if args.skip_loss:
-        return 0
     one = part1(max(2, args.rounds), args.launches, args.budget)
     plain, injected = statistics.median(one["plain"]), statistics.median(one["injected"])  # type: ignore[arg-type]
     print("1. launch-bound loop on the fake CUDA stack (launches/s; rounds P I I P)")

@@ -12,9 +12,7 @@ whose GPU work has not arrived ``max_lag_ns`` of launch time after it (the injec
 
 from __future__ import annotations
 
-import math
 from collections import OrderedDict
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from otel_gpu.cuda.abi import LAUNCH_GRAPH, Activity, Launch, Window
@@ -227,14 +225,3 @@ class WindowWeights:
     def forget_process(self, pid: int) -> None:
         self._weights.pop(pid, None)
         self._last.pop(pid, None)
-
-
-def sampling_error(per_window: Sequence[float]) -> float:
-    """Standard error of a weighted total from its per-window parts (each window's weighted time of one function, ns;
-    zero for windows that saw none of it): windows at random times are taken as independent draws of the program's
-    time, so the total's error is sqrt(n / (n - 1) * sum((x - mean)^2)). 0.0 with fewer than two windows."""
-    n = len(per_window)
-    if n < 2:
-        return 0.0
-    mean = sum(per_window) / n
-    return math.sqrt(n / (n - 1) * sum((x - mean) ** 2 for x in per_window))

@@ -90,23 +90,6 @@ MODE_SETUP: dict[str, tuple[str | None, dict[str, str]]] = {
 MODES = tuple(os.environ.get("BATON_MODES", "P,E,N,I").split(","))
 
 
-def overhead_budget(environ: dict[str, str]) -> float:
-    """The budget the injected library runs under (OTEL_GPU_OVERHEAD_BUDGET, as a fraction; the library's default)."""
-    return float(environ.get("OTEL_GPU_OVERHEAD_BUDGET") or 0.02)
-
-
-def against_budget(loss: float, budget: float) -> str:
-    """A measured loss against the budget, as the report states it."""
-    return f"{loss / budget:.2f}x the {budget * 100:g} % budget ({'within' if loss <= budget else 'OVER'})"
-
-
-def library_lines(stderr: str) -> list[str]:
-    """The library's budget line (the loss it charged, what it is made of) and its last lines."""
-    text = stderr.strip().splitlines()
-    budget = [ln for ln in text if "stats budget" in ln]
-    return budget + [ln for ln in text[-3:] if ln not in budget]
-
-
 def cycle_losses(cycles: list[dict[str, list[float]]], mode: str) -> list[float]:
     """Per cycle, 1 - (mode's median rate) / (plain's median rate), sorted."""
     return sorted(1 - statistics.median(c[mode]) / statistics.median(c["P"]) for c in cycles)
@@ -203,26 +186,21 @@ def main(argv: list[str]) -> int:
              f"(`otel-gpu run --no-cpu-profiling`) on the others; {len(cycles)} cycles of {slice_s} s slices, "
              "each process once per cycle in a random order.", "",
              f"| mode | median {'matmuls' if loop == 'matmul' else 'kernels'}/s | per-process medians | "
-             "loss vs P (median over cycles) | p25 / p75 of the cycle losses | loss against the budget |",
-             "|---|---|---|---|---|---|"]
-    budget = overhead_budget(dict(os.environ))
+             "loss vs P (median over cycles) | p25 / p75 of the cycle losses |",
+             "|---|---|---|---|---|"]
     for mode in MODES:
         rates = [r for c in cycles for r in c[mode]]
         losses = cycle_losses(cycles, mode)
         q = statistics.quantiles(losses, n=4) if len(losses) >= 4 else [float("nan")] * 3
         medians = [statistics.median(per_process[i]) for i, (m, _) in enumerate(procs) if m == mode]
         lines.append(f"| {mode} | {statistics.median(rates):.0f} | {' / '.join(f'{v:.0f}' for v in medians)} | "
-                     f"{statistics.median(losses) * 100:+.2f} % | {q[0] * 100:+.2f} % / {q[2] * 100:+.2f} % | "
-                     f"{against_budget(statistics.median(losses), budget) if mode != 'P' else '-'} |")
-    lines += ["", f"Budget: {budget * 100:g} % (OTEL_GPU_OVERHEAD_BUDGET). The library's own \"charged loss\" (its "
-              "stats line below) is over its whole life, pauses between slices included, so it reads lower than the "
-              "loss measured while a process runs."]
+                     f"{statistics.median(losses) * 100:+.2f} % | {q[0] * 100:+.2f} % / {q[2] * 100:+.2f} % |")
     lines += ["", "The library's lines on stderr, processes with the agent attached:"]
     for mode in MODES:
         for k in range(per):
             if MODE_SETUP[mode][0] == "agent":
-                text = library_lines((work / f"{mode}{k}.err").read_text())
-                lines.append(f"- {mode}{k}: {' | '.join(text) if text else '(nothing on stderr)'}")
+                text = (work / f"{mode}{k}.err").read_text().strip().splitlines()
+                lines.append(f"- {mode}{k}: {' | '.join(text[-3:]) if text else '(nothing on stderr)'}")
     lines.append(f"- agent stderr tail: {' | '.join((work / 'agent.err').read_text().strip().splitlines()[-3:])}")
     write_report(out, lines)
     return 0

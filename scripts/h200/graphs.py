@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from verify_gpu_time import WindowedSource, debug_records, write_report  # noqa: E402
 
 from otel_gpu.cuda import abi  # noqa: E402
-from otel_gpu.cuda.join import WindowWeights, sampling_error  # noqa: E402
+from otel_gpu.cuda.join import WindowWeights  # noqa: E402
 from otel_gpu.errors import SourceUnavailable  # noqa: E402
 from otel_gpu.profiles.model import FrameKind  # noqa: E402
 
@@ -137,14 +137,6 @@ def diagnose(records: list[abi.Record], lines: list[str]) -> None:
         lines.append(f"- sampled eager kernel launches {len(eager_launches)}, {len(joined)} with a kernel record; "
                      f"median kernel {statistics.median(joined) / 1e3 if joined else 0:.2f} us; 60 of them: "
                      f"{60 * statistics.median(joined) / 1e3 if joined else 0:.1f} us")
-    errors = function_errors(launches, by_corr, windows)
-    if errors is not None:
-        (graph_total, graph_error), (eager_total, eager_error) = errors
-        lines.append(f"- per-function sampling error (standard error of the weighted total from the per-window "
-                     f"parts): replayed() {graph_total / 1e6:.1f} ms +- {graph_error / 1e6:.1f} ms "
-                     f"({100 * graph_error / graph_total if graph_total else 0:.1f} %), eager() "
-                     f"{eager_total / 1e6:.1f} ms +- {eager_error / 1e6:.1f} ms "
-                     f"({100 * eager_error / eager_total if eager_total else 0:.1f} %)")
     interval = ratio_interval(launches, by_corr, windows)
     if interval is not None:
         low, high, count = interval
@@ -159,9 +151,10 @@ def diagnose(records: list[abi.Record], lines: list[str]) -> None:
 BOOTSTRAP = 2000
 
 
-def window_rows(launches: list[abi.Launch], by_corr: dict[int, list[abi.Activity]],
-                windows: list[abi.Window]) -> list[list[float]]:
-    """Per window, [graph launches' kernel time, eager launches'], each weighted as the agent weights the window."""
+def ratio_interval(launches: list[abi.Launch], by_corr: dict[int, list[abi.Activity]],
+                   windows: list[abi.Window]) -> tuple[float, float, int] | None:
+    """The 2.5 and 97.5 percentiles of replayed / eager (graph launches' kernel time over eager launches') over
+    resamplings of the windows, each window's work weighted as the agent weights it: how far sampling alone moves it."""
     weights = WindowWeights()
     weight = {w.window_id: weights.add(w)[0] for w in windows}
     per_window: dict[int, list[float]] = defaultdict(lambda: [0.0, 0.0])
@@ -169,24 +162,7 @@ def window_rows(launches: list[abi.Launch], by_corr: dict[int, list[abi.Activity
         ns = sum(a.end_ns - a.start_ns for a in by_corr.get(launch.correlation_id, ()))
         per_window[launch.window_id][0 if launch.kind == abi.LAUNCH_GRAPH else 1] += ns * weight.get(launch.window_id,
                                                                                                       1.0)
-    return [per_window.get(w.window_id, [0.0, 0.0]) for w in windows]
-
-
-def function_errors(launches: list[abi.Launch], by_corr: dict[int, list[abi.Activity]],
-                    windows: list[abi.Window]) -> tuple[tuple[float, float], tuple[float, float]] | None:
-    """((total, standard error) of the graph launches' weighted kernel time, the same of the eager launches')."""
-    rows = window_rows(launches, by_corr, windows)
-    if len(rows) < 10:
-        return None
-    graph, eager = [r[0] for r in rows], [r[1] for r in rows]
-    return (sum(graph), sampling_error(graph)), (sum(eager), sampling_error(eager))
-
-
-def ratio_interval(launches: list[abi.Launch], by_corr: dict[int, list[abi.Activity]],
-                   windows: list[abi.Window]) -> tuple[float, float, int] | None:
-    """The 2.5 and 97.5 percentiles of replayed / eager (graph launches' kernel time over eager launches') over
-    resamplings of the windows, each window's work weighted as the agent weights it: how far sampling alone moves it."""
-    rows = window_rows(launches, by_corr, windows)
+    rows = [per_window.get(w.window_id, [0.0, 0.0]) for w in windows]
     if len(rows) < 10:
         return None
     draw = random.Random(0)

@@ -59,13 +59,3 @@ def test_the_spread_is_exact_for_equal_windows_and_wide_for_clustered_work(graph
     # graph phases in every other window only: the estimate is half the ratio, and resampling the windows spreads it
     low, high, _ = graphs.ratio_interval(*_split(_records(40, set(range(1, 41, 2)))))
     assert low < truth / 2 < high and high - low > 0.1
-
-
-def test_each_functions_sampling_error_is_zero_for_equal_windows_and_large_for_clustered_work(graphs) -> None:  # type: ignore[no-untyped-def]
-    (graph, graph_error), (eager, eager_error) = graphs.function_errors(*_split(_records(40, set(range(1, 41)))))
-    assert graph > 0 and eager > 0 and graph_error == pytest.approx(0.0) and eager_error == pytest.approx(0.0)
-    (graph, graph_error), (_, eager_error) = graphs.function_errors(*_split(_records(40, set(range(1, 41, 2)))))
-    assert graph_error / graph > 0.1 and eager_error == pytest.approx(0.0)  # graphs in half the windows only
-    lines: list[str] = []
-    graphs.diagnose(_records(12, set(range(1, 13, 2))), lines)
-    assert any(line.startswith("- per-function sampling error") for line in lines)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from otel_gpu.cuda import abi
-from otel_gpu.cuda.join import PACE_PRIOR_WAITS, Joiner, WindowWeights, pace_ratio, sampling_error
+from otel_gpu.cuda.join import PACE_PRIOR_WAITS, Joiner, WindowWeights, pace_ratio
 from tests.cuda.records import kernel, launch, window
 
 
@@ -186,10 +186,3 @@ def test_launches_queued_under_one_id_count_towards_the_bound() -> None:
     joiner.add_launch(launch(10, 8))
     assert joiner.pending(10) == (1, 0)
     assert joiner.stats.launches_unmatched == 10
-
-
-def test_sampling_error_of_a_weighted_total_from_its_windows() -> None:
-    """Clustered work seen all-or-nothing by each window has a large error; spread evenly over windows, none."""
-    assert sampling_error([5.0, 5.0, 5.0, 5.0]) == 0.0
-    assert sampling_error([10.0, 0.0, 10.0, 0.0]) == pytest.approx((4 / 3 * 4 * 25) ** 0.5)
-    assert sampling_error([7.0]) == 0.0 and sampling_error([]) == 0.0

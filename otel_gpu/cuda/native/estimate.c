@@ -10,9 +10,6 @@
  * sampled launches' GPU work has arrived ("linger"), and the launch callbacks with them (so that every launch gets
  * its own correlation id); launches then pay CUPTI's activity cost and an empty callback. The callback counts them.
  * Then CUPTI is finalized in one of the program's threads (window.c): that time, measured, is charged too.
- * The controller's own CUPTI calls (subscribing again after the finalize, the flushes at a window's open and close and
- * while lingering, switching kinds and callbacks on and off) run in its thread, but the driver takes the same locks
- * for them as for the program's launches: their measured time is charged as the program's, in full.
  */
 #include "estimate.h"
 
@@ -26,7 +23,7 @@ double estimate_slowdown(const struct window_cost *c)
     if (undisturbed < window * ESTIMATE_MIN_UNDISTURBED)
         undisturbed = window * ESTIMATE_MIN_UNDISTURBED; /* the work took at least this long undisturbed */
     double lingering = (double)c->linger_launches * (ESTIMATE_ACTIVITY_NS_PER_LAUNCH + ESTIMATE_EMPTY_CALLBACK_NS);
-    return (in_window + lingering + (double)c->finalize_ns + (double)c->control_ns) / undisturbed;
+    return (in_window + lingering + (double)c->finalize_ns) / undisturbed;
 }
 
 double estimate_update(double previous, const struct window_cost *c)

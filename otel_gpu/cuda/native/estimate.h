@@ -20,8 +20,6 @@ struct window_cost {
     uint64_t launches;  /* launches recorded in the window */
     uint64_t linger_launches; /* after the window, while its late GPU work was awaited: launches (counted) */
     uint64_t finalize_ns;     /* the program's time in cuptiFinalize after the previous window (measured) */
-    uint64_t control_ns;      /* the controller's CUPTI calls since the previous window: subscribing again, flushes,
-                               * switching kinds and callbacks (measured; a real driver serialises them with launches) */
 };
 
 /* Slowdown of the program while sampling one window: extra time / undisturbed time (0.5 = 50 % slower). */

@@ -48,7 +48,6 @@ static _Atomic int dirty;              /* activity kinds were on since CUPTI was
 static _Atomic uint64_t finalizes, finalize_ns; /* how often, and how long the API exits spent in cuptiFinalize */
 static uint64_t asked_ns;              /* controller: monotonic, when the finalize was asked for */
 static uint64_t retakes, retake_ns;    /* controller: subscriptions taken (attach, after each finalize), total time */
-static uint64_t let_go_ns;             /* controller: time switching everything off and flushing before a finalize */
 
 /* Moves from the state the caller decided on; 0 when the event does not apply or another thread moved first. */
 static int move(enum hold_event event, enum hold_state from)
@@ -170,7 +169,6 @@ int hold_take(void)
 
 void hold_let_go(void)
 {
-    uint64_t t0 = monotonic_ns();
     activity_enable(0);
     cbids_enable_launches(0); /* after the kinds: no recorded launch goes without its own id */
     if (may_finalize()) {
@@ -179,7 +177,6 @@ void hold_let_go(void)
         move(HOLD_ASK, HOLD_HELD);
         asked_ns = monotonic_ns();
     }
-    let_go_ns += monotonic_ns() - t0;
 }
 
 void hold_release_unless_asked(void)
@@ -239,16 +236,6 @@ int hold_dirty(void)
 int hold_graphs_seen(void)
 {
     return atomic_load(&graphs_seen);
-}
-
-uint64_t hold_take_ns(void)
-{
-    return retake_ns;
-}
-
-uint64_t hold_let_go_ns(void)
-{
-    return let_go_ns;
 }
 
 uint64_t hold_finalize_ns(void)

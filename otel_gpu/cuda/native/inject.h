@@ -129,8 +129,6 @@ void hold_mark_dirty(void);          /* an activity kind goes on: launches pay u
 int hold_dirty(void);
 int hold_graphs_seen(void);
 uint64_t hold_finalize_ns(void);     /* total time API exits spent in cuptiFinalize */
-uint64_t hold_take_ns(void);         /* total time the controller spent subscribing (hold_take) */
-uint64_t hold_let_go_ns(void);       /* total time the controller spent switching off and flushing (hold_let_go) */
 void hold_print_stats(void);         /* OTEL_GPU_DEBUG_STATS lines on finalizes and graphs */
 /* The API side, any thread: */
 int hold_graph_use(void);            /* a graph call's entry; 1 when CUPTI was finalized here (record nothing) */

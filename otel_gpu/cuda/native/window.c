@@ -51,7 +51,6 @@
 #define EXPIRE_EVERY_NS 100000000ull     /* how often the sampled-id filter is swept while lingering: 100 ms */
 #define WAIT_EVERY_MAX (1u << 20)
 #define EXIT_DRAIN_NS 200000000ull       /* at exit, wait up to 200 ms for sampled launches' GPU work */
-#define LEDGER_SHARE 0.9                 /* a window opens only while the loss charged so far is under 90 % of budget */
 
 static pthread_t controller;
 static pthread_mutex_t ctl_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -76,13 +75,6 @@ static struct {
     double fraction; /* set from the budget and the prior at start */
     uint64_t wait_period_start_ns;
     uint64_t finalize_ns_charged; /* hold_finalize_ns() already charged to a window's cost */
-    uint64_t control_ns_charged;  /* control_ns_locked() already charged to a window's cost */
-    uint64_t flush_ns, switch_ns; /* the controller's time in flushes, and switching kinds and callbacks at opens */
-    double wait_share;            /* the waits' measured cost over the last period, fraction of wall time */
-    /* The budget's ledger: everything charged since the first attach (the stats line, and the gap's floor). */
-    uint64_t ledger_start_ns;               /* monotonic: first attach */
-    uint64_t in_window_ns, linger_ns, wait_ns; /* charged: windows' own time and prior, launches counted outside
-                                                * windows (lingers, hurried finalizes, graph looks), waits */
     /* Late GPU work. */
     int lingering;            /* the activity kinds are on outside a window, for late GPU work */
     uint64_t linger_start_ns; /* monotonic: the window closed */
@@ -97,25 +89,6 @@ static struct {
     uint64_t graph_probe_ns;   /* monotonic: the last look began */
     double graphs_launch_rate; /* launches per second of the busiest look */
 } ctl = {.slowdown = PRIOR_SLOWDOWN, .fraction = ESTIMATE_FRACTION_MIN};
-
-/* The controller's CUPTI calls so far: subscribing, letting go, flushes, switches (all measured). */
-static uint64_t control_ns_locked(void)
-{
-    return hold_take_ns() + hold_let_go_ns() + ctl.flush_ns + ctl.switch_ns;
-}
-
-/* Everything charged to the program so far: the loss the budget bounds (extra time, ns). */
-static uint64_t charged_ns_locked(void)
-{
-    return ctl.in_window_ns + ctl.linger_ns + ctl.wait_ns + hold_finalize_ns() + control_ns_locked();
-}
-
-static void flush_locked(uint32_t flag)
-{
-    uint64_t t0 = monotonic_ns();
-    g_cupti.activity_flush_all(flag);
-    ctl.flush_ns += monotonic_ns() - t0;
-}
 
 static int agent_present(void)
 {
@@ -149,8 +122,6 @@ static int attach_locked(void)
     /* After the switch: every call that starts from now on is seen at entry and exit. */
     ctl.attach_start_ns = now_ns();
     ctl.wait_period_start_ns = monotonic_ns();
-    if (ctl.ledger_start_ns == 0)
-        ctl.ledger_start_ns = ctl.wait_period_start_ns;
     ctl.covered_ns = 0;
     ctl.window_waits = ctl.shadow_waits = ctl.shadow_ns = 0;
     return 0;
@@ -161,21 +132,20 @@ static int attach_locked(void)
 static void open_window_locked(uint64_t begin)
 {
     int was_lingering = ctl.lingering;
-    /* launches counted outside windows since: the linger's, and those seen while a finalize was hurried along */
-    ctl.linger_launches += atomic_exchange(&g_state.outside_launches, 0);
-    ctl.lingering = 0;
+    if (ctl.lingering) {
+        ctl.linger_launches = atomic_exchange(&g_state.outside_launches, 0);
+        ctl.lingering = 0;
+    }
     activity_expire(MAX_LAG_NS);
     atomic_store(&g_state.window_launches, 0);
     atomic_store(&g_state.overhead_ns, 0);
     /* Callbacks before activity (a linger left both on): no launch whose work is recorded goes without its own id. */
-    uint64_t t0 = monotonic_ns();
     if (!was_lingering && cbids_enable_launches(1) != 0)
         log_once("some launch callbacks could not be enabled");
     hold_mark_dirty();
     if (activity_enable(1) != 0)
         log_once("some CUPTI activity kinds could not be enabled");
     uint64_t switched = monotonic_ns();
-    ctl.switch_ns += switched - t0;
     ctl.open_us = (switched - begin) / 1000u < UINT32_MAX ? (uint32_t)((switched - begin) / 1000u) : UINT32_MAX;
     ctl.open_start_ns = now_ns();
     atomic_store_explicit(&g_state.window_id, ++ctl.last_window_id, memory_order_release);
@@ -191,11 +161,8 @@ static void adapt_waits_locked(void)
     uint64_t period_ns = now - ctl.wait_period_start_ns;
     if (period_ns < 100000000ull)
         return;
-    uint64_t wait_ns = atomic_exchange(&g_state.wait_overhead_ns, 0);
-    double wait_cost = (double)wait_ns;
+    double wait_cost = (double)atomic_exchange(&g_state.wait_overhead_ns, 0);
     double allowed = 0.5 * g_settings.overhead_budget * (double)period_ns;
-    ctl.wait_ns += wait_ns;
-    ctl.wait_share = wait_cost < allowed ? wait_cost / (double)period_ns : 0.5 * g_settings.overhead_budget;
     uint32_t every = atomic_load(&g_state.wait_sample_every);
     if (wait_cost > allowed && every < WAIT_EVERY_MAX)
         atomic_store(&g_state.wait_sample_every, every * 2);
@@ -208,18 +175,12 @@ static void adapt_locked(uint64_t window_ns, uint64_t overhead_ns, uint64_t laun
 {
     adapt_waits_locked();
     /* the finalize after the previous window, in one of the program's threads */
-    uint64_t finalize_ns = hold_finalize_ns(), control_ns = control_ns_locked();
-    struct window_cost cost = {window_ns, overhead_ns, launches, lingered, finalize_ns - ctl.finalize_ns_charged,
-                               control_ns - ctl.control_ns_charged};
-    if (launches != 0 || lingered != 0) { /* an idle window is not counted (estimate_update): charge the next one */
+    uint64_t finalize_ns = hold_finalize_ns();
+    struct window_cost cost = {window_ns, overhead_ns, launches, lingered, finalize_ns - ctl.finalize_ns_charged};
+    if (launches != 0 || lingered != 0) /* an idle window is not counted (estimate_update): charge the next one */
         ctl.finalize_ns_charged = finalize_ns;
-        ctl.control_ns_charged = control_ns;
-    }
-    ctl.in_window_ns += overhead_ns + (uint64_t)((double)launches * ESTIMATE_CUPTI_NS_PER_LAUNCH);
-    ctl.linger_ns += (uint64_t)((double)lingered * (ESTIMATE_ACTIVITY_NS_PER_LAUNCH + ESTIMATE_EMPTY_CALLBACK_NS));
     ctl.slowdown = estimate_update(ctl.slowdown, &cost);
-    /* the waits recorded between windows take their measured share of the budget first */
-    ctl.fraction = fraction_for_budget(g_settings.overhead_budget - ctl.wait_share, ctl.slowdown);
+    ctl.fraction = fraction_for_budget(g_settings.overhead_budget, ctl.slowdown);
 }
 
 /* A window record with the running totals; launches, overhead, the switch-on time and aside_since_ns are the
@@ -255,13 +216,14 @@ static void close_window_locked(uint32_t flush_flag, uint64_t aside_from_ns)
     while ((atomic_load(&g_state.in_launch) != 0 || atomic_load(&g_state.launches_entered) != 0) &&
            monotonic_ns() < give_up)
         sched_yield();
-    flush_locked(flush_flag);
+    g_cupti.activity_flush_all(flush_flag);
     /* The activity kinds, and the launch callbacks with them, stay on until the sampled launches' GPU work has
      * arrived (see linger_check_locked). */
     uint64_t lingered = ctl.linger_launches; /* the linger before this window: charged to it */
     ctl.lingering = 1;
     ctl.linger_start_ns = monotonic_ns();
     ctl.linger_launches = 0;
+    atomic_store(&g_state.outside_launches, 0);
     ctl.covered_ns += end - ctl.open_start_ns;
     ctl.window_waits += atomic_load(&g_state.waits_seen) - ctl.waits_at_open;
     struct otel_gpu_window rec = window_record_locked(id, ctl.open_start_ns, end);
@@ -278,7 +240,7 @@ static int linger_check_locked(void)
 {
     if (!ctl.lingering)
         return 0;
-    flush_locked(0);
+    g_cupti.activity_flush_all(0);
     uint64_t now = monotonic_ns();
     /* a launch that entered inside the window and is still in its call is sampled: its work must be recorded */
     int outstanding = activity_outstanding() != 0 || atomic_load(&g_state.launches_entered) != 0;
@@ -289,7 +251,7 @@ static int linger_check_locked(void)
         activity_expire(MAX_LAG_NS); /* counts what never came as dropped */
     hold_let_go();
     ctl.lingering = 0;
-    ctl.linger_launches += atomic_exchange(&g_state.outside_launches, 0);
+    ctl.linger_launches = atomic_exchange(&g_state.outside_launches, 0);
     return 0;
 }
 
@@ -357,7 +319,7 @@ static void stand_aside_locked(void)
         cbids_enable_launches(0);
         cbids_enable_waits(0);
         cbids_enable_graph_watch(0);
-        flush_locked(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
+        g_cupti.activity_flush_all(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
         activity_expire(0); /* what never came is counted as dropped in the next window record */
         hold_release();
     }
@@ -413,7 +375,6 @@ static void probe_for_graphs_locked(void)
     sleep_locked(GRAPH_PROBE_NS);
     cbids_enable_launches(0);
     uint64_t launches = atomic_exchange(&g_state.outside_launches, 0), spent = monotonic_ns() - ctl.graph_probe_ns;
-    ctl.linger_ns += (uint64_t)((double)launches * ESTIMATE_EMPTY_CALLBACK_NS); /* the callbacks that counted them */
     double rate = (double)launches * 1e9 / (double)(spent ? spent : 1);
     ctl.graphs_launch_rate = rate > ctl.graphs_launch_rate ? rate : ctl.graphs_launch_rate;
     if (++ctl.graph_probes < GRAPH_PROBES || ctl.graphs_launch_rate == 0.0)
@@ -489,19 +450,6 @@ static int wait_gap_locked(uint64_t gap_ns)
     return 0;
 }
 
-/* The ledger: the fraction follows a running estimate, so it overshoots when a window costs more than the last ones
- * did (a burst of launches, a slow subscribe or flush). A window opens only once everything charged since the first
- * attach, and what the window is expected to cost, fit LEDGER_SHARE of the budget (the rest for what keeps accruing
- * after the open: waits recorded, the finalize and subscription after the last window); this returns how long to
- * wait until they do (0: open now). */
-static uint64_t ledger_owed_ns_locked(void)
-{
-    uint64_t elapsed_ns = monotonic_ns() - ctl.ledger_start_ns;
-    double next_ns = ctl.slowdown * (double)g_settings.window_ns;
-    double due_ns = ((double)charged_ns_locked() + next_ns) / (LEDGER_SHARE * g_settings.overhead_budget);
-    return due_ns > (double)elapsed_ns ? (uint64_t)(due_ns - (double)elapsed_ns) : 0;
-}
-
 static void *controller_main(void *arg)
 {
     (void)arg;
@@ -530,13 +478,7 @@ static void *controller_main(void *arg)
         }
         double mean_gap = (double)g_settings.window_ns * (1.0 - ctl.fraction) / ctl.fraction;
         uint64_t gap_ns = (uint64_t)(mean_gap * (0.5 + random_uniform01()));
-        uint64_t owed_ns = ledger_owed_ns_locked();
-        gap_ns = owed_ns > gap_ns ? owed_ns : gap_ns;
-        int gone = wait_gap_locked(gap_ns);
-        /* what was charged meanwhile (the linger's polls) may still be owed; a look at a graph program goes first */
-        while (gone == 0 && !graphs_probe_due_locked() && (owed_ns = ledger_owed_ns_locked()) != 0)
-            gone = wait_gap_locked(owed_ns);
-        if (gone != 0) {
+        if (wait_gap_locked(gap_ns) != 0) {
             if (!ctl.stopped)
                 detach_locked();
             continue;
@@ -551,7 +493,7 @@ static void *controller_main(void *arg)
             continue;
         }
         uint64_t begin = monotonic_ns();
-        flush_locked(0); /* records of earlier windows that completed since */
+        g_cupti.activity_flush_all(0); /* records of earlier windows that completed since */
         open_window_locked(begin);
         sleep_locked(g_settings.window_ns);
         if (!ctl.stopped)
@@ -579,20 +521,6 @@ int window_start(void)
     return rc;
 }
 
-/* One line: the loss charged since the first attach against the budget, and what it is made of. */
-static void print_budget_locked(void)
-{
-    uint64_t wall_ns = ctl.ledger_start_ns ? monotonic_ns() - ctl.ledger_start_ns : 0;
-    uint64_t charged = charged_ns_locked();
-    double loss = wall_ns > charged ? (double)charged / (double)(wall_ns - charged) : 0.0;
-    fprintf(stderr, "otel-gpu: stats budget %.3f %%: charged loss %.3f %% over %.0f ms (in windows %.3f ms, outside "
-            "windows %.3f ms, waits %.3f ms, finalize %.3f ms, subscribe %.3f ms, let go %.3f ms, flush %.3f ms, switches "
-            "%.3f ms)\n", 100.0 * g_settings.overhead_budget, 100.0 * loss, (double)wall_ns / 1e6,
-            (double)ctl.in_window_ns / 1e6, (double)ctl.linger_ns / 1e6, (double)ctl.wait_ns / 1e6,
-            (double)hold_finalize_ns() / 1e6, (double)hold_take_ns() / 1e6, (double)hold_let_go_ns() / 1e6,
-            (double)ctl.flush_ns / 1e6, (double)ctl.switch_ns / 1e6);
-}
-
 /* At exit: close an open window and hand everything CUPTI still holds to the probes. Runs once. */
 void window_stop_and_flush(void)
 {
@@ -609,7 +537,6 @@ void window_stop_and_flush(void)
                     (unsigned long long)ctl.yields, (double)ctl.yielded_ns / 1e6,
                     (unsigned long long)coexist_slots_patched(), (unsigned long long)coexist_dlsym_slots_patched(),
                     (unsigned long long)coexist_lookups_diverted());
-            print_budget_locked();
             fprintf(stderr, "otel-gpu: stats waits ended in windows %llu in %.0f ms, in shadow windows %llu in %.0f ms\n",
                     (unsigned long long)ctl.window_waits, (double)ctl.covered_ns / 1e6,
                     (unsigned long long)ctl.shadow_waits,

@@ -23,8 +23,6 @@
  * fault (graph_faults), the use of the freed instrumentation the real driver reports as XID 31.
  * FAKE_CUPTI_TRACE_COST_US=<us>: each driver call entered while an activity kind is on spins that long first, as
  * recording costs a real driver's launches (a program that waits every step then runs slower inside windows).
- * FAKE_CUPTI_SUBSCRIBE_COST_US=<us> and FAKE_CUPTI_FLUSH_COST_US=<us>: each cuptiSubscribe / cuptiActivityFlushAll
- * spins that long in its caller's thread, as a slow driver's would (the library must measure and charge them).
  */
 #include <dlfcn.h>
 #include <pthread.h>
@@ -160,33 +158,27 @@ static int any_activity_on(void)
     return atomic_load(&kernel_on) || atomic_load(&memcpy_on) || atomic_load(&memset_on);
 }
 
-/* A cost knob in ns (the variable in us), read once into *cache (0: none). */
-static uint64_t env_cost_ns(const char *name, _Atomic int64_t *cache)
+/* FAKE_CUPTI_TRACE_COST_US in ns, read once (0: none). */
+static uint64_t trace_cost_ns(void)
 {
-    int64_t c = atomic_load(cache);
+    static _Atomic int64_t cost = -1;
+    int64_t c = atomic_load(&cost);
     if (c < 0) {
-        const char *v = getenv(name);
+        const char *v = getenv("FAKE_CUPTI_TRACE_COST_US");
         c = v && v[0] ? (int64_t)(strtod(v, NULL) * 1000.0) : 0;
-        atomic_store(cache, c);
+        atomic_store(&cost, c);
     }
     return (uint64_t)c;
 }
 
-static _Atomic int64_t trace_cost = -1, subscribe_cost = -1, flush_cost = -1;
-
-static void spin_ns(uint64_t ns)
-{
-    if (ns == 0)
-        return;
-    uint64_t until = realtime_ns() + ns;
-    while (realtime_ns() < until) {
-    }
-}
-
 static void on_enter(struct fake_call *call)
 {
-    if (any_activity_on())
-        spin_ns(env_cost_ns("FAKE_CUPTI_TRACE_COST_US", &trace_cost));
+    uint64_t cost = trace_cost_ns();
+    if (cost != 0 && any_activity_on()) {
+        uint64_t until = realtime_ns() + cost;
+        while (realtime_ns() < until) {
+        }
+    }
     if (atomic_load(&api_on) || !any_activity_on()) {
         atomic_store(&last_id, call->correlation_id);
     } else if (atomic_load(&last_id) != 0) {
@@ -315,7 +307,6 @@ static CUptiResult subscribe(CUpti_SubscriberHandle *subscriber, CUpti_CallbackF
 {
     if (subscribed)
         return CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED;
-    spin_ns(env_cost_ns("FAKE_CUPTI_SUBSCRIBE_COST_US", &subscribe_cost));
     void *driver = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
     fake_cuda_set_tracer_fn set = (fake_cuda_set_tracer_fn)dlsym(driver ? driver : RTLD_DEFAULT, FAKE_CUDA_SET_TRACER);
     if (set == NULL)
@@ -525,7 +516,6 @@ API CUptiResult CUPTIAPI cuptiActivityFlushAll(uint32_t flag)
 {
     if (buffer_requested == NULL)
         return CUPTI_SUCCESS;
-    spin_ns(env_cost_ns("FAKE_CUPTI_FLUSH_COST_US", &flush_cost));
     uint64_t now = realtime_ns();
     int forced = (flag & CUPTI_ACTIVITY_FLAG_FLUSH_FORCED) != 0;
     pthread_mutex_lock(&pending_lock);

@@ -27,9 +27,6 @@
  *   "profiler_kernels <recorded> expected <launched>" per session.
  *   --side-stream runs relu_kernel on a stream of its own and launches it before matmul_kernel in forward: with
  *   --lagged-pace-us only the main stream lags, the side stream keeps up (as a copy or communication stream does).
- *   --phases N replaces the training loop by clustered work: N blocks of equal GPU time (40 ms) taking turns, one
- *   of 20 launch_matmul calls, the next of 80 launch_relu calls, each call followed by sync_point (blocks last longer
- *   than a sampling window: a window sees one kind of work or the other).
  *   --tiny N replaces the training loop by a launch-bound one: N launches of "tiny_kernel" (100 ns), waiting every 1000.
  *   --exit-at STEP exits in the middle of step STEP (after its launches, before any wait): a crash-free exit
  *   mid-stream. --no-init never calls cuInit (the library is never loaded).
@@ -162,19 +159,6 @@ NOINLINE void launch_bound_loop(long launches)
     clock_gettime(CLOCK_MONOTONIC, &t1);
     printf("tiny_launches %ld seconds %.6f\n", launches,
            (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9);
-}
-
-NOINLINE void clustered_loop(int blocks)
-{
-    for (int b = 0; b < blocks; b++) {
-        for (int i = 0; i < (b % 2 == 0 ? 20 : 80); i++) {
-            if (b % 2 == 0)
-                launch_matmul();
-            else
-                launch_relu();
-            sync_point();
-        }
-    }
 }
 
 /* A GPU-bound program: launches come every pace_us, faster than the GPU runs them (2.5 ms a step), and nothing waits
@@ -314,7 +298,6 @@ int main(int argc, char **argv)
 {
     int steps = 200, graph_every = 4, exit_at = -1, init = 1;
     long tiny_launches = 0, lag_pace_us = 0;
-    int phase_blocks = 0;
     int skip_exit_handlers = 0, fork_children = 0, take_cupti = 0, profile_at = -1, profile_every = 0,
         profile_steps = 10;
     for (int i = 1; i < argc; i++) {
@@ -324,8 +307,6 @@ int main(int argc, char **argv)
             graph_every = atoi(argv[++i]);
         else if (strcmp(argv[i], "--exit-at") == 0 && i + 1 < argc)
             exit_at = atoi(argv[++i]);
-        else if (strcmp(argv[i], "--phases") == 0 && i + 1 < argc)
-            phase_blocks = atoi(argv[++i]);
         else if (strcmp(argv[i], "--tiny") == 0 && i + 1 < argc)
             tiny_launches = atol(argv[++i]);
         else if (strcmp(argv[i], "--lagged-pace-us") == 0 && i + 1 < argc)
@@ -368,10 +349,6 @@ int main(int argc, char **argv)
         return 0;
     }
     int children = 0;
-    if (phase_blocks > 0) {
-        clustered_loop(phase_blocks);
-        steps = 0;
-    }
     if (lag_pace_us > 0)
         lagged_loop(steps, graph_every, lag_pace_us);
     for (int step = 0; step < steps && lag_pace_us == 0; step++) {
