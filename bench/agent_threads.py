@@ -20,16 +20,15 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
-CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
 def _task_seconds(tid: int) -> float | None:
+    from otel_gpu.selfcost import task_cpu_s
+
     try:
-        stat = Path(f"/proc/self/task/{tid}/stat").read_text()
+        return task_cpu_s(Path(f"/proc/self/task/{tid}/stat").read_text())
     except OSError:
         return None
-    fields = stat[stat.rfind(")") + 2:].split()
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
 def _comm(tid: int) -> str:

@@ -25,9 +25,9 @@ sys.path[:0] = [path for path in os.environ.get("PYTHONPATH", "").split(":") if 
 
 
 def thread_cpu_s(tid: int) -> float:
-    stat = Path(f"/proc/self/task/{tid}/stat").read_text()
-    fields = stat[stat.rfind(")") + 2:].split()
-    return (int(fields[11]) + int(fields[12])) / bench_cost.CLK_TCK
+    from otel_gpu.selfcost import task_cpu_s
+
+    return task_cpu_s(Path(f"/proc/self/task/{tid}/stat").read_text())
 
 
 def main() -> int:

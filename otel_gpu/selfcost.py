@@ -14,7 +14,7 @@ from dataclasses import dataclass
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
-def _task_cpu_s(stat: str) -> float:
+def task_cpu_s(stat: str) -> float:
     """utime + stime of one /proc/.../stat line, in seconds."""
     fields = stat[stat.rfind(")") + 2:].split()
     return (int(fields[11]) + int(fields[12])) / _CLK_TCK
@@ -23,7 +23,7 @@ def _task_cpu_s(stat: str) -> float:
 def process_cpu_s(proc: str = "/proc/self") -> float:
     """CPU seconds of the whole process so far, ended threads included."""
     with open(f"{proc}/stat") as stat:
-        return _task_cpu_s(stat.read())
+        return task_cpu_s(stat.read())
 
 
 def thread_cpu_s(proc: str = "/proc/self") -> dict[str, float]:
@@ -39,7 +39,7 @@ def thread_cpu_s(proc: str = "/proc/self") -> dict[str, float]:
             continue
         tid = int(entry)
         name = names.get(tid) or line[line.find("(") + 1:line.rfind(")")]
-        out["main" if name == "MainThread" else name] += _task_cpu_s(line)
+        out["main" if name == "MainThread" else name] += task_cpu_s(line)
     return dict(out)
 
 
