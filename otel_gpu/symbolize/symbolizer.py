@@ -200,8 +200,9 @@ class Symbolizer:
             todo = [stack for stack in dict.fromkeys(map(tuple, stacks)) if stack not in known]
             if not todo:  # the steady state: every stack seen before, one lookup each
                 return [known[tuple(stack)] for stack in stacks]
-            if len(known) + len(todo) > _STACK_CACHE_ENTRIES:
+            if len(known) + len(todo) > _STACK_CACHE_ENTRIES:  # forgotten: this call's known stacks are built again
                 known.clear()
+                todo = list(dict.fromkeys(map(tuple, stacks)))
             raw: list[list[_Resolved]] = []
             names: set[str] = set()
             for stack in todo:

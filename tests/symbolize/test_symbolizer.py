@@ -21,6 +21,7 @@ from otel_gpu.symbolize import kallsyms
 from otel_gpu.symbolize.kallsyms import KernelSymbols
 from otel_gpu.symbolize.maps import MAX_MAPS_BYTES, parse_maps, read_maps, read_maps_capped
 from otel_gpu.symbolize.perfmap import MAX_PERF_MAP_BYTES, PerfMap
+from otel_gpu.symbolize import symbolizer as symbolizer_module
 from otel_gpu.symbolize.symbolizer import Symbolizer
 from tests.conftest import NATIVE
 from tests.symbolize.elfgen import Symbol, write_elf
@@ -562,3 +563,25 @@ def test_paths_that_are_not_utf8_are_exported_readable(tmp_path: Path) -> None:
     assert file_frame[0].function == "app-\ufffd+0x1010"
     assert file_frame[0].mapping is not None and file_frame[0].mapping.path == "/gone/app-\ufffd"
     assert anon_frame[0].function == "[anon:jit-\ufffd] 0x7f0000000010"
+
+
+def test_a_call_past_the_stack_cache_bound_names_every_stack(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A process with more distinct stacks than the cache keeps: the cache is emptied, and the stacks of the call
+    that were remembered before are built again, not lost."""
+    monkeypatch.setattr(symbolizer_module, "_STACK_CACHE_ENTRIES", 2)
+    path = WORKLOADS / "cpu_3to1"
+    process, pid = _start(path, "1")
+    try:
+        symbolizer = Symbolizer()
+        assert symbolizer.remember(pid)
+        leaf = _runtime_address(pid, path, "leaf_heavy")
+        light = _runtime_address(pid, path, "leaf_light")
+        caller = _runtime_address(pid, path, "busy_loop", 12)
+        first = symbolizer.user_stacks(pid, [[leaf, caller], [light, caller]])  # fills the cache
+        both = symbolizer.user_stacks(pid, [[leaf, caller], [caller]])  # one known, one new: past the bound
+    finally:
+        process.kill()
+        process.wait()
+    assert [[f.function for f in frames] for frames in first] == [["leaf_heavy", "busy_loop"],
+                                                                  ["leaf_light", "busy_loop"]]
+    assert [[f.function for f in frames] for frames in both] == [["leaf_heavy", "busy_loop"], ["busy_loop"]]
