@@ -24,5 +24,5 @@ python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 -
   opentelemetry-exporter-otlp-proto-common==1.45.2 opentelemetry-exporter-otlp-proto-grpc==1.45.2 \
   opentelemetry-exporter-otlp-proto-http==1.45.2 opentelemetry-exporter-http-transport==0.66b2 \
   opentelemetry-exporter-otlp-common==0.66b2 opentelemetry-exporter-prometheus==0.66b2 opentelemetry-proto==1.45.2 \
-  googleapis-common-protos==1.76.0 pyelftools==0.33 typing_extensions==4.16.0 2>&1 | grep -v WARNING || true
+  googleapis-common-protos==1.76.0 pyelftools==0.33 typing_extensions==4.16.0 py-spy==0.4.3 2>&1 | grep -v WARNING || true
 du -sh .device .whl

@@ -61,14 +61,10 @@ while time.time()-t<35: (a@a); torch.cuda.synchronize()' & load=$!
                 --no-gpu-time-profiling --output-dir "$OUT/rss_cpu" --console off 2> "$OUT/rss-cpu-stderr.txt"
               kill $load 2>/dev/null; wait $load 2>/dev/null
               grep -E 'WARNING|ERROR|Maximum resident|Elapsed|User time|System time' "$OUT/rss-cpu-stderr.txt" ;;
-    agent_profile) # the agent with cProfile on every thread, as in `agent` (start-up in the main thread included)
-              python3 -m otel_gpu inject -- python3 -c 'import torch,time; a=torch.randn(8192,8192,device="cuda",dtype=torch.bfloat16); t=time.time()
-while time.time()-t<40: (a@a); torch.cuda.synchronize()' & load=$!
-              sleep 5
-              timeout 90 python3 scripts/h200/agent_profile.py "$OUT/agent-profile.txt" --duration 30 \
-                --profiling-interval 10 --output-dir "$OUT/agent_profile" --console off 2> "$OUT/agent-profile-stderr.txt"
-              kill $load 2>/dev/null; wait $load 2>/dev/null
-              grep -E "otel-gpu cost|=====" "$OUT/agent-profile-stderr.txt" "$OUT/agent-profile.txt" ;;
+    steady)   # the agent's steady-state cost by thread after a warm-up, RSS over time, py-spy's top functions per
+              # thread (py-spy from .whl, --nonblocking); STEADY_SECONDS (default 100), STEADY_WARM (30)
+              timeout 200 python3 scripts/h200/agent_steady.py "$OUT/h200-agent-steady.md" \
+                --seconds "${STEADY_SECONDS:-100}" --warm "${STEADY_WARM:-30}" | tail -30 ;;
     benches)  # pure-CPU benchmarks on an idle 16-core machine: the span processor (no BPF) and the CPU hot path
               timeout 200 python3 bench/bench_span_context.py --rounds 40 | tee "$OUT/bench-span.txt" | tail -25
               timeout 200 python3 bench/bench_cpu_hot_path.py | tee "$OUT/bench-hot-path.txt" | tail -25 ;;
