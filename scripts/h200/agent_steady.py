@@ -8,6 +8,7 @@ the GPU). Every 5 s the agent's threads' CPU time and its RSS are read from /pro
 steady window [warm, end - 5 s], the RSS over time, and each busy thread's top functions (own and inclusive samples).
 
 Usage: agent_steady.py OUT.md [--seconds 100] [--warm 30] [--load "shell command"] [--agent-args "..."]
+       agent_steady.py OUT.md --top RAW (each thread's top functions in a py-spy raw profile, e.g. of start-up)
 """
 
 from __future__ import annotations
@@ -98,12 +99,16 @@ def main() -> int:
     parser.add_argument("--warm", type=int, default=30)
     parser.add_argument("--load", default=None, help="shell command of the load (default: injected matmul loop)")
     parser.add_argument("--agent-args", default="--profiling-interval 10 --metric-export-interval 5")
+    parser.add_argument("--top", default=None, help="only print the top functions of this py-spy raw file to OUT")
     args = parser.parse_args()
     out = Path(args.out)
+    if args.top:
+        out.write_text("\n".join(top_functions(Path(args.top), count=25)) + "\n")
+        return 0
     work = Path(tempfile.mkdtemp(prefix="agent-steady-"))
     load_cmd = args.load or (f"{shlex.quote(sys.executable)} -m otel_gpu inject -- {shlex.quote(sys.executable)} -c "
-                             + shlex.quote(MATMUL.format(seconds=args.seconds + 15)))
-    load = subprocess.Popen(load_cmd, shell=True, start_new_session=True)
+                             + shlex.quote(MATMUL.format(seconds=args.seconds + 10)))
+    load = subprocess.Popen(load_cmd, shell=True, start_new_session=True, stderr=open(work / "load-stderr.txt", "w"))
     time.sleep(5)
     agent = subprocess.Popen([sys.executable, "-m", "otel_gpu", "run", "--duration", str(args.seconds),
                               "--output-dir", str(work / "out"), "--console", "off", *shlex.split(args.agent_args)],
@@ -133,8 +138,11 @@ def main() -> int:
     agent.wait()
     if spy_proc is not None:
         spy_proc.wait(timeout=30)
-    os.killpg(load.pid, 15)
-    load.wait()
+    try:  # the load ends by itself (its library's stats line, OTEL_GPU_DEBUG_STATS=1, comes at its exit)
+        load.wait(timeout=40)
+    except subprocess.TimeoutExpired:
+        os.killpg(load.pid, 15)
+        load.wait()
     stderr = (work / "agent-stderr.txt").read_text()
     # the loop ends at --duration: later readings may miss threads already joined
     steady = [s for s in samples if args.warm <= s[0] <= args.seconds - 2]
@@ -153,7 +161,10 @@ def main() -> int:
     lines.append("\nRSS over time (s: VmRSS / VmHWM MB): " + ", ".join(
         f"{t:.0f}: {r:.0f}/{h:.0f}" for t, _, r, h in samples))
     lines += ["", "resident memory by mapping near the end:", "```", *mappings, "```"]
-    lines += ["", "agent log (cost, warnings):", "```"]
+    lines += ["", "the load's library stats (OTEL_GPU_DEBUG_STATS=1):", "```"]
+    lines += [line for line in (work / "load-stderr.txt").read_text(errors="replace").splitlines()
+              if "otel-gpu: stats" in line][-10:]
+    lines += ["```", "", "agent log (cost, warnings):", "```"]
     lines += [line for line in stderr.splitlines() if "cost" in line or "WARNING" in line or "ERROR" in line][-20:]
     lines.append("```")
     if raw.exists():

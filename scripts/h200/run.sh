@@ -65,6 +65,12 @@ while time.time()-t<35: (a@a); torch.cuda.synchronize()' & load=$!
               # thread (py-spy from .whl, --nonblocking); STEADY_SECONDS (default 100), STEADY_WARM (30)
               timeout 200 python3 scripts/h200/agent_steady.py "$OUT/h200-agent-steady.md" \
                 --seconds "${STEADY_SECONDS:-100}" --warm "${STEADY_WARM:-30}" | tail -30 ;;
+    startup)  # where the agent's start-up CPU goes: py-spy (200 Hz, every thread) from exec to a 4 s run's exit
+              /tmp/site/bin/py-spy record --threads --format raw --rate 200 --output "$OUT/startup-raw.txt" -- \
+                python3 -m otel_gpu run --duration 4 --output-dir /tmp/startup-out --console off 2> "$OUT/startup-stderr.txt"
+              grep -E "otel-gpu cost|WARNING" "$OUT/startup-stderr.txt"
+              python3 scripts/h200/agent_steady.py "$OUT/h200-startup.md" --top "$OUT/startup-raw.txt"
+              head -60 "$OUT/h200-startup.md" ;;
     benches)  # pure-CPU benchmarks on an idle 16-core machine: the span processor (no BPF) and the CPU hot path
               timeout 200 python3 bench/bench_span_context.py --rounds 40 | tee "$OUT/bench-span.txt" | tail -25
               timeout 200 python3 bench/bench_cpu_hot_path.py | tee "$OUT/bench-hot-path.txt" | tail -25 ;;
