@@ -26,7 +26,7 @@ from otel_gpu.procfs import ProcessResolver
 from otel_gpu.profiles.model import ProcessProfile
 from otel_gpu.profiles.source import ProcessSelection, ProfileSource
 from otel_gpu.resource import agent_resource, node_attributes
-from otel_gpu.selfcost import CostMeter
+from otel_gpu.selfcost import CostMeter, name_native_threads
 from otel_gpu.symbolize.allowance import READ_BURST_S, READ_SHARE, ReadAllowance
 from otel_gpu.symbolize.symbolizer import Symbolizer
 
@@ -211,6 +211,7 @@ class Agent:
         self._report(profilers, exporters)  # what was sampled since the last report is not lost
 
     def _report(self, profilers: list[ProfileSource], exporters: list) -> None:  # type: ignore[type-arg]
+        name_native_threads()  # threads started since the last report (exporters', resolvers')
         for source in profilers:
             started = time.monotonic()
             name = source.name

@@ -12,6 +12,8 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
+_COMM_BYTES = 15  # the kernel keeps a thread's name in 16 bytes, the terminating NUL included
+_named: dict[int, str] = {}  # native id -> the name given (an id may be reused by a later thread)
 
 
 def task_cpu_s(stat: str) -> float:
@@ -43,6 +45,28 @@ def thread_cpu_s(proc: str = "/proc/self") -> dict[str, float]:
     return dict(out)
 
 
+def native_name(name: str) -> str:
+    """What ``top -H``, ``ps -L``, py-spy and /proc show for a thread named ``name`` (the agent's threads drop their
+    common ``otel-gpu-`` prefix: the process is already named; the kernel keeps 15 bytes)."""
+    return name.removeprefix("otel-gpu-").encode()[:_COMM_BYTES].decode(errors="ignore")
+
+
+def name_native_threads() -> None:
+    """Give each live Python thread of this process its name in the kernel (/proc/self/task/TID/comm), once per
+    thread, so that an operator's per-thread tools say which part of the agent runs; threads that are gone or
+    refuse are left as they are."""
+    for thread in threading.enumerate():
+        tid = thread.native_id
+        if tid is None or _named.get(tid) == thread.name or thread is threading.main_thread():
+            continue
+        _named[tid] = thread.name
+        try:
+            with open(f"/proc/self/task/{tid}/comm", "w") as comm:
+                comm.write(native_name(thread.name))
+        except OSError:  # the thread ended meanwhile
+            pass
+
+
 def peak_rss_mb(proc: str = "/proc/self") -> float:
     """VmHWM: the most resident memory the process has held, in MB (MiB)."""
     with open(f"{proc}/status") as status:
@@ -64,6 +88,7 @@ class CostMeter:
     def running(self) -> None:
         """Start-up is over: what the sources cost from here is the steady cost."""
         self.running_monotonic = time.monotonic()
+        name_native_threads()
         self.startup_cpu_s = process_cpu_s()
         self.running_threads = thread_cpu_s()
 

@@ -45,3 +45,20 @@ def test_each_live_thread_is_named() -> None:
     finally:
         finished.set()
         worker.join()
+
+
+def test_threads_carry_their_names_into_the_kernel() -> None:
+    """``top -H`` and py-spy show which part of the agent runs: each thread's kernel name is its Python name less the
+    shared prefix, cut to the kernel's 15 bytes."""
+    release = threading.Event()
+    workers = [threading.Thread(target=release.wait, name=name, daemon=True)
+               for name in ("otel-gpu-gpu-time", "otel-gpu-metrics-file-exporter")]
+    for worker in workers:
+        worker.start()
+    try:
+        selfcost.name_native_threads()
+        comms = [open(f"/proc/self/task/{w.native_id}/comm").read().strip() for w in workers]
+        assert comms == ["gpu-time", "metrics-file-ex"]
+        assert selfcost.native_name("MainThread") == "MainThread"
+    finally:
+        release.set()
