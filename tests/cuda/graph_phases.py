@@ -64,6 +64,7 @@ class GraphEstimate:
     other_replays: int  # counted, of execs beyond its table
     not_sampled: int  # replays of execs with no sampled replay (no time attributed)
     by_counts_counted_ns: float  # of by_counts_ns, the execs in the library's table
+    execs_counted: int  # execs in the library's table
 
 
 def estimate(records: list[abi.Record], count_graphs: bool) -> tuple[Counter[int], GPUTimeAccounting]:
@@ -96,19 +97,22 @@ def run(work: Path, blocks: int = 80, execs: int = 1, window_ms: str = "20", bud
                OTEL_GPU_OVERHEAD_BUDGET=budget, OTEL_GPU_CUDA_GRAPHS="sample", CUDA_INJECTION64_PATH=str(LIBRARY))
     argv = [str(FAKES / "workload"), "--graph-phases", str(blocks), "--graph-execs", str(execs)]
     subprocess.run(argv, env=env, check=True, capture_output=True, timeout=300)
+    records = debug_records(debug, pid=1)
+    windows = [r for r in records if isinstance(r, abi.Window)]
+    # what the records can account for: the graph kernels launched by the last window's close (a replay's kernels
+    # start 5 us after its call; the workload waits for each before the next)
+    until_ns = windows[-1].end_ns if windows else 0
     truth = 0
     for line in schedule.read_text().splitlines():
         parts = line.split()
-        if parts[0] == "work" and int(parts[7]) != 0:  # graph_id: a graph node's kernel
+        if parts[0] == "work" and int(parts[7]) != 0 and int(parts[4]) < until_ns:  # graph_id: a graph node's kernel
             truth += int(parts[5]) - int(parts[4])
-    records = debug_records(debug, pid=1)
     by_counts, accounting = estimate(records, count_graphs=True)
     by_windows, _ = estimate(records, count_graphs=False)
-    windows = [r for r in records if isinstance(r, abi.Window)]
     last = windows[-1] if windows else None
     counted = dict(last.graph_replays) if last else {}
     sampled = sum(1 for r in records if isinstance(r, abi.Launch) and r.kind == abi.LAUNCH_GRAPH)
     return GraphEstimate(truth, sum(by_counts.values()), sum(by_windows.values()), len(windows), sampled,
                          sum(counted.values()), last.graph_other_replays if last else 0,
                          accounting.graph_replays_not_sampled,
-                         sum(ns for exec_, ns in by_counts.items() if exec_ in counted))
+                         sum(ns for exec_, ns in by_counts.items() if exec_ in counted), len(counted))

@@ -288,8 +288,7 @@ def test_windows_open_and_close_and_state_the_fraction_they_cover(c_run: Run) ->
     covered = 0
     for before, w in zip([None, *windows], windows):
         assert w.abi_version == ABI_VERSION
-        # the last may be the empty record fired at exit with no window open: the totals up to then
-        assert w.end_ns > w.start_ns or (w is windows[-1] and w.end_ns == w.start_ns and w.launches == 0)
+        assert w.end_ns > w.start_ns
         covered += w.end_ns - w.start_ns
         assert w.covered_ns == covered  # covered time is exactly the sum of the windows
         assert w.covered_ns <= w.elapsed_ns
@@ -301,13 +300,14 @@ def test_windows_open_and_close_and_state_the_fraction_they_cover(c_run: Run) ->
     assert sum(w.launches for w in windows) == len(c_run.records.launches)
 
 
-def test_every_graph_replay_is_counted_and_reported_by_the_last_window_record(c_run: Run) -> None:
-    replays, _ = site_totals(c_run.stdout)["graph_a_kernel"]
-    execs = {launch.graph_exec for launch in c_run.records.launches if launch.kind == LAUNCH_GRAPH}
+def test_every_graph_replay_is_counted_and_reported_in_the_window_records(c_run: Run) -> None:
     last = c_run.records.windows[-1]
+    # the graph's kernels that ran by the last window's close, one graph_a_kernel per replay
+    replays = sum(1 for _, _, name, start, *_ in c_run.schedule_work if name == "graph_a_kernel" and start < last.end_ns)
+    execs = {launch.graph_exec for launch in c_run.records.launches if launch.kind == LAUNCH_GRAPH}
     assert last.graph_count == 1 and last.graph_other_replays == 0
     assert {last.graphs[0].exec} == execs
-    assert last.graphs[0].replays == replays  # every replay, sampled or not
+    assert abs(last.graphs[0].replays - replays) <= 1  # every replay, sampled or not (one may be in its call)
     totals = [w.graphs[0].replays for w in c_run.records.windows if w.graph_count]
     assert totals == sorted(totals)  # totals since attach: a lost record loses nothing
 

@@ -547,13 +547,7 @@ void window_stop_and_flush(void)
         }
         ctl.stopped = 1;
         if (atomic_load(&g_state.attached) && hold_holding()) {
-            if (atomic_load(&g_state.window_id) != 0) {
-                close_window_locked(0, 0);
-            } else { /* an empty record: the totals up to exit (graph replays since the last window, elapsed time) */
-                uint64_t now = now_ns();
-                struct otel_gpu_window rec = window_record_locked(++ctl.last_window_id, now, now);
-                emit_window(&rec);
-            }
+            close_window_locked(0, 0);
             activity_drain(EXIT_DRAIN_NS);
         }
         pthread_cond_broadcast(&ctl_wake);
