@@ -10,9 +10,9 @@ Reports, side by side in one run:
   2. the agent side: records per second through GPUTimeSource (decode, join, re-weight, accumulate) and the drain,
      from launch + kernel + window records of known shape, and the agent's CPU while the workload of (1) ran;
   3. (--graph-runs N) clustered graph work: the fake workload's ``--graph-phases`` (blocks of 30 ms of graph replays
-     and of eager launches taking turns, longer than a window) run N times; each run's graph GPU time as the agent
-     estimates it from the library's records, weighted by the exact replay counts and by windows, over the truth
-     (the fake driver's schedule), and the spread of each over the runs;
+     and of eager launches taking turns, longer than a window; each replay's kernels vary in length) run N times;
+     each run's graph GPU time as the agent estimates it from the library's records, weighted by the exact replay
+     counts and by windows, over the truth (the fake driver's schedule), and the spread of each over the runs;
   4. the library's cost per counted replay (graphs.c alone, built here: one thread, and two threads replaying the
      same exec), to set against a graph launch's own cost.
 
@@ -20,7 +20,7 @@ The targets of the issue are for a real GPU (scripts/h200/verify_gpu_time.py, do
 the library's budget controller and the agent's own cost where no GPU is.
 
 Run (as root, after make build): .venv/bin/python bench/bench_gpu_time.py [--rounds 4] [--launches 12000000]
-    [--graph-runs 8 --graph-blocks 120 --graph-window-ms 20 --graph-budget 0.02] [--skip-loss]
+    [--graph-runs 8 --graph-blocks 120 --graph-window-ms 20 --graph-budget 0.02 --graph-jitter 0.2] [--skip-loss]
 """
 
 from __future__ import annotations
@@ -118,15 +118,16 @@ def part2(count: int) -> dict[str, float]:
             "stacks": samples}
 
 
-def part3(runs: int, blocks: int, window_ms: str, budget: float) -> None:
+def part3(runs: int, blocks: int, window_ms: str, budget: float, jitter: float) -> None:
     from tests.cuda.graph_phases import run
 
     print(f"3. clustered graph work ({blocks} blocks of 30 ms, graph and eager taking turns), {runs} runs, "
-          f"{window_ms} ms windows, budget {budget * 100:g} %: graph GPU time estimated / true")
+          f"{window_ms} ms windows, budget {budget * 100:g} %, graph kernels +-{jitter * 100:g} % a replay: "
+          "graph GPU time estimated / true")
     counts, windows = [], []
     with tempfile.TemporaryDirectory() as work:
         for _ in range(runs):
-            got = run(Path(work), blocks=blocks, window_ms=window_ms, budget=str(budget))
+            got = run(Path(work), blocks=blocks, window_ms=window_ms, budget=str(budget), jitter=jitter)
             counts.append(got.by_counts_ns / got.truth_ns)
             windows.append(got.by_windows_ns / got.truth_ns)
             print(f"   {got.windows:3d} windows, {got.sampled_replays:4d} of {got.replays} replays sampled: "
@@ -185,6 +186,8 @@ def main() -> int:
     parser.add_argument("--graph-blocks", type=int, default=120, help="part 3: blocks of 30 ms per run")
     parser.add_argument("--graph-window-ms", default="20", help="part 3: the library's window length")
     parser.add_argument("--graph-budget", type=float, default=0.02, help="part 3: the overhead budget (fraction)")
+    parser.add_argument("--graph-jitter", type=float, default=0.2,
+                        help="part 3: each graph kernel's time varies by up to this fraction a replay")
     parser.add_argument("--skip-loss", action="store_true", help="skip parts 1 and 2")
     args = parser.parse_args()
     for path in (LIBRARY, FAKES / "workload", FAKES / "libcupti.so"):
@@ -192,7 +195,7 @@ def main() -> int:
             print(f"{path} is missing: run make build", file=sys.stderr)
             return 1
     if args.graph_runs > 0:
-        part3(args.graph_runs, args.graph_blocks, args.graph_window_ms, args.graph_budget)
+        part3(args.graph_runs, args.graph_blocks, args.graph_window_ms, args.graph_budget, args.graph_jitter)
     part4(20_000_000)
     if args.skip_loss:
         return 0

@@ -56,6 +56,7 @@ def debug_records(path: Path, pid: int) -> list[abi.Record]:
 @dataclass(frozen=True)
 class GraphEstimate:
     truth_ns: int  # the graph kernels' GPU time in the schedule
+    truth_replays: int  # graph launches whose kernels ran by then
     by_counts_ns: float  # the agent's estimate, replays weighted by counts
     by_windows_ns: float  # the same records, every launch weighted by its window
     windows: int
@@ -85,16 +86,19 @@ def estimate(records: list[abi.Record], count_graphs: bool) -> tuple[Counter[int
     return by_exec, accounting
 
 
-def run(work: Path, blocks: int = 80, execs: int = 1, window_ms: str = "20", budget: str = "0.02") -> GraphEstimate:
+def run(work: Path, blocks: int = 80, execs: int = 1, window_ms: str = "20", budget: str = "0.02",
+        jitter: float = 0.0) -> GraphEstimate:
     """Runs ``workload --graph-phases blocks --graph-execs execs`` injected (the debug mode stands for an attached
-    agent) and estimates its graph time both ways."""
+    agent), each graph kernel's time varied by up to ``jitter`` (a fraction) per replay, and estimates its graph
+    time both ways."""
     debug, schedule = work / "records.bin", work / "schedule.txt"
     for path in (debug, schedule):
         path.unlink(missing_ok=True)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_GPU_", "CUDA_INJECTION", "FAKE_"))}
     env.update(FAKE_CUDA_SCHEDULE=str(schedule), OTEL_GPU_CUPTI_PATH=str(FAKES / "libcupti.so"),
                OTEL_GPU_DEBUG_ALWAYS_ON="1", OTEL_GPU_DEBUG_FILE=str(debug), OTEL_GPU_WINDOW_MS=window_ms,
-               OTEL_GPU_OVERHEAD_BUDGET=budget, OTEL_GPU_CUDA_GRAPHS="sample", CUDA_INJECTION64_PATH=str(LIBRARY))
+               OTEL_GPU_OVERHEAD_BUDGET=budget, OTEL_GPU_CUDA_GRAPHS="sample", CUDA_INJECTION64_PATH=str(LIBRARY),
+               FAKE_CUDA_GRAPH_JITTER=str(jitter))
     argv = [str(FAKES / "workload"), "--graph-phases", str(blocks), "--graph-execs", str(execs)]
     subprocess.run(argv, env=env, check=True, capture_output=True, timeout=300)
     records = debug_records(debug, pid=1)
@@ -102,17 +106,18 @@ def run(work: Path, blocks: int = 80, execs: int = 1, window_ms: str = "20", bud
     # what the records can account for: the graph kernels launched by the last window's close (a replay's kernels
     # start 5 us after its call; the workload waits for each before the next)
     until_ns = windows[-1].end_ns if windows else 0
-    truth = 0
+    truth, launches = 0, set()
     for line in schedule.read_text().splitlines():
         parts = line.split()
         if parts[0] == "work" and int(parts[7]) != 0 and int(parts[4]) < until_ns:  # graph_id: a graph node's kernel
             truth += int(parts[5]) - int(parts[4])
+            launches.add(int(parts[2]))
     by_counts, accounting = estimate(records, count_graphs=True)
     by_windows, _ = estimate(records, count_graphs=False)
     last = windows[-1] if windows else None
     counted = dict(last.graph_replays) if last else {}
     sampled = sum(1 for r in records if isinstance(r, abi.Launch) and r.kind == abi.LAUNCH_GRAPH)
-    return GraphEstimate(truth, sum(by_counts.values()), sum(by_windows.values()), len(windows), sampled,
+    return GraphEstimate(truth, len(launches), sum(by_counts.values()), sum(by_windows.values()), len(windows), sampled,
                          sum(counted.values()), last.graph_other_replays if last else 0,
                          accounting.graph_replays_not_sampled,
                          sum(ns for exec_, ns in by_counts.items() if exec_ in counted), len(counted))
