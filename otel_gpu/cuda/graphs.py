@@ -38,6 +38,8 @@ class _Stretch:
 @dataclass(slots=True)
 class _ProcessGraphs:
     totals: dict[int, int] = field(default_factory=dict)  # exec -> the library's last reported total
+    elapsed_ns: int = 0  # the last window record's time total, and how often the library had stepped aside
+    yields: int = 0
     counted: set[int] = field(default_factory=set)  # execs the library's table holds: weighted by counts
     last_window: int = 0  # the newest window record seen
     sampled_open: Counter[tuple[int, int]] = field(default_factory=Counter)  # (window, exec) not yet closed
@@ -58,10 +60,8 @@ class GraphReplayWeights:
     def __init__(self, max_held: int = MAX_HELD_WORK) -> None:
         self.max_held = max_held
         self.unsampled = 0  # replays of stretches in which their exec had no sampled replay (running total)
-        self.other_replays = 0  # replays of execs beyond the library's table (weighted by windows; running total)
         self._held_count = 0
         self._processes: dict[int, _ProcessGraphs] = {}
-        self._other_seen: dict[int, int] = {}
 
     def add_launch(self, launch: Launch) -> None:
         """A sampled launch: a graph's counts as a sampled replay of its exec in its window."""
@@ -72,16 +72,16 @@ class GraphReplayWeights:
         """A window record: the replays counted since the previous one join the stretch, and so do the sampled
         replays of the windows up to it."""
         proc = self._process(window.pid)
+        # the library attached again, or took CUPTI back from another tool: its totals count from zero (as
+        # join.WindowWeights tells it by its time totals)
+        if window.elapsed_ns < proc.elapsed_ns or window.yields != proc.yields:
+            proc.totals = {}
+        proc.elapsed_ns, proc.yields = window.elapsed_ns, window.yields
         for exec_, total in window.graph_replays:
             before = proc.totals.get(exec_, 0)
-            # a smaller total: the library attached again (or took CUPTI back) and counts from zero
             proc.stretch.replays[exec_] += total - before if total >= before else total
             proc.totals[exec_] = total
             proc.counted.add(exec_)
-        other_before = self._other_seen.get(window.pid, 0)
-        other = window.graph_other_replays
-        self.other_replays += other - other_before if other >= other_before else other
-        self._other_seen[window.pid] = other
         proc.last_window = max(proc.last_window, window.window_id)
         for key in [key for key in proc.sampled_open if key[0] <= proc.last_window]:
             proc.stretch.sampled[key[1]] += proc.sampled_open.pop(key)
@@ -111,10 +111,9 @@ class GraphReplayWeights:
         return [item for proc in self._processes.values() for item in self._end(proc)]
 
     def forget_process(self, pid: int) -> list[tuple[GPUWork, float]]:
-        """Drop an exited process; returns its held work weighted by its last stretch (the library closed a window at
-        exit, so its counts are in)."""
+        """Drop an exited process; returns its held work weighted by its last stretch (the counts of its last window
+        record)."""
         proc = self._processes.pop(pid, None)
-        self._other_seen.pop(pid, None)
         return self._end(proc) if proc is not None else []
 
     def _end(self, proc: _ProcessGraphs) -> list[tuple[GPUWork, float]]:

@@ -138,3 +138,15 @@ def test_work_of_a_window_still_open_waits_for_it() -> None:
     acc.handle(_window(2, 20, 200, (EXEC_A, 10)))
     gpu, _ = acc.drain(now_ns=6_000)
     assert _total(gpu) == pytest.approx(6 * 600)
+
+
+def test_totals_restart_when_the_library_takes_cupti_back() -> None:
+    acc = _accounting()
+    _replay(acc, 1, window_id=1)
+    acc.handle(_window(1, 10, 100, (EXEC_A, 30)))
+    acc.drain(now_ns=5_000)
+    _replay(acc, 2, window_id=2)
+    # it stepped aside for another tool and came back (yields 1): its totals restarted, 45 replays since
+    acc.handle(replace(_window(2, 10, 200, (EXEC_A, 45)), yields=1))
+    gpu, _ = acc.drain(now_ns=6_000)
+    assert _total(gpu) == pytest.approx(45 * 600)
