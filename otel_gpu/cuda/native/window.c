@@ -184,8 +184,8 @@ static void adapt_locked(uint64_t window_ns, uint64_t overhead_ns, uint64_t laun
     ctl.fraction = fraction_for_budget(g_settings.overhead_budget, ctl.slowdown);
 }
 
-/* A window record with the running totals (graph replays included); launches, overhead, the switch-on time and aside_since_ns are the
- * caller's. */
+/* A window record with the running totals (graph replays included); launches, overhead, the switch-on time and
+ * aside_since_ns are the caller's. */
 static struct otel_gpu_window window_record_locked(uint64_t id, uint64_t start, uint64_t end)
 {
     struct otel_gpu_window rec = {
