@@ -8,12 +8,19 @@ Reports, side by side in one run:
      launches per second plain against injected with the agent attached, in alternating rounds; the loss, the
      sampling fraction the library chose and the budget it aimed at;
   2. the agent side: records per second through GPUTimeSource (decode, join, re-weight, accumulate) and the drain,
-     from launch + kernel + window records of known shape, and the agent's CPU while the workload of (1) ran.
+     from launch + kernel + window records of known shape, and the agent's CPU while the workload of (1) ran;
+  3. (--graph-runs N) clustered graph work: the fake workload's ``--graph-phases`` (blocks of 30 ms of graph replays
+     and of eager launches taking turns, longer than a window; each replay's kernels vary in length) run N times;
+     each run's graph GPU time as the agent estimates it from the library's records, weighted by the exact replay
+     counts and by windows, over the truth (the fake driver's schedule), and the spread of each over the runs;
+  4. the library's cost per counted replay (graphs.c alone, built here: one thread, and two threads replaying the
+     same exec), to set against a graph launch's own cost.
 
 The targets of the issue are for a real GPU (scripts/h200/verify_gpu_time.py, docs/benchmarks.md); this measures
 the library's budget controller and the agent's own cost where no GPU is.
 
 Run (as root, after make build): .venv/bin/python bench/bench_gpu_time.py [--rounds 4] [--launches 12000000]
+    [--graph-runs 8 --graph-blocks 120 --graph-window-ms 20 --graph-budget 0.02 --graph-jitter 0.2] [--skip-loss]
 """
 
 from __future__ import annotations
@@ -111,17 +118,89 @@ def part2(count: int) -> dict[str, float]:
             "stacks": samples}
 
 
+def part3(runs: int, blocks: int, window_ms: str, budget: float, jitter: float) -> None:
+    from tests.cuda.graph_phases import run
+
+    print(f"3. clustered graph work ({blocks} blocks of 30 ms, graph and eager taking turns), {runs} runs, "
+          f"{window_ms} ms windows, budget {budget * 100:g} %, graph kernels +-{jitter * 100:g} % a replay: "
+          "graph GPU time estimated / true")
+    counts, windows = [], []
+    with tempfile.TemporaryDirectory() as work:
+        for _ in range(runs):
+            got = run(Path(work), blocks=blocks, window_ms=window_ms, budget=str(budget), jitter=jitter)
+            counts.append(got.by_counts_ns / got.truth_ns)
+            windows.append(got.by_windows_ns / got.truth_ns)
+            print(f"   {got.windows:3d} windows, {got.sampled_replays:4d} of {got.replays} replays sampled: "
+                  f"by counts {counts[-1]:.4f}, by windows {windows[-1]:.4f}")
+    for name, ratios in (("by counts ", counts), ("by windows", windows)):
+        spread = statistics.stdev(ratios) if len(ratios) > 1 else float("nan")
+        print(f"   {name}: mean {statistics.mean(ratios):.4f}, sd {spread:.4f}, "
+              f"range [{min(ratios):.4f}, {max(ratios):.4f}]")
+
+
+COUNT_BENCH = r"""
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+#include "graphs.h"
+static long n;
+static double now(void) { struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return t.tv_sec + t.tv_nsec / 1e9; }
+static void *replay(void *arg) {
+    for (long i = 0; i < n; i++) graphs_count(0x7f0000001000ull + 0x100 * (uint64_t)(uintptr_t)arg);
+    return NULL;
+}
+int main(int argc, char **argv) {
+    n = atol(argv[1]);
+    double t0 = now(); replay(0); double alone = now() - t0; /* the only exec */
+    for (uintptr_t e = 0; e < 63; e++) graphs_count(0x7f0000002000ull + 0x40 * e); /* 64 execs: a full table */
+    t0 = now(); replay((void *)1); double one = now() - t0; /* the 65th exec: probes the whole table, then "other" */
+    pthread_t a, b; t0 = now();
+    pthread_create(&a, NULL, replay, 0); pthread_create(&b, NULL, replay, 0);
+    pthread_join(a, NULL); pthread_join(b, NULL);
+    printf("%.2f %.2f %.2f\n", alone / n * 1e9, one / n * 1e9, (now() - t0) / n * 1e9);
+    return 0;
+}
+"""
+
+
+def part4(replays: int) -> None:
+    native = REPO / "otel_gpu" / "cuda" / "native"
+    with tempfile.TemporaryDirectory() as work:
+        source, binary = Path(work) / "count.c", Path(work) / "count"
+        source.write_text(COUNT_BENCH)
+        subprocess.run(["cc", "-O2", "-std=c11", "-D_GNU_SOURCE", f"-I{native}", str(source), str(native / "graphs.c"),
+                        "-o", str(binary), "-lpthread"], check=True)
+        alone, full, two = (float(x) for x in subprocess.run([str(binary), str(replays)], check=True,
+                                                             capture_output=True, text=True).stdout.split())
+    print(f"4. cost per counted replay (graphs_count): {alone:.1f} ns (one exec in the table), {full:.1f} ns (an exec "
+          f"beyond a full table: every slot looked at), {two:.1f} ns per replay per thread with two threads "
+          "replaying one exec")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=4, help="rounds per mode (even; P I I P order)")
     parser.add_argument("--launches", type=int, default=12_000_000, help="launches per round")
     parser.add_argument("--budget", type=float, default=0.02, help="the library's overhead budget (fraction)")
     parser.add_argument("--records", type=int, default=200_000, help="launches fed to GPUTimeSource in part 2")
+    parser.add_argument("--graph-runs", type=int, default=0, help="part 3: runs (0: skipped)")
+    parser.add_argument("--graph-blocks", type=int, default=120, help="part 3: blocks of 30 ms per run")
+    parser.add_argument("--graph-window-ms", default="20", help="part 3: the library's window length")
+    parser.add_argument("--graph-budget", type=float, default=0.02, help="part 3: the overhead budget (fraction)")
+    parser.add_argument("--graph-jitter", type=float, default=0.2,
+                        help="part 3: each graph kernel's time varies by up to this fraction a replay")
+    parser.add_argument("--skip-loss", action="store_true", help="skip parts 1 and 2")
     args = parser.parse_args()
     for path in (LIBRARY, FAKES / "workload", FAKES / "libcupti.so"):
         if not path.exists():
             print(f"{path} is missing: run make build", file=sys.stderr)
             return 1
+    if args.graph_runs > 0:
+        part3(args.graph_runs, args.graph_blocks, args.graph_window_ms, args.graph_budget, args.graph_jitter)
+    part4(20_000_000)
+    if args.skip_loss:
+        return 0
     one = part1(max(2, args.rounds), args.launches, args.budget)
     plain, injected = statistics.median(one["plain"]), statistics.median(one["injected"])  # type: ignore[arg-type]
     print("1. launch-bound loop on the fake CUDA stack (launches/s; rounds P I I P)")

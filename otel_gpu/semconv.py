@@ -238,6 +238,7 @@ class Reason(enum.StrEnum):
     BPF_BAD_LENGTH = "bpf_bad_length"
     JOIN_LAUNCH_UNMATCHED = "join_launch_unmatched"  # a sampled launch whose GPU work never came
     JOIN_ACTIVITY_UNMATCHED = "join_activity_unmatched"  # GPU work whose launch never came
+    GRAPH_REPLAYS_NOT_SAMPLED = "graph_replays_not_sampled"  # replays of a CUDA graph with none sampled that interval
     # source errors: CPU sampler
     STACK_COLLISION = "stack_collision"  # stack-map hash collision (the sample is sent whole instead)
     STACK_ERROR = "stack_error"  # bpf_get_stackid failed otherwise

@@ -21,12 +21,13 @@ _u8, _u32, _s32, _u64 = ctypes.c_uint8, ctypes.c_uint32, ctypes.c_int32, ctypes.
 
 # --- otel_gpu_probes.h: the injected library's records ----------------------------------------------------------------
 
-ABI_VERSION = 4
+ABI_VERSION = 5
 MAX_NATIVE_FRAMES = 96
 MAX_PYTHON_FRAMES = 64
 MAX_STRINGS = 6144
 MAX_NAME = 512
 ACTIVITY_BATCH = 32
+GRAPH_SLOTS = 64
 
 # bits of otel_gpu_stack.flags
 STACK_FLAG_PYTHON = 1
@@ -114,6 +115,12 @@ class SyncC(ctypes.Structure):
     ]
 
 
+class GraphReplaysC(ctypes.Structure):
+    """struct otel_gpu_graph_replays: one graph exec's replays since the library attached."""
+
+    _fields_ = [("exec", _u64), ("replays", _u64)]
+
+
 class WindowC(ctypes.Structure):
     """struct otel_gpu_window."""
 
@@ -121,7 +128,8 @@ class WindowC(ctypes.Structure):
         ("abi_version", _u32), ("open_us", _u32), ("window_id", _u64), ("start_ns", _u64), ("end_ns", _u64),
         ("covered_ns", _u64), ("elapsed_ns", _u64), ("launches", _u64), ("dropped", _u64), ("overhead_ns", _u64),
         ("window_waits", _u64), ("shadow_waits", _u64), ("shadow_ns", _u64), ("yielded_ns", _u64), ("yields", _u64),
-        ("aside_since_ns", _u64),
+        ("aside_since_ns", _u64), ("graph_other_replays", _u64), ("graph_count", _u32), ("reserved", _u32),
+        ("graphs", GraphReplaysC * GRAPH_SLOTS),
     ]
 
 
@@ -296,6 +304,10 @@ class Window:
     yields: int = 0
     aside_since_ns: int = 0  # non-zero in the record of the moment the library stepped aside (CUPTI clock, unix ns)
     open_us: int = 0  # how long switching the library's callbacks and activity on took when the window opened
+    # every replay of a CUDA graph since the library attached: (graph exec, replays) per exec the library's table
+    # holds, and the replays of execs beyond it (those are weighted by windows)
+    graph_replays: tuple[tuple[int, int], ...] = ()
+    graph_other_replays: int = 0
 
 
 Record = Launch | Activity | Sync | Window
@@ -312,7 +324,9 @@ _SYNC_HEAD = struct.Struct("<IIiIQQQ16s8s8x")
 _STACK_HEAD = struct.Struct("<IIII")
 _PYTHON_FRAME = struct.Struct("<IIII")
 _ACTIVITY_HEAD = struct.Struct("<IIQQIIIIQBBB")
-_WINDOW = struct.Struct("<IIQQQQQQQQQQQQQQ")
+_WINDOW = struct.Struct("<IIQQQQQQQQQQQQQQ")  # up to aside_since_ns
+_WINDOW_GRAPHS = struct.Struct("<QII")  # graph_other_replays, graph_count, reserved
+_GRAPH_REPLAYS = struct.Struct("<QQ")
 _EVENT_SIZE = _EVENT.size
 _KSTACK_SIZE = ctypes.sizeof(KStackC)
 _NATIVE_OFFSET = StackC.native.offset
@@ -322,7 +336,8 @@ _ACTIVITY_NAME_OFFSET = ActivityC.name.offset
 _STACK_CACHE: OrderedDict[bytes, Stack] = OrderedDict()
 _STACK_CACHE_SIZE = 8192
 
-assert _EVENT.size == ctypes.sizeof(EventC) and _WINDOW.size == ctypes.sizeof(WindowC)
+assert _EVENT.size == ctypes.sizeof(EventC) and _WINDOW.size == WindowC.graph_other_replays.offset
+assert _WINDOW.size + _WINDOW_GRAPHS.size == WindowC.graphs.offset
 assert _LAUNCH_HEAD.size == LaunchC.stack.offset and _SYNC_HEAD.size == SyncC.stack.offset
 
 
@@ -417,9 +432,14 @@ def decode_event(data: bytes) -> Record:
         return Activity(pid, activity_kind, corr, start_ns, end_ns, device, stream, graph, name, nbytes, copy_kind,
                         src_kind, dst_kind)
     if kind == EVENT_WINDOW:
-        fields = _WINDOW.unpack_from(_payload(data, _EVENT_SIZE, payload_len, _WINDOW.size))
+        buf = _payload(data, _EVENT_SIZE, payload_len, ctypes.sizeof(WindowC))
+        fields = _WINDOW.unpack_from(buf)
         _check_version(fields[0], "window")
-        return Window(pid, *fields[2:], open_us=fields[1])
+        other, count, _ = _WINDOW_GRAPHS.unpack_from(buf, _WINDOW.size)
+        at = WindowC.graphs.offset
+        graphs = tuple(_GRAPH_REPLAYS.unpack_from(buf, at + _GRAPH_REPLAYS.size * index)
+                       for index in range(min(count, GRAPH_SLOTS)))
+        return Window(pid, *fields[2:], open_us=fields[1], graph_replays=graphs, graph_other_replays=other)
     raise DecodeError(f"unknown record type {kind}")
 
 

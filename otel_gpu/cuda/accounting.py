@@ -2,7 +2,9 @@
 """GPUTimeAccounting: decoded GPU-time records in, weighted profiles and per-process counters out.
 
 It joins launches with their GPU activity (:class:`~otel_gpu.cuda.join.Joiner`), weights each piece of work by its
-sampling window (:class:`~otel_gpu.cuda.join.WindowWeights`; work whose window has not closed waits), accumulates
+sampling window (:class:`~otel_gpu.cuda.join.WindowWeights`; work whose window has not closed waits) or, for CUDA
+graph replays the library counted, by the exact replay counts (:class:`~otel_gpu.cuda.graphs.GraphReplayWeights`:
+held until the drain, then scaled by replays over sampled replays of each graph exec), accumulates
 the gpu_time and sync_wait profiles of the interval, keeps cumulative per-process counters and counts what was lost.
 The waits of a process that runs NCCL kernels are held until their collectives' records can have come (one cut-off
 for every process, :data:`SETTLE_LAG_NS`) and split by the collectives that ran while they blocked
@@ -20,6 +22,7 @@ from dataclasses import dataclass, replace
 
 from otel_gpu import selfmetrics, semconv
 from otel_gpu.cuda import abi, builder
+from otel_gpu.cuda.graphs import GraphReplayWeights
 from otel_gpu.cuda.join import GPUWork, Joiner, JoinStats, WindowWeights
 from otel_gpu.cuda.stacks import StackFrames
 from otel_gpu.cuda.waits import CollectiveWaits
@@ -68,13 +71,16 @@ class GPUTimeAccounting:
     """``handle(record)`` for each decoded record, ``drain(now_ns)`` each interval -> [gpu_time, sync_wait]."""
 
     def __init__(self, resolver: ProcessResolver, stacks: StackFrames, alive: Callable[[int], bool], *,
-                 max_pending_per_process: int = 65536, started_ns: int = 0) -> None:
-        """``alive(pid)`` says whether a process still runs; ``started_ns`` (unix ns) starts the first interval."""
+                 max_pending_per_process: int = 65536, started_ns: int = 0, count_graphs: bool = True) -> None:
+        """``alive(pid)`` says whether a process still runs; ``started_ns`` (unix ns) starts the first interval;
+        ``count_graphs=False`` weights graph replays by their windows like other launches (for comparisons)."""
         self._resolver = resolver
         self._stacks = stacks
         self._alive = alive
         self._joiner = Joiner(max_pending=max_pending_per_process)
         self._weights = WindowWeights()
+        self._graphs = GraphReplayWeights() if count_graphs else None
+        self._unsampled_seen = 0
         self._pending: list[tuple[GPUWork, int]] = []  # joined work whose window has not closed, drains waited
         self._waits = CollectiveWaits()
         self._held_syncs: deque[tuple[abi.Sync, int]] = deque()  # waits of NCCL processes whose work may come, drains
@@ -99,6 +105,8 @@ class GPUTimeAccounting:
         self.remember_process(record.pid)
         if isinstance(record, abi.Launch):
             self._stacks.frames(record.pid, record.stack)  # symbolize while the process is alive
+            if self._graphs is not None:
+                self._graphs.add_launch(record)
             for work in self._joiner.add_launch(record):
                 self._account(work)
         elif isinstance(record, abi.Activity):
@@ -162,6 +170,8 @@ class GPUTimeAccounting:
 
     def _on_window(self, window: abi.Window) -> None:
         self._waits.add_window(window)
+        if self._graphs is not None:
+            self._graphs.add_window(window)
         weight, covered, elapsed = self._weights.add(window)
         self._interval.covered_ns += covered
         self._interval.elapsed_ns += elapsed
@@ -179,7 +189,10 @@ class GPUTimeAccounting:
                               otel_gpu__signal=semconv.Signal.PROFILES)
         still = []
         for work, age in self._pending:
-            if work.launch.pid == window.pid and work.launch.window_id == window.window_id:
+            launch = work.launch
+            # a graph replay whose window's record was lost joins the replay counts' stretch now
+            lost = self._graphs is not None and launch.kind == abi.LAUNCH_GRAPH and launch.window_id < window.window_id
+            if launch.pid == window.pid and (launch.window_id == window.window_id or lost):
                 self._add_work(work, weight)
             else:
                 still.append((work, age))
@@ -203,6 +216,14 @@ class GPUTimeAccounting:
             self._add_work(work, weight)
 
     def _add_work(self, work: GPUWork, weight: float) -> None:
+        """Adds ``work`` with its window's ``weight``, or hands a counted graph replay's to the replay weights."""
+        if self._graphs is not None:
+            counted, weight = self._graphs.take(work, weight)
+            if counted and weight == 0.0:
+                return  # held until the drain ends its stretch
+        self._add_weighted(work, weight)
+
+    def _add_weighted(self, work: GPUWork, weight: float) -> None:
         for observe in self._work_observers:
             observe(work, weight)
         launch, activity = work.launch, work.activity
@@ -219,6 +240,7 @@ class GPUTimeAccounting:
         no processes). ``bpf_drops``: the eBPF program's running totals by :data:`abi.DROP_REASONS`, if loaded;
         ``final``: the last drain, which holds no wait back."""
         self._settle_pending()
+        self._end_graph_stretch()
         self._settle_syncs(now_ns, final)
         processes = dict(self._processes)
         fraction = (self._interval.covered_ns / self._interval.elapsed_ns) if self._interval.elapsed_ns else 1.0
@@ -235,6 +257,24 @@ class GPUTimeAccounting:
         self._count_join_losses()
         self._forget_exited()
         return [gpu, sync]
+
+    def _end_graph_stretch(self) -> None:
+        """Held graph work, weighted by replays over sampled replays of its exec in the interval; replays of execs
+        with no sampled replay add no time and are counted as dropped (``graph_replays_not_sampled``)."""
+        if self._graphs is None:
+            return
+        for work, weight in self._graphs.end_stretch():
+            self._add_weighted(work, weight)
+        if self._graphs.unsampled > self._unsampled_seen:
+            selfmetrics.count(semconv.SELF_DROPPED.name, self._graphs.unsampled - self._unsampled_seen,
+                              otel_gpu__reason=semconv.Reason.GRAPH_REPLAYS_NOT_SAMPLED,
+                              otel_gpu__signal=semconv.Signal.PROFILES)
+            self._unsampled_seen = self._graphs.unsampled
+
+    @property
+    def graph_replays_not_sampled(self) -> int:
+        """Replays of CUDA graphs that had no sampled replay in their interval (no time attributed), since the start."""
+        return self._graphs.unsampled if self._graphs is not None else 0
 
     def _settle_pending(self) -> None:
         """Work whose window never closed: weighted by the process's last window once the process is gone or the
@@ -290,6 +330,8 @@ class GPUTimeAccounting:
         self._exited = [pid for pid in self._processes if not self._alive(pid)]
         for pid in self._exited:
             self._joiner.forget_process(pid)
+            if self._graphs is not None:
+                self._graphs.forget_process(pid)  # already released: the drain ended every stretch first
             self._weights.forget_process(pid)
             self._waits.forget_process(pid)
             self._stacks.forget(pid)

@@ -11,7 +11,9 @@ Measured: the same program under ``otel-gpu inject`` with the agent's GPU-time s
 gpu_time attributed by the innermost of the two Python functions; the ratio replayed / eager against torch.profiler's.
 The library also writes every record it fires to a debug file, from which the report counts, per sampled graph
 launch, the kernel records that came back with its correlation id (60 expected) and their time, to show where a
-difference comes from (missing node records, records joined to nothing, weights).
+difference comes from (missing node records, records joined to nothing, weights). The agent weights graph replays by
+the library's exact replay counts (otel_gpu/cuda/graphs.py); from the debug file the report also gives the ratio
+both ways over the whole run, by counts and by windows (the weighting before), side by side.
 """
 
 from __future__ import annotations
@@ -137,6 +139,12 @@ def diagnose(records: list[abi.Record], lines: list[str]) -> None:
         lines.append(f"- sampled eager kernel launches {len(eager_launches)}, {len(joined)} with a kernel record; "
                      f"median kernel {statistics.median(joined) / 1e3 if joined else 0:.2f} us; 60 of them: "
                      f"{60 * statistics.median(joined) / 1e3 if joined else 0:.1f} us")
+    ratios = graph_ratios(launches, by_corr, windows)
+    if ratios is not None:
+        by_counts, by_windows, replays, sampled = ratios
+        lines.append(f"- graph replays counted by the library {replays:,} ({sampled:,} sampled); replayed / eager "
+                     f"over the whole run from these records: **{by_counts:.3f} weighted by replay counts**, "
+                     f"{by_windows:.3f} weighted by windows")
     interval = ratio_interval(launches, by_corr, windows)
     if interval is not None:
         low, high, count = interval
@@ -149,6 +157,30 @@ def diagnose(records: list[abi.Record], lines: list[str]) -> None:
 
 
 BOOTSTRAP = 2000
+
+
+def graph_ratios(launches: list[abi.Launch], by_corr: dict[int, list[abi.Activity]],
+                 windows: list[abi.Window]) -> tuple[float, float, int, int] | None:
+    """(replayed / eager with graph work weighted by replay counts, the same weighted by windows, replays counted,
+    graph launches sampled) over the whole run as one stretch: a sampled replay of an exec stands for its replays
+    counted over its sampled ones (execs beyond the library's table, and eager work, by their windows)."""
+    weights = WindowWeights()
+    weight = {w.window_id: weights.add(w)[0] for w in windows}
+    replays = dict(windows[-1].graph_replays) if windows else {}
+    sampled = Counter(r.graph_exec for r in launches if r.kind == abi.LAUNCH_GRAPH)
+    by_counts = by_windows = eager = 0.0
+    for launch in launches:
+        ns = sum(a.end_ns - a.start_ns for a in by_corr.get(launch.correlation_id, ()))
+        window_weight = weight.get(launch.window_id, 1.0)
+        if launch.kind != abi.LAUNCH_GRAPH:
+            eager += ns * window_weight
+            continue
+        by_windows += ns * window_weight
+        counted = replays.get(launch.graph_exec)
+        by_counts += ns * (counted / sampled[launch.graph_exec] if counted is not None else window_weight)
+    if not eager or not sampled:
+        return None
+    return by_counts / eager, by_windows / eager, sum(replays.values()), sum(sampled.values())
 
 
 def ratio_interval(launches: list[abi.Launch], by_corr: dict[int, list[abi.Activity]],

@@ -43,5 +43,7 @@ def sync(pid: int, blocked_ns: int, weight: int = 1, kind: int = abi.SYNC_STREAM
 
 def decoded_window(rec: abi.WindowC, pid: int) -> abi.Window:
     """A window record as the library fired it (its C layout, e.g. from the debug file), decoded."""
-    fields = {name: getattr(rec, name) for name, _ in abi.WindowC._fields_ if name != "abi_version"}
-    return abi.Window(pid=pid, **fields)
+    skip = ("abi_version", "graph_count", "reserved", "graphs")
+    fields = {name: getattr(rec, name) for name, _ in abi.WindowC._fields_ if name not in skip}
+    graphs = tuple((rec.graphs[i].exec, rec.graphs[i].replays) for i in range(min(rec.graph_count, abi.GRAPH_SLOTS)))
+    return abi.Window(pid=pid, graph_replays=graphs, **fields)

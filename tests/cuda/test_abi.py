@@ -61,6 +61,22 @@ def test_decode_activity_window_sync() -> None:
     assert record.stack.kernel_native == ()
 
 
+def test_decode_window_graph_replays() -> None:
+    window = abi.WindowC(abi_version=abi.ABI_VERSION, window_id=6, covered_ns=10, elapsed_ns=100,
+                         graph_other_replays=17, graph_count=2)
+    window.graphs[0] = abi.GraphReplaysC(exec=0x7F00AA00, replays=120)
+    window.graphs[1] = abi.GraphReplaysC(exec=0x7F00BB00, replays=3)
+    window.graphs[2] = abi.GraphReplaysC(exec=0xDEAD, replays=9)  # beyond graph_count: not in use
+    record = abi.decode_event(_event(abi.EVENT_WINDOW, 10, 10, bytes(window)))
+    assert isinstance(record, abi.Window) and record.window_id == 6
+    assert record.graph_replays == ((0x7F00AA00, 120), (0x7F00BB00, 3))
+    assert record.graph_other_replays == 17
+    # a count past the table (a corrupt record) reads no further than the table
+    window.graph_count = abi.GRAPH_SLOTS + 5
+    record = abi.decode_event(_event(abi.EVENT_WINDOW, 10, 10, bytes(window)))
+    assert isinstance(record, abi.Window) and len(record.graph_replays) == abi.GRAPH_SLOTS
+
+
 def test_decode_rejects_bad_records() -> None:
     with pytest.raises(abi.DecodeError):
         abi.decode_event(b"\0" * 8)

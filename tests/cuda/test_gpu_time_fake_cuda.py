@@ -123,12 +123,22 @@ def _expected_from_debug(path: Path, source: RecordingSource, pid: int) -> tuple
         if kind == 4 and rec.window_id >= first_window:
             weights.add(decoded_window(rec, pid))
     launches = {rec.correlation_id: rec for kind, rec in records if kind == 1 and rec.correlation_id >= first_launch}
+    # graph replays: weighted by the library's replay counts over the sampled replays of their exec (one drain, one
+    # stretch: the counts the agent saw are the last window's totals less those before its first window)
+    seen = [decoded_window(rec, pid) for kind, rec in records if kind == 4]
+    before = [w for w in seen if w.window_id < first_window]
+    counted = Counter(dict(seen[-1].graph_replays)) if seen else Counter()
+    counted.subtract(dict(before[-1].graph_replays) if before else {})
+    sampled = Counter(rec.graph_exec for rec in launches.values() if rec.kind == abi.LAUNCH_GRAPH)
     gpu: Counter[str] = Counter()
     waits: Counter[str] = Counter()
     for kind, rec in records:
         if kind == 2 and rec.correlation_id in launches:
             leaf = rec.name.decode() if rec.kind == abi.ACTIVITY_KERNEL else f"kind{rec.kind}"
-            weight = weights.weight(pid, launches[rec.correlation_id].window_id)
+            launch = launches[rec.correlation_id]
+            weight = weights.weight(pid, launch.window_id)
+            if launch.kind == abi.LAUNCH_GRAPH and launch.graph_exec in counted:
+                weight = counted[launch.graph_exec] / sampled[launch.graph_exec]
             gpu[leaf] += (rec.end_ns - rec.start_ns) * (weights.latest(pid) if weight is None else weight)
         elif kind == 3 and rec.start_ns >= first_sync:
             waits[str(rec.cbid)] += (rec.end_ns - rec.start_ns) * max(rec.weight, 1)

@@ -5,6 +5,8 @@ from resampling the windows (exact when every window sees the same work, wide wh
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from otel_gpu.cuda import abi
@@ -59,3 +61,18 @@ def test_the_spread_is_exact_for_equal_windows_and_wide_for_clustered_work(graph
     # graph phases in every other window only: the estimate is half the ratio, and resampling the windows spreads it
     low, high, _ = graphs.ratio_interval(*_split(_records(40, set(range(1, 41, 2)))))
     assert low < truth / 2 < high and high - low > 0.1
+
+
+def test_the_count_weighted_ratio_is_exact_where_windows_see_the_graph_half_the_time(graphs) -> None:  # type: ignore[no-untyped-def]
+    truth = 60 * 2000 / (60 * 1900)
+    records = _records(40, set(range(1, 41, 2)))  # graph launches sampled in every other window
+    # each window stands for 100 windows' time (covered 1 ms of 100 ms): the graph ran 4,000 times in all
+    records = [replace(r, graph_replays=((0xABC, r.window_id * 100),)) if isinstance(r, abi.Window) else r
+               for r in records]
+    by_counts, by_windows, replays, sampled = graphs.graph_ratios(*_split(records))
+    assert (replays, sampled) == (4000, 20)
+    assert by_counts == pytest.approx(truth)
+    assert by_windows == pytest.approx(truth / 2)
+    lines: list[str] = []
+    graphs.diagnose(records, lines)
+    assert f"**{truth:.3f} weighted by replay counts**" in "\n".join(lines)

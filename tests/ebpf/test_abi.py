@@ -53,6 +53,7 @@ STRUCTS: dict[str, type[ctypes.Structure]] = {
     "otel_gpu_sync": cuda_abi.SyncC,
     "otel_gpu_span": cuda_abi.SpanC,
     "otel_gpu_window": cuda_abi.WindowC,
+    "otel_gpu_graph_replays": cuda_abi.GraphReplaysC,
 }
 
 # C #define (or an enum's count member) -> the mirror's value.
@@ -78,6 +79,7 @@ CONSTANTS: dict[str, int] = {
     "OTEL_GPU_MAX_STRINGS": cuda_abi.MAX_STRINGS,
     "OTEL_GPU_MAX_NAME": cuda_abi.MAX_NAME,
     "OTEL_GPU_ACTIVITY_BATCH": cuda_abi.ACTIVITY_BATCH,
+    "OTEL_GPU_GRAPH_SLOTS": cuda_abi.GRAPH_SLOTS,
     "OTEL_GPU_MAX_RECORD": cuda_abi.MAX_RECORD,
 }
 

@@ -328,6 +328,8 @@ static void on_driver_api(CUpti_CallbackId cbid, const CUpti_CallbackData *cb)
             leave_entered();
         return;
     }
+    if (launch_kind == OTEL_GPU_LAUNCH_GRAPH)
+        graphs_count(graph_exec_of(cbid, cb->functionParams)); /* every replay, sampled or not (graphs.c) */
     /* Outside a window the launch callbacks are on only while activity lingers (see window.c): nothing to do but
      * count the launch (its cost is charged by estimate.c), unless it entered inside the window that closed since. */
     if (launch_kind != 0 && wait_kind == 0 && !sampled &&

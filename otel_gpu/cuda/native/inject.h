@@ -13,6 +13,7 @@
  *   stack.c     eh_frame unwinding of the calling thread and its CPython frames through the C API (GIL held)
  *   pyframes.c  CPython 3.11-3.13 frames read directly from the interpreter's structures (no GIL needed)
  *   emit.c      the USDT probes (with semaphores) and the test-only debug file
+ *   graphs.c    exact replay counts of CUDA graphs per graph exec, reported in the window record
  */
 #ifndef OTEL_GPU_INJECT_H
 #define OTEL_GPU_INJECT_H
@@ -22,6 +23,7 @@
 
 #include <cupti.h>
 
+#include "graphs.h"
 #include "otel_gpu_probes.h"
 
 /* Every CUPTI function the library uses, resolved with dlsym so that tests can hand it a fake libcupti. */

@@ -15,7 +15,7 @@
  *       one sampled blocking wait of a CPU thread on the GPU (synchronize calls, blocking copies)
  *   otel_gpu:window   (const struct otel_gpu_window *rec)
  *       one sampling window closed: how long it was open and what fraction of time windows cover, so that the
- *       agent can re-weight sampled values into unbiased totals
+ *       agent can re-weight sampled values into unbiased totals, and how often each CUDA graph was replayed
  *
  * All times are nanoseconds from CUPTI's timestamp clock (cuptiGetTimestamp), which is CLOCK_REALTIME-based on Linux.
  */
@@ -36,12 +36,13 @@ typedef int32_t otel_s32;
 typedef uint64_t otel_u64;
 #endif
 
-#define OTEL_GPU_ABI_VERSION 4
+#define OTEL_GPU_ABI_VERSION 5
 #define OTEL_GPU_MAX_NATIVE_FRAMES 96
 #define OTEL_GPU_MAX_PYTHON_FRAMES 64
 #define OTEL_GPU_MAX_STRINGS 6144
 #define OTEL_GPU_MAX_NAME 512
 #define OTEL_GPU_ACTIVITY_BATCH 32
+#define OTEL_GPU_GRAPH_SLOTS 64
 
 enum otel_gpu_launch_kind {
     OTEL_GPU_LAUNCH_KERNEL = 1,
@@ -164,6 +165,17 @@ struct otel_gpu_window {
     otel_u64 yields;
     otel_u64 aside_since_ns; /* non-zero only in the record fired as the library steps aside: from this time on
                               * another tool holds CUPTI, until a record with a larger yields says the library is back */
+    /* Every replay of a CUDA graph while attached, counted per graph exec (graphs.c; totals since the library
+     * attached, so a lost record loses nothing): the agent weights a sampled graph launch's work by the replays of
+     * its exec over the sampled ones instead of by the window (ABI 5). graph_count entries of graphs are in use
+     * (first come, first kept); replays of execs beyond them add to graph_other_replays. */
+    otel_u64 graph_other_replays;
+    otel_u32 graph_count;
+    otel_u32 reserved;
+    struct otel_gpu_graph_replays {
+        otel_u64 exec;       /* CUgraphExec, as in otel_gpu_launch.graph_exec */
+        otel_u64 replays;    /* cuGraphLaunch calls of it that returned while attached */
+    } graphs[OTEL_GPU_GRAPH_SLOTS];
 };
 
 #define OTEL_GPU_MAX_RECORD (sizeof(struct otel_gpu_sync) > sizeof(struct otel_gpu_launch) ? \

@@ -118,6 +118,7 @@ static int attach_locked(void)
 {
     if (hold_take() != 0)
         return -1;
+    graphs_reset(); /* the record's replay counts are totals since attach, like covered/elapsed */
     atomic_store(&g_state.attached, 1);
     /* After the switch: every call that starts from now on is seen at entry and exit. */
     ctl.attach_start_ns = now_ns();
@@ -183,11 +184,11 @@ static void adapt_locked(uint64_t window_ns, uint64_t overhead_ns, uint64_t laun
     ctl.fraction = fraction_for_budget(g_settings.overhead_budget, ctl.slowdown);
 }
 
-/* A window record with the running totals; launches, overhead, the switch-on time and aside_since_ns are the
- * caller's. */
+/* A window record with the running totals (graph replays included); launches, overhead, the switch-on time and
+ * aside_since_ns are the caller's. */
 static struct otel_gpu_window window_record_locked(uint64_t id, uint64_t start, uint64_t end)
 {
-    return (struct otel_gpu_window){
+    struct otel_gpu_window rec = {
         .abi_version = OTEL_GPU_ABI_VERSION,
         .window_id = id,
         .start_ns = start,
@@ -201,6 +202,8 @@ static struct otel_gpu_window window_record_locked(uint64_t id, uint64_t start, 
         .yielded_ns = ctl.yielded_ns,
         .yields = ctl.yields,
     };
+    graphs_report(&rec);
+    return rec;
 }
 
 /* aside_from_ns: 0, or (stepping aside) the CUPTI time from which another tool holds CUPTI, for the record. */

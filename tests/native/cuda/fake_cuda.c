@@ -12,6 +12,8 @@
  *   GPU work is reported to it with its times. The tracer may replace the id at entry (the fake CUPTI gives a call
  *   it does not see through a callback the last id it handed out); the work and the schedule carry the final one.
  *   FAKE_CUDA_CORRELATION_CYCLE=N: the driver's ids repeat 1..N, ids shared even among calls CUPTI sees.
+ * - FAKE_CUDA_GRAPH_JITTER=F: each graph node's kernel lasts its duration times a factor drawn uniformly from
+ *   [1 - F, 1 + F] at every replay (as replays on a real GPU vary a little); the schedule has the times it ran.
  * - cuDevicePrimaryCtxRelease destroys the (one) context: the tracer hears CONTEXT_DESTROY_STARTING.
  * - FAKE_CUDA_SCHEDULE=<path> writes the ground truth, one line per event:
  *     work <kind> <correlation_id> <name|-> <start_ns> <end_ns> <stream_id> <graph_id> <bytes>
@@ -105,6 +107,8 @@ static struct CUstream_st *streams[64];
 static int stream_count;
 static uint32_t next_stream_id = 13;
 static uint32_t next_graph_id = 1;
+static double graph_jitter;          /* FAKE_CUDA_GRAPH_JITTER */
+static uint64_t jitter_state = 88172645463325252ull; /* xorshift64, under gpu_lock */
 static _Atomic uint32_t next_correlation_id = 1;
 static uint32_t correlation_cycle; /* FAKE_CUDA_CORRELATION_CYCLE=N: ids repeat 1..N, as CUDA 13's CUPTI reuses ids */
 static struct CUctx_st contexts[MAX_DEVICES] = {{0}, {1}, {2}, {3}, {4}, {5}, {6}, {7}};
@@ -295,6 +299,9 @@ CUresult CUDAAPI cuInit(unsigned int flags)
     if (done)
         return CUDA_SUCCESS;
     done = 1;
+    const char *jitter = getenv("FAKE_CUDA_GRAPH_JITTER");
+    if (jitter && jitter[0])
+        graph_jitter = strtod(jitter, NULL);
     const char *cycle = getenv("FAKE_CUDA_CORRELATION_CYCLE");
     if (cycle && cycle[0])
         correlation_cycle = (uint32_t)strtoul(cycle, NULL, 10);
@@ -533,7 +540,15 @@ CUresult CUDAAPI cuGraphLaunch(CUgraphExec exec, CUstream stream)
     /* Every kernel of the graph carries the launch's correlation id, as with the real CUPTI. */
     for (int i = 0; i < exec->graph.count; i++) {
         CUfunction f = exec->graph.nodes[i];
-        queue_work(stream_of(stream), FAKE_WORK_KERNEL, call.correlation_id, f->name, f->duration_ns, exec->id, 0, 0,
+        uint64_t duration_ns = f->duration_ns;
+        if (graph_jitter > 0) {
+            jitter_state ^= jitter_state << 13;
+            jitter_state ^= jitter_state >> 7;
+            jitter_state ^= jitter_state << 17;
+            double u = (double)(jitter_state >> 11) / (double)(1ull << 53);
+            duration_ns = (uint64_t)((double)duration_ns * (1.0 + graph_jitter * (2.0 * u - 1.0)));
+        }
+        queue_work(stream_of(stream), FAKE_WORK_KERNEL, call.correlation_id, f->name, duration_ns, exec->id, 0, 0,
                    0, 0);
     }
     pthread_mutex_unlock(&gpu_lock);

@@ -27,6 +27,11 @@
  *   "profiler_kernels <recorded> expected <launched>" per session.
  *   --side-stream runs relu_kernel on a stream of its own and launches it before matmul_kernel in forward: with
  *   --lagged-pace-us only the main stream lags, the side stream keeps up (as a copy or communication stream does).
+ *   --graph-phases N replaces the training loop by clustered work, as a program that replays a captured graph in one
+ *   function and launches eagerly in another: N blocks of equal GPU time (30 ms) taking turns, one of 50
+ *   launch_graph calls (0.6 ms of kernels each), the next of 60 launch_relu calls (0.5 ms), each call followed by
+ *   sync_point (blocks last longer than a sampling window: a window sees one kind of work or the other);
+ *   --graph-execs K replays K execs of the graph in turn (each instantiated once).
  *   --tiny N replaces the training loop by a launch-bound one: N launches of "tiny_kernel" (100 ns), waiting every 1000.
  *   --exit-at STEP exits in the middle of step STEP (after its launches, before any wait): a crash-free exit
  *   mid-stream. --no-init never calls cuInit (the library is never loaded).
@@ -159,6 +164,28 @@ NOINLINE void launch_bound_loop(long launches)
     clock_gettime(CLOCK_MONOTONIC, &t1);
     printf("tiny_launches %ld seconds %.6f\n", launches,
            (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9);
+}
+
+#define MAX_PHASE_EXECS 256
+static int phase_execs = 1; /* --graph-execs K: the graph blocks replay K execs of the graph in turn */
+
+NOINLINE void graph_phases_loop(int blocks, CUgraph graph)
+{
+    static CUgraphExec execs[MAX_PHASE_EXECS];
+    execs[0] = graph_exec;
+    for (int e = 1; e < phase_execs; e++)
+        CHECK(cuGraphInstantiate(&execs[e], graph, 0));
+    int replay = 0;
+    for (int b = 0; b < blocks; b++) {
+        for (int i = 0; i < (b % 2 == 0 ? 50 : 60); i++) {
+            if (b % 2 == 0) {
+                graph_exec = execs[replay++ % phase_execs];
+                launch_graph();
+            } else
+                launch_relu();
+            sync_point();
+        }
+    }
 }
 
 /* A GPU-bound program: launches come every pace_us, faster than the GPU runs them (2.5 ms a step), and nothing waits
@@ -298,6 +325,7 @@ int main(int argc, char **argv)
 {
     int steps = 200, graph_every = 4, exit_at = -1, init = 1;
     long tiny_launches = 0, lag_pace_us = 0;
+    int phase_blocks = 0;
     int skip_exit_handlers = 0, fork_children = 0, take_cupti = 0, profile_at = -1, profile_every = 0,
         profile_steps = 10;
     for (int i = 1; i < argc; i++) {
@@ -307,6 +335,10 @@ int main(int argc, char **argv)
             graph_every = atoi(argv[++i]);
         else if (strcmp(argv[i], "--exit-at") == 0 && i + 1 < argc)
             exit_at = atoi(argv[++i]);
+        else if (strcmp(argv[i], "--graph-phases") == 0 && i + 1 < argc)
+            phase_blocks = atoi(argv[++i]);
+        else if (strcmp(argv[i], "--graph-execs") == 0 && i + 1 < argc)
+            phase_execs = atoi(argv[++i]) < 1 ? 1 : atoi(argv[i]) > MAX_PHASE_EXECS ? MAX_PHASE_EXECS : atoi(argv[i]);
         else if (strcmp(argv[i], "--tiny") == 0 && i + 1 < argc)
             tiny_launches = atol(argv[++i]);
         else if (strcmp(argv[i], "--lagged-pace-us") == 0 && i + 1 < argc)
@@ -334,7 +366,7 @@ int main(int argc, char **argv)
         else {
             fprintf(stderr, "usage: %s [--steps N] [--graph-every K] [--exit-at STEP] [--no-init] [--tiny N] [--skip-exit-handlers]"
                             " [--lagged-pace-us US] [--side-stream] [--fork-children] [--take-cupti]"
-                            " [--graph-from STEP] [--profiler-lib PATH --profile-at STEP [--profile-every K] [--profile-steps N]]\n",
+                            " [--graph-from STEP] [--graph-phases N [--graph-execs K]] [--profiler-lib PATH --profile-at STEP [--profile-every K] [--profile-steps N]]\n",
                     argv[0]);
             return 2;
         }
@@ -349,6 +381,10 @@ int main(int argc, char **argv)
         return 0;
     }
     int children = 0;
+    if (phase_blocks > 0) {
+        graph_phases_loop(phase_blocks, built_graph);
+        steps = 0;
+    }
     if (lag_pace_us > 0)
         lagged_loop(steps, graph_every, lag_pace_us);
     for (int step = 0; step < steps && lag_pace_us == 0; step++) {
