@@ -374,6 +374,8 @@ def parse_frames(data: bytes, section_vaddr: int, is_eh: bool) -> Iterator[Fde]:
         if end > size:
             break
         id_pos = pos
+        if pos + offset_size > size:
+            break  # the id runs past the section: as corrupt as a length that does
         cie_id = (_U32 if offset_size == 4 else _U64).unpack_from(data, pos)[0]
         pos += offset_size
         is_cie = cie_id == 0 if is_eh else cie_id in (0xFFFFFFFF, 0xFFFFFFFFFFFFFFFF)
@@ -385,6 +387,9 @@ def parse_frames(data: bytes, section_vaddr: int, is_eh: bool) -> Iterator[Fde]:
             pos = end
             continue
         cie_at = id_pos - cie_id if is_eh else cie_id
+        if cie_at < 0:
+            pos = end
+            continue  # points before the section
         try:
             cie = cies.get(cie_at)
             if cie_at not in cies:
@@ -426,8 +431,8 @@ def _read_fde(data: bytes, pos: int, end: int, cie: _Cie, section_vaddr: int, is
     if cie.has_augmentation_data:
         aug_len, pos = _uleb(data, pos)
         pos += aug_len
-    if span == 0 or start == 0:
-        return None  # a discarded function (start 0 in .debug_frame, or a zero-length FDE)
+    if span == 0 or start == 0 or start + span > 0xFFFFFFFFFFFFFFFF:
+        return None  # a discarded function (start 0 in .debug_frame, or a zero-length FDE), or past the address space
     # Instructions are executed on the bytes themselves: pcrel set_loc operands are relative to the section.
     state = _State()
     _execute(cie.initial, cie, state, None, start, [], 0)
