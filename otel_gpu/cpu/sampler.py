@@ -107,7 +107,7 @@ class CPUSampler:
         self.unwind_max_frame_bytes = unwind_max_frame_bytes
         self.unwind_eager_frame_bytes = unwind_eager_frame_bytes
         self._unwinder: NativeUnwinder | None = None
-        self._unwind_seen = (0, 0, 0)  # (rows_full, file_errors, evictions) already reported
+        self._unwind_seen = (0, 0, 0, 0)  # (rows_full, file_errors, evictions, files_no_builder) already reported
         self._cpus = cpus
         self.pids = tuple(pids)
         self.exclude_tgid = exclude_tgid
@@ -310,14 +310,15 @@ class CPUSampler:
         """Totals of the BPF-side statistics since open (names of :class:`otel_gpu.ebpf.abi.CPUStat`), and the
         native unwinder's (``unwind_processes``, ``unwind_files``, ``unwind_rows``, ``unwind_rows_full``,
         ``unwind_file_errors``, ``unwind_files_too_large``, ``unwind_files_known``, ``unwind_evictions``,
-        ``unwind_remaps``)."""
+        ``unwind_remaps``, ``unwind_files_no_builder``)."""
         out = {stat.name.lower(): self._stats_seen[stat] for stat in abi.CPUStat}
         if self._unwinder is not None:
             unwinder = self._unwinder.stats
             out.update(unwind_processes=unwinder.processes, unwind_files=unwinder.files, unwind_rows=unwinder.rows,
                        unwind_rows_full=unwinder.rows_full, unwind_file_errors=unwinder.file_errors,
                        unwind_files_too_large=unwinder.files_too_large, unwind_files_known=unwinder.files_known,
-                       unwind_evictions=unwinder.evictions, unwind_remaps=unwinder.remaps)
+                       unwind_evictions=unwinder.evictions, unwind_remaps=unwinder.remaps,
+                       unwind_files_no_builder=unwinder.files_no_builder)
         return out
 
     # --- internals -------------------------------------------------------------------------------------------------
@@ -404,13 +405,15 @@ class CPUSampler:
                  (semconv.Reason.UNWIND_BAD_FP, delta[abi.CPUStat.UNWIND_BAD_FP]))
         unwinder = self._unwinder
         if unwinder is not None:
-            rows_full, file_errors, evictions = (unwinder.stats.rows_full, unwinder.stats.file_errors,
-                                                 unwinder.stats.evictions)
-            seen_full, seen_errors, seen_evictions = self._unwind_seen
-            self._unwind_seen = (rows_full, file_errors, evictions)
+            rows_full, file_errors, evictions, no_builder = (
+                unwinder.stats.rows_full, unwinder.stats.file_errors, unwinder.stats.evictions,
+                unwinder.stats.files_no_builder)
+            seen_full, seen_errors, seen_evictions, seen_no_builder = self._unwind_seen
+            self._unwind_seen = (rows_full, file_errors, evictions, no_builder)
             stops += ((semconv.Reason.UNWIND_TABLES_FULL, rows_full - seen_full),
                       (semconv.Reason.UNWIND_FILE_ERROR, file_errors - seen_errors),
-                      (semconv.Reason.UNWIND_CACHE_EVICTED, evictions - seen_evictions))
+                      (semconv.Reason.UNWIND_CACHE_EVICTED, evictions - seen_evictions),
+                      (semconv.Reason.UNWIND_NO_BUILDER, no_builder - seen_no_builder))
             if rows_full and not seen_full:
                 _logger.warning("CPU sampler: no room in unwind_rows (%d rows) for a hit file's table: it is unwound "
                                 "by frame pointer until room is freed", self.unwind_rows)

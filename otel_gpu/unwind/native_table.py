@@ -2,7 +2,7 @@
 """The agent's unwind-table builder: libotel_gpu_cfi.so (``unwind/native/cfi_table.c``), loaded with ctypes.
 
 It turns a frame section into the same sorted ``pcs``/``rules`` arrays as ``cfi.parse_frames`` +
-``table.table_from_fdes`` (the reference the tests compare it with), about a hundred times faster and without a
+``cfi.table_from_fdes`` (the reference the tests compare it with), about a hundred times faster and without a
 Python object per row (docs/benchmarks.md, "Native unwind-table builder")."""
 
 from __future__ import annotations

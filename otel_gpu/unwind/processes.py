@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 from otel_gpu.ebpf import abi
 from otel_gpu.ebpf.loader import BPFError, BPFMap
+from otel_gpu.unwind.native_table import NativeBuilderMissing
 from otel_gpu.unwind.table import TableCache, UnwindTable, build_table, file_key, frame_section_size
 
 _logger = logging.getLogger(__name__)
@@ -63,6 +64,7 @@ class UnwinderStats:
     rows_full: int = 0  # tables left out: larger than unwind_rows, or no room without evicting tables in use
     files_too_large: int = 0  # files left to frame pointers because their .eh_frame is over the cache's cap
     file_errors: int = 0  # files that could not be read or parsed
+    files_no_builder: int = 0  # files left to frame pointers because libotel_gpu_cfi.so does not load
     files_known: int = 0  # file ids in use (files mapped by registered processes)
     evictions: int = 0  # tables evicted, least recently hit first, to make room for a hit file
     remaps: int = 0  # processes whose maps were read again after a pc outside them
@@ -364,7 +366,12 @@ class NativeUnwinder:
                 break
             except (FileNotFoundError, ProcessLookupError):
                 file.sources.pop(pid, None)  # that process exited: try another that maps the file
-            except (OSError, ValueError) as exc:
+            except NativeBuilderMissing as exc:
+                if not self.stats.files_no_builder:
+                    _logger.warning("native unwinding off: %s; stacks are walked by frame pointer", exc)
+                self.stats.files_no_builder += 1
+                break
+            except (OSError, ValueError, MemoryError) as exc:
                 self._file_error(file.name, exc)
                 break
         self.stats.build_s += time.thread_time() - started

@@ -21,12 +21,12 @@ import struct
 import threading
 from array import array
 from collections import OrderedDict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import BinaryIO
 
 from otel_gpu.symbolize.elf import _EHDR, _SHDR, Segment
-from otel_gpu.unwind import cfi
+from otel_gpu.unwind import native_table
 
 # Rule kinds (the low byte of a packed rule), shared with native_unwind.h
 KIND_NONE = 0  # no FDE covers the pc: fall back to frame pointers
@@ -96,61 +96,6 @@ def unpack_rule(rule: int) -> tuple[int, int, int]:
     rbp = (rule >> 16) & 0xFFFF
     cfa = rule >> 32
     return kind, cfa - (1 << 32) if cfa >= 1 << 31 else cfa, rbp - (1 << 16) if rbp >= 1 << 15 else rbp
-
-
-def rule_of(row: cfi.Row) -> int:
-    """The packed rule of one CFI row."""
-    if row.ra_kind == cfi.UNDEFINED:
-        return pack_rule(KIND_END, 0, 0)
-    if (row.cfa_kind != cfi.CFA_REG or row.cfa_reg not in (cfi.RSP, cfi.RBP) or row.ra_kind != cfi.OFFSET
-            or row.ra_offset != -8 or row.rbp_kind == cfi.OTHER or not -(1 << 31) <= row.cfa_offset < 1 << 31
-            or not -(1 << 15) <= row.rbp_offset < 1 << 15 or (row.rbp_kind == cfi.OFFSET and row.rbp_offset == 0)):
-        return pack_rule(KIND_UNSUPPORTED, 0, 0)
-    kind = KIND_RSP if row.cfa_reg == cfi.RSP else KIND_RBP
-    return pack_rule(kind, row.cfa_offset, row.rbp_offset if row.rbp_kind == cfi.OFFSET else 0)
-
-
-def table_from_fdes(fdes: Iterable[cfi.Fde], source: str) -> UnwindTable:
-    """Merge FDEs (sorted by start here) into one table; consecutive equal rules are kept once.
-
-    Each FDE's rows are packed into flat arrays as they are parsed, so a large file costs about 16 bytes a row while
-    it is built, not a Python object per row (libLLVM-15: ~160 MiB -> see docs/benchmarks.md)."""
-    starts, ends, firsts = array("Q"), array("Q"), array("Q")
-    row_pcs, row_rules = array("Q"), array("Q")
-    for fde in fdes:
-        starts.append(fde.start)
-        ends.append(fde.end)
-        firsts.append(len(row_pcs))
-        for row in fde.rows:
-            row_pcs.append(row.pc)
-            row_rules.append(rule_of(row))
-    firsts.append(len(row_pcs))
-    pcs = array("Q")
-    rules = array("Q")
-    none = pack_rule(KIND_NONE, 0, 0)
-    covered_to = 0
-    for index in sorted(range(len(starts)), key=starts.__getitem__):
-        start = starts[index]
-        if start < covered_to:
-            continue  # overlapping FDEs (duplicates from linker quirks): the first one wins
-        if pcs and start > covered_to and rules[-1] != none:
-            pcs.append(covered_to)
-            rules.append(none)
-        for at in range(firsts[index], firsts[index + 1]):
-            rule = row_rules[at]
-            if pcs and rules[-1] == rule:
-                continue
-            pc = row_pcs[at]
-            if pcs and pcs[-1] == pc:
-                rules[-1] = rule
-                continue
-            pcs.append(pc)
-            rules.append(rule)
-        covered_to = ends[index]
-    if pcs:
-        pcs.append(covered_to)
-        rules.append(none)
-    return UnwindTable(pcs, rules, source)
 
 
 _PHDR = struct.Struct("<IIQQQQQQ")
@@ -234,8 +179,9 @@ def frame_section_size(path: str) -> int:
 
 def build_table(path: str, image: bytes | None = None, max_frame_bytes: int = _MAX_SECTION_BYTES) -> UnwindTable:
     """The unwind table of the ELF file at ``path`` (or of the in-memory ``image``, e.g. the vDSO, which ``path``
-    then only names); without rows (``too_large``) when its frame section is over ``max_frame_bytes``. Raises OSError
-    or ValueError for unreadable files."""
+    then only names); without rows (``too_large``) when its frame section is over ``max_frame_bytes``. Built by the
+    native builder (``native_table``). Raises OSError or ValueError for unreadable files,
+    ``native_table.NativeBuilderMissing`` (an OSError) without the builder, MemoryError when it runs out of memory."""
     if image is not None:
         return _build(_image_reader(image), path, max_frame_bytes)
     with open(path, "rb") as file:
@@ -249,8 +195,8 @@ def _build(read: _Read, name: str, max_frame_bytes: int) -> UnwindTable:
     section, addr, offset, size = found
     if _checked_size(name, section, size) > max_frame_bytes:
         return UnwindTable(array("Q"), array("Q"), section, segments, too_large=True)
-    table = table_from_fdes(cfi.parse_frames(read(offset, size), addr, section == ".eh_frame"), section)
-    return UnwindTable(table.pcs, table.rules, section, segments)
+    pcs, rules = native_table.build_rows(read(offset, size), addr, section == ".eh_frame")
+    return UnwindTable(pcs, rules, section, segments)
 
 
 def file_key(path: str, image: bytes | None = None) -> tuple[int, ...]:
