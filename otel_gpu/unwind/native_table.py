@@ -19,11 +19,6 @@ class NativeBuilderMissing(OSError):
     """libotel_gpu_cfi.so is not there or does not load (the package was installed without ``make build``)."""
 
 
-class _Table(ctypes.Structure):
-    _fields_ = [("pcs", ctypes.POINTER(ctypes.c_uint64)), ("rules", ctypes.POINTER(ctypes.c_uint64)),
-                ("count", ctypes.c_uint64)]
-
-
 _lock = threading.Lock()
 _lib: ctypes.CDLL | None = None
 _load_error: str | None = None
@@ -38,11 +33,14 @@ def _library() -> ctypes.CDLL:
             except OSError as exc:
                 _load_error = f"{LIBRARY_PATH} does not load ({exc}); run `make build`"
             else:
-                lib.otel_gpu_cfi_build.argtypes = [ctypes.c_char_p, ctypes.c_uint64, ctypes.c_uint64, ctypes.c_int,
-                                                   ctypes.POINTER(_Table)]
-                lib.otel_gpu_cfi_build.restype = ctypes.c_int
-                lib.otel_gpu_cfi_free.argtypes = [ctypes.POINTER(_Table)]
-                lib.otel_gpu_cfi_free.restype = None
+                lib.otel_gpu_cfi_parse.argtypes = [ctypes.c_char_p, ctypes.c_uint64, ctypes.c_uint64, ctypes.c_int]
+                lib.otel_gpu_cfi_parse.restype = ctypes.c_void_p
+                lib.otel_gpu_cfi_count.argtypes = [ctypes.c_void_p]
+                lib.otel_gpu_cfi_count.restype = ctypes.c_uint64
+                lib.otel_gpu_cfi_write.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint64]
+                lib.otel_gpu_cfi_write.restype = None
+                lib.otel_gpu_cfi_release.argtypes = [ctypes.c_void_p]
+                lib.otel_gpu_cfi_release.restype = None
                 _lib = lib
         if _lib is None:
             raise NativeBuilderMissing(_load_error)
@@ -58,22 +56,61 @@ def available() -> bool:
     return True
 
 
-def build_rows(section: bytes, section_vaddr: int, is_eh: bool) -> tuple[array[int], array[int]]:
-    """(pcs, rules) of the ``.eh_frame`` (``is_eh``) or ``.debug_frame`` bytes loaded at ``section_vaddr``.
+class ParsedRows:
+    """A parsed frame section held by the library: ``count`` rows, written on demand into two arrays
+    (:meth:`arrays`) or straight into an array of ``struct otel_gpu_unwind_row`` (:meth:`write_rows`), so the agent
+    never holds a copy of a large table. Release with :meth:`close` (or ``with``)."""
+
+    def __init__(self, lib: ctypes.CDLL, handle: int) -> None:
+        self._lib = lib
+        self._handle: int | None = handle
+        self.count: int = lib.otel_gpu_cfi_count(handle)
+
+    def arrays(self) -> tuple[array[int], array[int]]:
+        """(pcs, rules) as two arrays."""
+        pcs, rules = array("Q", [0]) * self.count, array("Q", [0]) * self.count
+        if self.count:
+            self._lib.otel_gpu_cfi_write(self._live(), pcs.buffer_info()[0], rules.buffer_info()[0], 1)
+        return pcs, rules
+
+    def write_rows(self, address: int) -> None:
+        """Writes the ``count`` rows (16 bytes each: pc, packed rule) at ``address``, which must hold them."""
+        if self.count:
+            self._lib.otel_gpu_cfi_write(self._live(), address, address + 8, 2)
+
+    def close(self) -> None:
+        if self._handle is not None:
+            self._lib.otel_gpu_cfi_release(self._handle)
+            self._handle = None
+
+    def _live(self) -> int:
+        if self._handle is None:
+            raise ValueError("rows already released")
+        return self._handle
+
+    def __enter__(self) -> ParsedRows:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        self.close()
+
+
+def parse(section: bytes, section_vaddr: int, is_eh: bool) -> ParsedRows:
+    """The table of the ``.eh_frame`` (``is_eh``) or ``.debug_frame`` bytes loaded at ``section_vaddr``.
 
     Raises NativeBuilderMissing without the library, MemoryError when it runs out of memory. The GIL is released
-    while it builds (ctypes drops it for the call)."""
+    while it parses (ctypes drops it for the call)."""
     lib = _library()
-    table = _Table()
-    if lib.otel_gpu_cfi_build(section, len(section), section_vaddr & 0xFFFFFFFFFFFFFFFF, int(is_eh),
-                              ctypes.byref(table)) != 0:
+    handle = lib.otel_gpu_cfi_parse(section, len(section), section_vaddr & 0xFFFFFFFFFFFFFFFF, int(is_eh))
+    if not handle:
         raise MemoryError("unwind table builder: out of memory")
-    try:
-        pcs, rules = array("Q"), array("Q")
-        for out, pointer in ((pcs, table.pcs), (rules, table.rules)):
-            if table.count:  # one copy, from the library's buffer into the array
-                out.frombytes(memoryview((ctypes.c_uint64 * table.count).from_address(
-                    ctypes.addressof(pointer.contents))).cast("B"))
-        return pcs, rules
-    finally:
-        lib.otel_gpu_cfi_free(ctypes.byref(table))
+    return ParsedRows(lib, handle)
+
+
+def build_rows(section: bytes, section_vaddr: int, is_eh: bool) -> tuple[array[int], array[int]]:
+    """(pcs, rules) of the frame section (see :func:`parse`)."""
+    with parse(section, section_vaddr, is_eh) as rows:
+        return rows.arrays()

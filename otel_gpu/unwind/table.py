@@ -179,24 +179,38 @@ def frame_section_size(path: str) -> int:
 
 def build_table(path: str, image: bytes | None = None, max_frame_bytes: int = _MAX_SECTION_BYTES) -> UnwindTable:
     """The unwind table of the ELF file at ``path`` (or of the in-memory ``image``, e.g. the vDSO, which ``path``
-    then only names); without rows (``too_large``) when its frame section is over ``max_frame_bytes``. Built by the
-    native builder (``native_table``). Raises OSError or ValueError for unreadable files,
-    ``native_table.NativeBuilderMissing`` (an OSError) without the builder, MemoryError when it runs out of memory."""
+    then only names); without rows (``too_large``) when its frame section is over ``max_frame_bytes``. Raises what
+    :func:`parse_table` raises."""
+    table, rows = parse_table(path, image, max_frame_bytes)
+    if rows is None:
+        return table
+    with rows:
+        pcs, rules = rows.arrays()
+    return UnwindTable(pcs, rules, table.source, table.segments)
+
+
+def parse_table(path: str, image: bytes | None = None,
+                max_frame_bytes: int = _MAX_SECTION_BYTES) -> tuple[UnwindTable, native_table.ParsedRows | None]:
+    """The file's table without its rows (source, segments, too_large), and its rows as the native builder holds
+    them (None without frame information or over ``max_frame_bytes``), for the caller to write where they go.
+    Raises OSError or ValueError for unreadable files, ``native_table.NativeBuilderMissing`` (an OSError) without
+    the builder, MemoryError when it runs out of memory."""
     if image is not None:
-        return _build(_image_reader(image), path, max_frame_bytes)
+        return _parse(_image_reader(image), path, max_frame_bytes)
     with open(path, "rb") as file:
-        return _build(_file_reader(file), path, max_frame_bytes)
+        return _parse(_file_reader(file), path, max_frame_bytes)
 
 
-def _build(read: _Read, name: str, max_frame_bytes: int) -> UnwindTable:
+def _parse(read: _Read, name: str,
+           max_frame_bytes: int) -> tuple[UnwindTable, native_table.ParsedRows | None]:
     found, segments = _find_frame_section(read, name)
     if found is None:
-        return UnwindTable(array("Q"), array("Q"), "", segments)
+        return UnwindTable(array("Q"), array("Q"), "", segments), None
     section, addr, offset, size = found
     if _checked_size(name, section, size) > max_frame_bytes:
-        return UnwindTable(array("Q"), array("Q"), section, segments, too_large=True)
-    pcs, rules = native_table.build_rows(read(offset, size), addr, section == ".eh_frame")
-    return UnwindTable(pcs, rules, section, segments)
+        return UnwindTable(array("Q"), array("Q"), section, segments, too_large=True), None
+    rows = native_table.parse(read(offset, size), addr, section == ".eh_frame")
+    return UnwindTable(array("Q"), array("Q"), section, segments), rows
 
 
 def file_key(path: str, image: bytes | None = None) -> tuple[int, ...]:

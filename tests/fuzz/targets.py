@@ -308,7 +308,8 @@ def _kallsyms_seeds() -> Iterator[bytes]:
 
 
 _SEEDS: dict[str, Callable[[], Iterator[bytes]]] = {
-    "elf": _elf_seeds, "elf_notes": _note_seeds, "cfi": _cfi_seeds, "perf_map": _perf_map_seeds, "proc_maps": _maps_seeds,
+    "elf": _elf_seeds, "elf_notes": _note_seeds, "cfi": _cfi_seeds, "perf_map": _perf_map_seeds,
+    "proc_maps": _maps_seeds,
     "stat": _stat_seeds, "status": _status_seeds, "cgroup": _cgroup_seeds, "environ": _environ_seeds,
     "kallsyms": _kallsyms_seeds, "config_file": lambda: iter(_CONFIG_FILE_SEEDS),
     "config_environment": lambda: iter(_CONFIG_ENV_SEEDS),

@@ -58,12 +58,8 @@ struct fde_entry {
 	size_t first_row, row_count, seq;
 };
 
-// The table handed back: rows sorted by pc as table.UnwindTable keeps them (packed rules, see table.pack_rule).
-struct otel_gpu_cfi_table {
-	uint64_t *pcs;
-	uint64_t *rules;
-	uint64_t count;
-};
+struct otel_gpu_cfi_rows;
+EXPORT void otel_gpu_cfi_release(struct otel_gpu_cfi_rows *rows);
 
 struct row {
 	wide pc;
@@ -743,78 +739,105 @@ static int by_start(const void *a, const void *b)
 	return x->seq < y->seq ? -1 : x->seq > y->seq;  // stable: section order
 }
 
-static int merge(struct builder *b, struct otel_gpu_cfi_table *out)
+// Walks the FDEs in pc order as table_from_fdes does; writes the rows at pcs[i * stride], rules[i * stride] when
+// pcs is not NULL. Returns the number of rows.
+static uint64_t merge(const struct builder *b, uint64_t *pcs, uint64_t *rules, size_t stride)
 {
-	struct fde_entry *fdes = b->fdes.items;
+	const struct fde_entry *fdes = b->fdes.items;
 	const uint64_t *row_pcs = b->pcs.items, *row_rules = b->rules.items;
-	size_t n = b->fdes.count, capacity = b->pcs.count + n + 1, count = 0;
-	uint64_t *pcs = malloc(capacity * sizeof(*pcs)), *rules = malloc(capacity * sizeof(*rules));
-	uint64_t covered_to = 0;
-	if (pcs == NULL || rules == NULL) {
-		free(pcs);
-		free(rules);
-		return -1;
-	}
-	if (n > 1)
-		qsort(fdes, n, sizeof(*fdes), by_start);
-	for (size_t i = 0; i < n; i++) {
+	uint64_t count = 0, covered_to = 0, last_pc = 0, last_rule = 0;
+#define EMIT(pc, rule)                                          \
+	do {                                                    \
+		last_pc = (pc);                                 \
+		last_rule = (rule);                             \
+		if (pcs != NULL) {                              \
+			pcs[count * stride] = last_pc;          \
+			rules[count * stride] = last_rule;      \
+		}                                               \
+		count++;                                        \
+	} while (0)
+	for (size_t i = 0; i < b->fdes.count; i++) {
 		if (fdes[i].start < covered_to)
 			continue;  // overlapping FDEs: the first one wins
-		if (count && fdes[i].start > covered_to && rules[count - 1] != KIND_NONE) {
-			pcs[count] = covered_to;
-			rules[count++] = KIND_NONE;
-		}
+		if (count && fdes[i].start > covered_to && last_rule != KIND_NONE)
+			EMIT(covered_to, KIND_NONE);
 		for (size_t at = fdes[i].first_row; at < fdes[i].first_row + fdes[i].row_count; at++) {
-			if (count && rules[count - 1] == row_rules[at])
+			if (count && last_rule == row_rules[at])
 				continue;
-			if (count && pcs[count - 1] == row_pcs[at]) {
-				rules[count - 1] = row_rules[at];
+			if (count && last_pc == row_pcs[at]) {
+				last_rule = row_rules[at];
+				if (pcs != NULL)
+					rules[(count - 1) * stride] = last_rule;
 				continue;
 			}
-			pcs[count] = row_pcs[at];
-			rules[count++] = row_rules[at];
+			EMIT(row_pcs[at], row_rules[at]);
 		}
 		covered_to = fdes[i].end;
 	}
-	if (count) {
-		pcs[count] = covered_to;
-		rules[count++] = KIND_NONE;
+	if (count)
+		EMIT(covered_to, KIND_NONE);
+#undef EMIT
+	return count;
+}
+
+// What otel_gpu_cfi_parse hands back: the parsed FDEs and their rows, sorted, and the table's row count.
+struct otel_gpu_cfi_rows {
+	struct builder b;
+	uint64_t count;
+};
+
+// Parses the frame section data[0:size) (loaded at section_vaddr; is_eh: .eh_frame, else .debug_frame); NULL when
+// memory ran out. The caller keeps data alive only for this call.
+EXPORT struct otel_gpu_cfi_rows *otel_gpu_cfi_parse(const uint8_t *data, uint64_t size, uint64_t section_vaddr,
+						    int is_eh)
+{
+	struct otel_gpu_cfi_rows *rows = calloc(1, sizeof(*rows));
+	struct builder *b;
+	if (rows == NULL)
+		return NULL;
+	b = &rows->b;
+	b->section = (struct buf){data, size};
+	b->section_vaddr = section_vaddr;
+	b->is_eh = is_eh != 0;
+	b->fdes.item_size = sizeof(struct fde_entry);
+	b->pcs.item_size = b->rules.item_size = sizeof(uint64_t);
+	b->scratch.item_size = sizeof(struct row);
+	if (parse(b) || b->failed) {
+		otel_gpu_cfi_release(rows);
+		return NULL;
 	}
-	out->pcs = pcs;
-	out->rules = rules;
-	out->count = count;
-	return 0;
-}
-
-static void release(struct builder *b)
-{
 	free(b->cies);
-	free(b->fdes.items);
-	free(b->pcs.items);
-	free(b->rules.items);
 	free(b->scratch.items);
+	b->cies = NULL;
+	b->scratch.items = NULL;
+	b->section = (struct buf){NULL, 0};
+	if (b->fdes.count > 1)
+		qsort(b->fdes.items, b->fdes.count, sizeof(struct fde_entry), by_start);
+	rows->count = merge(b, NULL, NULL, 0);
+	return rows;
 }
 
-// Builds the table of the frame section data[0:size) (loaded at section_vaddr; is_eh: .eh_frame, else
-// .debug_frame) into out (free with otel_gpu_cfi_free). 0, or -1 when memory ran out (out is then empty).
-EXPORT int otel_gpu_cfi_build(const uint8_t *data, uint64_t size, uint64_t section_vaddr, int is_eh,
-			      struct otel_gpu_cfi_table *out)
+// The table's number of rows.
+EXPORT uint64_t otel_gpu_cfi_count(const struct otel_gpu_cfi_rows *rows)
 {
-	struct builder b = {
-		.section = {data, size}, .section_vaddr = section_vaddr, .is_eh = is_eh != 0,
-		.fdes = {.item_size = sizeof(struct fde_entry)}, .pcs = {.item_size = sizeof(uint64_t)},
-		.rules = {.item_size = sizeof(uint64_t)}, .scratch = {.item_size = sizeof(struct row)},
-	};
-	int status;
-	memset(out, 0, sizeof(*out));
-	status = parse(&b) || b.failed ? -1 : merge(&b, out);
-	release(&b);
-	return status;
+	return rows->count;
 }
 
-EXPORT void otel_gpu_cfi_free(struct otel_gpu_cfi_table *table)
+// Writes the table's count rows: pc i at pcs[i * stride], its packed rule at rules[i * stride] (stride 1: two
+// arrays; pcs = base, rules = base + 1, stride 2: struct otel_gpu_unwind_row[] as unwind_rows holds them).
+EXPORT void otel_gpu_cfi_write(const struct otel_gpu_cfi_rows *rows, uint64_t *pcs, uint64_t *rules, uint64_t stride)
 {
-	free(table->pcs);
-	free(table->rules);
-	memset(table, 0, sizeof(*table));
+	merge(&rows->b, pcs, rules, stride);
+}
+
+EXPORT void otel_gpu_cfi_release(struct otel_gpu_cfi_rows *rows)
+{
+	if (rows == NULL)
+		return;
+	free(rows->b.cies);
+	free(rows->b.fdes.items);
+	free(rows->b.pcs.items);
+	free(rows->b.rules.items);
+	free(rows->b.scratch.items);
+	free(rows);
 }
