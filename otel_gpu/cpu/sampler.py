@@ -44,7 +44,10 @@ _EVENT_POLL_MS = 250  # only bounds how fast close() stops the thread: a new rec
 _STACK = struct.Struct(f"<{abi.MAX_STACK_DEPTH}Q")
 _EFAULT = -errno_codes.EFAULT
 _SPAN_TABLE_RECHECK_S = 10.0  # a process may load the span context library after its first sample
-DEFAULT_UNWIND_ROWS = 1 << 21  # 32 MiB: the hit files' tables, a libLLVM-sized one (~1 M rows) among them
+# 64 MiB of kernel memory, written (and so resident in the agent) only as hit files get tables: a table at
+# MAX_FRAME_BYTES (~3.9 M rows), or libtorch_cpu's 2.56 M rows beside libpython, libc and CUDA's smaller libraries;
+# cold tables are evicted for hit ones, and building one again costs ~0.12 CPU-s per million rows
+DEFAULT_UNWIND_ROWS = 1 << 22
 MAX_UNWIND_ROWS = 1 << 26  # 1 GiB: what native_unwind.h's per-file binary search covers
 DEFAULT_UNWOUND_STACKS = 4096  # 4 MiB a generation: 21 busy cores' samples at 19 Hz over a 10 s interval
 
@@ -87,11 +90,11 @@ class CPUSampler:
         (for comparing the two designs; the aggregated default is cheaper, see bench/bench_cpu_profiler.py).
         ``cpus`` defaults to every online CPU. ``native_unwind`` off: frame pointers only (the comparison path).
         ``unwind_rows``: capacity of the unwind tables of every file, 16 bytes a row of kernel memory (the default,
-        2 Mi rows, is 32 MiB, written only as hit files get tables; libtorch_cpu.so alone needs 2.56 Mi rows,
+        4 Mi rows, is 64 MiB, written only as hit files get tables; libtorch_cpu.so alone needs 2.56 M rows,
         docs/benchmarks.md). ``unwound_stacks``:
         distinct walked stacks counted in the kernel per drain, 1 KiB each in each of two generations; past it a
         walked sample comes whole through the ring buffer. ``unwind_max_frame_bytes``: files whose .eh_frame is larger
-        are walked by frame pointer (their tables would cost seconds of the agent's CPU and MiBs each).
+        are walked by frame pointer (see unwind.table.MAX_FRAME_BYTES).
         ``unwind_eager_frame_bytes``: files with at most this much frame section get their table when a process that
         maps them is registered, larger ones only once samples hit them (``unwind_max_frame_bytes``: everything
         eagerly, as before tables were lazy)."""

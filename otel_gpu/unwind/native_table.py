@@ -61,9 +61,10 @@ class ParsedRows:
     (:meth:`arrays`) or straight into an array of ``struct otel_gpu_unwind_row`` (:meth:`write_rows`), so the agent
     never holds a copy of a large table. Release with :meth:`close` (or ``with``)."""
 
-    def __init__(self, lib: ctypes.CDLL, handle: int) -> None:
+    def __init__(self, lib: ctypes.CDLL, handle: int, section: bytes) -> None:
         self._lib = lib
         self._handle: int | None = handle
+        self._section: bytes | None = section  # the library makes the rows from it when they are written
         self.count: int = lib.otel_gpu_cfi_count(handle)
 
     def arrays(self) -> tuple[array[int], array[int]]:
@@ -81,7 +82,7 @@ class ParsedRows:
     def close(self) -> None:
         if self._handle is not None:
             self._lib.otel_gpu_cfi_release(self._handle)
-            self._handle = None
+            self._handle = self._section = None
 
     def _live(self) -> int:
         if self._handle is None:
@@ -107,7 +108,7 @@ def parse(section: bytes, section_vaddr: int, is_eh: bool) -> ParsedRows:
     handle = lib.otel_gpu_cfi_parse(section, len(section), section_vaddr & 0xFFFFFFFFFFFFFFFF, int(is_eh))
     if not handle:
         raise MemoryError("unwind table builder: out of memory")
-    return ParsedRows(lib, handle)
+    return ParsedRows(lib, handle, section)
 
 
 def build_rows(section: bytes, section_vaddr: int, is_eh: bool) -> tuple[array[int], array[int]]:

@@ -38,15 +38,15 @@ KIND_UNSUPPORTED = 4  # CFA expression, CFA in another register, return address 
 _MAX_SECTION_BYTES = 256 << 20  # .eh_frame read per file at most (libtorch_cpu.so's is 17 MiB)
 _MAX_SECTIONS = 1 << 16
 _CACHE_BYTES = 64 << 20  # tables kept in all
-# Files whose .eh_frame is larger get a table without rows and are walked by frame pointer. Tables are built only
-# for files that samples hit (unwind/processes.py), in the agent's Python at about 190 rows per KiB of .eh_frame and
-# ~0.3 CPU-s per 100,000 rows, ~16 bytes a row while built (docs/benchmarks.md): 6 MiB is at most ~1.2 M rows,
-# ~3.5 CPU-s once per file and 18 MiB of the rows array, which covers libLLVM-sized libraries (libLLVM-15: 4.96 MiB,
-# 979,120 rows, 2.7 CPU-s). libtorch_cpu's 17 MiB (torch 2.13 CPU: 2.56 M rows, 39 MiB, 8.7 CPU-s) needs both
-# this cap and the sampler's unwind_rows raised. The default stays at 1 MiB: on the H200 a PyTorch process with a
-# 6 MiB cap kept the unwinder at 7.1 CPU-s over 21 s (CUDA's and torch's libraries of 1-6 MiB hit, built, evicted
-# for each other 48 times in 2 Mi rows) for 39.9 % of samples reaching Python, against 42.2 % by frame pointers.
-MAX_FRAME_BYTES = 1 << 20
+# Files whose frame section is larger get a table without rows and are walked by frame pointer. Tables are built only
+# for files that samples hit (unwind/processes.py), by the native builder (native/cfi_table.c): about 0.12 CPU-s
+# per million rows (~190 rows per KiB of .eh_frame), and besides the rows themselves, which go straight into
+# unwind_rows, the section's bytes and 48 bytes per FDE while it builds (docs/benchmarks.md, "Native unwind-table
+# builder"). 20 MiB covers libtorch_cpu.so (torch 2.13: 17 MiB, 2.56 M rows, ~0.3 CPU-s, ~30 MiB while built) and
+# CUDA's libraries of that size; at the cap a table is ~3.9 M rows, ~0.5 CPU-s once per file and ~40 MiB while
+# built, and still fits the sampler's DEFAULT_UNWIND_ROWS (4 Mi rows), so no file is parsed only to find it cannot be
+# loaded. Larger files would need more rows than the default holds (16 bytes each, resident in the agent once written).
+MAX_FRAME_BYTES = 20 << 20
 
 
 @dataclass(frozen=True, slots=True)

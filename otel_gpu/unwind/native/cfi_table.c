@@ -55,7 +55,9 @@ struct vec {
 
 struct fde_entry {
 	uint64_t start, end;
-	size_t first_row, row_count, seq;
+	uint64_t pos, entry_end;  // where its initial location and its instructions are, where it ends
+	uint64_t cie_at;
+	size_t seq;
 };
 
 struct otel_gpu_cfi_rows;
@@ -72,7 +74,7 @@ struct builder {
 	int is_eh;
 	struct cie *cies;  // open addressing by offset
 	size_t cie_slots, cie_count;
-	struct vec fdes, pcs, rules, scratch;
+	struct vec fdes, scratch;
 	int failed;  // out of memory
 };
 
@@ -633,20 +635,21 @@ static struct cie *cie_at(struct builder *b, uint64_t at)
 	return remember_cie(b, at, &parsed);
 }
 
-static int read_fde(struct builder *b, uint64_t pos, uint64_t end, const struct cie *cie)
+// cfi._read_fde: runs the FDE at pos (its initial location) to end; 1 with its rows in b->scratch and its range in
+// *start, *span; 0 when it is skipped; -1 when memory ran out.
+static int run_fde(struct builder *b, uint64_t pos, uint64_t end, const struct cie *cie, uint64_t *start,
+		   uint64_t *span)
 {
 	struct buf d = b->section;
-	uint64_t start, span;
 	wide aug_len;
 	struct state state;
-	struct vec *rows = &b->scratch;
 
 	if (b->is_eh) {
-		if (pointer(d, &pos, cie->fde_encoding, b->section_vaddr, &start) ||
-		    pointer(d, &pos, cie->fde_encoding & 0x0F, 0, &span))
+		if (pointer(d, &pos, cie->fde_encoding, b->section_vaddr, start) ||
+		    pointer(d, &pos, cie->fde_encoding & 0x0F, 0, span))
 			return 0;
 	} else {
-		if (fixed(d, pos, 8, &start) || fixed(d, pos + 8, 8, &span))
+		if (fixed(d, pos, 8, start) || fixed(d, pos + 8, 8, span))
 			return 0;
 		pos += 16;
 	}
@@ -655,28 +658,29 @@ static int read_fde(struct builder *b, uint64_t pos, uint64_t end, const struct 
 			return 0;
 		pos = (uint64_t)(sat_add(pos, aug_len) > (wide)UINT64_MAX ? UINT64_MAX : sat_add(pos, aug_len));
 	}
-	if (span == 0 || start == 0 || start + span < start)
+	if (*span == 0 || *start == 0 || *start + *span < *start)
 		return 0;  // discarded (start 0, zero length) or past the address space
 	if (!cie->initial_ok)
 		return 0;
 	state = cie->initial;
-	rows->count = 0;
-	struct run r = {b, cie, &state, &cie->initial, start, rows};
-	struct buf code = slice(d, pos, end);
-	if (execute(&r, code, b->section_vaddr + pos))
+	b->scratch.count = 0;
+	struct run r = {b, cie, &state, &cie->initial, *start, &b->scratch};
+	if (execute(&r, slice(d, pos, end), b->section_vaddr + pos))
 		return b->failed ? -1 : 0;
 	if (advance(&r, r.pc + 1))  // the last row: cfi._read_fde appends (or replaces) the row at the final pc
 		return -1;
-	struct fde_entry entry = {start, start + span, b->pcs.count, 0, b->fdes.count};
-	struct row *kept = rows->items;
-	for (size_t i = 0; i < rows->count; i++) {
-		if (kept[i].pc < (wide)(start + span)) {
-			uint64_t pc = (uint64_t)kept[i].pc;
-			if (push(b, &b->pcs, &pc) || push(b, &b->rules, &kept[i].rule))
-				return -1;
-		}
-	}
-	entry.row_count = b->pcs.count - entry.first_row;
+	return 1;
+}
+
+// Keeps a valid FDE's place, range and CIE; its rows are made again when the table is written (so a large file
+// costs about 48 bytes per FDE here, not 16 per row).
+static int read_fde(struct builder *b, uint64_t pos, uint64_t end, const struct cie *cie)
+{
+	uint64_t start, span;
+	int found = run_fde(b, pos, end, cie, &start, &span);
+	if (found <= 0)
+		return found;
+	struct fde_entry entry = {start, start + span, pos, end, cie->at, b->fdes.count};
 	return push(b, &b->fdes, &entry);
 }
 
@@ -739,13 +743,13 @@ static int by_start(const void *a, const void *b)
 	return x->seq < y->seq ? -1 : x->seq > y->seq;  // stable: section order
 }
 
-// Walks the FDEs in pc order as table_from_fdes does; writes the rows at pcs[i * stride], rules[i * stride] when
-// pcs is not NULL. Returns the number of rows.
-static uint64_t merge(const struct builder *b, uint64_t *pcs, uint64_t *rules, size_t stride)
+// Walks the FDEs in pc order as table_from_fdes does, running each again; writes the rows at pcs[i * stride],
+// rules[i * stride] when pcs is not NULL. Returns the number of rows (the same on every walk: the runs are the
+// ones parse() made, into a scratch buffer already as large as they need).
+static uint64_t merge(struct builder *b, uint64_t *pcs, uint64_t *rules, size_t stride)
 {
 	const struct fde_entry *fdes = b->fdes.items;
-	const uint64_t *row_pcs = b->pcs.items, *row_rules = b->rules.items;
-	uint64_t count = 0, covered_to = 0, last_pc = 0, last_rule = 0;
+	uint64_t count = 0, covered_to = 0, last_pc = 0, last_rule = 0, start, span;
 #define EMIT(pc, rule)                                          \
 	do {                                                    \
 		last_pc = (pc);                                 \
@@ -761,16 +765,22 @@ static uint64_t merge(const struct builder *b, uint64_t *pcs, uint64_t *rules, s
 			continue;  // overlapping FDEs: the first one wins
 		if (count && fdes[i].start > covered_to && last_rule != KIND_NONE)
 			EMIT(covered_to, KIND_NONE);
-		for (size_t at = fdes[i].first_row; at < fdes[i].first_row + fdes[i].row_count; at++) {
-			if (count && last_rule == row_rules[at])
+		if (run_fde(b, fdes[i].pos, fdes[i].entry_end, cie_slot(b, fdes[i].cie_at), &start, &span) != 1)
+			continue;  // cannot happen: it ran the same way in parse()
+		const struct row *rows = b->scratch.items;
+		for (size_t at = 0; at < b->scratch.count; at++) {
+			if (rows[at].pc >= (wide)fdes[i].end)
 				continue;
-			if (count && last_pc == row_pcs[at]) {
-				last_rule = row_rules[at];
+			uint64_t pc = (uint64_t)rows[at].pc, rule = rows[at].rule;
+			if (count && last_rule == rule)
+				continue;
+			if (count && last_pc == pc) {
+				last_rule = rule;
 				if (pcs != NULL)
 					rules[(count - 1) * stride] = last_rule;
 				continue;
 			}
-			EMIT(row_pcs[at], row_rules[at]);
+			EMIT(pc, rule);
 		}
 		covered_to = fdes[i].end;
 	}
@@ -787,7 +797,7 @@ struct otel_gpu_cfi_rows {
 };
 
 // Parses the frame section data[0:size) (loaded at section_vaddr; is_eh: .eh_frame, else .debug_frame); NULL when
-// memory ran out. The caller keeps data alive only for this call.
+// memory ran out. The caller keeps data alive until otel_gpu_cfi_release (the rows are made from it when written).
 EXPORT struct otel_gpu_cfi_rows *otel_gpu_cfi_parse(const uint8_t *data, uint64_t size, uint64_t section_vaddr,
 						    int is_eh)
 {
@@ -800,17 +810,11 @@ EXPORT struct otel_gpu_cfi_rows *otel_gpu_cfi_parse(const uint8_t *data, uint64_
 	b->section_vaddr = section_vaddr;
 	b->is_eh = is_eh != 0;
 	b->fdes.item_size = sizeof(struct fde_entry);
-	b->pcs.item_size = b->rules.item_size = sizeof(uint64_t);
 	b->scratch.item_size = sizeof(struct row);
 	if (parse(b) || b->failed) {
 		otel_gpu_cfi_release(rows);
 		return NULL;
 	}
-	free(b->cies);
-	free(b->scratch.items);
-	b->cies = NULL;
-	b->scratch.items = NULL;
-	b->section = (struct buf){NULL, 0};
 	if (b->fdes.count > 1)
 		qsort(b->fdes.items, b->fdes.count, sizeof(struct fde_entry), by_start);
 	rows->count = merge(b, NULL, NULL, 0);
@@ -825,7 +829,7 @@ EXPORT uint64_t otel_gpu_cfi_count(const struct otel_gpu_cfi_rows *rows)
 
 // Writes the table's count rows: pc i at pcs[i * stride], its packed rule at rules[i * stride] (stride 1: two
 // arrays; pcs = base, rules = base + 1, stride 2: struct otel_gpu_unwind_row[] as unwind_rows holds them).
-EXPORT void otel_gpu_cfi_write(const struct otel_gpu_cfi_rows *rows, uint64_t *pcs, uint64_t *rules, uint64_t stride)
+EXPORT void otel_gpu_cfi_write(struct otel_gpu_cfi_rows *rows, uint64_t *pcs, uint64_t *rules, uint64_t stride)
 {
 	merge(&rows->b, pcs, rules, stride);
 }
@@ -836,8 +840,6 @@ EXPORT void otel_gpu_cfi_release(struct otel_gpu_cfi_rows *rows)
 		return;
 	free(rows->b.cies);
 	free(rows->b.fdes.items);
-	free(rows->b.pcs.items);
-	free(rows->b.rules.items);
 	free(rows->b.scratch.items);
 	free(rows);
 }
