@@ -16,7 +16,7 @@ Reports:
   4. drain + unwind-resolve + symbolize + encode throughput of walked samples (the issue's target: >= 50,000/s);
   5. the unwinder thread's own CPU time (in process, so other load does not hide it) and the tables it keeps, for
      a Python process that maps libLLVM-15 and -14 (~225 MB of C++ without frame pointers) and runs libLLVM code:
-     tables built for every mapped file when the process is registered, at a 1 MiB and at the default 20 MiB cap,
+     tables built for every mapped file when the process is registered, at a 1 MiB and at the default 8 MiB cap,
      against tables built only for the files samples hit (the default);
   6. (not in the default parts) a table's build CPU time and the peak RSS it adds, each file in a fresh process,
      the Python reference interpreter (cfi.py) against the native builder the agent uses, side by side.
@@ -447,8 +447,8 @@ def main() -> None:
                   f"{'depth>=8':>9} {'no_mapping':>10} {'read_failed':>11} {'bad_fp':>7}")
             for label, eager, cap in (("eager, cap 1 MiB", 1 << 20, 1 << 20),
                                       ("lazy over 64 KiB, cap 1 MiB", 64 << 10, 1 << 20),
-                                      ("eager, cap 20 MiB", 20 << 20, 20 << 20),
-                                      ("lazy over 64 KiB, cap 20 MiB (default)", 64 << 10, 20 << 20)):
+                                      ("eager, cap 8 MiB", 8 << 20, 8 << 20),
+                                      ("lazy over 64 KiB, cap 8 MiB (default)", 64 << 10, 8 << 20)):
                 row = unwinder_cost(args.seconds, args.hz, eager, cap, libraries)
                 print(f"{label:<38} {row['samples']:>8} {row['unwinder_s']:>15.2f} "
                       f"{row['files']:>5}/{row['files_known']:<5} {row['rows']:>9} {row['rss_mib']:>8.0f} "

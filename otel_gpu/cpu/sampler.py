@@ -44,10 +44,11 @@ _EVENT_POLL_MS = 250  # only bounds how fast close() stops the thread: a new rec
 _STACK = struct.Struct(f"<{abi.MAX_STACK_DEPTH}Q")
 _EFAULT = -errno_codes.EFAULT
 _SPAN_TABLE_RECHECK_S = 10.0  # a process may load the span context library after its first sample
-# 64 MiB of kernel memory, written (and so resident in the agent) only as hit files get tables: a table at
-# MAX_FRAME_BYTES (~3.9 M rows), or libtorch_cpu's 2.56 M rows beside libpython, libc and CUDA's smaller libraries;
-# cold tables are evicted for hit ones, and building one again costs ~0.12 CPU-s per million rows
-DEFAULT_UNWIND_ROWS = 1 << 22
+# 32 MiB of kernel memory, all of it in the agent's RSS from the start (the array is mmap-ed whole: RssFile grows by
+# the map's size at open, docs/benchmarks.md): a table at MAX_FRAME_BYTES (~1.5 M rows) beside libpython's, libc's and
+# the other hit files'; cold tables are evicted for hit ones, and building one again costs ~0.12 CPU-s per million
+# rows. libtorch_cpu's 2.56 M rows would need more (41 MiB more RSS at 16 bytes a row): a denser row layout first.
+DEFAULT_UNWIND_ROWS = 1 << 21
 MAX_UNWIND_ROWS = 1 << 26  # 1 GiB: what native_unwind.h's per-file binary search covers
 DEFAULT_UNWOUND_STACKS = 4096  # 4 MiB a generation: 21 busy cores' samples at 19 Hz over a 10 s interval
 
@@ -90,7 +91,7 @@ class CPUSampler:
         (for comparing the two designs; the aggregated default is cheaper, see bench/bench_cpu_profiler.py).
         ``cpus`` defaults to every online CPU. ``native_unwind`` off: frame pointers only (the comparison path).
         ``unwind_rows``: capacity of the unwind tables of every file, 16 bytes a row of kernel memory (the default,
-        4 Mi rows, is 64 MiB, written only as hit files get tables; libtorch_cpu.so alone needs 2.56 M rows,
+        2 Mi rows, is 32 MiB, mapped whole into the agent; libtorch_cpu.so alone needs 2.56 M rows,
         docs/benchmarks.md). ``unwound_stacks``:
         distinct walked stacks counted in the kernel per drain, 1 KiB each in each of two generations; past it a
         walked sample comes whole through the ring buffer. ``unwind_max_frame_bytes``: files whose .eh_frame is larger

@@ -42,11 +42,12 @@ _CACHE_BYTES = 64 << 20  # tables kept in all
 # for files that samples hit (unwind/processes.py), by the native builder (native/cfi_table.c): about 0.12 CPU-s
 # per million rows (~190 rows per KiB of .eh_frame), and besides the rows themselves, which go straight into
 # unwind_rows, the section's bytes and 48 bytes per FDE while it builds (docs/benchmarks.md, "Native unwind-table
-# builder"). 20 MiB covers libtorch_cpu.so (torch 2.13: 17 MiB, 2.56 M rows, ~0.3 CPU-s, ~30 MiB while built) and
-# CUDA's libraries of that size; at the cap a table is ~3.9 M rows, ~0.5 CPU-s once per file and ~40 MiB while
-# built, and still fits the sampler's DEFAULT_UNWIND_ROWS (4 Mi rows), so no file is parsed only to find it cannot be
-# loaded. Larger files would need more rows than the default holds (16 bytes each, resident in the agent once written).
-MAX_FRAME_BYTES = 20 << 20
+# builder"). CPU no longer bounds the cap (it did at 1 MiB with the Python builder, ~0.3 CPU-s per 100,000 rows);
+# the rows do: at 8 MiB a table is ~1.5 M rows, ~0.2 CPU-s once per file and ~15 MiB while built, and leaves a
+# quarter of the sampler's DEFAULT_UNWIND_ROWS (2 Mi, mapped whole into the agent) to libpython, libc and the rest.
+# That covers LLVM, clang, rustc's and CUDA's libraries of 1-6 MiB; libtorch_cpu.so (17 MiB, 2.56 M rows) needs more
+# rows than the default holds at 16 bytes a row, so it stays on frame pointers until rows are denser.
+MAX_FRAME_BYTES = 8 << 20
 
 
 @dataclass(frozen=True, slots=True)

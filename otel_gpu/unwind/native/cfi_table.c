@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // libotel_gpu_cfi.so: the unwind table of one .eh_frame / .debug_frame section, built without a Python object per
-// row. It produces exactly what otel_gpu/unwind/cfi.py + table.table_from_fdes produce (that pair is the reference
-// the tests compare it with, file by file and on fuzzed sections): the same rows, the same rule kinds, the same NONE
+// row. It produces exactly the table of otel_gpu/unwind/cfi.py (parse_frames + table_from_fdes), the reference the
+// tests compare it with, file by file and on fuzzed sections: the same rows, the same rule kinds, the same NONE
 // gaps; a corrupt CIE or FDE is skipped, a corrupt entry length ends the section.
 //
 // Values are kept as Python keeps them: LEB128 numbers have up to 77 bits (the interpreter allows shifts up to 70),
