@@ -16,9 +16,10 @@ Reports:
   4. drain + unwind-resolve + symbolize + encode throughput of walked samples (the issue's target: >= 50,000/s);
   5. the unwinder thread's own CPU time (in process, so other load does not hide it) and the tables it keeps, for
      a Python process that maps libLLVM-15 and -14 (~225 MB of C++ without frame pointers) and runs libLLVM code:
-     tables built for every mapped file when the process is registered (the previous design, at the previous 1 MiB
-     cap and at the new 6 MiB one) against tables built only for the files samples hit (the default);
-  6. (not in the default parts) a table's build CPU time and the peak RSS it adds, each file in a fresh process.
+     tables built for every mapped file when the process is registered, at a 1 MiB and at the default 8 MiB cap,
+     against tables built only for the files samples hit (the default);
+  6. (not in the default parts) a table's build CPU time and the peak RSS it adds, each file in a fresh process,
+     the Python reference interpreter (cfi.py) against the native builder the agent uses, side by side.
 
 Run (as root, after make build): .venv/bin/python bench/bench_unwind.py [--seconds 5] [--hz 999] [--elf PATH ...]
                                  [--parts 12345] [--library PATH ...]
@@ -56,7 +57,8 @@ STATS_SYSCTL = Path("/proc/sys/kernel/bpf_stats_enabled")
 
 
 def table_costs(paths: list[str]) -> None:
-    print(f"{'file':<48} {'.eh_frame':>10} {'FDEs':>7} {'rows':>8} {'table':>9} {'parse s':>8} {'total s':>8}")
+    """Per file: the reference interpreter's parse + merge (cfi.py) and the native build the agent does."""
+    print(f"{'file':<48} {'.eh_frame':>10} {'FDEs':>7} {'rows':>8} {'table':>9} {'Python s':>9} {'native s':>9}")
     for path in paths:
         if not path or not Path(path).exists():
             continue
@@ -64,12 +66,13 @@ def table_costs(paths: list[str]) -> None:
         size = len(found[2]) if found else 0
         start = time.perf_counter()
         fdes = list(cfi.parse_frames(found[2], found[1], found[0] == ".eh_frame")) if found else []
-        parsed = time.perf_counter() - start
+        cfi.table_from_fdes(fdes, "")
+        reference = time.perf_counter() - start
         start = time.perf_counter()
         table = build_table(path)
-        total = time.perf_counter() - start
+        native = time.perf_counter() - start
         print(f"{Path(path).name[:48]:<48} {size:>10} {len(fdes):>7} {len(table.pcs):>8} {table.size_bytes:>9} "
-              f"{parsed:>8.3f} {total:>8.3f}")
+              f"{reference:>9.3f} {native:>9.4f}")
 
 
 def _prog_stats(prog_id: int) -> tuple[int, int]:
@@ -248,24 +251,63 @@ def stack_copy(binary: Path, seconds: float, hz: int, window: int) -> dict[str, 
 BUILD_ONE = """
 import resource, sys, time
 sys.path.insert(0, sys.argv[1])
-from otel_gpu.unwind.table import build_table, frame_section_size
+from otel_gpu.unwind import cfi
+from otel_gpu.unwind.table import build_table, frame_section_size, frame_sections
 size = frame_section_size(sys.argv[2])
+section, vaddr, data = frame_sections(sys.argv[2])
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 start = time.thread_time()
-table = build_table(sys.argv[2], max_frame_bytes=1 << 40)
+if sys.argv[3] == "native":
+    table = build_table(sys.argv[2], max_frame_bytes=1 << 40)
+elif sys.argv[3] == "agent":  # what NativeUnwinder does: parse, write the rows into the (mmap-ed) rows array
+    import ctypes, mmap
+    from otel_gpu.unwind.table import parse_table
+    table, rows = parse_table(sys.argv[2], max_frame_bytes=1 << 40)
+    memory = mmap.mmap(-1, max(16 * rows.count, 1))
+    target = (ctypes.c_char * (16 * rows.count)).from_buffer(memory)
+    rows.write_rows(ctypes.addressof(target))
+    table = type("Rows", (), {"pcs": range(rows.count)})
+    rows.close()
+else:
+    table = cfi.table_from_fdes(cfi.parse_frames(data, vaddr, section == ".eh_frame"), section)
 cpu = time.thread_time() - start
 after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-print(f"{sys.argv[2]:<48} {size / 2**20:>10.2f} {len(table.pcs):>9} {table.size_bytes / 2**20:>10.2f} {cpu:>8.2f} "
-      f"{(after - before) / 1024:>9.0f}")
+print(cpu, (after - before) / 1024, len(table.pcs), size)
 """
 
 
-def build_costs(paths: list[str]) -> None:
-    """Each file's table built by build_table in a fresh interpreter: CPU time and the peak RSS it adds."""
-    print(f"{'file':<48} {'frame MiB':>10} {'rows':>9} {'table MiB':>10} {'CPU-s':>8} {'+RSS MiB':>9}")
+def _build_once(path: str, builder: str) -> tuple[float, float, int, int]:
+    out = subprocess.run([sys.executable, "-c", BUILD_ONE, str(REPO), path, builder], check=True,
+                         capture_output=True, text=True).stdout.split()
+    return float(out[0]), float(out[1]), int(out[2]), int(out[3])
+
+
+def build_costs(paths: list[str], repeats: int = 3) -> None:
+    """Each file's table built by the reference interpreter (Python, cfi.py) and by the native builder (build_table:
+    two arrays; "agent": parse_table and the rows written straight into an mmap-ed array, as NativeUnwinder writes
+    unwind_rows), each build in a fresh interpreter, alternating, ``repeats`` times: the median CPU time and the peak
+    RSS the build adds (the section's bytes, read before, not counted; the destination rows counted)."""
+    print(f"{'file':<40} {'frame MiB':>9} {'rows':>9} {'Python CPU-s':>12} {'native CPU-s':>12} {'ratio':>6} "
+          f"{'Python +MiB':>11} {'native +MiB':>11} {'agent +MiB':>10}")
     for path in paths:
-        if path and Path(path).exists():
-            subprocess.run([sys.executable, "-c", BUILD_ONE, str(REPO), path], check=True)
+        if not path or not Path(path).exists():
+            continue
+        runs: dict[str, list[tuple[float, float, int, int]]] = {"python": [], "native": [], "agent": []}
+        for _ in range(repeats):
+            for builder, found in runs.items():
+                found.append(_build_once(path, builder))
+        python = sorted(runs["python"])[repeats // 2]
+        native = sorted(runs["native"])[repeats // 2]
+        agent = sorted(runs["agent"], key=lambda run: run[1])[repeats // 2]
+        assert python[2] == native[2] == agent[2], (path, python, native, agent)
+        print(f"{Path(path).name[:40]:<40} {python[3] / 2**20:>9.2f} {python[2]:>9} {python[0]:>12.3f} "
+              f"{native[0]:>12.4f} {python[0] / max(native[0], 1e-6):>6.0f} {python[1]:>11.0f} {native[1]:>11.0f} "
+              f"{agent[1]:>10.0f}")
+
+
+BUILD_FILES = ["/usr/lib/x86_64-linux-gnu/libLLVM-15.so.1", "/usr/lib/llvm-14/lib/libclang-cpp.so.14",
+               str(next(Path("/root/.rustup/toolchains").glob("stable-*/lib/librustc_driver-*.so"), "")),
+               "/usr/lib/x86_64-linux-gnu/libstdc++.so.6", "/lib/x86_64-linux-gnu/libc.so.6"]
 
 
 LLVM_WORKLOAD = """
@@ -347,8 +389,9 @@ def main() -> None:
         print("1. unwind tables per file")
         table_costs(DEFAULT_FILES + args.elf)
     if "6" in args.parts:
-        print("6. table build in a fresh process per file: CPU time and peak RSS added")
-        build_costs(DEFAULT_FILES[:2] + ["/usr/lib/x86_64-linux-gnu/libLLVM-15.so.1"] + args.elf)
+        print("6. table build in a fresh process per file, Python reference vs native builder: CPU time (median of 3) "
+              "and peak RSS added")
+        build_costs(BUILD_FILES + args.elf)
     if os.geteuid() != 0:
         print("2. skipped: needs root")
         return
@@ -400,14 +443,14 @@ def main() -> None:
                                          "/usr/lib/x86_64-linux-gnu/libLLVM-14.so.1"]
             print(f"\n5. the unwinder thread's cost, one Python process mapping {', '.join(libraries)} and running "
                   f"libLLVM-15's C++ (no frame pointers), {args.seconds:.0f} s at {args.hz} Hz, sampled alone")
-            print(f"{'tables':<34} {'samples':>8} {'unwinder CPU-s':>15} {'files':>11} {'rows':>9} {'RSS MiB':>8} "
+            print(f"{'tables':<38} {'samples':>8} {'unwinder CPU-s':>15} {'files':>11} {'rows':>9} {'RSS MiB':>8} "
                   f"{'depth>=8':>9} {'no_mapping':>10} {'read_failed':>11} {'bad_fp':>7}")
-            for label, eager, cap in (("eager, cap 1 MiB (previous)", 1 << 20, 1 << 20),
+            for label, eager, cap in (("eager, cap 1 MiB", 1 << 20, 1 << 20),
                                       ("lazy over 64 KiB, cap 1 MiB", 64 << 10, 1 << 20),
-                                      ("eager, cap 6 MiB", 6 << 20, 6 << 20),
-                                      ("lazy over 64 KiB, cap 6 MiB (new)", 64 << 10, 6 << 20)):
+                                      ("eager, cap 8 MiB", 8 << 20, 8 << 20),
+                                      ("lazy over 64 KiB, cap 8 MiB (default)", 64 << 10, 8 << 20)):
                 row = unwinder_cost(args.seconds, args.hz, eager, cap, libraries)
-                print(f"{label:<34} {row['samples']:>8} {row['unwinder_s']:>15.2f} "
+                print(f"{label:<38} {row['samples']:>8} {row['unwinder_s']:>15.2f} "
                       f"{row['files']:>5}/{row['files_known']:<5} {row['rows']:>9} {row['rss_mib']:>8.0f} "
                       f"{row['deep']:>9.2f} {row['no_mapping']:>10.3f} {row['read_failed']:>11.3f} "
                       f"{row['bad_fp']:>7.3f}")

@@ -259,6 +259,7 @@ class Reason(enum.StrEnum):
     UNWIND_CACHE_EVICTED = "unwind_cache_evicted"  # a file's rows evicted (least recently hit) to make room
     UNWIND_TABLES_FULL = "unwind_tables_full"  # a file left to frame pointers: the rows map was full
     UNWIND_FILE_ERROR = "unwind_file_error"  # a file's frame information could not be read
+    UNWIND_NO_BUILDER = "unwind_no_builder"  # a file left to frame pointers: libotel_gpu_cfi.so does not load
     # source errors: symbolizer and /proc
     NO_SYMBOL = "no_symbol"
     SYMBOLS_DEFERRED = "symbols_deferred"  # a drain's time for reading new ELF files ran out: frame sent as file+offset

@@ -44,7 +44,11 @@ _EVENT_POLL_MS = 250  # only bounds how fast close() stops the thread: a new rec
 _STACK = struct.Struct(f"<{abi.MAX_STACK_DEPTH}Q")
 _EFAULT = -errno_codes.EFAULT
 _SPAN_TABLE_RECHECK_S = 10.0  # a process may load the span context library after its first sample
-DEFAULT_UNWIND_ROWS = 1 << 21  # 32 MiB: the hit files' tables, a libLLVM-sized one (~1 M rows) among them
+# 32 MiB of kernel memory, all of it in the agent's RSS from the start (the array is mmap-ed whole: RssFile grows by
+# the map's size at open, docs/benchmarks.md): a table at MAX_FRAME_BYTES (~1.5 M rows) beside libpython's, libc's and
+# the other hit files'; cold tables are evicted for hit ones, and building one again costs ~0.12 CPU-s per million
+# rows. libtorch_cpu's 2.56 M rows would need more (41 MiB more RSS at 16 bytes a row): a denser row layout first.
+DEFAULT_UNWIND_ROWS = 1 << 21
 MAX_UNWIND_ROWS = 1 << 26  # 1 GiB: what native_unwind.h's per-file binary search covers
 DEFAULT_UNWOUND_STACKS = 4096  # 4 MiB a generation: 21 busy cores' samples at 19 Hz over a 10 s interval
 
@@ -87,11 +91,11 @@ class CPUSampler:
         (for comparing the two designs; the aggregated default is cheaper, see bench/bench_cpu_profiler.py).
         ``cpus`` defaults to every online CPU. ``native_unwind`` off: frame pointers only (the comparison path).
         ``unwind_rows``: capacity of the unwind tables of every file, 16 bytes a row of kernel memory (the default,
-        2 Mi rows, is 32 MiB, written only as hit files get tables; libtorch_cpu.so alone needs 2.56 Mi rows,
+        2 Mi rows, is 32 MiB, mapped whole into the agent; libtorch_cpu.so alone needs 2.56 M rows,
         docs/benchmarks.md). ``unwound_stacks``:
         distinct walked stacks counted in the kernel per drain, 1 KiB each in each of two generations; past it a
         walked sample comes whole through the ring buffer. ``unwind_max_frame_bytes``: files whose .eh_frame is larger
-        are walked by frame pointer (their tables would cost seconds of the agent's CPU and MiBs each).
+        are walked by frame pointer (see unwind.table.MAX_FRAME_BYTES).
         ``unwind_eager_frame_bytes``: files with at most this much frame section get their table when a process that
         maps them is registered, larger ones only once samples hit them (``unwind_max_frame_bytes``: everything
         eagerly, as before tables were lazy)."""
@@ -107,7 +111,7 @@ class CPUSampler:
         self.unwind_max_frame_bytes = unwind_max_frame_bytes
         self.unwind_eager_frame_bytes = unwind_eager_frame_bytes
         self._unwinder: NativeUnwinder | None = None
-        self._unwind_seen = (0, 0, 0)  # (rows_full, file_errors, evictions) already reported
+        self._unwind_seen = (0, 0, 0, 0)  # (rows_full, file_errors, evictions, files_no_builder) already reported
         self._cpus = cpus
         self.pids = tuple(pids)
         self.exclude_tgid = exclude_tgid
@@ -310,14 +314,15 @@ class CPUSampler:
         """Totals of the BPF-side statistics since open (names of :class:`otel_gpu.ebpf.abi.CPUStat`), and the
         native unwinder's (``unwind_processes``, ``unwind_files``, ``unwind_rows``, ``unwind_rows_full``,
         ``unwind_file_errors``, ``unwind_files_too_large``, ``unwind_files_known``, ``unwind_evictions``,
-        ``unwind_remaps``)."""
+        ``unwind_remaps``, ``unwind_files_no_builder``)."""
         out = {stat.name.lower(): self._stats_seen[stat] for stat in abi.CPUStat}
         if self._unwinder is not None:
             unwinder = self._unwinder.stats
             out.update(unwind_processes=unwinder.processes, unwind_files=unwinder.files, unwind_rows=unwinder.rows,
                        unwind_rows_full=unwinder.rows_full, unwind_file_errors=unwinder.file_errors,
                        unwind_files_too_large=unwinder.files_too_large, unwind_files_known=unwinder.files_known,
-                       unwind_evictions=unwinder.evictions, unwind_remaps=unwinder.remaps)
+                       unwind_evictions=unwinder.evictions, unwind_remaps=unwinder.remaps,
+                       unwind_files_no_builder=unwinder.files_no_builder)
         return out
 
     # --- internals -------------------------------------------------------------------------------------------------
@@ -404,13 +409,15 @@ class CPUSampler:
                  (semconv.Reason.UNWIND_BAD_FP, delta[abi.CPUStat.UNWIND_BAD_FP]))
         unwinder = self._unwinder
         if unwinder is not None:
-            rows_full, file_errors, evictions = (unwinder.stats.rows_full, unwinder.stats.file_errors,
-                                                 unwinder.stats.evictions)
-            seen_full, seen_errors, seen_evictions = self._unwind_seen
-            self._unwind_seen = (rows_full, file_errors, evictions)
+            rows_full, file_errors, evictions, no_builder = (
+                unwinder.stats.rows_full, unwinder.stats.file_errors, unwinder.stats.evictions,
+                unwinder.stats.files_no_builder)
+            seen_full, seen_errors, seen_evictions, seen_no_builder = self._unwind_seen
+            self._unwind_seen = (rows_full, file_errors, evictions, no_builder)
             stops += ((semconv.Reason.UNWIND_TABLES_FULL, rows_full - seen_full),
                       (semconv.Reason.UNWIND_FILE_ERROR, file_errors - seen_errors),
-                      (semconv.Reason.UNWIND_CACHE_EVICTED, evictions - seen_evictions))
+                      (semconv.Reason.UNWIND_CACHE_EVICTED, evictions - seen_evictions),
+                      (semconv.Reason.UNWIND_NO_BUILDER, no_builder - seen_no_builder))
             if rows_full and not seen_full:
                 _logger.warning("CPU sampler: no room in unwind_rows (%d rows) for a hit file's table: it is unwound "
                                 "by frame pointer until room is freed", self.unwind_rows)

@@ -5,10 +5,10 @@ Registering a process only reads its maps: each executable mapping (files and th
 process's ``unwind_processes`` entry with the id of its file (by identity: device, inode, size, mtime, so one table
 serves every process that maps the file). The walker counts the frames it looks up per file id in
 ``unwind_file_hits``; a file is given a table only once samples hit it, and until then its code is stepped by frame
-pointer. Tables live in ``unwind_rows`` (an mmap-able array: a table is one slice assignment), allocated first-fit;
-when a hit file does not fit, the least recently hit files are evicted (counted). A walk that meets a pc outside
-every registered mapping (a library loaded later, as torch loads its own) asks, through ``unwind_remap``, for the
-process's maps to be read again.
+pointer. Tables live in ``unwind_rows`` (an mmap-able array the native builder writes a table into), allocated
+first-fit; when a hit file does not fit, the least recently hit files are evicted (counted). A walk that meets a pc
+outside every registered mapping (a library loaded later, as torch loads its own) asks, through ``unwind_remap``, for
+the process's maps to be read again.
 """
 
 from __future__ import annotations
@@ -20,12 +20,12 @@ import mmap
 import queue
 import threading
 import time
-from array import array
 from dataclasses import dataclass, field
 
 from otel_gpu.ebpf import abi
 from otel_gpu.ebpf.loader import BPFError, BPFMap
-from otel_gpu.unwind.table import TableCache, UnwindTable, build_table, file_key, frame_section_size
+from otel_gpu.unwind.native_table import NativeBuilderMissing, ParsedRows
+from otel_gpu.unwind.table import TableCache, UnwindTable, file_key, frame_section_size, parse_table
 
 _logger = logging.getLogger(__name__)
 _ROW_BYTES = ctypes.sizeof(abi.UnwindRow)
@@ -63,6 +63,7 @@ class UnwinderStats:
     rows_full: int = 0  # tables left out: larger than unwind_rows, or no room without evicting tables in use
     files_too_large: int = 0  # files left to frame pointers because their .eh_frame is over the cache's cap
     file_errors: int = 0  # files that could not be read or parsed
+    files_no_builder: int = 0  # files left to frame pointers because libotel_gpu_cfi.so does not load
     files_known: int = 0  # file ids in use (files mapped by registered processes)
     evictions: int = 0  # tables evicted, least recently hit first, to make room for a hit file
     remaps: int = 0  # processes whose maps were read again after a pc outside them
@@ -358,24 +359,39 @@ class NativeUnwinder:
     def _build(self, file: _File) -> None:
         started = time.thread_time()
         table: UnwindTable | None = None
+        rows: ParsedRows | None = None
         for pid, path in list(file.sources.items()):
             try:
-                table = build_table(path, file.image, self._max_frame_bytes)
+                table, rows = parse_table(path, file.image, self._max_frame_bytes)
                 break
             except (FileNotFoundError, ProcessLookupError):
                 file.sources.pop(pid, None)  # that process exited: try another that maps the file
-            except (OSError, ValueError) as exc:
+            except NativeBuilderMissing as exc:
+                if not self.stats.files_no_builder:
+                    _logger.warning("native unwinding off: %s; stacks are walked by frame pointer", exc)
+                self.stats.files_no_builder += 1
+                break
+            except (OSError, ValueError, MemoryError) as exc:
                 self._file_error(file.name, exc)
                 break
-        self.stats.build_s += time.thread_time() - started
+        try:
+            self._load(file, table, rows)
+        finally:
+            if rows is not None:
+                rows.close()
+            self.stats.build_s += time.thread_time() - started
+
+    def _load(self, file: _File, table: UnwindTable | None, rows: ParsedRows | None) -> None:
+        """Writes the parsed rows straight into unwind_rows (no copy of the table in Python) and points the
+        processes that map the file at them."""
         with self._lock:
             if file.key not in self._files or self._abandoned.is_set():
                 return  # forgotten meanwhile, or stopping
             if table is None:
                 file.state = _NO_ROWS
                 return
-            file.table = UnwindTable(array("Q"), array("Q"), table.source, table.segments, table.too_large)
-            count = len(table.pcs)
+            file.table = table  # rowless: kept for its segments
+            count = rows.count if rows is not None else 0
             if count == 0:
                 self.stats.files_too_large += table.too_large
                 file.state = _NO_ROWS
@@ -383,13 +399,16 @@ class NativeUnwinder:
                 self.stats.rows_full += 1
                 file.state = _NO_ROWS
             else:
+                assert rows is not None
                 first = self._room(count, file)
                 if first is None:  # only recently hit tables to evict: no room now, try again later
                     self.stats.rows_full += 1
                     file.retry_at = time.monotonic() + _COLD_S
                     file.since = self._hits[file.id] if self._hits is not None else 0
                     return
-                self._memory[first * _ROW_BYTES:(first + count) * _ROW_BYTES] = table.row_bytes()
+                target = (ctypes.c_char * (count * _ROW_BYTES)).from_buffer(self._memory, first * _ROW_BYTES)
+                rows.write_rows(ctypes.addressof(target))
+                del target  # the mmap can be closed only once no ctypes object points into it
                 file.state, file.first_row, file.row_count = _LOADED, first, count
                 self.stats.rows += count
                 self.stats.files += 1

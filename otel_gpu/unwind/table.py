@@ -21,12 +21,12 @@ import struct
 import threading
 from array import array
 from collections import OrderedDict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import BinaryIO
 
 from otel_gpu.symbolize.elf import _EHDR, _SHDR, Segment
-from otel_gpu.unwind import cfi
+from otel_gpu.unwind import native_table
 
 # Rule kinds (the low byte of a packed rule), shared with native_unwind.h
 KIND_NONE = 0  # no FDE covers the pc: fall back to frame pointers
@@ -38,15 +38,16 @@ KIND_UNSUPPORTED = 4  # CFA expression, CFA in another register, return address 
 _MAX_SECTION_BYTES = 256 << 20  # .eh_frame read per file at most (libtorch_cpu.so's is 17 MiB)
 _MAX_SECTIONS = 1 << 16
 _CACHE_BYTES = 64 << 20  # tables kept in all
-# Files whose .eh_frame is larger get a table without rows and are walked by frame pointer. Tables are built only
-# for files that samples hit (unwind/processes.py), in the agent's Python at about 190 rows per KiB of .eh_frame and
-# ~0.3 CPU-s per 100,000 rows, ~16 bytes a row while built (docs/benchmarks.md): 6 MiB is at most ~1.2 M rows,
-# ~3.5 CPU-s once per file and 18 MiB of the rows array, which covers libLLVM-sized libraries (libLLVM-15: 4.96 MiB,
-# 979,120 rows, 2.7 CPU-s). libtorch_cpu's 17 MiB (torch 2.13 CPU: 2.56 M rows, 39 MiB, 8.7 CPU-s) needs both
-# this cap and the sampler's unwind_rows raised. The default stays at 1 MiB: on the H200 a PyTorch process with a
-# 6 MiB cap kept the unwinder at 7.1 CPU-s over 21 s (CUDA's and torch's libraries of 1-6 MiB hit, built, evicted
-# for each other 48 times in 2 Mi rows) for 39.9 % of samples reaching Python, against 42.2 % by frame pointers.
-MAX_FRAME_BYTES = 1 << 20
+# Files whose frame section is larger get a table without rows and are walked by frame pointer. Tables are built only
+# for files that samples hit (unwind/processes.py), by the native builder (native/cfi_table.c): about 0.12 CPU-s
+# per million rows (~190 rows per KiB of .eh_frame), and besides the rows themselves, which go straight into
+# unwind_rows, the section's bytes and 48 bytes per FDE while it builds (docs/benchmarks.md, "Native unwind-table
+# builder"). CPU no longer bounds the cap (it did at 1 MiB with the Python builder, ~0.3 CPU-s per 100,000 rows);
+# the rows do: at 8 MiB a table is ~1.5 M rows, ~0.2 CPU-s once per file and ~15 MiB while built, and leaves a
+# quarter of the sampler's DEFAULT_UNWIND_ROWS (2 Mi, mapped whole into the agent) to libpython, libc and the rest.
+# That covers LLVM, clang, rustc's and CUDA's libraries of 1-6 MiB; libtorch_cpu.so (17 MiB, 2.56 M rows) needs more
+# rows than the default holds at 16 bytes a row, so it stays on frame pointers until rows are denser.
+MAX_FRAME_BYTES = 8 << 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,61 +97,6 @@ def unpack_rule(rule: int) -> tuple[int, int, int]:
     rbp = (rule >> 16) & 0xFFFF
     cfa = rule >> 32
     return kind, cfa - (1 << 32) if cfa >= 1 << 31 else cfa, rbp - (1 << 16) if rbp >= 1 << 15 else rbp
-
-
-def rule_of(row: cfi.Row) -> int:
-    """The packed rule of one CFI row."""
-    if row.ra_kind == cfi.UNDEFINED:
-        return pack_rule(KIND_END, 0, 0)
-    if (row.cfa_kind != cfi.CFA_REG or row.cfa_reg not in (cfi.RSP, cfi.RBP) or row.ra_kind != cfi.OFFSET
-            or row.ra_offset != -8 or row.rbp_kind == cfi.OTHER or not -(1 << 31) <= row.cfa_offset < 1 << 31
-            or not -(1 << 15) <= row.rbp_offset < 1 << 15 or (row.rbp_kind == cfi.OFFSET and row.rbp_offset == 0)):
-        return pack_rule(KIND_UNSUPPORTED, 0, 0)
-    kind = KIND_RSP if row.cfa_reg == cfi.RSP else KIND_RBP
-    return pack_rule(kind, row.cfa_offset, row.rbp_offset if row.rbp_kind == cfi.OFFSET else 0)
-
-
-def table_from_fdes(fdes: Iterable[cfi.Fde], source: str) -> UnwindTable:
-    """Merge FDEs (sorted by start here) into one table; consecutive equal rules are kept once.
-
-    Each FDE's rows are packed into flat arrays as they are parsed, so a large file costs about 16 bytes a row while
-    it is built, not a Python object per row (libLLVM-15: ~160 MiB -> see docs/benchmarks.md)."""
-    starts, ends, firsts = array("Q"), array("Q"), array("Q")
-    row_pcs, row_rules = array("Q"), array("Q")
-    for fde in fdes:
-        starts.append(fde.start)
-        ends.append(fde.end)
-        firsts.append(len(row_pcs))
-        for row in fde.rows:
-            row_pcs.append(row.pc)
-            row_rules.append(rule_of(row))
-    firsts.append(len(row_pcs))
-    pcs = array("Q")
-    rules = array("Q")
-    none = pack_rule(KIND_NONE, 0, 0)
-    covered_to = 0
-    for index in sorted(range(len(starts)), key=starts.__getitem__):
-        start = starts[index]
-        if start < covered_to:
-            continue  # overlapping FDEs (duplicates from linker quirks): the first one wins
-        if pcs and start > covered_to and rules[-1] != none:
-            pcs.append(covered_to)
-            rules.append(none)
-        for at in range(firsts[index], firsts[index + 1]):
-            rule = row_rules[at]
-            if pcs and rules[-1] == rule:
-                continue
-            pc = row_pcs[at]
-            if pcs and pcs[-1] == pc:
-                rules[-1] = rule
-                continue
-            pcs.append(pc)
-            rules.append(rule)
-        covered_to = ends[index]
-    if pcs:
-        pcs.append(covered_to)
-        rules.append(none)
-    return UnwindTable(pcs, rules, source)
 
 
 _PHDR = struct.Struct("<IIQQQQQQ")
@@ -234,23 +180,38 @@ def frame_section_size(path: str) -> int:
 
 def build_table(path: str, image: bytes | None = None, max_frame_bytes: int = _MAX_SECTION_BYTES) -> UnwindTable:
     """The unwind table of the ELF file at ``path`` (or of the in-memory ``image``, e.g. the vDSO, which ``path``
-    then only names); without rows (``too_large``) when its frame section is over ``max_frame_bytes``. Raises OSError
-    or ValueError for unreadable files."""
+    then only names); without rows (``too_large``) when its frame section is over ``max_frame_bytes``. Raises what
+    :func:`parse_table` raises."""
+    table, rows = parse_table(path, image, max_frame_bytes)
+    if rows is None:
+        return table
+    with rows:
+        pcs, rules = rows.arrays()
+    return UnwindTable(pcs, rules, table.source, table.segments)
+
+
+def parse_table(path: str, image: bytes | None = None,
+                max_frame_bytes: int = _MAX_SECTION_BYTES) -> tuple[UnwindTable, native_table.ParsedRows | None]:
+    """The file's table without its rows (source, segments, too_large), and its rows as the native builder holds
+    them (None without frame information or over ``max_frame_bytes``), for the caller to write where they go.
+    Raises OSError or ValueError for unreadable files, ``native_table.NativeBuilderMissing`` (an OSError) without
+    the builder, MemoryError when it runs out of memory."""
     if image is not None:
-        return _build(_image_reader(image), path, max_frame_bytes)
+        return _parse(_image_reader(image), path, max_frame_bytes)
     with open(path, "rb") as file:
-        return _build(_file_reader(file), path, max_frame_bytes)
+        return _parse(_file_reader(file), path, max_frame_bytes)
 
 
-def _build(read: _Read, name: str, max_frame_bytes: int) -> UnwindTable:
+def _parse(read: _Read, name: str,
+           max_frame_bytes: int) -> tuple[UnwindTable, native_table.ParsedRows | None]:
     found, segments = _find_frame_section(read, name)
     if found is None:
-        return UnwindTable(array("Q"), array("Q"), "", segments)
+        return UnwindTable(array("Q"), array("Q"), "", segments), None
     section, addr, offset, size = found
     if _checked_size(name, section, size) > max_frame_bytes:
-        return UnwindTable(array("Q"), array("Q"), section, segments, too_large=True)
-    table = table_from_fdes(cfi.parse_frames(read(offset, size), addr, section == ".eh_frame"), section)
-    return UnwindTable(table.pcs, table.rules, section, segments)
+        return UnwindTable(array("Q"), array("Q"), section, segments, too_large=True), None
+    rows = native_table.parse(read(offset, size), addr, section == ".eh_frame")
+    return UnwindTable(array("Q"), array("Q"), section, segments), rows
 
 
 def file_key(path: str, image: bytes | None = None) -> tuple[int, ...]:

@@ -21,6 +21,7 @@ from otel_gpu import config as config_module
 from otel_gpu import procfs
 from otel_gpu.symbolize import elf as elf_module
 from otel_gpu.symbolize import kallsyms, maps, perfmap, symbolizer
+from otel_gpu.unwind import cfi, native_table
 
 REPO = Path(__file__).resolve().parents[2]
 _HEX = frozenset("0123456789abcdef")
@@ -111,6 +112,21 @@ def kernel_symbols(data: bytes) -> None:
         assert found is not None and found[1] == 0
 
 
+def cfi_table(data: bytes) -> None:
+    """A frame section (the first byte's low bit: .eh_frame or .debug_frame) built into an unwind table by the native
+    builder the agent uses: exactly the reference interpreter's table, never a crash (a native fault ends the
+    fuzzing process: libFuzzer reports it as a crash)."""
+    is_eh = not data[:1] or bool(data[0] & 1)
+    section = data[1:]
+    pcs, rules = native_table.build_rows(section, _CFI_VADDR, is_eh)
+    reference = cfi.table_from_fdes(cfi.parse_frames(section, _CFI_VADDR, is_eh), "")
+    assert len(pcs) == len(rules) and len(pcs) <= len(section)
+    assert (pcs, rules) == (reference.pcs, reference.rules), "native and reference tables differ"
+
+
+_CFI_VADDR = 0x5000
+
+
 def config_file(data: bytes) -> None:
     """A YAML configuration file as someone may write it (or a file put where the agent reads its configuration):
     either a valid configuration or a ConfigError naming the problems, never another exception, never a hang."""
@@ -146,7 +162,8 @@ _CONFIG_NAMES = sorted({name for option in config_module.OPTIONS for name in opt
 
 # the slowest first, so that a run of a fixed number of inputs each, a few at a time, ends soonest
 TARGETS: dict[str, Callable[[bytes], None]] = {
-    "kallsyms": kernel_symbols, "proc_maps": proc_maps, "perf_map": perf_map, "elf": elf, "cgroup": cgroup,
+    "kallsyms": kernel_symbols, "proc_maps": proc_maps, "perf_map": perf_map, "elf": elf, "cfi": cfi_table,
+    "cgroup": cgroup,
     "environ": environ, "elf_notes": elf_notes, "status": status, "stat": stat, "config_file": config_file,
     "config_environment": config_environment,
 }
@@ -215,6 +232,24 @@ def _note_seeds() -> Iterator[bytes]:
     yield _note(b"Go\0", 4, b"go-build-id") + _note(b"GNU\0", 3, bytes(range(16)))
 
 
+def _cfi_seeds() -> Iterator[bytes]:
+    """The head of libc's .eh_frame and of a .debug_frame, and sections drawn opcode by opcode."""
+    import random
+
+    from otel_gpu.unwind.table import frame_sections
+    from tests.unwind.cfigen import synthetic_section
+    for path in ("/lib/x86_64-linux-gnu/libc.so.6", str(REPO / "tests/native/workloads/cpu_3to1")):
+        try:
+            found = frame_sections(path)
+        except (OSError, ValueError):
+            continue
+        if found is not None:
+            yield bytes([found[0] == ".eh_frame"]) + found[2][:DEFAULT_MAX_LEN - 1]
+    generator = random.Random(5)
+    for _ in range(16):
+        yield b"\x01" + synthetic_section(generator, _CFI_VADDR)
+
+
 def _perf_map_seeds() -> Iterator[bytes]:
     yield b"7f0000001000 100 py::compute:/app/model.py\n7f0000002000 80 LazyCompile:*render app.js:3\n"
     yield "".join(f"{0x7F0000000000 + 0x40 * i:x} 40 jitted_{i} with spaces\n" for i in range(150)).encode()
@@ -273,7 +308,8 @@ def _kallsyms_seeds() -> Iterator[bytes]:
 
 
 _SEEDS: dict[str, Callable[[], Iterator[bytes]]] = {
-    "elf": _elf_seeds, "elf_notes": _note_seeds, "perf_map": _perf_map_seeds, "proc_maps": _maps_seeds,
+    "elf": _elf_seeds, "elf_notes": _note_seeds, "cfi": _cfi_seeds, "perf_map": _perf_map_seeds,
+    "proc_maps": _maps_seeds,
     "stat": _stat_seeds, "status": _status_seeds, "cgroup": _cgroup_seeds, "environ": _environ_seeds,
     "kallsyms": _kallsyms_seeds, "config_file": lambda: iter(_CONFIG_FILE_SEEDS),
     "config_environment": lambda: iter(_CONFIG_ENV_SEEDS),

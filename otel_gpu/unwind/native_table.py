@@ -1,0 +1,117 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The agent's unwind-table builder: libotel_gpu_cfi.so (``unwind/native/cfi_table.c``), loaded with ctypes.
+
+It turns a frame section into the same sorted ``pcs``/``rules`` arrays as ``cfi.parse_frames`` +
+``cfi.table_from_fdes`` (the reference the tests compare it with), about a hundred times faster and without a
+Python object per row (docs/benchmarks.md, "Native unwind-table builder")."""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+from array import array
+from pathlib import Path
+
+LIBRARY_PATH = Path(__file__).parent / "native" / "libotel_gpu_cfi.so"
+
+
+class NativeBuilderMissing(OSError):
+    """libotel_gpu_cfi.so is not there or does not load (the package was installed without ``make build``)."""
+
+
+_lock = threading.Lock()
+_lib: ctypes.CDLL | None = None
+_load_error: str | None = None
+
+
+def _library() -> ctypes.CDLL:
+    global _lib, _load_error
+    with _lock:
+        if _lib is None and _load_error is None:
+            try:
+                lib = ctypes.CDLL(str(LIBRARY_PATH))
+            except OSError as exc:
+                _load_error = f"{LIBRARY_PATH} does not load ({exc}); run `make build`"
+            else:
+                lib.otel_gpu_cfi_parse.argtypes = [ctypes.c_char_p, ctypes.c_uint64, ctypes.c_uint64, ctypes.c_int]
+                lib.otel_gpu_cfi_parse.restype = ctypes.c_void_p
+                lib.otel_gpu_cfi_count.argtypes = [ctypes.c_void_p]
+                lib.otel_gpu_cfi_count.restype = ctypes.c_uint64
+                lib.otel_gpu_cfi_write.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint64]
+                lib.otel_gpu_cfi_write.restype = None
+                lib.otel_gpu_cfi_release.argtypes = [ctypes.c_void_p]
+                lib.otel_gpu_cfi_release.restype = None
+                _lib = lib
+        if _lib is None:
+            raise NativeBuilderMissing(_load_error)
+        return _lib
+
+
+def available() -> bool:
+    """Whether the library loads (loading it on the first call)."""
+    try:
+        _library()
+    except NativeBuilderMissing:
+        return False
+    return True
+
+
+class ParsedRows:
+    """A parsed frame section held by the library: ``count`` rows, written on demand into two arrays
+    (:meth:`arrays`) or straight into an array of ``struct otel_gpu_unwind_row`` (:meth:`write_rows`), so the agent
+    never holds a copy of a large table. Release with :meth:`close` (or ``with``)."""
+
+    def __init__(self, lib: ctypes.CDLL, handle: int, section: bytes) -> None:
+        self._lib = lib
+        self._handle: int | None = handle
+        self._section: bytes | None = section  # the library makes the rows from it when they are written
+        self.count: int = lib.otel_gpu_cfi_count(handle)
+
+    def arrays(self) -> tuple[array[int], array[int]]:
+        """(pcs, rules) as two arrays."""
+        pcs, rules = array("Q", [0]) * self.count, array("Q", [0]) * self.count
+        if self.count:
+            self._lib.otel_gpu_cfi_write(self._live(), pcs.buffer_info()[0], rules.buffer_info()[0], 1)
+        return pcs, rules
+
+    def write_rows(self, address: int) -> None:
+        """Writes the ``count`` rows (16 bytes each: pc, packed rule) at ``address``, which must hold them."""
+        if self.count:
+            self._lib.otel_gpu_cfi_write(self._live(), address, address + 8, 2)
+
+    def close(self) -> None:
+        if self._handle is not None:
+            self._lib.otel_gpu_cfi_release(self._handle)
+            self._handle = self._section = None
+
+    def _live(self) -> int:
+        if self._handle is None:
+            raise ValueError("rows already released")
+        return self._handle
+
+    def __enter__(self) -> ParsedRows:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        self.close()
+
+
+def parse(section: bytes, section_vaddr: int, is_eh: bool) -> ParsedRows:
+    """The table of the ``.eh_frame`` (``is_eh``) or ``.debug_frame`` bytes loaded at ``section_vaddr``.
+
+    Raises NativeBuilderMissing without the library, MemoryError when it runs out of memory. The GIL is released
+    while it parses (ctypes drops it for the call)."""
+    lib = _library()
+    handle = lib.otel_gpu_cfi_parse(section, len(section), section_vaddr & 0xFFFFFFFFFFFFFFFF, int(is_eh))
+    if not handle:
+        raise MemoryError("unwind table builder: out of memory")
+    return ParsedRows(lib, handle, section)
+
+
+def build_rows(section: bytes, section_vaddr: int, is_eh: bool) -> tuple[array[int], array[int]]:
+    """(pcs, rules) of the frame section (see :func:`parse`)."""
+    with parse(section, section_vaddr, is_eh) as rows:
+        return rows.arrays()
