@@ -3,8 +3,8 @@
 # the host (so the build itself needs no Python package index) and stages the build context: the package sources,
 # cuda-include/ and wheelhouse/. With Docker: `IMAGE=otel-gpu:0.1.0 scripts/image.sh build` prepares
 # .cache/image-context, then `docker build --build-arg BASE_IMAGE=debian:bookworm-slim -f Dockerfile .cache/image-context`.
-# The build stage compiles the eBPF objects (clang, CO-RE, vmlinux.h from the build machine's BTF) and the CUDA
-# injection library (gcc), builds the package's wheel and installs it with its dependencies into a virtual
+# The build stage compiles the eBPF objects (clang, CO-RE, vmlinux.h from the build machine's BTF), the CUDA
+# injection library and the unwind-table builder (gcc), builds the package's wheel and installs it with its dependencies into a virtual
 # environment; the runtime stage is Debian with python3, libbpf1, libelf1 and binutils (c++filt: the agent's one
 # C++ and Rust demangler, run in its own process), that environment, and the injection library at
 # /opt/otel-gpu/lib/libotel_gpu_inject.so (the Helm chart's init container copies it to the node).
@@ -23,6 +23,7 @@ COPY otel_gpu ./otel_gpu
 # vmlinux.h comes from the build machine's /sys/kernel/btf/vmlinux; the objects are CO-RE and load on other kernels
 RUN make -s -C otel_gpu/ebpf \
  && make -s -C otel_gpu/cuda/native CUDA_INCLUDE=/cuda/include \
+ && make -s -C otel_gpu/unwind/native \
  && python3 -m pip wheel -q --no-deps --no-build-isolation --no-index -w /dist . \
  && python3 -m venv /opt/otel-gpu/venv \
  && /opt/otel-gpu/venv/bin/pip install -q --no-index --find-links /wheelhouse /dist/otel_gpu-*.whl \

@@ -190,9 +190,11 @@ def test_image_holds_only_the_runtime(image: str) -> None:
     listed = _podman("run", "--rm", "--network", "none", "--entrypoint", "/bin/sh", image, "-c",
                      "command -v clang gcc bpftool pip make || true; dpkg-query -W -f '${Package}\\n' libbpf1 "
                      "libelf1 python3 binutils; test -f " + LIBRARY_IN_IMAGE + " && echo library; "
-                     "echo _ZNSt6vectorIiSaIiEE9push_backERKi | c++filt -i")
+                     "echo _ZNSt6vectorIiSaIiEE9push_backERKi | c++filt -i; "
+                     "python3 -c 'from otel_gpu.unwind import native_table; print(native_table.available())'")
     lines = listed.stdout.splitlines()
     assert lines == ["binutils", "libbpf1", "libelf1", "python3", "library",  # dpkg-query lists by name
-                     "std::vector<int, std::allocator<int> >::push_back(int const&)"], listed.stdout + listed.stderr
+                     "std::vector<int, std::allocator<int> >::push_back(int const&)",
+                     "True"], listed.stdout + listed.stderr  # the unwind-table builder (else frame pointers only)
     size = int(_podman("image", "inspect", "--format", "{{.Size}}", image).stdout)
     print(f"image size: {size / 1e6:.0f} MB")
