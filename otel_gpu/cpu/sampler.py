@@ -314,7 +314,7 @@ class CPUSampler:
         """Totals of the BPF-side statistics since open (names of :class:`otel_gpu.ebpf.abi.CPUStat`), and the
         native unwinder's (``unwind_processes``, ``unwind_files``, ``unwind_rows``, ``unwind_rows_full``,
         ``unwind_file_errors``, ``unwind_files_too_large``, ``unwind_files_known``, ``unwind_evictions``,
-        ``unwind_remaps``, ``unwind_files_no_builder``)."""
+        ``unwind_remaps``, ``unwind_files_no_builder``, ``unwind_parses``)."""
         out = {stat.name.lower(): self._stats_seen[stat] for stat in abi.CPUStat}
         if self._unwinder is not None:
             unwinder = self._unwinder.stats
@@ -322,7 +322,7 @@ class CPUSampler:
                        unwind_rows_full=unwinder.rows_full, unwind_file_errors=unwinder.file_errors,
                        unwind_files_too_large=unwinder.files_too_large, unwind_files_known=unwinder.files_known,
                        unwind_evictions=unwinder.evictions, unwind_remaps=unwinder.remaps,
-                       unwind_files_no_builder=unwinder.files_no_builder)
+                       unwind_files_no_builder=unwinder.files_no_builder, unwind_parses=unwinder.parses)
         return out
 
     # --- internals -------------------------------------------------------------------------------------------------

@@ -38,6 +38,11 @@ _POLL_S = 0.2  # how often the unwinder thread looks at the hit counters when no
 EAGER_FRAME_BYTES = 64 << 10
 _REMAP_EVERY_S = 2.0  # a process's maps are read again at most this often (JIT code keeps asking)
 _COLD_S = 10.0  # a table is evicted for another only when samples have not hit it for this long
+# A hit file with no room for its table is tried again after _COLD_S, then after twice as long each time room is still
+# lacking, up to this long; and it is parsed again only once its rows (known from the first parse) could be made room
+# for: on the H200 a PyTorch process's CUDA libraries (1-8 MiB of .eh_frame each) outgrew unwind_rows, and parsing
+# the ones left out again every 10 s kept the unwinder at 1 % of a core.
+_MAX_RETRY_S = 160.0
 
 # A file's table state
 _PENDING = 0  # not built: built when samples hit the file
@@ -68,6 +73,7 @@ class UnwinderStats:
     evictions: int = 0  # tables evicted, least recently hit first, to make room for a hit file
     remaps: int = 0  # processes whose maps were read again after a pc outside them
     build_s: float = 0.0  # thread CPU time spent building tables
+    parses: int = 0  # frame sections parsed (a file's again after an eviction or a try without room)
     errors_by_file: dict[str, str] = field(default_factory=dict)  # the last few, for one log line each
 
 
@@ -85,6 +91,8 @@ class _File:
     hits: int = 0  # unwind_file_hits value last seen
     since: int = 0  # its value when the file last became pending: built once hits pass it
     retry_at: float = 0.0  # monotonic time before which it is not built again (no room for it last time)
+    retry_s: float = _COLD_S  # the wait before the next try after the next failed one (doubles up to _MAX_RETRY_S)
+    rows_needed: int = 0  # its table's rows, once parsed (0: not known)
     last_hit: float = 0.0  # monotonic time the hits last changed
 
 
@@ -121,6 +129,9 @@ class _Extents:
                     self._free[index] = (first + count, size - count)
                 return first
         return None
+
+    def free_rows(self) -> int:
+        return sum(size for _, size in self._free)
 
     def give(self, first: int, count: int) -> None:
         index = bisect.bisect_left(self._free, (first, 0))
@@ -357,11 +368,16 @@ class NativeUnwinder:
                     self.add_process(pid)
 
     def _build(self, file: _File) -> None:
+        with self._lock:
+            if file.rows_needed and not self._room_possible(file.rows_needed, file):
+                self._defer(file)  # parsing it again would find no room either
+                return
         started = time.thread_time()
         table: UnwindTable | None = None
         rows: ParsedRows | None = None
         for pid, path in list(file.sources.items()):
             try:
+                self.stats.parses += 1
                 table, rows = parse_table(path, file.image, self._max_frame_bytes)
                 break
             except (FileNotFoundError, ProcessLookupError):
@@ -400,12 +416,12 @@ class NativeUnwinder:
                 file.state = _NO_ROWS
             else:
                 assert rows is not None
+                file.rows_needed = count
                 first = self._room(count, file)
                 if first is None:  # only recently hit tables to evict: no room now, try again later
-                    self.stats.rows_full += 1
-                    file.retry_at = time.monotonic() + _COLD_S
-                    file.since = self._hits[file.id] if self._hits is not None else 0
+                    self._defer(file)
                     return
+                file.retry_s = _COLD_S
                 target = (ctypes.c_char * (count * _ROW_BYTES)).from_buffer(self._memory, first * _ROW_BYTES)
                 rows.write_rows(ctypes.addressof(target))
                 del target  # the mmap can be closed only once no ctypes object points into it
@@ -433,6 +449,21 @@ class NativeUnwinder:
             self.stats.evictions += 1
             first = self._extents.take(count)
         return first
+
+    def _room_possible(self, count: int, wanting: _File) -> bool:
+        """Whether :meth:`_room` might find ``count`` rows now: free rows and the rows of tables cold enough to evict
+        add up to it (contiguity is _room's to find)."""
+        cold = time.monotonic() - _COLD_S
+        evictable = sum(file.row_count for file in self._files.values()
+                        if file.state == _LOADED and file is not wanting and file.last_hit < cold)
+        return self._extents.free_rows() + evictable >= count
+
+    def _defer(self, file: _File) -> None:
+        """No room for ``file``'s table: counted, tried again after its back-off (which then doubles)."""
+        self.stats.rows_full += 1
+        file.retry_at = time.monotonic() + file.retry_s
+        file.retry_s = min(2 * file.retry_s, _MAX_RETRY_S)
+        file.since = self._hits[file.id] if self._hits is not None else 0
 
     def _unload(self, file: _File) -> None:
         """Give back a loaded file's rows, after every process that maps it stops pointing at them."""

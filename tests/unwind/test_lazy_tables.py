@@ -146,3 +146,43 @@ def test_a_frame_pointer_step_without_frame_pointers_stops_as_bad_fp() -> None:
     reported = selfmetrics.total(semconv.SELF_ERRORS.name, otel_gpu__source=semconv.Source.CPU_PROFILER,
                                  otel_gpu__reason=semconv.Reason.UNWIND_BAD_FP)
     assert reported == stats["unwind_bad_fp"]
+
+
+def test_a_table_without_room_is_not_parsed_again_until_room_could_be_made() -> None:
+    """A hit file whose table has no room (the others in use) is tried again with a growing back-off, and its frame
+    section is parsed again only once room could be made for the rows its first parse counted (on the H200, parsing
+    CUDA's libraries again every 10 s for no room kept the unwinder at 1 % of a core)."""
+    process = subprocess.Popen([str(NATIVE / "unwind" / "cpu_3to1_nofp"), "60"], stdout=subprocess.PIPE, text=True)
+    assert process.stdout is not None
+    pid = int(process.stdout.readline().split()[1])
+    sampler = CPUSampler(99, pids=[pid])
+    sampler.open()
+    try:
+        _registered(sampler)
+        _warm(sampler)
+        unwinder = sampler._unwinder
+        assert unwinder is not None
+        with unwinder._lock:
+            file = max((f for f in unwinder._files.values() if f.row_count), key=lambda f: f.row_count)
+            rows = file.row_count
+            unwinder._unload(file)
+            file.state = 0  # pending again, as after an eviction
+            taken = unwinder._extents.free_rows()
+            first = unwinder._extents.take(taken)  # every free row in use; the other tables are hot
+            for other in unwinder._files.values():
+                other.last_hit = time.monotonic()
+        parses = unwinder.stats.parses
+        unwinder._build(file)
+        retry_at, retry_s = file.retry_at, file.retry_s
+        unwinder._build(file)
+        assert unwinder.stats.parses == parses, "parsed again although no room could be made"
+        assert file.state == 0 and retry_at > time.monotonic() and file.retry_s == 2 * retry_s, \
+            (file.state, retry_at, file.retry_s, retry_s)
+        with unwinder._lock:
+            unwinder._extents.give(first, taken)  # room again
+        unwinder._build(file)
+        assert unwinder.stats.parses == parses + 1 and file.state == 1 and file.row_count == rows
+    finally:
+        sampler.close()
+        process.kill()
+        process.wait()
