@@ -67,8 +67,9 @@ while time.time()-t<35: (a@a); torch.cuda.synchronize()' & load=$!
                 --seconds "${STEADY_SECONDS:-100}" --warm "${STEADY_WARM:-30}" | tail -30 ;;
     span_devices) timeout 300 python3 scripts/h200/span_devices.py "$OUT/h200-span-devices.md" ;;
     nvml_cost) timeout 120 python3 scripts/h200/nvml_cycle_cost.py "$OUT/h200-nvml-cost.md" --cycles 20 ;;
-    startup)  # where the agent's start-up CPU goes: py-spy (200 Hz, every thread) from exec to a 4 s run's exit
-              /tmp/site/bin/py-spy record --threads --format raw --rate 200 --output "$OUT/startup-raw.txt" -- \
+    startup)  # where the agent's start-up CPU goes: py-spy (200 Hz, every thread, --nonblocking: ptrace stops make the
+              # verifier give up with EAGAIN) from exec to a 4 s run's exit
+              /tmp/site/bin/py-spy record --nonblocking --threads --format raw --rate 200 --output "$OUT/startup-raw.txt" -- \
                 python3 -m otel_gpu run --duration 4 --output-dir /tmp/startup-out --console off 2> "$OUT/startup-stderr.txt"
               grep -E "otel-gpu cost|WARNING" "$OUT/startup-stderr.txt"
               python3 scripts/h200/agent_steady.py "$OUT/h200-startup.md" --top "$OUT/startup-raw.txt"
