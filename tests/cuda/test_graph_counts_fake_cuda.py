@@ -25,10 +25,10 @@ def built() -> None:
 
 def test_clustered_graph_work_is_estimated_within_a_few_percent_in_every_run(tmp_path: Path) -> None:
     # each replay's kernels vary by up to 20 % (7 % sd a replay): the estimate's own error, from the sampled
-    # replays' mean, is about 1 % with the ~50 replays a run samples
+    # replays' mean, is about 1 % with the ~50-70 replays a run samples (2 or 3 windows of 20 ms at the 2 % budget)
     for _ in range(3):
-        got = run(tmp_path, blocks=60, jitter=0.2)
-        assert got.windows >= 3 and got.sampled_replays > 0
+        got = run(tmp_path, blocks=90, jitter=0.2)
+        assert got.windows >= 2 and got.sampled_replays >= 30, got
         # every replay by the last window's close counted (one may still have been in its call), in the table
         assert abs(got.replays - got.truth_replays) <= 1 and got.other_replays == 0
         assert got.not_sampled == 0

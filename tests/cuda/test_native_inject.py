@@ -132,6 +132,9 @@ def run_workload(
             # default choice (OTEL_GPU_CUDA_GRAPHS="": 5 looks at the launch rate first, 10 ms apart here)
             "OTEL_GPU_CUDA_GRAPHS": "sample",
             "OTEL_GPU_DEBUG_GRAPH_PROBE_EVERY_MS": "10",
+            # every wait recorded (the fake waits ~1,000 times a second, past the default cap of 100 a second), so
+            # records match the driver's waits one to one; test_waits_over_the_rate_cap_are_sampled sets its own cap
+            "OTEL_GPU_MAX_WAITS_PER_S": "1e9",
             "FAKE_CUDA_SCHEDULE": str(schedule),
             "FAKE_CUPTI_STATS": str(stats),
         }
@@ -484,6 +487,25 @@ def test_every_wait_is_recorded_with_its_blocked_time(c_run: Run) -> None:
     assert _waits_missed(c_run) == []
     # every kind, the context synchronize at the end included (with a finalize it may fall while CUPTI is taken again)
     assert {s.kind for s in c_run.records.syncs} == {SYNC_STREAM, SYNC_CONTEXT, SYNC_EVENT, SYNC_MEMCPY}
+
+
+def test_waits_over_the_rate_cap_are_sampled(injected_lib: Path, tmp_path: Path) -> None:
+    """Each recorded wait costs the agent a decode: past OTEL_GPU_MAX_WAITS_PER_S one wait in N is recorded with
+    weight N, so the records stay near the cap while their weights still add up to the waits the program made."""
+    argv = [str(WORKLOAD), "--steps", "1200", "--graph-every", "0"]
+    run = run_workload(injected_lib, tmp_path, argv, extra_env={"OTEL_GPU_MAX_WAITS_PER_S": "50"})
+    syncs = run.records.syncs
+    first = run.records.windows[0]
+    attached_ns = first.end_ns - first.elapsed_ns
+    waits = [w for w in run.schedule_waits if w[5] >= attached_ns]
+    seconds = (max(w[4] for w in waits) - min(w[2] for w in waits)) / 1e9
+    assert max(s.weight for s in syncs) >= 4, sorted({s.weight for s in syncs})
+    assert len(syncs) < 0.3 * len(waits), (len(syncs), len(waits))
+    # the rate adapts every 100 ms: the first period records at N=1, the cap holds on average after it
+    print(f"waits {len(waits)} in {seconds:.2f} s, recorded {len(syncs)}, weights {sorted({s.weight for s in syncs})}")
+    assert len(syncs) < 50 * seconds + 0.1 * len(waits) + 20, (len(syncs), seconds, len(waits))
+    weighted = sum(s.weight for s in syncs)
+    assert 0.6 * len(waits) < weighted < 1.6 * len(waits), (weighted, len(waits))
 
 
 def test_waits_missed_while_cupti_is_taken_again_after_a_finalize(injected_lib: Path, tmp_path: Path) -> None:

@@ -10,6 +10,8 @@
  *                              the CUDA toolkit's)
  *   OTEL_GPU_OVERHEAD_BUDGET   allowed slowdown of the workload, a fraction (default 0.02)
  *   OTEL_GPU_WINDOW_MS         length of one sampling window in milliseconds (default 20)
+ *   OTEL_GPU_MAX_WAITS_PER_S   blocking waits recorded per second at most, on average (default 100): past it one in N
+ *                              is recorded with weight N, so the agent's cost (~25 us a record on an H200) stays bounded
  *   OTEL_GPU_API_ACTIVITY=0    leave CUPTI's driver-API activity kind off (default on, with the kernel/copy/set
  *                              kinds: without it CUDA 13's CUPTI gives many launches one correlation id)
  *   OTEL_GPU_CUPTI_FINALIZE=0  keep CUPTI subscribed between windows instead of finalizing it after each (window.c);
@@ -252,6 +254,7 @@ static void record_wait(CUpti_CallbackId cbid, const CUpti_CallbackData *cb, uin
     span_context_read(&rec->span);
     stack_capture(&rec->stack);
     emit_sync(rec);
+    atomic_fetch_add(&g_state.waits_recorded, 1);
     atomic_fetch_add(&g_state.wait_overhead_ns, monotonic_ns() - t0);
 }
 
@@ -393,6 +396,7 @@ static void read_settings(void)
 {
     g_settings.overhead_budget = env_double("OTEL_GPU_OVERHEAD_BUDGET", 0.02, 0.0001, 1.0);
     g_settings.window_ns = (uint64_t)(env_double("OTEL_GPU_WINDOW_MS", 20.0, 0.1, 10000.0) * 1e6);
+    g_settings.max_waits_per_s = env_double("OTEL_GPU_MAX_WAITS_PER_S", 100.0, 1.0, 1e9);
     g_settings.debug_always_on = env_is("OTEL_GPU_DEBUG_ALWAYS_ON", "1");
     g_settings.debug_stats = env_is("OTEL_GPU_DEBUG_STATS", "1");
     g_settings.debug_no_waits = env_is("OTEL_GPU_DEBUG_NO_WAITS", "1");

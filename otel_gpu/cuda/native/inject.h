@@ -56,6 +56,7 @@ extern uint8_t g_cbid_class[CUPTI_DRIVER_TRACE_CBID_SIZE];
 /* Settings read once from the environment at InitializeInjection. */
 struct inject_settings {
     double overhead_budget;    /* OTEL_GPU_OVERHEAD_BUDGET: allowed slowdown, fraction of wall time (0.02) */
+    double max_waits_per_s;    /* OTEL_GPU_MAX_WAITS_PER_S: waits recorded per second at most, on average (100) */
     uint64_t window_ns;        /* OTEL_GPU_WINDOW_MS: length of one sampling window */
     int debug_always_on;       /* OTEL_GPU_DEBUG_ALWAYS_ON=1: behave as if an agent were attached (tests only) */
     int debug_stats;           /* OTEL_GPU_DEBUG_STATS=1: diagnostics lines on stderr at exit (window.c) */
@@ -85,6 +86,7 @@ struct inject_state {
     _Atomic uint64_t overhead_ns;      /* time spent in the library's callbacks since the last window closed */
     _Atomic uint64_t wait_overhead_ns; /* time spent recording waits since the controller last looked */
     _Atomic uint32_t wait_sample_every; /* record one blocking wait in N (N >= 1); the record's weight is N */
+    _Atomic uint64_t waits_recorded;   /* waits recorded since the controller last looked */
     _Atomic uint64_t waits_seen;       /* blocking waits that ended while attached (seen at entry and exit) */
     _Atomic uint32_t in_launch;        /* API callbacks currently recording a launch */
     _Atomic uint32_t launches_entered; /* launch calls that entered inside a window and have not exited yet: the

@@ -155,7 +155,9 @@ static void open_window_locked(uint64_t begin)
 
 /* At most every 100 ms, from the gap's slices as well as at window ends (windows can be seconds apart while a
  * sync-heavy workload waits thousands of times): one wait in N is recorded; N doubles while recording waits costs
- * more than half the budget and halves back when it costs under an eighth. */
+ * more than half the budget or more waits are recorded than OTEL_GPU_MAX_WAITS_PER_S allows (each record costs the
+ * agent a decode: a matmul loop that synchronizes 700 times a second kept the agent's GPU-time thread at 1.75 % of a
+ * core on the H200), and halves back when both are under a quarter of that. */
 static void adapt_waits_locked(void)
 {
     uint64_t now = monotonic_ns();
@@ -164,10 +166,12 @@ static void adapt_waits_locked(void)
         return;
     double wait_cost = (double)atomic_exchange(&g_state.wait_overhead_ns, 0);
     double allowed = 0.5 * g_settings.overhead_budget * (double)period_ns;
+    double recorded = (double)atomic_exchange(&g_state.waits_recorded, 0);
+    double recordable = g_settings.max_waits_per_s * (double)period_ns / 1e9;
     uint32_t every = atomic_load(&g_state.wait_sample_every);
-    if (wait_cost > allowed && every < WAIT_EVERY_MAX)
+    if ((wait_cost > allowed || recorded > recordable) && every < WAIT_EVERY_MAX)
         atomic_store(&g_state.wait_sample_every, every * 2);
-    else if (wait_cost * 4 < allowed && every > 1)
+    else if (wait_cost * 4 < allowed && recorded * 4 < recordable && every > 1)
         atomic_store(&g_state.wait_sample_every, every / 2);
     ctl.wait_period_start_ns = now;
 }
