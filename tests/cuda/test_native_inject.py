@@ -306,7 +306,8 @@ def test_windows_open_and_close_and_state_the_fraction_they_cover(c_run: Run) ->
 def test_every_graph_replay_is_counted_and_reported_in_the_window_records(c_run: Run) -> None:
     last = c_run.records.windows[-1]
     # the graph's kernels that ran by the last window's close, one graph_a_kernel per replay
-    replays = sum(1 for _, _, name, start, *_ in c_run.schedule_work if name == "graph_a_kernel" and start < last.end_ns)
+    replays = sum(1 for _, _, name, start, *_ in c_run.schedule_work
+                  if name == "graph_a_kernel" and start < last.end_ns)
     execs = {launch.graph_exec for launch in c_run.records.launches if launch.kind == LAUNCH_GRAPH}
     assert last.graph_count == 1 and last.graph_other_replays == 0
     assert {last.graphs[0].exec} == execs
