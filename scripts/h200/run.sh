@@ -65,7 +65,6 @@ while time.time()-t<35: (a@a); torch.cuda.synchronize()' & load=$!
               # thread (py-spy from .whl, --nonblocking); STEADY_SECONDS (default 100), STEADY_WARM (30)
               timeout 200 python3 scripts/h200/agent_steady.py "$OUT/h200-agent-steady.md" \
                 --seconds "${STEADY_SECONDS:-100}" --warm "${STEADY_WARM:-30}" | tail -30 ;;
-    span_devices) timeout 300 python3 scripts/h200/span_devices.py "$OUT/h200-span-devices.md" ;;
     nvml_cost) timeout 120 python3 scripts/h200/nvml_cycle_cost.py "$OUT/h200-nvml-cost.md" --cycles 20 ;;
     startup)  # where the agent's start-up CPU goes: py-spy (200 Hz, every thread, --nonblocking: ptrace stops make the
               # verifier give up with EAGAIN) from exec to a 4 s run's exit
