@@ -108,7 +108,8 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="agent-steady-"))
     load_cmd = args.load or (f"{shlex.quote(sys.executable)} -m otel_gpu inject -- {shlex.quote(sys.executable)} -c "
                              + shlex.quote(MATMUL.format(seconds=args.seconds + 10)))
-    load = subprocess.Popen(load_cmd, shell=True, start_new_session=True, stderr=open(work / "load-stderr.txt", "w"))
+    load = subprocess.Popen(load_cmd, shell=True, start_new_session=True, stderr=open(work / "load-stderr.txt", "w"),
+                            env=dict(os.environ, OTEL_GPU_DEBUG_STATS="1"))
     time.sleep(5)
     agent = subprocess.Popen([sys.executable, "-m", "otel_gpu", "run", "--duration", str(args.seconds),
                               "--output-dir", str(work / "out"), "--console", "off", *shlex.split(args.agent_args)],
