@@ -221,6 +221,12 @@ class GPUTimeProbes:
         self._on_processes(pids)
         added: list[InjectedLibrary] = []
         for library in libraries.values():
+            known = self._attached.get((library.device, library.inode))
+            if known is not None and not known.pid:  # a file attached up front, now seen in a process: say so once
+                self._attached[(library.device, library.inode)] = library
+                _logger.info("GPU-time profiling attached to %s (first seen in pid %d; its probes were placed before)",
+                             library.path, library.pid)
+                continue
             if not self._attach(library):
                 continue
             added.append(library)

@@ -128,3 +128,27 @@ def test_a_copy_of_the_library_elsewhere_is_found_by_the_scan_and_counted_late(s
     assert seen.stream_waits[workload.pid] > 0
     assert str(copy) in attached
     assert probes.late_attaches >= 1
+
+
+def test_a_process_already_running_with_the_packaged_library_is_named_not_waited_for(
+        seen: Seen, caplog: pytest.LogCaptureFixture) -> None:
+    """The agent started after the workload (a DaemonSet restarted on a busy node): the packaged file is attached up
+    front and the scan at open finds the process mapping it; the log names the process instead of saying it waits
+    for one (the H200 do-no-harm run read "waiting: no process has libotel_gpu_inject.so loaded" there)."""
+    workload = _start(steps=4000)
+    try:
+        deadline = time.monotonic() + 30
+        while LIBRARY.name not in Path(f"/proc/{workload.pid}/maps").read_text() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        with caplog.at_level("INFO", logger="otel_gpu.cuda.source"):
+            probes = _probes(seen, rescan_interval_s=3600, full_rescan_s=3600)
+    finally:
+        workload.kill()
+        workload.communicate()
+    try:
+        text = caplog.text
+        assert f"first seen in pid {workload.pid}" in text and "is waiting" not in text, text
+        assert {library.pid for library in probes.attached_libraries} == {workload.pid}
+        assert probes.late_attaches == 0  # its probes were in place from its start
+    finally:
+        probes.close()
