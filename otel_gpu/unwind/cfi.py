@@ -396,9 +396,9 @@ def parse_frames(data: bytes, section_vaddr: int, is_eh: bool) -> Iterator[Fde]:
             pos = end
             continue
         cie_at = id_pos - cie_id if is_eh else cie_id
-        if cie_at < 0:
+        if not 0 <= cie_at < size:
             pos = end
-            continue  # points before the section
+            continue  # points before or past the section
         try:
             cie = cies.get(cie_at)
             if cie_at not in cies:

@@ -7,6 +7,7 @@ pointer."""
 
 from __future__ import annotations
 
+import base64
 import logging
 import os
 import random
@@ -129,6 +130,15 @@ def test_mutated_sections_give_the_reference_rows(is_eh: bool) -> None:
         assert _native(section, vaddr, is_eh) == _reference(section, vaddr, is_eh), section.hex()
     random_bytes = os.urandom(8192)
     assert _native(random_bytes, vaddr, is_eh) == _reference(random_bytes, vaddr, is_eh), random_bytes.hex()
+
+
+def test_a_debug_frame_cie_pointer_past_any_offset_is_skipped() -> None:
+    """A .debug_frame FDE whose CIE pointer is past 2^63 (the CI fuzz run's input; the reference raised OverflowError):
+    both builders skip that FDE."""
+    crash = base64.b64decode(
+        "Bv////8fAAAAAAAAAAN6UrkAwciqwfT455kuorP1Gng/AQEMBwiQAX1gRQAAACcAAACftIbW+/3I1Y7JomsBDyAAAAkICAoWAwB/LxCA+p4AAL"
+        "N1kILm0MGxp+/0nkmQvv+Gnc6Z1tbYpqamdQIAAAAAAACmpqampqampqampqampqampqampqampqamJqYpAWT/EIsBcqmgcYZ/hgjQVgAAAAA=")
+    assert _native(crash[1:], 0x5000, False) == _reference(crash[1:], 0x5000, False)
 
 
 def test_drawn_call_frame_programs_give_the_reference_rows() -> None:
