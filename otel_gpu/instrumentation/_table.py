@@ -11,6 +11,7 @@ from pathlib import Path
 
 LIBRARY_PATH = Path(__file__).parent / "native" / "libotel_gpu_context.so"
 SYMBOL = "otel_gpu_span_context_table"
+DEVICES_SYMBOL = "otel_gpu_span_devices"  # one u64 device mask per slot, beside the table (span_context.h)
 MAGIC = 0x4353474F
 VERSION = 1
 SLOT_SIZE = 40
@@ -43,6 +44,7 @@ class SpanContextTable:
         self._lib.otel_gpu_span_context_dropped_threads.restype = ctypes.c_ulong
         self._lib.otel_gpu_span_context_slot.restype = ctypes.c_void_p
         self.address = ctypes.addressof(ctypes.c_uint8.in_dll(self._lib, SYMBOL))
+        self.devices_address = ctypes.addressof(ctypes.c_uint64.in_dll(self._lib, DEVICES_SYMBOL))
         header = (ctypes.c_uint32 * 4).from_address(self.address)
         self.slot_count = header[2]
         self.max_probe = header[3]
@@ -60,7 +62,10 @@ class SpanContextTable:
     def thread_writer(self) -> SlotWriter | None:
         """The calling thread's slot as a writer (claiming it); None when no slot is free for this thread."""
         address = self._lib.otel_gpu_span_context_slot()
-        return SlotWriter(address) if address else None
+        if not address:
+            return None
+        index = (address - self.address - HEADER_SIZE) // SLOT_SIZE
+        return SlotWriter(address, self.devices_address + 8 * index)
 
     def dropped_threads(self) -> int:
         """Threads that found no free slot, so publish nothing."""
@@ -94,11 +99,14 @@ class SlotWriter:
     (2). Readers look only at seq's parity (a reader on another CPU is not part of the contract).
     """
 
-    __slots__ = ("_seq", "_view")
+    __slots__ = ("_seq", "_view", "devices")
 
-    def __init__(self, address: int) -> None:
+    def __init__(self, address: int, devices_address: int) -> None:
         self._view = memoryview((ctypes.c_uint8 * SLOT_SIZE).from_address(address)).cast("B")
         self._seq = self._view[0:8].cast("I")
+        self.devices = memoryview((ctypes.c_uint8 * 8).from_address(devices_address)).cast("B").cast("Q")
+        """devices[0]: the slot's device mask (bit n: CUDA device n), set by the injected library at sampled launches
+        inside a span; the processor clears it at a local root's start and reads it at that root's end."""
 
     def write(self, trace_hi: int, trace_lo: int, span_id: int, local_root_span_id: int) -> None:
         """Publishes ids (the trace id as its high and low 64 bits); all zero means "in no span"."""

@@ -19,6 +19,9 @@ EXPORT struct otel_gpu_span_table otel_gpu_span_context_table = {
     .max_probe = OTEL_GPU_SPAN_CONTEXT_MAX_PROBE,
 };
 
+/* otel_gpu_span_devices[i]: the devices of slot i's thread's sampled launches since its local root started. */
+EXPORT uint64_t otel_gpu_span_devices[OTEL_GPU_SPAN_CONTEXT_SLOTS];
+
 _Static_assert(sizeof(struct otel_gpu_span_slot) == 40, "slot layout is part of the v1 contract");
 _Static_assert((OTEL_GPU_SPAN_CONTEXT_SLOTS & (OTEL_GPU_SPAN_CONTEXT_SLOTS - 1)) == 0, "slot count is a power of 2");
 
@@ -32,6 +35,7 @@ static void release(void *slot_ptr) {
     struct otel_gpu_span_slot *slot = slot_ptr;
     __atomic_store_n(&slot->seq, slot->seq + 1, __ATOMIC_RELEASE);
     memset(slot->trace_id, 0, sizeof(slot->trace_id) + sizeof(slot->span_id) + sizeof(slot->local_root_span_id));
+    otel_gpu_span_devices[slot - otel_gpu_span_context_table.slots] = 0;
     __atomic_store_n(&slot->seq, slot->seq + 1, __ATOMIC_RELEASE);
     __atomic_store_n(&slot->tid, 0, __ATOMIC_RELEASE);
 }

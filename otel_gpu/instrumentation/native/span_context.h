@@ -17,6 +17,12 @@
 #define OTEL_GPU_SPAN_CONTEXT_SLOTS 4096       /* a power of two */
 #define OTEL_GPU_SPAN_CONTEXT_MAX_PROBE 8
 
+/* Beside the table, not in it (the slot layout stays version 1): one 64-bit mask per slot, at the same index, of the
+ * CUDA devices (bit n: ordinal n, as cuda.device on gpu_time samples) of the sampled launches the slot's thread made
+ * since its local root started. The injected CUDA library sets bits, only from the owning thread and only inside a
+ * span; the processor clears the mask when a local root starts and reads it when that root ends. */
+#define OTEL_GPU_SPAN_DEVICES_SYMBOL "otel_gpu_span_devices"
+
 struct otel_gpu_span_slot {
     uint32_t tid;                   /* owning thread (kernel tid), 0 when free */
     uint32_t seq;                   /* odd while the owner writes; readers drop a slot read with an odd value */
