@@ -171,6 +171,7 @@ static const char *resolve_cupti(void *lib)
     *(void **)(&g_cupti.subscribe_v2) = dlsym(lib, "cuptiSubscribe_v2"); /* CUDA 13; optional */
     *(void **)(&g_cupti.activity_get_num_dropped) = dlsym(lib, "cuptiActivityGetNumDroppedRecords"); /* optional */
     *(void **)(&g_cupti.finalize) = dlsym(lib, "cuptiFinalize"); /* optional */
+    *(void **)(&g_cupti.get_device_id) = dlsym(lib, "cuptiGetDeviceId"); /* optional: spans get no devices */
     return NULL;
 }
 
@@ -220,6 +221,27 @@ static uint64_t graph_exec_of(CUpti_CallbackId cbid, const void *params)
     return (uint64_t)(uintptr_t)((const struct graph_launch_params *)params)->exec;
 }
 
+/* The device (ordinal) of the launch's context, or -1 when unknown. Asked of CUPTI once per context and thread:
+ * contextUid is unique within the process (never reused, unlike a destroyed context's address), and a thread
+ * mostly launches into one context. Called for sampled launches only. */
+static int device_of(const CUpti_CallbackData *cb)
+{
+    static thread_local uint32_t cached_uid;
+    static thread_local int cached_device = -1;
+    if (cb->context == NULL || g_cupti.get_device_id == NULL)
+        return -1;
+    if (cached_device >= 0 && cb->contextUid == cached_uid)
+        return cached_device;
+    uint32_t device = 0;
+    if (g_cupti.get_device_id(cb->context, &device) != CUPTI_SUCCESS || device >= 64) {
+        log_once("cuptiGetDeviceId failed for a launch's context; spans miss that device");
+        return -1;
+    }
+    cached_uid = cb->contextUid;
+    cached_device = (int)device;
+    return cached_device;
+}
+
 static void record_launch(CUpti_CallbackId cbid, const CUpti_CallbackData *cb, uint32_t kind, uint64_t window_id)
 {
     struct otel_gpu_launch *rec = &launch_rec;
@@ -231,6 +253,7 @@ static void record_launch(CUpti_CallbackId cbid, const CUpti_CallbackData *cb, u
     rec->timestamp_ns = now_ns();
     rec->graph_exec = graph_exec_of(cbid, cb->functionParams);
     span_context_read(&rec->span);
+    span_context_note_device(device_of(cb));
     stack_capture(&rec->stack);
     activity_remember(cb->correlationId, window_id, kind == OTEL_GPU_LAUNCH_GRAPH);
     emit_launch(rec);

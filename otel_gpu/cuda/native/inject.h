@@ -41,6 +41,7 @@ struct cupti_api {
     CUptiResult (*get_result_string)(CUptiResult, const char **);
     CUptiResult (*activity_get_num_dropped)(CUcontext, uint32_t, size_t *); /* optional */
     CUptiResult (*finalize)(void); /* optional */
+    CUptiResult (*get_device_id)(CUcontext, uint32_t *); /* optional */
 };
 
 /* g_cbid_class[cbid]: low 3 bits = enum otel_gpu_launch_kind (0 if not a launch), bit 3 = the call creates or runs a
@@ -172,6 +173,8 @@ void stack_init(void);
 void stack_capture(struct otel_gpu_stack *stack);
 /* context.c: the span this thread is in, all zero outside one */
 void span_context_read(struct otel_gpu_span *out);
+/* Adds a device (ordinal) to the mask of the local root the last span_context_read found this thread in, if any. */
+void span_context_note_device(int device);
 
 /* pyframes.c */
 int pyframes_init(void);
