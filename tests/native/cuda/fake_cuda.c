@@ -23,7 +23,8 @@
  * Several devices and collectives (multi-GPU jobs):
  * - FAKE_CUDA_DEVICES=N (default 1) devices. Each has its primary context; cuCtxSetCurrent makes a device current
  *   for the calling thread, and the streams created then belong to it. GPU work carries its stream's device id (the
- *   legacy stream's work the current device's), as CUPTI's deviceId does.
+ *   legacy stream's work the current device's), as CUPTI's deviceId does. Every call's callbacks name the current
+ *   context (device d's has contextUid d + 1), whose device cuptiGetDeviceId gives.
  * - A kernel named like NCCL's (ncclDevKernel_*, ncclKernel_*) is a collective of a job of FAKE_CUDA_RANKS ranks
  *   (processes), this one FAKE_CUDA_RANK, meeting in the file FAKE_CUDA_RENDEZVOUS (in /dev/shm, created by the
  *   job's launcher, zero-filled, at least RENDEZVOUS_BYTES): the n-th collective a rank launches completes only once
@@ -96,10 +97,6 @@ struct CUgraphExec_st {
     uint32_t id;
     struct CUgraph_st graph;
 };
-struct CUctx_st {
-    int device;
-};
-
 static const struct fake_tracer *tracer;
 static pthread_mutex_t gpu_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct CUstream_st legacy_stream = {.id = LEGACY_STREAM_ID};
@@ -164,6 +161,8 @@ static void begin(struct fake_call *call, uint32_t cbid, const char *function, c
     call->symbol_name = symbol;
     call->params = params;
     call->begin_ns = realtime_ns();
+    call->context = &contexts[current_device];
+    call->context_uid = (uint32_t)current_device + 1;
     if (tracer)
         tracer->api_enter(call);
 }

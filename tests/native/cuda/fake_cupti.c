@@ -142,8 +142,8 @@ static void invoke(struct fake_call *call, CUpti_ApiCallbackSite site)
         .functionParams = call->params,
         .functionReturnValue = &call->result,
         .symbolName = call->symbol_name,
-        .context = NULL,
-        .contextUid = 1,
+        .context = call->context,
+        .contextUid = call->context_uid,
         .correlationData = &call->correlation_data,
         .correlationId = call->correlation_id,
     };
@@ -395,6 +395,15 @@ API CUptiResult CUPTIAPI cuptiEnableDomain(uint32_t enable, CUpti_SubscriberHand
     for (uint32_t i = 0; i < CUPTI_DRIVER_TRACE_CBID_SIZE; i++)
         atomic_store(&enabled[i], enable ? 1 : 0);
     atomic_fetch_add(&enable_calls, 1);
+    return CUPTI_SUCCESS;
+}
+
+/* The fake driver's contexts know their device; NULL (the real one's "current context") is not supported here. */
+API CUptiResult CUPTIAPI cuptiGetDeviceId(CUcontext context, uint32_t *device_id)
+{
+    if (context == NULL || device_id == NULL)
+        return CUPTI_ERROR_INVALID_PARAMETER;
+    *device_id = (uint32_t)context->device;
     return CUPTI_SUCCESS;
 }
 

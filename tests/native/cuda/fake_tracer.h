@@ -9,6 +9,11 @@
 
 #include <stdint.h>
 
+/* The fake driver's context (CUcontext points at one): the primary context of one device. */
+struct CUctx_st {
+    int device;
+};
+
 enum fake_work_kind { FAKE_WORK_KERNEL = 1, FAKE_WORK_MEMCPY = 2, FAKE_WORK_MEMSET = 3 };
 
 struct fake_call {
@@ -20,6 +25,8 @@ struct fake_call {
     int result;                /* CUresult, valid at exit */
     uint64_t correlation_data; /* shared between the enter and exit callbacks */
     uint64_t begin_ns;         /* when the call began, before the tracer's entry callback */
+    struct CUctx_st *context;  /* the calling thread's current context (CUpti_CallbackData.context) */
+    uint32_t context_uid;      /* unique per context in the process (CUpti_CallbackData.contextUid) */
 };
 
 struct fake_work {

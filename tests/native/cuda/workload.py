@@ -15,6 +15,8 @@ name).
 FAKE_CUDA_RANKS, FAKE_CUDA_DEVICES and FAKE_CUDA_RENDEZVOUS, see fake_cuda.c): rank r drives device r, and each step
 is load_batch (sleeps --slow-ms), forward, all_reduce (an NCCL-named all-reduce kernel, 0.3 ms once every rank has
 launched it) and sync_point.
+Driver.use_device(d) makes device d current and sends later launches to a stream of its own (FAKE_CUDA_DEVICES > d):
+a program can launch on several devices.
 usage: workload.py LIBCUDA [--steps N] [--release-gil] [--variant plain|thread-generator|deep|unicode|ddp]
        [--slow-ms MS]
 """
@@ -41,6 +43,7 @@ class Driver:
         self.matmul = ctypes.c_void_p()
         self.relu = ctypes.c_void_p()
         self.all_reduce = ctypes.c_void_p()
+        self.device_streams: dict[int, tuple[ctypes.c_void_p, ctypes.c_void_p]] = {}  # device -> (context, stream)
 
     def call(self, name: str, *args: object) -> None:
         rc = getattr(self.lib, name)(*args)
@@ -59,6 +62,20 @@ class Driver:
         self.call("cuModuleGetFunction", ctypes.byref(self.matmul), module, b"matmul_kernel")
         self.call("cuModuleGetFunction", ctypes.byref(self.relu), module, b"relu_kernel")
         self.call("cuStreamCreate", ctypes.byref(self.stream), 0)
+
+    def use_device(self, ordinal: int) -> None:
+        """Makes device `ordinal`'s primary context current; launches and waits go to its stream from now on."""
+        if ordinal not in self.device_streams:
+            device = ctypes.c_int()
+            context = ctypes.c_void_p()
+            stream = ctypes.c_void_p()
+            self.call("cuDeviceGet", ctypes.byref(device), ordinal)
+            self.call("cuDevicePrimaryCtxRetain", ctypes.byref(context), device)
+            self.call("cuCtxSetCurrent", context)
+            self.call("cuStreamCreate", ctypes.byref(stream), 0)
+            self.device_streams[ordinal] = (context, stream)
+        context, self.stream = self.device_streams[ordinal]
+        self.call("cuCtxSetCurrent", context)
 
     def setup_collectives(self) -> None:
         module = ctypes.c_void_p()
