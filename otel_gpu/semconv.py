@@ -65,6 +65,10 @@ THREAD_ID: Final = "thread.id"
 THREAD_NAME: Final = "thread.name"
 PROFILE_FRAME_TYPE: Final = "profile.frame.type"
 CUDA_DEVICE: Final = "cuda.device"
+# On a local-root span (otel_gpu.instrumentation): the cuda.device ordinals of the launches its thread made inside it
+# that the injected library sampled, i.e. the devices of the span's gpu_time samples; not every device it used (the
+# library sees launches only inside sampling windows). Absent when none was sampled.
+CUDA_SAMPLED_DEVICES: Final = "cuda.sampled_devices"
 CUDA_STREAM: Final = "cuda.stream"
 CUDA_GRAPH: Final = "cuda.graph"
 CUDA_MEMCPY_KIND: Final = "cuda.memcpy.kind"  # HtoD, DtoH, DtoD, ...

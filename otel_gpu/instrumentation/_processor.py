@@ -15,6 +15,7 @@ from opentelemetry.context import Context
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
 
 from otel_gpu.instrumentation._table import SlotWriter, SpanContextTable
+from otel_gpu.semconv import CUDA_SAMPLED_DEVICES
 
 PROFILE_ID_ATTRIBUTE = "pyroscope.profile.id"
 _PID_ATTRIBUTE = "process.pid"
@@ -50,9 +51,11 @@ class SpanContextProcessor(SpanProcessor):
     """On start, publishes the span as its thread's active one; on end, its local parent again (or nothing).
 
     Local-root spans (no parent, or a remote one) get `pyroscope.profile.id` (their own 16-hex span id, as
-    pyroscope-otel sets it), `process.pid` and `thread.id`: what the agent's profiles are keyed by. Assumes spans on a
-    thread nest and end on the thread that started them, as `start_as_current_span` gives; ending a local root clears
-    the thread's record even if another trace's span encloses it.
+    pyroscope-otel sets it), `process.pid` and `thread.id`: what the agent's profiles are keyed by; and, when they end,
+    `cuda.sampled_devices`: the devices of the launches the injected CUDA library sampled on their thread while they
+    ran (absent when it sampled none). Assumes spans on a thread nest and end on the thread that started them, as
+    `start_as_current_span` gives; ending a local root clears the thread's record even if another trace's span
+    encloses it.
     """
 
     def __init__(self, table: SpanContextTable | None = None) -> None:
@@ -82,12 +85,14 @@ class SpanContextProcessor(SpanProcessor):
             state = self._state()
         ctx = span.get_span_context()
         parent = span.parent
+        writer = state.writer
         if parent is None or parent.is_remote:
             root = state.root = ctx.span_id
             self._set_root_attributes(span, state.tid, root)
+            if writer is not None:
+                writer.devices[0] = 0  # the injected library notes this root's sampled launches from here on
         else:
             root = state.root
-        writer = state.writer
         if writer is not None:
             trace_id = ctx.trace_id
             if trace_id != state.trace_id:  # a new trace on this thread: split its id once, not per span
@@ -124,6 +129,33 @@ class SpanContextProcessor(SpanProcessor):
                     items[_TID_ATTRIBUTE] = tid
                 return
         span.set_attributes({PROFILE_ID_ATTRIBUTE: profile_id, _PID_ATTRIBUTE: self._pid, _TID_ATTRIBUTE: tid})
+
+    def _on_ending(self, span: Span) -> None:
+        """Puts the devices of the local root's sampled launches on it, before exporters see the span.
+
+        The SDK has frozen the attributes by now (`Span.end` sets `_immutable` before calling this), so
+        `set_attribute` would store nothing: the value goes into the attribute dict directly, when the SDK's
+        `BoundedAttributes` is the one known and the count limit leaves room; otherwise, or when the span set the key
+        itself, nothing is recorded. Only for the thread's current local root: one that another trace's root
+        interrupted has lost its mask to it.
+        """
+        parent = span.parent
+        if parent is not None and not parent.is_remote:
+            return
+        state = getattr(self._thread, "state", None)
+        if state is None or state.writer is None or state.root != span.get_span_context().span_id:
+            return
+        mask = state.writer.devices[0]
+        if not mask:
+            return
+        attributes = getattr(span, "_attributes", None)
+        if not _FAST_ATTRIBUTES or type(attributes) is not BoundedAttributes:
+            return
+        with attributes._lock:
+            items = attributes._dict
+            if CUDA_SAMPLED_DEVICES in items or (attributes.maxlen is not None and len(items) >= attributes.maxlen):
+                return
+            items[CUDA_SAMPLED_DEVICES] = tuple(d for d in range(mask.bit_length()) if mask >> d & 1)
 
     def on_end(self, span: ReadableSpan) -> None:
         try:

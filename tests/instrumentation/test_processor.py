@@ -206,3 +206,43 @@ def test_a_forked_child_publishes_under_its_own_pid_and_tid() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == "ok", out.stderr
+
+
+def _device_mask(table: SpanContextTable) -> ctypes.c_uint64:
+    """This thread's device mask, where the injected CUDA library sets a bit at each sampled launch inside a span."""
+    tid = threading.get_native_id()
+    for i in range(table.max_probe):
+        index = (tid + i) & (table.slot_count - 1)
+        if struct.unpack_from("<I", ctypes.string_at(table.address + 16 + index * 40, 4))[0] == tid:
+            return ctypes.c_uint64.from_address(table.devices_address + 8 * index)
+    raise AssertionError("this thread holds no slot")
+
+
+def test_a_local_root_carries_the_devices_noted_while_it_ran_and_nothing_else_does(traced) -> None:
+    provider, exporter, table = traced
+    tracer = provider.get_tracer("t")
+    with tracer.start_as_current_span("launches"):
+        mask = _device_mask(table)
+        with tracer.start_as_current_span("child"):
+            mask.value |= 1 << 1  # what the injected library does at a sampled launch on device 1
+        mask.value |= 1 << 0
+    with tracer.start_as_current_span("idle"):  # the mask still holds devices 0 and 1 from the root before
+        with tracer.start_as_current_span("idle-child"):
+            pass
+    spans = {s.name: s for s in exporter.get_finished_spans()}
+    assert spans["launches"].attributes["cuda.sampled_devices"] == (0, 1)
+    for name in ("child", "idle", "idle-child"):
+        assert "cuda.sampled_devices" not in spans[name].attributes, name
+
+
+def test_devices_are_left_out_when_the_count_limit_is_reached(traced) -> None:
+    table = SpanContextTable.shared()
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider(span_limits=SpanLimits(max_span_attributes=3))
+    provider.add_span_processor(SpanContextProcessor(table))
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    with provider.get_tracer("t").start_as_current_span("full"):
+        _device_mask(table).value = 1 << 3
+    (span,) = exporter.get_finished_spans()
+    assert set(span.attributes) == {PROFILE_ID_ATTRIBUTE, "process.pid", "thread.id"}
+    provider.shutdown()
