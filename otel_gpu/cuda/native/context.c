@@ -44,13 +44,14 @@ static const struct otel_gpu_span_table *find_table(void)
     return t;
 }
 
-void span_context_read(struct otel_gpu_span *out)
+/* Returns 1 when the thread is in a span (the slot names a local root): span_context_note_device may add to it. */
+int span_context_read(struct otel_gpu_span *out)
 {
     memset(out, 0, sizeof(*out));
     my_index = -1;
     const struct otel_gpu_span_table *t = find_table();
     if (t == NULL)
-        return;
+        return 0;
     if (my_tid == 0)
         my_tid = (uint32_t)syscall(SYS_gettid);
     for (uint32_t i = 0; i < t->max_probe && i < OTEL_GPU_SPAN_CONTEXT_MAX_PROBE; i++) {
@@ -62,10 +63,12 @@ void span_context_read(struct otel_gpu_span *out)
         memcpy(out->span_id, slot->span_id, sizeof(out->span_id));
         memcpy(out->local_root_span_id, slot->local_root_span_id, sizeof(out->local_root_span_id));
         static const uint8_t no_root[sizeof(out->local_root_span_id)];
-        if (memcmp(out->local_root_span_id, no_root, sizeof(no_root)) != 0)
-            my_index = (int32_t)((my_tid + i) & (OTEL_GPU_SPAN_CONTEXT_SLOTS - 1));
-        return;
+        if (memcmp(out->local_root_span_id, no_root, sizeof(no_root)) == 0)
+            return 0;
+        my_index = (int32_t)((my_tid + i) & (OTEL_GPU_SPAN_CONTEXT_SLOTS - 1));
+        return 1;
     }
+    return 0;
 }
 
 void span_context_note_device(int device)

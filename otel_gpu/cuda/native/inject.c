@@ -223,7 +223,7 @@ static uint64_t graph_exec_of(CUpti_CallbackId cbid, const void *params)
 
 /* The device (ordinal) of the launch's context, or -1 when unknown. Asked of CUPTI once per context and thread:
  * contextUid is unique within the process (never reused, unlike a destroyed context's address), and a thread
- * mostly launches into one context. Called for sampled launches only. */
+ * mostly launches into one context. Called for sampled launches inside a span only. */
 static int device_of(const CUpti_CallbackData *cb)
 {
     static thread_local uint32_t cached_uid;
@@ -252,8 +252,8 @@ static void record_launch(CUpti_CallbackId cbid, const CUpti_CallbackData *cb, u
     rec->window_id = window_id;
     rec->timestamp_ns = now_ns();
     rec->graph_exec = graph_exec_of(cbid, cb->functionParams);
-    span_context_read(&rec->span);
-    span_context_note_device(device_of(cb));
+    if (span_context_read(&rec->span))
+        span_context_note_device(device_of(cb)); /* the launch's device joins its local root's */
     stack_capture(&rec->stack);
     activity_remember(cb->correlationId, window_id, kind == OTEL_GPU_LAUNCH_GRAPH);
     emit_launch(rec);

@@ -171,8 +171,8 @@ void activity_drain(uint64_t max_wait_ns);
 /* stack.c */
 void stack_init(void);
 void stack_capture(struct otel_gpu_stack *stack);
-/* context.c: the span this thread is in, all zero outside one */
-void span_context_read(struct otel_gpu_span *out);
+/* context.c: the span this thread is in, all zero outside one; 1 when in one */
+int span_context_read(struct otel_gpu_span *out);
 /* Adds a device (ordinal) to the mask of the local root the last span_context_read found this thread in, if any. */
 void span_context_note_device(int device);
 
