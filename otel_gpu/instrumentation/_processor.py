@@ -34,12 +34,14 @@ _FAST_ATTRIBUTES = _sdk_attributes_are_known()
 
 
 class _ThreadState:
-    """What the processor keeps per thread: its slot writer, its local root, its tid, the last trace id split."""
+    """What the processor keeps per thread: its slot writer and device mask, its local root, its tid, the last trace
+    id split."""
 
-    __slots__ = ("writer", "root", "tid", "trace_id", "trace_hi", "trace_lo")
+    __slots__ = ("writer", "devices", "root", "tid", "trace_id", "trace_hi", "trace_lo")
 
     def __init__(self, writer: SlotWriter | None) -> None:
         self.writer = writer
+        self.devices = writer.devices if writer is not None else None
         self.root = 0
         self.tid = threading.get_native_id()
         self.trace_id = 0
@@ -85,14 +87,15 @@ class SpanContextProcessor(SpanProcessor):
             state = self._state()
         ctx = span.get_span_context()
         parent = span.parent
-        writer = state.writer
         if parent is None or parent.is_remote:
             root = state.root = ctx.span_id
             self._set_root_attributes(span, state.tid, root)
-            if writer is not None:
-                writer.devices[0] = 0  # the injected library notes this root's sampled launches from here on
+            devices = state.devices
+            if devices is not None:
+                devices[0] = 0  # the injected library notes this root's sampled launches from here on
         else:
             root = state.root
+        writer = state.writer
         if writer is not None:
             trace_id = ctx.trace_id
             if trace_id != state.trace_id:  # a new trace on this thread: split its id once, not per span
@@ -136,17 +139,20 @@ class SpanContextProcessor(SpanProcessor):
         The SDK has frozen the attributes by now (`Span.end` sets `_immutable` before calling this), so
         `set_attribute` would store nothing: the value goes into the attribute dict directly, when the SDK's
         `BoundedAttributes` is the one known and the count limit leaves room; otherwise, or when the span set the key
-        itself, nothing is recorded. Only for the thread's current local root: one that another trace's root
-        interrupted has lost its mask to it.
+        itself, nothing is recorded. Only for the thread's current local root (so never for a child): one that another
+        trace's root interrupted has lost its mask to it.
         """
-        parent = span.parent
-        if parent is not None and not parent.is_remote:
+        try:
+            state = self._thread.state
+        except AttributeError:
             return
-        state = getattr(self._thread, "state", None)
-        if state is None or state.writer is None or state.root != span.get_span_context().span_id:
+        devices = state.devices
+        if devices is None:
             return
-        mask = state.writer.devices[0]
-        if not mask:
+        mask = devices[0]
+        if not mask:  # most spans: nothing sampled on this thread since its local root started
+            return
+        if state.root != span.get_span_context().span_id:  # a child, or a root another trace's root interrupted
             return
         attributes = getattr(span, "_attributes", None)
         if not _FAST_ATTRIBUTES or type(attributes) is not BoundedAttributes:

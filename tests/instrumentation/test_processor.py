@@ -14,6 +14,7 @@ from collections.abc import Iterator
 
 import pytest
 from opentelemetry.attributes import BoundedAttributes
+from opentelemetry.context import Context
 from opentelemetry.sdk.trace import SpanLimits, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -233,6 +234,17 @@ def test_a_local_root_carries_the_devices_noted_while_it_ran_and_nothing_else_do
     assert spans["launches"].attributes["cuda.sampled_devices"] == (0, 1)
     for name in ("child", "idle", "idle-child"):
         assert "cuda.sampled_devices" not in spans[name].attributes, name
+
+
+def test_a_root_interrupted_by_another_traces_root_carries_none_of_its_devices(traced) -> None:
+    provider, exporter, table = traced
+    tracer = provider.get_tracer("t")
+    with tracer.start_as_current_span("outer"):
+        with tracer.start_as_current_span("inner", context=Context()):  # a local root of another trace
+            _device_mask(table).value |= 1 << 2
+    spans = {s.name: s for s in exporter.get_finished_spans()}
+    assert spans["inner"].attributes["cuda.sampled_devices"] == (2,)
+    assert "cuda.sampled_devices" not in spans["outer"].attributes  # its mask went to "inner"
 
 
 def test_devices_are_left_out_when_the_count_limit_is_reached(traced) -> None:
