@@ -6,12 +6,13 @@
    SimpleSpanProcessor as the baseline pipeline. Three mixes: "nested" (a local root with three nested children per
    four spans), "roots" (every span a local root: the three root attributes each time), "children" (every span a
    child of one long-lived root). Prints medians, fastest rounds, their differences and ratios, then each hook of
-   the processor alone (best of repeated timeit runs) and one SUMMARY line to paste.
+   the processor alone (best of repeated timeit runs; `_on_ending` too, which the SDK calls on every processor, and
+   a local root's with devices to write) and one SUMMARY line to paste. --hooks-only: only the hooks.
 2. With --bpf-seconds N (root): the CPU sampler's run time per sample (kernel.bpf_stats_enabled, this sampler's own
    program only) on a busy process that never loads the module (one failed map lookup) against one whose two threads
    are always inside a span (the lookup plus the slot reads), alternating phases of N seconds.
 
-Run: .venv/bin/python bench/bench_span_context.py [--rounds 60] [--spans 2000] [--bpf-seconds 5]
+Run: .venv/bin/python bench/bench_span_context.py [--rounds 60] [--spans 2000] [--bpf-seconds 5] [--hooks-only]
 (without --bpf-seconds, or with 0, it needs neither root nor BPF: only the built libotel_gpu_context.so)
 """
 
@@ -119,20 +120,32 @@ def hook_cost(number: int = 20000, repeat: int = 15) -> dict[str, float]:
         root_items.clear()  # a fresh local root each time, as the processor sees one (clearing is timed apart)
         processor.on_start(root)
 
+    writer = processor._thread.state.writer  # type: ignore[attr-defined]
+    devices = getattr(writer, "devices", None)  # the device mask (absent before cuda.sampled_devices)
+
+    def root_ending_with_devices() -> None:
+        devices[0] = 0b11  # as after sampled launches on devices 0 and 1
+        processor._on_ending(root)
+        root_items.pop("cuda.sampled_devices", None)
+
     hooks: dict[str, Callable[[], object]] = {
         "local root on_start": root_start,
         "  of which clearing the attributes (harness)": root_items.clear,
+        "local root _on_ending": lambda: processor._on_ending(root),  # the SDK calls it on every processor
         "local root on_end": lambda: processor.on_end(ended_root),
         "child on_start": lambda: processor.on_start(child),
+        "child _on_ending": lambda: processor._on_ending(child),
         "child on_end": lambda: processor.on_end(ended_child),
     }
+    if devices is not None:
+        hooks["local root _on_ending, devices 0 and 1 sampled"] = root_ending_with_devices
     best = {name: min(timeit.repeat(hook, number=number, repeat=repeat)) / number * 1e6 for name, hook in hooks.items()}
     root.end(), child.end()
     for name, us in best.items():
         print(f"hook {name:46s} {us:.3f} us")
     clear = best["  of which clearing the attributes (harness)"]
-    root_us = best["local root on_start"] - clear + best["local root on_end"]
-    child_us = best["child on_start"] + best["child on_end"]
+    root_us = best["local root on_start"] - clear + best["local root _on_ending"] + best["local root on_end"]
+    child_us = best["child on_start"] + best["child _on_ending"] + best["child on_end"]
     print(f"hooks per span: local root {root_us:.2f} us, child {child_us:.2f} us (start + end)")
     return {"root": root_us, "child": child_us}
 
@@ -239,11 +252,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=60)
     parser.add_argument("--spans", type=int, default=2000, help="spans per round")
     parser.add_argument("--bpf-seconds", type=float, default=0.0, help="also measure the BPF side (root); 0: skip")
+    parser.add_argument("--hooks-only", action="store_true", help="only each hook alone (steadier on a loaded host)")
     args = parser.parse_args(argv)
     if args.bpf_seconds > 0 and os.geteuid() != 0:
         print("--bpf-seconds needs root (it loads eBPF programs); give 0 to measure only the span processor",
               file=sys.stderr)
         return 2
+    if args.hooks_only:
+        hooks = hook_cost()
+        print(f"SUMMARY span context hooks: root {hooks['root']:.2f}, child {hooks['child']:.2f}; load {_load()}")
+        return 0
     added = span_cost(args.rounds, args.spans)
     hooks = hook_cost()
     mixes = ", ".join(f"{mix} {median:.2f}/{fastest:.2f}" for mix, (median, fastest) in added.items())
