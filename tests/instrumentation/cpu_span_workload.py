@@ -1,11 +1,13 @@
 # SPDX-License-Identifier: Apache-2.0
 """An instrumented CPU-bound program: two threads alternate busy work outside any span and inside a local-root span
-of their own ("busy-a", "busy-b"). Waits for a line on stdin before the first span (so the sampler has found its span
-context table), then prints every finished span as `span <name> <span hex> <thread.id>`.
+of their own ("busy-a", "busy-b"). Keeps busy outside any span until a line arrives on stdin (so the sampler, however
+long it takes to start, samples it and finds its span context table), then prints every finished span as
+`span <name> <span hex> <thread.id>`.
 """
 
 from __future__ import annotations
 
+import select
 import sys
 import threading
 import time
@@ -38,7 +40,8 @@ def main() -> None:
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     tracer = provider.get_tracer("cpu_span_workload")
     print("ready", flush=True)
-    busy(0.5)
+    while not select.select([sys.stdin], [], [], 0)[0]:  # on CPU until "go": the sampler finds the table once it
+        busy(0.05)                                         # has sampled the process, however long its start took
     sys.stdin.readline()
     threads = [threading.Thread(target=work, args=(tracer, n, 8)) for n in ("a", "b")]
     for t in threads:
