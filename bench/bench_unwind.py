@@ -4,7 +4,7 @@ today's frame-pointer path, on this machine (root, BTF, perf events).
 
 Reports:
   1. table build per file: parse + merge time, FDEs, rows, table bytes (libc, libstdc++, a large Python extension
-     and any --elf given), and the rows each holds in the BPF array (16 bytes a row);
+     and any --elf given), and the rows each holds in the BPF array (8 bytes a row);
   2. per sample, one workload sampled alone (pid filter) at --hz, first with frame pointers (bpf_get_stackid into
      the in-kernel counts), then with the table walker (the walked stack counted in the kernel too): the BPF
      program's run time per run (kernel.bpf_stats_enabled, run_time_ns / run_cnt from bpftool), bytes handed to
@@ -261,10 +261,11 @@ if sys.argv[3] == "native":
     table = build_table(sys.argv[2], max_frame_bytes=1 << 40)
 elif sys.argv[3] == "agent":  # what NativeUnwinder does: parse, write the rows into the (mmap-ed) rows array
     import ctypes, mmap
+    from otel_gpu.ebpf.abi import UnwindRow
     from otel_gpu.unwind.table import parse_table
     table, rows = parse_table(sys.argv[2], max_frame_bytes=1 << 40)
-    memory = mmap.mmap(-1, max(16 * rows.count, 1))
-    target = (ctypes.c_char * (16 * rows.count)).from_buffer(memory)
+    memory = mmap.mmap(-1, max(ctypes.sizeof(UnwindRow) * rows.count, 1))
+    target = (ctypes.c_char * (ctypes.sizeof(UnwindRow) * rows.count)).from_buffer(memory)
     rows.write_rows(ctypes.addressof(target))
     table = type("Rows", (), {"pcs": range(rows.count)})
     rows.close()
