@@ -55,7 +55,8 @@ _CACHE_BYTES = 64 << 20  # tables kept in all
 # the rows do: at 8 MiB a table is ~1.5 M rows, ~0.2 CPU-s once per file and ~15 MiB while built, and leaves a
 # quarter of the sampler's DEFAULT_UNWIND_ROWS (2 Mi, mapped whole into the agent) to libpython, libc and the rest.
 # That covers LLVM, clang, rustc's and CUDA's libraries of 1-6 MiB; libtorch_cpu.so (17 MiB, 2.56 M rows) needs more
-# rows than the default holds at 16 bytes a row, so it stays on frame pointers until rows are denser.
+# rows than the default holds, so it stays on frame pointers: fitting it beside the rest takes ~4 Mi rows, 32 MiB at 8
+# bytes a row, the whole saving of the 8-byte rows (docs/benchmarks.md, "8-byte unwind rows").
 MAX_FRAME_BYTES = 8 << 20
 
 
