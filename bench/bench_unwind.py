@@ -4,7 +4,7 @@ today's frame-pointer path, on this machine (root, BTF, perf events).
 
 Reports:
   1. table build per file: parse + merge time, FDEs, rows, table bytes (libc, libstdc++, a large Python extension
-     and any --elf given), and the rows each holds in the BPF array (16 bytes a row);
+     and any --elf given), and the rows each holds in the BPF array (8 bytes a row);
   2. per sample, one workload sampled alone (pid filter) at --hz, first with frame pointers (bpf_get_stackid into
      the in-kernel counts), then with the table walker (the walked stack counted in the kernel too): the BPF
      program's run time per run (kernel.bpf_stats_enabled, run_time_ns / run_cnt from bpftool), bytes handed to
@@ -19,7 +19,11 @@ Reports:
      tables built for every mapped file when the process is registered, at a 1 MiB and at the default 8 MiB cap,
      against tables built only for the files samples hit (the default);
   6. (not in the default parts) a table's build CPU time and the peak RSS it adds, each file in a fresh process,
-     the Python reference interpreter (cfi.py) against the native builder the agent uses, side by side.
+     the Python reference interpreter (cfi.py) against the native builder the agent uses, side by side;
+  7. (not in the default parts) whether 8-byte rows' 32-bit rules hold every rule: over this machine's shared
+     libraries and the large C++ and Rust ones (the set tests/unwind/test_native_table.py compares), the rows whose
+     CFA or rbp offset is outside the packed fields (UNSUPPORTED for that reason alone), the widest offsets, the
+     widest code span of a table, and rows per KiB of .eh_frame (to size unwind_rows for a library not here).
 
 Run (as root, after make build): .venv/bin/python bench/bench_unwind.py [--seconds 5] [--hz 999] [--elf PATH ...]
                                  [--parts 12345] [--library PATH ...]
@@ -47,8 +51,8 @@ from otel_gpu.ebpf import abi  # noqa: E402
 from otel_gpu.unwind import cfi  # noqa: E402
 from otel_gpu.ebpf.loader import BPFObject  # noqa: E402
 from otel_gpu.unwind.processes import executable_mappings  # noqa: E402
-from otel_gpu.unwind.table import (KIND_NONE, KIND_RBP, KIND_RSP, TableCache, UnwindTable,  # noqa: E402
-                                   build_table, frame_sections)
+from otel_gpu.unwind.table import (CFA_OFFSETS, KIND_NONE, KIND_RBP, KIND_RSP, RBP_OFFSETS,  # noqa: E402
+                                   TableCache, UnwindTable, build_table, frame_sections)
 
 NATIVE = REPO / "tests" / "native"
 DEFAULT_FILES = ["/lib/x86_64-linux-gnu/libc.so.6", "/usr/lib/x86_64-linux-gnu/libstdc++.so.6",
@@ -261,10 +265,11 @@ if sys.argv[3] == "native":
     table = build_table(sys.argv[2], max_frame_bytes=1 << 40)
 elif sys.argv[3] == "agent":  # what NativeUnwinder does: parse, write the rows into the (mmap-ed) rows array
     import ctypes, mmap
+    from otel_gpu.ebpf.abi import UnwindRow
     from otel_gpu.unwind.table import parse_table
     table, rows = parse_table(sys.argv[2], max_frame_bytes=1 << 40)
-    memory = mmap.mmap(-1, max(16 * rows.count, 1))
-    target = (ctypes.c_char * (16 * rows.count)).from_buffer(memory)
+    memory = mmap.mmap(-1, max(ctypes.sizeof(UnwindRow) * rows.count, 1))
+    target = (ctypes.c_char * (ctypes.sizeof(UnwindRow) * rows.count)).from_buffer(memory)
     rows.write_rows(ctypes.addressof(target))
     table = type("Rows", (), {"pcs": range(rows.count)})
     rows.close()
@@ -375,6 +380,51 @@ def unwinder_cost(seconds: float, hz: int, eager_frame_bytes: int, max_frame_byt
                for reason in ("no_mapping", "read_failed", "bad_fp", "unsupported", "truncated")}}
 
 
+RULE_FIT_LARGE = ["/usr/lib/x86_64-linux-gnu/libLLVM-15.so.1", "/usr/lib/llvm-14/lib/libclang-cpp.so.14",
+                  *map(str, sorted(Path("/root/.rustup/toolchains").glob("*/lib/librustc_driver-*.so")))]
+
+
+def rule_fit() -> None:
+    """Every CFI row the reference interpreter reads that would be a plain RSP or RBP rule but for its offsets'
+    width, counted against the packed rule's fields (table.CFA_OFFSETS, table.RBP_OFFSETS); then per large file its
+    rows per KiB of .eh_frame and the span of its table's pcs (unwind_rows holds 32-bit offsets)."""
+    seen: set[tuple[int, int]] = set()
+    files, rows, plain, too_wide, widest_cfa, lowest_rbp, widest_span = 0, 0, 0, 0, 0, 0, 0
+    per_file: list[tuple[int, int, str]] = []
+    for path in [*sorted(Path("/usr/lib/x86_64-linux-gnu").glob("*.so*")), *map(Path, RULE_FIT_LARGE)]:
+        try:
+            found = path.stat()
+            sections = frame_sections(str(path)) if path.is_file() else None
+        except (OSError, ValueError):
+            continue
+        if sections is None or (found.st_dev, found.st_ino) in seen:
+            continue
+        seen.add((found.st_dev, found.st_ino))
+        section, vaddr, data = sections
+        files += 1
+        for fde in cfi.parse_frames(data, vaddr, section == ".eh_frame"):
+            for row in fde.rows:
+                rows += 1
+                if (row.cfa_kind != cfi.CFA_REG or row.cfa_reg not in (cfi.RSP, cfi.RBP) or row.ra_kind != cfi.OFFSET
+                        or row.ra_offset != -8 or row.rbp_kind == cfi.OTHER):
+                    continue
+                rbp = row.rbp_offset if row.rbp_kind == cfi.OFFSET else 0
+                plain += 1
+                widest_cfa, lowest_rbp = max(widest_cfa, abs(row.cfa_offset)), min(lowest_rbp, rbp)
+                too_wide += row.cfa_offset not in CFA_OFFSETS or rbp not in RBP_OFFSETS
+        table = build_table(str(path), max_frame_bytes=1 << 40)
+        if table.pcs:
+            widest_span = max(widest_span, table.pcs[-1] - table.pcs[0])
+        per_file.append((len(data), len(table.pcs), path.name))
+    print(f"{files} files, {rows} CFI rows, {plain} plain RSP/RBP rules; {too_wide} of them do not fit the packed "
+          f"fields (CFA {CFA_OFFSETS.start}..{CFA_OFFSETS.stop - 1}, rbp {RBP_OFFSETS.start}..{RBP_OFFSETS.stop - 1}): "
+          f"{too_wide / max(plain, 1):.2e}; widest |CFA offset| {widest_cfa}, lowest rbp offset {lowest_rbp}; "
+          f"widest table span {widest_span:#x} bytes")
+    print(f"{'file':<48} {'.eh_frame KiB':>13} {'rows':>9} {'rows/KiB':>9}")
+    for size, count, name in sorted(per_file)[-6:]:
+        print(f"{name[:48]:<48} {size / 1024:>13.0f} {count:>9} {count / (size / 1024):>9.1f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seconds", type=float, default=5.0)
@@ -392,6 +442,9 @@ def main() -> None:
         print("6. table build in a fresh process per file, Python reference vs native builder: CPU time (median of 3) "
               "and peak RSS added")
         build_costs(BUILD_FILES + args.elf)
+    if "7" in args.parts:
+        print("7. 8-byte rows: rules that do not fit the packed fields, over this machine's libraries")
+        rule_fit()
     if os.geteuid() != 0:
         print("2. skipped: needs root")
         return

@@ -44,12 +44,12 @@ _EVENT_POLL_MS = 250  # only bounds how fast close() stops the thread: a new rec
 _STACK = struct.Struct(f"<{abi.MAX_STACK_DEPTH}Q")
 _EFAULT = -errno_codes.EFAULT
 _SPAN_TABLE_RECHECK_S = 10.0  # a process may load the span context library after its first sample
-# 32 MiB of kernel memory, all of it in the agent's RSS from the start (the array is mmap-ed whole: RssFile grows by
-# the map's size at open, docs/benchmarks.md): a table at MAX_FRAME_BYTES (~1.5 M rows) beside libpython's, libc's and
-# the other hit files'; cold tables are evicted for hit ones, and building one again costs ~0.12 CPU-s per million
-# rows. libtorch_cpu's 2.56 M rows would need more (41 MiB more RSS at 16 bytes a row): a denser row layout first.
+# 16 MiB of kernel memory at 8 bytes a row, all of it in the agent's RSS from the start (the array is mmap-ed whole:
+# RssFile grows by the map's size at open, docs/benchmarks.md): a table at MAX_FRAME_BYTES (~1.5 M rows) beside
+# libpython's, libc's and the other hit files'; cold tables are evicted for hit ones, and building one again costs
+# ~0.12 CPU-s per million rows.
 DEFAULT_UNWIND_ROWS = 1 << 21
-MAX_UNWIND_ROWS = 1 << 26  # 1 GiB: what native_unwind.h's per-file binary search covers
+MAX_UNWIND_ROWS = 1 << 26  # 512 MiB: what native_unwind.h's per-file binary search covers
 DEFAULT_UNWOUND_STACKS = 4096  # 4 MiB a generation: 21 busy cores' samples at 19 Hz over a 10 s interval
 
 
@@ -90,8 +90,8 @@ class CPUSampler:
         """``raw_only`` sends every sample whole through the ring buffer instead of aggregating in the kernel
         (for comparing the two designs; the aggregated default is cheaper, see bench/bench_cpu_profiler.py).
         ``cpus`` defaults to every online CPU. ``native_unwind`` off: frame pointers only (the comparison path).
-        ``unwind_rows``: capacity of the unwind tables of every file, 16 bytes a row of kernel memory (the default,
-        2 Mi rows, is 32 MiB, mapped whole into the agent; libtorch_cpu.so alone needs 2.56 M rows,
+        ``unwind_rows``: capacity of the unwind tables of every file, 8 bytes a row of kernel memory (the default,
+        2 Mi rows, is 16 MiB, mapped whole into the agent; libtorch_cpu.so alone needs 2.56 M rows,
         docs/benchmarks.md). ``unwound_stacks``:
         distinct walked stacks counted in the kernel per drain, 1 KiB each in each of two generations; past it a
         walked sample comes whole through the ring buffer. ``unwind_max_frame_bytes``: files whose .eh_frame is larger

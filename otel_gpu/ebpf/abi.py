@@ -67,15 +67,18 @@ class UnwindKind(enum.IntEnum):
     UNSUPPORTED = 4
 
 
+# A row's 32-bit rule, from the low bits up: kind, rbp_offset (signed), cfa_offset (signed); see cpu_profiler.h
+UNWIND_KIND_BITS = 3
+UNWIND_RBP_BITS = 8
+UNWIND_CFA_BITS = 21
+
+
 class UnwindRow(ctypes.Structure):
-    """struct otel_gpu_unwind_row."""
+    """struct otel_gpu_unwind_row: pc is an offset from the table's base (the mapping's bias includes it)."""
 
     _fields_ = [
-        ("pc", ctypes.c_uint64),
-        ("kind", ctypes.c_uint8),
-        ("reserved", ctypes.c_uint8),
-        ("rbp_offset", ctypes.c_int16),
-        ("cfa_offset", ctypes.c_int32),
+        ("pc", ctypes.c_uint32),
+        ("rule", ctypes.c_uint32),
     ]
 
 

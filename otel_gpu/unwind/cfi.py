@@ -19,8 +19,8 @@ from array import array
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
-from otel_gpu.unwind.table import (KIND_END, KIND_NONE, KIND_RBP, KIND_RSP, KIND_UNSUPPORTED, UnwindTable,
-                                   pack_rule)
+from otel_gpu.unwind.table import (CFA_OFFSETS, KIND_END, KIND_NONE, KIND_RBP, KIND_RSP, KIND_UNSUPPORTED,
+                                   RBP_OFFSETS, UnwindTable, pack_rule)
 
 RSP = 7  # DWARF register numbers on x86-64
 RBP = 6
@@ -461,8 +461,8 @@ def rule_of(row: Row) -> int:
     if row.ra_kind == UNDEFINED:
         return pack_rule(KIND_END, 0, 0)
     if (row.cfa_kind != CFA_REG or row.cfa_reg not in (RSP, RBP) or row.ra_kind != OFFSET
-            or row.ra_offset != -8 or row.rbp_kind == OTHER or not -(1 << 31) <= row.cfa_offset < 1 << 31
-            or not -(1 << 15) <= row.rbp_offset < 1 << 15 or (row.rbp_kind == OFFSET and row.rbp_offset == 0)):
+            or row.ra_offset != -8 or row.rbp_kind == OTHER or row.cfa_offset not in CFA_OFFSETS
+            or row.rbp_offset not in RBP_OFFSETS or (row.rbp_kind == OFFSET and row.rbp_offset == 0)):
         return pack_rule(KIND_UNSUPPORTED, 0, 0)
     kind = KIND_RSP if row.cfa_reg == RSP else KIND_RBP
     return pack_rule(kind, row.cfa_offset, row.rbp_offset if row.rbp_kind == OFFSET else 0)
@@ -472,7 +472,7 @@ def table_from_fdes(fdes: Iterable[Fde], source: str) -> UnwindTable:
     """Merge FDEs (sorted by start here) into one table; consecutive equal rules are kept once (what
     ``cfi_table.c``'s merge() does)."""
     starts, ends, firsts = array("Q"), array("Q"), array("Q")
-    row_pcs, row_rules = array("Q"), array("Q")
+    row_pcs, row_rules = array("Q"), array("I")
     for fde in fdes:
         starts.append(fde.start)
         ends.append(fde.end)
@@ -482,7 +482,7 @@ def table_from_fdes(fdes: Iterable[Fde], source: str) -> UnwindTable:
             row_rules.append(rule_of(row))
     firsts.append(len(row_pcs))
     pcs = array("Q")
-    rules = array("Q")
+    rules = array("I")
     none = pack_rule(KIND_NONE, 0, 0)
     covered_to = 0
     for index in sorted(range(len(starts)), key=starts.__getitem__):

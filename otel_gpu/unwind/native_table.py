@@ -13,6 +13,7 @@ from array import array
 from pathlib import Path
 
 LIBRARY_PATH = Path(__file__).parent / "native" / "libotel_gpu_cfi.so"
+MAX_PC_SPAN = (1 << 32) - 1  # unwind_rows' pcs are 32-bit offsets from a table's first pc
 
 
 class NativeBuilderMissing(OSError):
@@ -37,8 +38,14 @@ def _library() -> ctypes.CDLL:
                 lib.otel_gpu_cfi_parse.restype = ctypes.c_void_p
                 lib.otel_gpu_cfi_count.argtypes = [ctypes.c_void_p]
                 lib.otel_gpu_cfi_count.restype = ctypes.c_uint64
-                lib.otel_gpu_cfi_write.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint64]
-                lib.otel_gpu_cfi_write.restype = None
+                lib.otel_gpu_cfi_base.argtypes = [ctypes.c_void_p]
+                lib.otel_gpu_cfi_base.restype = ctypes.c_uint64
+                lib.otel_gpu_cfi_span.argtypes = [ctypes.c_void_p]
+                lib.otel_gpu_cfi_span.restype = ctypes.c_uint64
+                lib.otel_gpu_cfi_arrays.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+                lib.otel_gpu_cfi_arrays.restype = None
+                lib.otel_gpu_cfi_write.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+                lib.otel_gpu_cfi_write.restype = ctypes.c_int
                 lib.otel_gpu_cfi_release.argtypes = [ctypes.c_void_p]
                 lib.otel_gpu_cfi_release.restype = None
                 _lib = lib
@@ -57,27 +64,35 @@ def available() -> bool:
 
 
 class ParsedRows:
-    """A parsed frame section held by the library: ``count`` rows, written on demand into two arrays
-    (:meth:`arrays`) or straight into an array of ``struct otel_gpu_unwind_row`` (:meth:`write_rows`), so the agent
-    never holds a copy of a large table. Release with :meth:`close` (or ``with``)."""
+    """A parsed frame section held by the library: ``count`` rows from the link-time pc ``base`` to ``base + span``,
+    written on demand into two arrays (:meth:`arrays`) or straight into an array of ``struct otel_gpu_unwind_row``
+    (:meth:`write_rows`), so the agent never holds a copy of a large table. Release with :meth:`close` (or
+    ``with``)."""
 
     def __init__(self, lib: ctypes.CDLL, handle: int, section: bytes) -> None:
         self._lib = lib
         self._handle: int | None = handle
         self._section: bytes | None = section  # the library makes the rows from it when they are written
         self.count: int = lib.otel_gpu_cfi_count(handle)
+        self.base: int = lib.otel_gpu_cfi_base(handle)  # the first row's pc, which unwind_rows' pcs are offsets from
+        self.span: int = lib.otel_gpu_cfi_span(handle)  # the last row's pc - base
 
     def arrays(self) -> tuple[array[int], array[int]]:
-        """(pcs, rules) as two arrays."""
-        pcs, rules = array("Q", [0]) * self.count, array("Q", [0]) * self.count
+        """(pcs, rules) as two arrays: link-time pcs (8 bytes), packed rules (4 bytes)."""
+        pcs, rules = array("Q", [0]) * self.count, array("I", [0]) * self.count
         if self.count:
-            self._lib.otel_gpu_cfi_write(self._live(), pcs.buffer_info()[0], rules.buffer_info()[0], 1)
+            self._lib.otel_gpu_cfi_arrays(self._live(), pcs.buffer_info()[0], rules.buffer_info()[0])
         return pcs, rules
 
+    def fits_rows(self) -> bool:
+        """Whether the rows' pcs fit unwind_rows' 32-bit offsets from ``base`` (code spanning less than 4 GiB)."""
+        return self.span <= MAX_PC_SPAN
+
     def write_rows(self, address: int) -> None:
-        """Writes the ``count`` rows (16 bytes each: pc, packed rule) at ``address``, which must hold them."""
-        if self.count:
-            self._lib.otel_gpu_cfi_write(self._live(), address, address + 8, 2)
+        """Writes the ``count`` rows (8 bytes each: pc - base, packed rule) at ``address``, which must hold them.
+        Raises ValueError when they do not fit (:meth:`fits_rows`)."""
+        if self.count and self._lib.otel_gpu_cfi_write(self._live(), address):
+            raise ValueError(f"unwind table spans {self.span} bytes of code, past 32-bit row offsets")
 
     def close(self) -> None:
         if self._handle is not None:

@@ -29,6 +29,7 @@ from otel_gpu.unwind.table import TableCache, UnwindTable, file_key, frame_secti
 
 _logger = logging.getLogger(__name__)
 _ROW_BYTES = ctypes.sizeof(abi.UnwindRow)
+_U64 = 0xFFFFFFFFFFFFFFFF
 _CLOSE_JOIN_S = 0.1  # close() waits this long for the thread to leave a build, then lets it end by itself
 _POLL_S = 0.2  # how often the unwinder thread looks at the hit counters when no process is queued
 # Small files get their tables at registration: a walk that reaches a file without a table steps it by frame pointer,
@@ -66,7 +67,7 @@ class UnwinderStats:
     files: int = 0  # tables loaded into unwind_rows (again after an eviction: counted again)
     rows: int = 0  # rows of unwind_rows in use now
     rows_full: int = 0  # tables left out: larger than unwind_rows, or no room without evicting tables in use
-    files_too_large: int = 0  # files left to frame pointers because their .eh_frame is over the cache's cap
+    files_too_large: int = 0  # files left to frame pointers: .eh_frame over the cache's cap, or code spanning 4 GiB
     file_errors: int = 0  # files that could not be read or parsed
     files_no_builder: int = 0  # files left to frame pointers because libotel_gpu_cfi.so does not load
     files_known: int = 0  # file ids in use (files mapped by registered processes)
@@ -87,6 +88,7 @@ class _File:
     state: int = _PENDING
     first_row: int = 0
     row_count: int = 0
+    base: int = 0  # the link-time pc its rows' 32-bit pcs are offsets from (the processes' biases include it)
     table: UnwindTable | None = None  # kept only for its segments (load bias), rows dropped once loaded
     hits: int = 0  # unwind_file_hits value last seen
     since: int = 0  # its value when the file last became pending: built once hits pass it
@@ -322,7 +324,7 @@ class NativeUnwinder:
             bias = file.table.bias(mapping.start, mapping.offset) if file.table is not None else None
             loaded = file.state == _LOADED and bias is not None
             value.mappings[index] = abi.UnwindMapping(
-                start=mapping.start, end=mapping.end, bias=(bias or 0) & 0xFFFFFFFFFFFFFFFF,
+                start=mapping.start, end=mapping.end, bias=((bias or 0) + (file.base if loaded else 0)) & _U64,
                 first_row=file.first_row if loaded else 0, row_count=file.row_count if loaded else 0,
                 file_id=file.id)
         self._processes.update(ctypes.c_uint32(pid), value)
@@ -414,6 +416,9 @@ class NativeUnwinder:
             elif count > self._extents.capacity:
                 self.stats.rows_full += 1
                 file.state = _NO_ROWS
+            elif rows is not None and not rows.fits_rows():  # its pcs do not fit unwind_rows' 32-bit offsets
+                self.stats.files_too_large += 1
+                file.state = _NO_ROWS
             else:
                 assert rows is not None
                 file.rows_needed = count
@@ -425,7 +430,7 @@ class NativeUnwinder:
                 target = (ctypes.c_char * (count * _ROW_BYTES)).from_buffer(self._memory, first * _ROW_BYTES)
                 rows.write_rows(ctypes.addressof(target))
                 del target  # the mmap can be closed only once no ctypes object points into it
-                file.state, file.first_row, file.row_count = _LOADED, first, count
+                file.state, file.first_row, file.row_count, file.base = _LOADED, first, count, rows.base
                 self.stats.rows += count
                 self.stats.files += 1
             for pid in list(file.sources):
@@ -474,7 +479,7 @@ class NativeUnwinder:
             self._write_process(pid)
         self._extents.give(file.first_row, file.row_count)
         self.stats.rows -= file.row_count
-        file.first_row = file.row_count = 0
+        file.first_row = file.row_count = file.base = 0
 
     def _drop_file(self, file: _File) -> None:
         self._unload(file)

@@ -2,15 +2,15 @@
 """Compact unwind tables per executable file, built from ``.eh_frame`` (else ``.debug_frame``), cached per file
 identity and bounded in bytes.
 
-A table is two sorted arrays: ``pcs`` (link-time addresses, 8 bytes) and ``rules`` (8 bytes each), one entry per
+A table is two sorted arrays: ``pcs`` (link-time addresses, 8 bytes) and ``rules`` (4 bytes each), one entry per
 pc where the rule changes, and a NONE entry where no FDE covers the code (a gap, the end of the last FDE). One rule
 says how to step from a frame to its caller, which is all a stack walker needs on x86-64:
 
     CFA = (rsp | rbp) + cfa_offset;  return address = [CFA - 8];  rbp = [CFA + rbp_offset] or unchanged
 
 Rows that need something else (a CFA expression such as the PLT's, a CFA in another register, a return address
-elsewhere than CFA-8) become UNSUPPORTED, so the walker can count why it stopped; the outermost frame (return
-address undefined, e.g. ``_start``) becomes END.
+elsewhere than CFA-8, offsets wider than a packed rule holds) become UNSUPPORTED, so the walker can count why it
+stopped; the outermost frame (return address undefined, e.g. ``_start``) becomes END.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import BinaryIO
 
+from otel_gpu.ebpf import abi
 from otel_gpu.symbolize.elf import _EHDR, _SHDR, Segment
 from otel_gpu.unwind import native_table
 
@@ -33,7 +34,15 @@ KIND_NONE = 0  # no FDE covers the pc: fall back to frame pointers
 KIND_RSP = 1  # CFA = rsp + cfa_offset
 KIND_RBP = 2  # CFA = rbp + cfa_offset
 KIND_END = 3  # the outermost frame: stop
-KIND_UNSUPPORTED = 4  # CFA expression, CFA in another register, return address not at CFA-8
+KIND_UNSUPPORTED = 4  # CFA expression, CFA in another register, return address not at CFA-8, offsets too wide
+
+# A packed rule (struct otel_gpu_unwind_row's 32-bit rule), from the low bits up: kind, rbp_offset, cfa_offset, both
+# signed. A rule whose offsets are outside these ranges is UNSUPPORTED (none of this machine's libraries has one:
+# docs/benchmarks.md, "8-byte unwind rows").
+CFA_OFFSETS = range(-(1 << (abi.UNWIND_CFA_BITS - 1)), 1 << (abi.UNWIND_CFA_BITS - 1))
+RBP_OFFSETS = range(-(1 << (abi.UNWIND_RBP_BITS - 1)), 1 << (abi.UNWIND_RBP_BITS - 1))
+_RBP_SHIFT = abi.UNWIND_KIND_BITS
+_CFA_SHIFT = abi.UNWIND_KIND_BITS + abi.UNWIND_RBP_BITS
 
 _MAX_SECTION_BYTES = 256 << 20  # .eh_frame read per file at most (libtorch_cpu.so's is 17 MiB)
 _MAX_SECTIONS = 1 << 16
@@ -46,13 +55,14 @@ _CACHE_BYTES = 64 << 20  # tables kept in all
 # the rows do: at 8 MiB a table is ~1.5 M rows, ~0.2 CPU-s once per file and ~15 MiB while built, and leaves a
 # quarter of the sampler's DEFAULT_UNWIND_ROWS (2 Mi, mapped whole into the agent) to libpython, libc and the rest.
 # That covers LLVM, clang, rustc's and CUDA's libraries of 1-6 MiB; libtorch_cpu.so (17 MiB, 2.56 M rows) needs more
-# rows than the default holds at 16 bytes a row, so it stays on frame pointers until rows are denser.
+# rows than the default holds, so it stays on frame pointers: fitting it beside the rest takes ~4 Mi rows, 32 MiB at 8
+# bytes a row, the whole saving of the 8-byte rows (docs/benchmarks.md, "8-byte unwind rows").
 MAX_FRAME_BYTES = 8 << 20
 
 
 @dataclass(frozen=True, slots=True)
 class UnwindTable:
-    """Sorted ``pcs`` and their packed ``rules``: kind | rbp_offset (signed 16) << 16 | cfa_offset (signed 32) << 32.
+    """Sorted ``pcs`` (link-time) and their packed ``rules`` (:func:`pack_rule`).
 
     ``rbp_offset`` 0 means rbp is unchanged (a saved rbp is never at CFA+0)."""
 
@@ -64,7 +74,7 @@ class UnwindTable:
 
     @property
     def size_bytes(self) -> int:
-        return 16 * len(self.pcs)
+        return self.pcs.itemsize * len(self.pcs) + self.rules.itemsize * len(self.rules)
 
     def bias(self, start: int, file_offset: int) -> int | None:
         """Load bias of a mapping at ``start`` of the file from ``file_offset``: address - bias = link-time address."""
@@ -74,9 +84,10 @@ class UnwindTable:
         return None
 
     def row_bytes(self) -> bytes:
-        """The rows as struct otel_gpu_unwind_row[] (pc, then the packed rule: the same 16 bytes)."""
-        rows = array("Q", bytes(16 * len(self.pcs)))
-        rows[0::2] = self.pcs
+        """The rows as struct otel_gpu_unwind_row[]: each pc as its offset from the first, then the packed rule."""
+        base = self.pcs[0] if self.pcs else 0
+        rows = array("I", bytes(8 * len(self.pcs)))
+        rows[0::2] = array("I", (pc - base for pc in self.pcs))
         rows[1::2] = self.rules
         return rows.tobytes()
 
@@ -89,14 +100,18 @@ class UnwindTable:
 
 
 def pack_rule(kind: int, cfa_offset: int, rbp_offset: int) -> int:
-    return (kind & 0xFF) | ((rbp_offset & 0xFFFF) << 16) | ((cfa_offset & 0xFFFFFFFF) << 32)
+    """The 32-bit rule; the offsets must be within CFA_OFFSETS and RBP_OFFSETS (rule_of makes the rest UNSUPPORTED)."""
+    return ((kind & ((1 << abi.UNWIND_KIND_BITS) - 1)) | ((rbp_offset & ((1 << abi.UNWIND_RBP_BITS) - 1)) << _RBP_SHIFT)
+            | ((cfa_offset & ((1 << abi.UNWIND_CFA_BITS) - 1)) << _CFA_SHIFT))
 
 
 def unpack_rule(rule: int) -> tuple[int, int, int]:
-    kind = rule & 0xFF
-    rbp = (rule >> 16) & 0xFFFF
-    cfa = rule >> 32
-    return kind, cfa - (1 << 32) if cfa >= 1 << 31 else cfa, rbp - (1 << 16) if rbp >= 1 << 15 else rbp
+    """(kind, cfa_offset, rbp_offset) of a packed rule."""
+    kind = rule & ((1 << abi.UNWIND_KIND_BITS) - 1)
+    rbp = (rule >> _RBP_SHIFT) & ((1 << abi.UNWIND_RBP_BITS) - 1)
+    cfa = rule >> _CFA_SHIFT
+    return (kind, cfa - (1 << abi.UNWIND_CFA_BITS) if cfa >= 1 << (abi.UNWIND_CFA_BITS - 1) else cfa,
+            rbp - (1 << abi.UNWIND_RBP_BITS) if rbp >= 1 << (abi.UNWIND_RBP_BITS - 1) else rbp)
 
 
 _PHDR = struct.Struct("<IIQQQQQQ")
@@ -206,12 +221,12 @@ def _parse(read: _Read, name: str,
            max_frame_bytes: int) -> tuple[UnwindTable, native_table.ParsedRows | None]:
     found, segments = _find_frame_section(read, name)
     if found is None:
-        return UnwindTable(array("Q"), array("Q"), "", segments), None
+        return UnwindTable(array("Q"), array("I"), "", segments), None
     section, addr, offset, size = found
     if _checked_size(name, section, size) > max_frame_bytes:
-        return UnwindTable(array("Q"), array("Q"), section, segments, too_large=True), None
+        return UnwindTable(array("Q"), array("I"), section, segments, too_large=True), None
     rows = native_table.parse(read(offset, size), addr, section == ".eh_frame")
-    return UnwindTable(array("Q"), array("Q"), section, segments), rows
+    return UnwindTable(array("Q"), array("I"), section, segments), rows
 
 
 def file_key(path: str, image: bytes | None = None) -> tuple[int, ...]:

@@ -59,20 +59,25 @@ enum otel_gpu_unwind_kind {
     OTEL_GPU_UNWIND_UNSUPPORTED = 4, /* anything else */
 };
 
-/* From pc on (link-time address) until the next row: return address at CFA-8, rbp saved at CFA+rbp_offset (0:
- * rbp unchanged). */
+/* A row's rule in 32 bits, from the low bits up: kind (enum otel_gpu_unwind_kind), rbp_offset (signed), cfa_offset
+ * (signed). The widths hold every rule of this machine's libraries (CFA offsets up to 540,128, saved rbp at most
+ * 80 below the CFA: docs/benchmarks.md, "8-byte unwind rows"); a rule whose offsets do not fit is UNSUPPORTED. */
+#define OTEL_GPU_UNWIND_KIND_BITS 3
+#define OTEL_GPU_UNWIND_RBP_BITS 8
+#define OTEL_GPU_UNWIND_CFA_BITS 21
+
+/* From pc on until the next row: return address at CFA-8, rbp saved at CFA+rbp_offset (0: rbp unchanged). pc is the
+ * link-time address less the table's base (its first row's), which the mapping's bias includes: 32 bits hold any
+ * file whose code spans less than 4 GiB (a larger one gets no table). 8 bytes a row: 2 Mi rows are 16 MiB. */
 struct otel_gpu_unwind_row {
-    __u64 pc;
-    __u8 kind;
-    __u8 reserved;
-    __s16 rbp_offset;
-    __s32 cfa_offset;
+    __u32 pc;
+    __u32 rule;
 };
 
 struct otel_gpu_unwind_mapping {
     __u64 start;       /* [start, end): the mapping's addresses in the process */
     __u64 end;
-    __u64 bias;        /* address - bias = link-time address in the file */
+    __u64 bias;        /* address - bias = pc in the file's rows (link-time address - the table's base) */
     __u32 first_row;   /* the file's rows: [first_row, first_row + row_count) of unwind_rows */
     __u32 row_count;   /* 0: no table (yet, or none: no frame information, too large, no room): frame pointers */
     __u32 file_id;     /* the agent's id of the file (index of unwind_file_hits); 0: none */

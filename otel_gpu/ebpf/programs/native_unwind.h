@@ -22,7 +22,7 @@
 #ifdef __BPF__ /* BPF code only: tests/ebpf/test_abi.py compiles every header of this folder for user space */
 
 #define UNWIND_ROWS 1048576         /* the agent sets max_entries (CPUSampler's unwind_rows) */
-#define UNWIND_ROW_STEPS 26         /* binary-search steps within one file: 2^26 rows (1 GiB) > any file's table */
+#define UNWIND_ROW_STEPS 26         /* binary-search steps within one file: 2^26 rows (512 MiB) > any file's table */
 #define UNWIND_MAPPING_STEPS 9      /* 2^9 > OTEL_GPU_UNWIND_MAX_MAPPINGS */
 
 struct {
@@ -135,8 +135,8 @@ static long unwind_search_step(__u32 index, struct native_unwind_search *search)
     return 0;
 }
 
-/* The rule for link-time pc among the file's rows; 0 when pc is before the first row. */
-static __always_inline struct otel_gpu_unwind_row *unwind_find_row(struct otel_gpu_unwind_mapping *mapping, __u64 pc) {
+/* The rule for pc (an offset from the table's base) among the file's rows; 0 when pc is before the first row. */
+static __always_inline struct otel_gpu_unwind_row *unwind_find_row(struct otel_gpu_unwind_mapping *mapping, __u32 pc) {
     struct native_unwind_search search = {.pc = pc, .low = mapping->first_row,
                                           .high = mapping->first_row + mapping->row_count};
     __u32 first = search.low;
@@ -145,6 +145,20 @@ static __always_inline struct otel_gpu_unwind_row *unwind_find_row(struct otel_g
         return 0;
     __u32 index = search.low - 1;
     return bpf_map_lookup_elem(&unwind_rows, &index);
+}
+
+/* A row's rule, unpacked (see OTEL_GPU_UNWIND_KIND_BITS): the offsets are sign-extended by arithmetic shifts. */
+static __always_inline __u32 unwind_rule_kind(__u32 rule) {
+    return rule & ((1U << OTEL_GPU_UNWIND_KIND_BITS) - 1);
+}
+
+static __always_inline __s32 unwind_rule_rbp_offset(__u32 rule) {
+    __u32 above = 32 - OTEL_GPU_UNWIND_KIND_BITS - OTEL_GPU_UNWIND_RBP_BITS; /* the bits above rbp_offset's */
+    return (__s32)(rule << above) >> (32 - OTEL_GPU_UNWIND_RBP_BITS);
+}
+
+static __always_inline __s32 unwind_rule_cfa_offset(__u32 rule) {
+    return (__s32)rule >> (OTEL_GPU_UNWIND_KIND_BITS + OTEL_GPU_UNWIND_RBP_BITS);
 }
 
 static long unwind_step(__u32 index, void *unused) {
@@ -191,16 +205,20 @@ static long unwind_step(__u32 index, void *unused) {
         if (hits)
             __sync_fetch_and_add(hits, 1);
     }
-    struct otel_gpu_unwind_row *row = mapping->row_count ? unwind_find_row(mapping, lookup - mapping->bias) : 0;
-    __u8 kind = row ? row->kind : OTEL_GPU_UNWIND_NONE;
+    /* Before the table's base the offset wraps past 32 bits: no row covers it, as none covers the code after it. */
+    __u64 offset = lookup - mapping->bias;
+    struct otel_gpu_unwind_row *row = mapping->row_count && offset <= 0xFFFFFFFFULL ? unwind_find_row(mapping, offset)
+                                                                                    : 0;
+    __u32 rule = row ? row->rule : OTEL_GPU_UNWIND_NONE;
+    __u32 kind = unwind_rule_kind(rule);
     __u64 cfa;
     __s32 rbp_offset;
     if (kind == OTEL_GPU_UNWIND_END) {
         st->stop = OTEL_GPU_STAT_COUNT;
         return 1;
     } else if (kind == OTEL_GPU_UNWIND_RSP || kind == OTEL_GPU_UNWIND_RBP) {
-        cfa = (kind == OTEL_GPU_UNWIND_RSP ? st->sp : st->bp) + row->cfa_offset;
-        rbp_offset = row->rbp_offset;
+        cfa = (kind == OTEL_GPU_UNWIND_RSP ? st->sp : st->bp) + unwind_rule_cfa_offset(rule);
+        rbp_offset = unwind_rule_rbp_offset(rule);
         st->fp_step = 0;
     } else if (kind == OTEL_GPU_UNWIND_NONE) {
         if (st->bp == 0) { /* the outermost frame-pointer frame */

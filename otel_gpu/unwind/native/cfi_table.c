@@ -23,6 +23,8 @@ enum { RSP = 7, RBP = 6 };
 enum { CFA_REG = 0, CFA_EXPR = 1 };
 enum { SAME = 0, OFFSET = 1, UNDEFINED = 2, OTHER = 3 };
 enum { KIND_NONE = 0, KIND_RSP = 1, KIND_RBP = 2, KIND_END = 3, KIND_UNSUPPORTED = 4 };
+// A rule in 32 bits, from the low bits up: kind, rbp_offset, cfa_offset (cpu_profiler.h's OTEL_GPU_UNWIND_*_BITS)
+enum { KIND_BITS = 3, RBP_BITS = 8, CFA_BITS = 21 };
 #define MAX_STATE_STACK 64
 
 struct buf {
@@ -65,7 +67,7 @@ EXPORT void otel_gpu_cfi_release(struct otel_gpu_cfi_rows *rows);
 
 struct row {
 	wide pc;
-	uint64_t rule;
+	uint32_t rule;
 };
 
 struct builder {
@@ -244,21 +246,27 @@ static void default_state(struct state *s)
 	s->ra_kind = SAME;
 }
 
-static uint64_t pack(int kind, wide cfa_offset, wide rbp_offset)
+static uint32_t pack(int kind, wide cfa_offset, wide rbp_offset)
 {
-	return (uint64_t)(kind & 0xFF) | (((uint64_t)rbp_offset & 0xFFFF) << 16) |
-	       (((uint64_t)cfa_offset & 0xFFFFFFFF) << 32);
+	return ((uint32_t)kind & ((1U << KIND_BITS) - 1)) |
+	       (((uint32_t)rbp_offset & ((1U << RBP_BITS) - 1)) << KIND_BITS) |
+	       (((uint32_t)cfa_offset & ((1U << CFA_BITS) - 1)) << (KIND_BITS + RBP_BITS));
 }
 
-// table.rule_of
-static uint64_t rule_of(const struct state *s)
+// Whether value fits a signed field of bits bits.
+static int fits(wide value, unsigned bits)
+{
+	return value >= -((wide)1 << (bits - 1)) && value < ((wide)1 << (bits - 1));
+}
+
+// cfi.rule_of
+static uint32_t rule_of(const struct state *s)
 {
 	if (s->ra_kind == UNDEFINED)
 		return pack(KIND_END, 0, 0);
 	if (s->cfa_kind != CFA_REG || (s->cfa_reg != RSP && s->cfa_reg != RBP) || s->ra_kind != OFFSET ||
-	    s->ra_offset != -8 || s->rbp_kind == OTHER || s->cfa_offset < -((wide)1 << 31) ||
-	    s->cfa_offset >= ((wide)1 << 31) || s->rbp_offset < -(1 << 15) || s->rbp_offset >= (1 << 15) ||
-	    (s->rbp_kind == OFFSET && s->rbp_offset == 0))
+	    s->ra_offset != -8 || s->rbp_kind == OTHER || !fits(s->cfa_offset, CFA_BITS) ||
+	    !fits(s->rbp_offset, RBP_BITS) || (s->rbp_kind == OFFSET && s->rbp_offset == 0))
 		return pack(KIND_UNSUPPORTED, 0, 0);
 	return pack(s->cfa_reg == RSP ? KIND_RSP : KIND_RBP, s->cfa_offset,
 		    s->rbp_kind == OFFSET ? s->rbp_offset : 0);
@@ -743,21 +751,42 @@ static int by_start(const void *a, const void *b)
 	return x->seq < y->seq ? -1 : x->seq > y->seq;  // stable: section order
 }
 
-// Walks the FDEs in pc order as table_from_fdes does, running each again; writes the rows at pcs[i * stride],
-// rules[i * stride] when pcs is not NULL. Returns the number of rows (the same on every walk: the runs are the
-// ones parse() made, into a scratch buffer already as large as they need).
-static uint64_t merge(struct builder *b, uint64_t *pcs, uint64_t *rules, size_t stride)
+// Where merge() writes the table: two arrays, or struct otel_gpu_unwind_row[] as unwind_rows holds them (each pc as
+// its offset from base); neither when it only counts.
+struct sink {
+	uint64_t *pcs;  // pc i at pcs[i], its rule at rules[i]
+	uint32_t *rules;
+	uint32_t *rows;  // pc i - base at rows[2 * i], its rule at rows[2 * i + 1]
+	uint64_t base;
+};
+
+static void put(const struct sink *out, uint64_t index, uint64_t pc, uint32_t rule)
+{
+	if (out->rows != NULL) {
+		out->rows[2 * index] = (uint32_t)(pc - out->base);
+		out->rows[2 * index + 1] = rule;
+	} else if (out->pcs != NULL) {
+		out->pcs[index] = pc;
+		out->rules[index] = rule;
+	}
+}
+
+// Walks the FDEs in pc order as table_from_fdes does, running each again, and writes the rows to out. Returns the
+// number of rows (the same on every walk: the runs are the ones parse() made, into a scratch buffer already as large
+// as they need); *first_pc and *last_pc are the first and the last row's pc.
+static uint64_t merge(struct builder *b, const struct sink *out, uint64_t *first_pc, uint64_t *last_pc)
 {
 	const struct fde_entry *fdes = b->fdes.items;
-	uint64_t count = 0, covered_to = 0, last_pc = 0, last_rule = 0, start, span;
+	uint64_t count = 0, covered_to = 0, last = 0, start, span;
+	uint32_t last_rule = 0;
+	*first_pc = 0;
 #define EMIT(pc, rule)                                          \
 	do {                                                    \
-		last_pc = (pc);                                 \
+		last = (pc);                                    \
 		last_rule = (rule);                             \
-		if (pcs != NULL) {                              \
-			pcs[count * stride] = last_pc;          \
-			rules[count * stride] = last_rule;      \
-		}                                               \
+		if (count == 0)                                 \
+			*first_pc = last;                       \
+		put(out, count, last, last_rule);               \
 		count++;                                        \
 	} while (0)
 	for (size_t i = 0; i < b->fdes.count; i++) {
@@ -771,13 +800,13 @@ static uint64_t merge(struct builder *b, uint64_t *pcs, uint64_t *rules, size_t 
 		for (size_t at = 0; at < b->scratch.count; at++) {
 			if (rows[at].pc >= (wide)fdes[i].end)
 				continue;
-			uint64_t pc = (uint64_t)rows[at].pc, rule = rows[at].rule;
+			uint64_t pc = (uint64_t)rows[at].pc;
+			uint32_t rule = rows[at].rule;
 			if (count && last_rule == rule)
 				continue;
-			if (count && last_pc == pc) {
+			if (count && last == pc) {
 				last_rule = rule;
-				if (pcs != NULL)
-					rules[(count - 1) * stride] = last_rule;
+				put(out, count - 1, last, last_rule);
 				continue;
 			}
 			EMIT(pc, rule);
@@ -787,6 +816,7 @@ static uint64_t merge(struct builder *b, uint64_t *pcs, uint64_t *rules, size_t 
 	if (count)
 		EMIT(covered_to, KIND_NONE);
 #undef EMIT
+	*last_pc = last;
 	return count;
 }
 
@@ -794,6 +824,7 @@ static uint64_t merge(struct builder *b, uint64_t *pcs, uint64_t *rules, size_t 
 struct otel_gpu_cfi_rows {
 	struct builder b;
 	uint64_t count;
+	uint64_t first_pc, last_pc;  // the table's base and its last row's pc
 };
 
 // Parses the frame section data[0:size) (loaded at section_vaddr; is_eh: .eh_frame, else .debug_frame); NULL when
@@ -817,7 +848,7 @@ EXPORT struct otel_gpu_cfi_rows *otel_gpu_cfi_parse(const uint8_t *data, uint64_
 	}
 	if (b->fdes.count > 1)
 		qsort(b->fdes.items, b->fdes.count, sizeof(struct fde_entry), by_start);
-	rows->count = merge(b, NULL, NULL, 0);
+	rows->count = merge(b, &(struct sink){0}, &rows->first_pc, &rows->last_pc);
 	return rows;
 }
 
@@ -827,11 +858,34 @@ EXPORT uint64_t otel_gpu_cfi_count(const struct otel_gpu_cfi_rows *rows)
 	return rows->count;
 }
 
-// Writes the table's count rows: pc i at pcs[i * stride], its packed rule at rules[i * stride] (stride 1: two
-// arrays; pcs = base, rules = base + 1, stride 2: struct otel_gpu_unwind_row[] as unwind_rows holds them).
-EXPORT void otel_gpu_cfi_write(struct otel_gpu_cfi_rows *rows, uint64_t *pcs, uint64_t *rules, uint64_t stride)
+// The table's base: its first row's pc (0 without rows).
+EXPORT uint64_t otel_gpu_cfi_base(const struct otel_gpu_cfi_rows *rows)
 {
-	merge(&rows->b, pcs, rules, stride);
+	return rows->first_pc;
+}
+
+// The distance from the table's base to its last row's pc: unwind_rows holds the table only when it fits in 32 bits.
+EXPORT uint64_t otel_gpu_cfi_span(const struct otel_gpu_cfi_rows *rows)
+{
+	return rows->last_pc - rows->first_pc;
+}
+
+// Writes the table's count rows into two arrays: pc i (link-time) at pcs[i], its packed rule at rules[i].
+EXPORT void otel_gpu_cfi_arrays(struct otel_gpu_cfi_rows *rows, uint64_t *pcs, uint32_t *rules)
+{
+	uint64_t first, last;
+	merge(&rows->b, &(struct sink){.pcs = pcs, .rules = rules}, &first, &last);
+}
+
+// Writes the table's count rows as struct otel_gpu_unwind_row[] (8 bytes each: the pc less the base, the packed
+// rule); -1 and nothing written when the span does not fit in 32 bits.
+EXPORT int otel_gpu_cfi_write(struct otel_gpu_cfi_rows *rows, uint32_t *out)
+{
+	uint64_t first, last;
+	if (otel_gpu_cfi_span(rows) > UINT32_MAX)
+		return -1;
+	merge(&rows->b, &(struct sink){.rows = out, .base = rows->first_pc}, &first, &last);
+	return 0;
 }
 
 EXPORT void otel_gpu_cfi_release(struct otel_gpu_cfi_rows *rows)
