@@ -441,10 +441,8 @@ class NativeUnwinder:
         until they fit; None if that is not enough (evicting tables still in use would only trade one for another,
         rebuilding both again and again)."""
         first = self._extents.take(count)
-        cold = time.monotonic() - _COLD_S
         while first is None:
-            loaded = [file for file in self._files.values()
-                      if file.state == _LOADED and file is not wanting and file.last_hit < cold]
+            loaded = self._evictable(wanting)
             if not loaded:
                 return None
             victim = min(loaded, key=lambda file: file.last_hit)
@@ -458,10 +456,13 @@ class NativeUnwinder:
     def _room_possible(self, count: int, wanting: _File) -> bool:
         """Whether :meth:`_room` might find ``count`` rows now: free rows and the rows of tables cold enough to evict
         add up to it (contiguity is _room's to find)."""
+        return self._extents.free_rows() + sum(file.row_count for file in self._evictable(wanting)) >= count
+
+    def _evictable(self, wanting: _File) -> list[_File]:
+        """The loaded tables :meth:`_room` may evict for ``wanting``: not hit for _COLD_S."""
         cold = time.monotonic() - _COLD_S
-        evictable = sum(file.row_count for file in self._files.values()
-                        if file.state == _LOADED and file is not wanting and file.last_hit < cold)
-        return self._extents.free_rows() + evictable >= count
+        return [file for file in self._files.values()
+                if file.state == _LOADED and file is not wanting and file.last_hit < cold]
 
     def _defer(self, file: _File) -> None:
         """No room for ``file``'s table: counted, tried again after its back-off (which then doubles)."""
