@@ -5,7 +5,8 @@ Python busy loop and (here) the fake CUDA stack's Python workload run; where the
 Each tree given (``--tree``, default this one; give two for a before/after run, taken in turns) is measured twice:
   rss     the agent alone: /proc/PID/smaps every 0.5 s; the steady-state reading (the largest after the second
           profile report) split into anonymous memory (heap and anonymous mmaps: Python objects), BPF maps
-          (anon_inode:bpf-map mmaps), file-backed (shared libraries, the interpreter) and the rest, plus the peak (VmHWM);
+          (anon_inode:bpf-map mmaps), file-backed (shared libraries, the interpreter) and the rest, plus the peak
+          (VmHWM);
   traced  the same run under tracemalloc (which costs memory of its own: its RSS is not the agent's): the Python
           allocations alive at the steady-state instant, by what imported them (the top-level package whose import
           allocated) and, for what was allocated after the imports, by the agent's line that asked.
@@ -261,7 +262,8 @@ def report(trees: list[Path], rss: dict[str, list[dict[str, object]]], traced: d
                        ("runtime", "live Python allocations past the imports, by the agent's line that asked")):
         lines.append(f"\n{title} (tracemalloc, MB), side by side")
         columns = [traced[str(tree)] for tree in trees]
-        totals = " | ".join(f"{str(tree)[-24:]:>24} {mb(col.get(f'{key}_total'))}" for tree, col in zip(trees, columns))
+        totals = " | ".join(f"{str(tree)[-24:]:>24} {mb(col.get(f'{key}_total'))}"
+                            for tree, col in zip(trees, columns, strict=True))
         lines.append(f"  total: {totals}")
         for rank in range(top):
             cells = []
