@@ -128,21 +128,24 @@ def run_rss(tree: Path, seconds: float, extra: list[str], real: bool) -> dict[st
     running_at: list[float] = []
     reader = threading.Thread(target=_read_log, args=(agent, log, running_at), daemon=True)
     reader.start()
-    steady: dict[str, int] = {}
+    steady: dict[str, int] = {}  # the largest reading of the steady state
+    last: dict[str, int] = {}  # its last reading, before the agent stops
     peak = 0
     while agent.poll() is None:
         with contextlib.suppress(OSError, ValueError, IndexError):
             kinds = smaps_kinds(agent.pid)
             peak = max(peak, peak_bytes(agent.pid))
-            if running_at and time.monotonic() >= running_at[0] + STEADY_AFTER_S and \
-                    kinds["total"] > steady.get("total", 0):
-                steady = kinds
+            if running_at and time.monotonic() >= running_at[0] + STEADY_AFTER_S and len(running_at) == 1:
+                last = kinds
+                if kinds["total"] > steady.get("total", 0):
+                    steady = kinds
         time.sleep(0.5)
     reader.join(timeout=5)
     shutil.rmtree(out, ignore_errors=True)
     if agent.returncode != 0 or not steady:
         return {"error": f"exit {agent.returncode}: {' | '.join(log[-3:])}"}
-    return {**steady, "peak": peak, "running": next((line.split("otel-gpu running: ", 1)[1].split(";")[0]
+    return {**steady, "peak": peak, "last_anon": last.get("anon", 0), "last_total": last.get("total", 0),
+            "running": next((line.split("otel-gpu running: ", 1)[1].split(";")[0]
                                                      for line in log if "otel-gpu running: " in line), "")}
 
 
@@ -151,6 +154,8 @@ def _read_log(agent: subprocess.Popen[str], log: list[str], running_at: list[flo
     for line in agent.stderr:
         log.append(line.rstrip())
         if "otel-gpu running" in line and not running_at:
+            running_at.append(time.monotonic())
+        elif "otel-gpu cost" in line:  # its loop has ended: what follows is stopping, not the steady state
             running_at.append(time.monotonic())
 
 
@@ -248,16 +253,20 @@ def mb(value: object) -> str:
 
 def report(trees: list[Path], rss: dict[str, list[dict[str, object]]], traced: dict[str, dict[str, object]],
            top: int) -> str:
-    lines = [f"RSS of the agent, MB (steady state: the largest reading after {STEADY_AFTER_S:g} s; peak: VmHWM)",
+    lines = [f"RSS of the agent, MB (steady state: the largest reading from {STEADY_AFTER_S:g} s after start-up; "
+             "peak: VmHWM; last: the last reading before it stops)",
              f"{'tree':<28} {'round':>5} | {'anon':>7} {'bpf':>7} {'file':>7} {'other':>7} {'total':>7} | "
-             f"{'peak':>7} | sources"]
+             f"{'peak':>7} | {'last: anon':>10} {'total':>7} | sources"]
     for tree in trees:
         for n, row in enumerate(rss[str(tree)]):
             if "error" in row:
                 lines.append(f"{str(tree):<28} {n:>5} | {row['error']}")
                 continue
             lines.append(f"{str(tree):<28} {n:>5} | {mb(row.get('anon'))} {mb(row.get('bpf'))} {mb(row.get('file'))} "
-                         f"{mb(row.get('other'))} {mb(row.get('total'))} | {mb(row.get('peak'))} | {row['running']}")
+                         f"{mb(row.get('other'))} {mb(row.get('total'))} | {mb(row.get('peak'))} | "
+                         f"   {mb(row.get('last_anon'))} {mb(row.get('last_total'))} | {row['running']}")
+    if not any(traced.values()):
+        return "\n".join(lines)
     for key, title in (("imports", "live Python allocations by the import that made them"),
                        ("runtime", "live Python allocations past the imports, by the agent's line that asked")):
         lines.append(f"\n{title} (tracemalloc, MB), side by side")
