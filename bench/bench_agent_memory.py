@@ -13,9 +13,9 @@ Each tree given (``--tree``, default this one; give two for a before/after run, 
 
 With the fakes (here): NVML is tests/native/nvml's libnvidia-ml.so.1 (2 GPUs) and the workload is
 tests/native/cuda/workload.py on the fake libcuda, injected with the real library. On the H200 pass --real (the real
-NVML and CUDA) and --workload 'python3 train.py' (a PyTorch program, injected with CUDA_INJECTION64_PATH), e.g.
-    sudo .venv/bin/python bench/bench_agent_memory.py --real --seconds 60 \
-        --workload "$PWD/.venv/bin/python scripts/h200/torch_train.py" --out /tmp/agent_memory.json
+NVML and CUDA) and --workload torch (a bf16 8192x8192 matmul loop, as scripts/h200/run.sh agent runs; or any command,
+injected with CUDA_INJECTION64_PATH), from the repository root after scripts/h200/setup.sh:
+    sudo python3 bench/bench_agent_memory.py --real --workload torch --seconds 60 --rounds 2 --out /tmp/h200-memory.txt
 (``--out`` writes the same table and the numbers as JSON to a file).
 
 Run (as root, after make build): .venv/bin/python bench/bench_agent_memory.py [--seconds 40] [--tree PATH ...]
@@ -48,6 +48,8 @@ INJECT = REPO / "otel_gpu" / "cuda" / "native" / "libotel_gpu_inject.so"
 INTERVAL_S = 5
 STEADY_AFTER_S = 2 * INTERVAL_S + 1.0  # after the second report: what already ran has been read once
 KB = 1024
+TORCH_LOOP = ("import torch\na = torch.randn(8192, 8192, device='cuda', dtype=torch.bfloat16)\n"
+              "while True:\n    a @ a\n    torch.cuda.synchronize()\n")
 FRAMES = 16  # deep enough to see the import machinery under an allocation; deeper makes the traced agent crawl
 
 
@@ -79,7 +81,8 @@ def workload(real: bool, command: str | None) -> Iterator[None]:
                               "--steps", "1000000"])
     started = [subprocess.Popen([sys.executable, "-c", "while True: sum(range(1000))"])]
     if command:
-        started.append(subprocess.Popen(shlex.split(command), env=env, stdout=subprocess.DEVNULL,
+        argv = [sys.executable, "-c", TORCH_LOOP] if command == "torch" else shlex.split(command)
+        started.append(subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL,
                                         stderr=subprocess.DEVNULL))
     try:
         time.sleep(1.0)
