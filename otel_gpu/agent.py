@@ -26,7 +26,7 @@ from otel_gpu.procfs import ProcessResolver
 from otel_gpu.profiles.model import ProcessProfile
 from otel_gpu.profiles.source import ProcessSelection, ProfileSource
 from otel_gpu.resource import agent_resource, node_attributes
-from otel_gpu.selfcost import CostMeter, name_native_threads
+from otel_gpu.selfcost import CostMeter, name_native_threads, trim_heap
 from otel_gpu.symbolize.allowance import READ_BURST_S, READ_SHARE, ReadAllowance
 from otel_gpu.symbolize.symbolizer import Symbolizer
 
@@ -108,6 +108,7 @@ class Agent:
                          on[semconv.Source.NVML], on[semconv.Source.CPU_PROFILER], on[semconv.Source.GPU_TIME],
                          self._destinations(pipeline.prometheus_address))
             self._cost.running()
+            trim_heap()  # what start-up freed (the kernel's BTF, relocations, the first symbol reads)
             self._loop(profilers, exporters)
             self._shutdown_deadline = time.monotonic() + SHUTDOWN_TIMEOUT_S
             _logger.info("otel-gpu stopping (sending what is queued for at most %g s; a second signal stops at "
@@ -202,6 +203,7 @@ class Agent:
             if now >= next_report:
                 next_report = now + interval_s
                 self._report(profilers, exporters)
+                trim_heap()  # a report's encoding and symbol reads leave free heap pages behind
         # before anything stops: every thread is still there to be named
         _logger.info("otel-gpu cost: %s", self._cost.summary())
         if self._cpu_sampler is not None:  # the unwinder's table builds would slow the last drain and the close

@@ -20,7 +20,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
 
 EXIT_CONFIG_ERROR = 2
 MAX_CONFIG_FILE_BYTES = 1 << 20  # a configuration file is a page of YAML; /dev/zero or a log file is a mistake
@@ -786,6 +785,8 @@ def _read_yaml(path: str, problems: list[str]) -> dict[str, tuple[Any, str]]:
     if len(raw) > MAX_CONFIG_FILE_BYTES:
         problems.append(f"flag --config: {path!r} is larger than {MAX_CONFIG_FILE_BYTES} bytes; is it the right file?")
         return {}
+    import yaml  # here, not at the top: a run without --config never needs it (about 1.3 MB)
+
     try:
         data = yaml.safe_load(raw.decode("utf-8")) or {}
     except UnicodeDecodeError as exc:
@@ -984,6 +985,8 @@ def effective_yaml(config: AgentConfig) -> str:
     """What ``otel-gpu config`` prints: YAML that ``otel-gpu run --config FILE`` loads back to the same
     configuration, less the secrets, which are named in comments at the top and must come from the environment
     or flags (a file written by a command should not hold a password)."""
+    import yaml
+
     head = ["# otel-gpu effective configuration; load it with: otel-gpu run --config FILE"]
     if config.config_file:
         head.append(f"# read from {config.config_file} (and the environment and flags)")

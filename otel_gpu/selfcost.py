@@ -5,10 +5,12 @@ machine, without a profiler)."""
 
 from __future__ import annotations
 
+import ctypes
 import os
 import threading
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -65,6 +67,24 @@ def name_native_threads() -> None:
                 comm.write(native_name(thread.name))
         except OSError:  # the thread ended meanwhile
             pass
+
+
+def trim_heap() -> None:
+    """Give the C heap's free pages back to the kernel (glibc ``malloc_trim``): free() keeps what lies below the
+    heap's top resident, and start-up frees a lot there (libbpf's kernel BTF, symbol tables read once); on a C
+    library without it, nothing."""
+    if _malloc_trim is not None:
+        _malloc_trim(0)
+
+
+def _find_malloc_trim() -> Callable[[int], int] | None:
+    try:
+        return ctypes.CDLL(None).malloc_trim  # type: ignore[no-any-return]
+    except (OSError, AttributeError):  # not glibc (musl has none)
+        return None
+
+
+_malloc_trim = _find_malloc_trim()
 
 
 def peak_rss_mb(proc: str = "/proc/self") -> float:

@@ -10,9 +10,8 @@ from __future__ import annotations
 import struct
 from pathlib import Path
 
-from elftools.elf.elffile import ELFFile
-
 from otel_gpu.instrumentation._table import MAGIC, SLOT_SIZE, SYMBOL, VERSION
+from otel_gpu.symbolize.elf import dynamic_symbol_value
 
 LIBRARY_NAME = "libotel_gpu_context.so"
 _symbol_values: dict[tuple[str, int, int], int | None] = {}  # (path, device, inode) -> st_value
@@ -20,13 +19,7 @@ _symbol_values: dict[tuple[str, int, int], int | None] = {}  # (path, device, in
 
 def _symbol_value(path: Path, key: tuple[str, int, int]) -> int | None:
     if key not in _symbol_values:
-        value = None
-        with path.open("rb") as f:
-            dynsym = ELFFile(f).get_section_by_name(".dynsym")
-            symbols = dynsym.get_symbol_by_name(SYMBOL) if dynsym is not None else None
-            if symbols:
-                value = int(symbols[0]["st_value"])
-        _symbol_values[key] = value
+        _symbol_values[key] = dynamic_symbol_value(str(path), SYMBOL)
     return _symbol_values[key]
 
 

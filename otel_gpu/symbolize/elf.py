@@ -43,6 +43,7 @@ _MAX_NOTES_BYTES = 1 << 16  # build-id notes sit in the first notes of a file; n
 _MAX_BUILD_ID_BYTES = 64  # 20 (SHA-1) or 16 (MD5, UUID) in practice; a longer "build id" is a corrupt note
 _MAX_TABLE_BYTES = 128 << 20  # symbol tables read per file: 5.6 M entries (libtorch_cpu.so has 1 M, 25 MB)
 _MAX_NAME_BYTES = 1 << 20  # a longer "name" is a corrupt string table
+_MAX_DYNSTR_BYTES = 16 << 20  # dynamic string table read to find one data symbol (libtorch_cpu.so's: ~10 MB)
 _NAME_CACHE_ENTRIES = 1024  # resolved names kept per file
 _NAME_CACHE_BYTES = 256 * 1024  # what the name cache is counted as in size_bytes (C++ names average ~200 bytes)
 _MAX_ENTRY_BYTES = 256  # a program or section header entry larger than this is a corrupt header (they are 56 / 64)
@@ -355,5 +356,43 @@ def read_build_id(path: str) -> str:
                 if found:
                     return found
         return ""
+    finally:
+        source.close()
+
+
+def dynamic_symbol_value(path: str, name: str) -> int | None:
+    """``st_value`` of the dynamic symbol ``name`` (any type: data too) of the ELF file at ``path``, None when it has
+    none; raises OSError or ElfError. Reads only the headers, .dynsym and its string table: the agent's own reader,
+    so that finding one symbol does not import pyelftools (~5 MB of memory kept for the agent's life)."""
+    source = _Source(path, None)
+    try:
+        header = source.read(0, _EHDR.size)
+        if len(header) < _EHDR.size or header[:4] != b"\x7fELF" or header[4] != 2 or header[5] != 1:
+            raise ElfError(f"{path}: not a 64-bit little-endian ELF file")
+        fields = _EHDR.unpack(header)
+        sections = _section_headers(source.read, fields[6], fields[11], fields[12])
+        dynsym = next((s for s in sections if s[1] == _SHT_DYNSYM and s[6] < len(sections)), None)
+        if dynsym is None:
+            return None
+        str_offset, str_size = sections[dynsym[6]][4], sections[dynsym[6]][5]
+        if str_size > _MAX_DYNSTR_BYTES:
+            raise ElfError(f"{path}: a dynamic string table of {str_size} bytes")
+        strings = source.read(str_offset, str_size)
+        wanted = name.encode() + b"\0"
+        starts = set()  # where the name starts in the string table (a longer name may end with it: suffixes share)
+        at = strings.find(wanted)
+        while at >= 0:
+            starts.add(at)
+            at = strings.find(wanted, at + 1)
+        offset, end = dynsym[4], dynsym[4] + min(dynsym[5], _MAX_TABLE_BYTES) // _SYM.size * _SYM.size
+        while starts and offset < end:
+            data = source.read(offset, min(_CHUNK_BYTES, end - offset))
+            if not data or len(data) % _SYM.size:
+                break
+            offset += len(data)
+            for name_off, _info, _other, shndx, value, _size in _SYM.iter_unpack(data):
+                if name_off in starts and shndx:  # defined here, not an import
+                    return value
+        return None
     finally:
         source.close()
