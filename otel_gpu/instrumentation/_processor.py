@@ -147,10 +147,14 @@ class SpanContextProcessor(SpanProcessor):
                 and _PID_ATTRIBUTE not in items
                 and _TID_ATTRIBUTE not in items
             ):
-                with attributes._lock:
+                lock = attributes._lock
+                lock.acquire()  # acquire and release: half the cost of `with` (its __enter__ / __exit__ lookups)
+                try:
                     items[PROFILE_ID_ATTRIBUTE] = profile_id
                     items[_PID_ATTRIBUTE] = self._pid
                     items[_TID_ATTRIBUTE] = tid
+                finally:
+                    lock.release()
                 return
         span.set_attributes({PROFILE_ID_ATTRIBUTE: profile_id, _PID_ATTRIBUTE: self._pid, _TID_ATTRIBUTE: tid})
 
