@@ -28,7 +28,7 @@ def _workload(pipeline: str, mix: str, spans: int) -> None:
     from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
-    from bench.bench_span_context import _Discard
+    from bench_span_context import _Discard  # this script's folder is on sys.path
     from otel_gpu.instrumentation import SpanContextProcessor
 
     provider = TracerProvider()
