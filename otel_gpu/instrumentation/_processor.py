@@ -7,14 +7,16 @@ import logging
 import os
 import threading
 import weakref
+from operator import attrgetter, itemgetter
 from typing import Any
 
 from opentelemetry import trace
 from opentelemetry.attributes import BoundedAttributes
 from opentelemetry.context import Context
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
+from opentelemetry.trace import SpanContext
 
-from otel_gpu.instrumentation._table import SlotWriter, SpanContextTable
+from otel_gpu.instrumentation._table import NO_ROOT, NO_TRACE, SlotWriter, SpanContextTable
 from otel_gpu.semconv import CUDA_SAMPLED_DEVICES
 
 PROFILE_ID_ATTRIBUTE = "pyroscope.profile.id"
@@ -33,20 +35,41 @@ def _sdk_attributes_are_known() -> bool:
 _FAST_ATTRIBUTES = _sdk_attributes_are_known()
 
 
-class _ThreadState:
-    """What the processor keeps per thread: its slot writer and device mask, its local root, its tid, the last trace
-    id split."""
+def _sdk_fields_are_known() -> bool:
+    """Whether spans keep their context and parent in `_context` and `_parent` and a span context is the API's tuple
+    of trace id, span id and is_remote first, as the fast getters read them (checked once at import)."""
+    context, parent = SpanContext(1, 2, True), SpanContext(1, 3, False)
+    span = ReadableSpan("probe", context=context, parent=parent)
+    return (
+        isinstance(context, tuple)
+        and context[:3] == (1, 2, True)
+        and getattr(span, "_context", None) is context
+        and getattr(span, "_parent", None) is parent
+    )
 
-    __slots__ = ("writer", "devices", "root", "tid", "trace_id", "trace_hi", "trace_lo")
+
+# Each hook reads a span's context and parent and their ids. The SDK's public getters are Python properties (and
+# `Span.get_span_context` also calls `typing.cast`): a Python frame each, about a tenth of a microsecond. These C
+# getters read the same fields where the SDK keeps them; with another SDK the public getters do the same job.
+PUBLIC_GETTERS = (attrgetter("context", "parent"), attrgetter("trace_id", "span_id", "is_remote"))
+FAST_GETTERS = (attrgetter("_context", "_parent"), itemgetter(0, 1, 2))
+_context_and_parent, _ids = FAST_GETTERS if _sdk_fields_are_known() else PUBLIC_GETTERS
+
+
+class _ThreadState:
+    """What the processor keeps per thread: its slot writer and device mask, its local root (as an int and as its
+    bytes), its tid, the last trace id (as an int and as its bytes)."""
+
+    __slots__ = ("writer", "devices", "root", "root_bytes", "tid", "trace_id", "trace_bytes")
 
     def __init__(self, writer: SlotWriter | None) -> None:
         self.writer = writer
         self.devices = writer.devices if writer is not None else None
         self.root = 0
+        self.root_bytes = NO_ROOT
         self.tid = threading.get_native_id()
         self.trace_id = 0
-        self.trace_hi = 0
-        self.trace_lo = 0
+        self.trace_bytes = NO_TRACE
 
 
 class SpanContextProcessor(SpanProcessor):
@@ -85,26 +108,25 @@ class SpanContextProcessor(SpanProcessor):
             state = self._thread.state
         except AttributeError:
             state = self._state()
-        ctx = span.get_span_context()
-        parent = span.parent
-        if parent is None or parent.is_remote:
-            root = state.root = ctx.span_id
-            self._set_root_attributes(span, state.tid, root)
+        context, parent = _context_and_parent(span)
+        trace_id, span_id, _ = _ids(context)
+        if parent is None or _ids(parent)[2]:  # no parent, or a remote one: a local root
+            state.root = span_id
+            root_bytes = state.root_bytes = span_id.to_bytes(8, "big")
+            self._set_root_attributes(span, state.tid, root_bytes.hex())
             devices = state.devices
             if devices is not None:
                 devices[0] = 0  # the injected library notes this root's sampled launches from here on
         else:
-            root = state.root
+            root_bytes = state.root_bytes
         writer = state.writer
         if writer is not None:
-            trace_id = ctx.trace_id
-            if trace_id != state.trace_id:  # a new trace on this thread: split its id once, not per span
+            if trace_id != state.trace_id:  # a new trace on this thread: convert its id once, not per span
                 state.trace_id = trace_id
-                state.trace_hi = trace_id >> 64
-                state.trace_lo = trace_id & 0xFFFFFFFFFFFFFFFF
-            writer.write(state.trace_hi, state.trace_lo, ctx.span_id, root)
+                state.trace_bytes = trace_id.to_bytes(16, "big")
+            writer.write(state.trace_bytes, span_id, root_bytes)
 
-    def _set_root_attributes(self, span: Span, tid: int, root: int) -> None:
+    def _set_root_attributes(self, span: Span, tid: int, profile_id: str) -> None:
         """`span.set_attributes` of the three root attributes, or what it would do, without its validation.
 
         The values need none: a 16-character string of hex digits and two ints are valid attribute values. The fast
@@ -113,7 +135,6 @@ class SpanContextProcessor(SpanProcessor):
         for the 16 characters. Anywhere else (and with an SDK whose attribute internals differ) the SDK's own call
         runs, so its limits and warnings apply as before.
         """
-        profile_id = root.to_bytes(8, "big").hex()
         attributes = getattr(span, "_attributes", None)
         if _FAST_ATTRIBUTES and type(attributes) is BoundedAttributes and not attributes._immutable:
             items = attributes._dict
@@ -126,10 +147,14 @@ class SpanContextProcessor(SpanProcessor):
                 and _PID_ATTRIBUTE not in items
                 and _TID_ATTRIBUTE not in items
             ):
-                with attributes._lock:
+                lock = attributes._lock
+                lock.acquire()  # acquire and release: half the cost of `with` (its __enter__ / __exit__ lookups)
+                try:
                     items[PROFILE_ID_ATTRIBUTE] = profile_id
                     items[_PID_ATTRIBUTE] = self._pid
                     items[_TID_ATTRIBUTE] = tid
+                finally:
+                    lock.release()
                 return
         span.set_attributes({PROFILE_ID_ATTRIBUTE: profile_id, _PID_ATTRIBUTE: self._pid, _TID_ATTRIBUTE: tid})
 
@@ -171,20 +196,24 @@ class SpanContextProcessor(SpanProcessor):
         writer = state.writer
         if writer is None:
             return
-        parent = span.parent
-        if parent is None or parent.is_remote:
-            state.root = 0
-            writer.write(0, 0, 0, 0)
-        elif parent.trace_id == state.trace_id:
-            writer.write(state.trace_hi, state.trace_lo, parent.span_id, state.root)
+        parent = _context_and_parent(span)[1]
+        if parent is None:
+            state.root, state.root_bytes = 0, NO_ROOT
+            writer.write(NO_TRACE, 0, NO_ROOT)
+            return
+        trace_id, span_id, is_remote = _ids(parent)
+        if is_remote:
+            state.root, state.root_bytes = 0, NO_ROOT
+            writer.write(NO_TRACE, 0, NO_ROOT)
+        elif trace_id == state.trace_id:
+            writer.write(state.trace_bytes, span_id, state.root_bytes)
         else:  # spans of two traces interleaved on this thread
-            trace_id = parent.trace_id
-            writer.write(trace_id >> 64, trace_id & 0xFFFFFFFFFFFFFFFF, parent.span_id, state.root)
+            writer.write(trace_id.to_bytes(16, "big"), span_id, state.root_bytes)
 
     def shutdown(self) -> None:
         state = self._state()
         if state.writer is not None:
-            state.writer.write(0, 0, 0, 0)
+            state.writer.write(NO_TRACE, 0, NO_ROOT)
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
         return True

@@ -87,13 +87,16 @@ class SpanContextTable:
 
 
 # seq then the ids, in one pack: seq is packed big-endian as 0x01000000, which a little-endian u32 reader sees as 1
-# (odd: being written); the ids follow in W3C byte order (trace id high, low, span id, local root span id).
-_WRITING = struct.Struct(">IQQQQ").pack_into
+# (odd: being written); the ids follow in W3C byte order (trace id, span id, local root span id). The trace id and
+# the local root come as bytes: the caller converts each once per trace and per root, not at every write.
+_WRITING = struct.Struct(">I16sQ8s").pack_into
 _SEQ_WRITING = 0x01000000
+NO_TRACE = bytes(16)
+NO_ROOT = bytes(8)
 
 
 class SlotWriter:
-    """Writes one thread's slot in place, without a foreign call: one pack and one store, ~0.3 us.
+    """Writes one thread's slot in place, without a foreign call: one pack and one store.
 
     The sampler interrupts the writing thread on its own CPU, so program order suffices: seq odd (1), ids, seq even
     (2). Readers look only at seq's parity (a reader on another CPU is not part of the contract).
@@ -108,7 +111,8 @@ class SlotWriter:
         """devices[0]: the slot's device mask (bit n: CUDA device n), set by the injected library at sampled launches
         inside a span; the processor clears it at a local root's start and reads it at that root's end."""
 
-    def write(self, trace_hi: int, trace_lo: int, span_id: int, local_root_span_id: int) -> None:
-        """Publishes ids (the trace id as its high and low 64 bits); all zero means "in no span"."""
-        _WRITING(self._view, 4, _SEQ_WRITING, trace_hi, trace_lo, span_id, local_root_span_id)
+    def write(self, trace_id: bytes, span_id: int, local_root_span_id: bytes) -> None:
+        """Publishes ids: the trace id and local root as their 16 and 8 big-endian bytes; NO_TRACE, 0, NO_ROOT means
+        "in no span"."""
+        _WRITING(self._view, 4, _SEQ_WRITING, trace_id, span_id, local_root_span_id)
         self._seq[1] = 2

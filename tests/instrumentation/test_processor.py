@@ -258,3 +258,38 @@ def test_devices_are_left_out_when_the_count_limit_is_reached(traced) -> None:
     (span,) = exporter.get_finished_spans()
     assert set(span.attributes) == {PROFILE_ID_ATTRIBUTE, "process.pid", "thread.id"}
     provider.shutdown()
+
+
+def test_the_fast_getters_read_what_the_public_ones_do(traced) -> None:
+    from otel_gpu.instrumentation._processor import FAST_GETTERS, PUBLIC_GETTERS
+
+    provider, exporter, _ = traced
+    remote = set_span_in_context(NonRecordingSpan(SpanContext(0xABC, 0xDEF, is_remote=True, trace_flags=TraceFlags(1))))
+    tracer = provider.get_tracer("t")
+    with tracer.start_as_current_span("served", context=remote) as served:
+        with tracer.start_as_current_span("child") as child:
+            pass
+    spans = [served, child, *exporter.get_finished_spans()]  # live spans and the ended ones exporters get
+    for span in spans:
+        fast, public = (tuple(getter(span)) for getter in (FAST_GETTERS[0], PUBLIC_GETTERS[0]))
+        assert fast == public and fast[0] is not None
+        for context in (c for c in fast if c is not None):
+            assert tuple(FAST_GETTERS[1](context)) == tuple(PUBLIC_GETTERS[1](context))
+
+
+def test_ending_a_span_of_another_trace_restores_its_parent_in_that_trace(traced) -> None:
+    provider, _, table = traced
+    tracer = provider.get_tracer("t")
+    with tracer.start_as_current_span("outer") as outer:
+        o = outer.get_span_context()
+        other = tracer.start_span("other root", context=Context())  # a local root of another trace, not current
+        x = other.get_span_context()
+        with tracer.start_as_current_span("inner", context=set_span_in_context(other)) as inner:
+            assert _ids(table) == (x.trace_id, table.read(threading.get_native_id()).span_id, x.span_id)
+            with tracer.start_as_current_span("child of outer", context=set_span_in_context(outer)):
+                with tracer.start_as_current_span("child of inner", context=set_span_in_context(inner)):
+                    pass  # the thread's last started span is of the other trace again
+            # ending a span of the first trace restored its parent in that trace, under this thread's local root
+            assert _ids(table) == (o.trace_id, o.span_id, x.span_id)
+        other.end()
+    assert _ids(table) == (0, 0, 0)
