@@ -124,7 +124,7 @@ def replay(records: Sequence[bytes], passes: int, drain_every: int, profile: boo
         wall_s.append(time.perf_counter() - wall)
         cpu_s.append(time.process_time() - cpu)
     cpu, wall = statistics.median(cpu_s[1:]), statistics.median(wall_s[1:])
-    return {"records": len(records), "records_per_s": len(records) / wall,
+    return {"tree": str(Path(abi.__file__).parents[2]), "records": len(records), "records_per_s": len(records) / wall,
             "cpu_us_per_record": cpu / len(records) * 1e6, "digests": sorted(digests)}
 
 
@@ -138,6 +138,7 @@ def side_by_side(path: Path, base: Path, rounds: int, passes: int, drain_every: 
                                   "--drain-every", str(drain_every)], check=True, capture_output=True, text=True,
                                  env=dict(os.environ, PYTHONPATH=str(trees[name])), cwd=trees[name])
             results[name].append(json.loads(out.stdout))
+            assert Path(results[name][-1]["tree"]) == trees[name], results[name][-1]["tree"]  # type: ignore[arg-type]
     print(f"{results['after'][0]['records']} records, {rounds} rounds x {passes} passes, median of rounds; "
           f"load {os.getloadavg()[0]:.2f}")
     print(f"{'tree':8} {'records/s':>10} {'CPU us/record':>14}")

@@ -216,8 +216,8 @@ class Stack:
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Stack) and self._identity() == other._identity()
 
-    def __hash__(self) -> int:
-        return hash(self._identity())
+    def __hash__(self) -> int:  # _identity inlined: every record's stack is hashed a few times
+        return hash(self.key or (self.native, self.python, self.flags, self.kernel_native))
 
 
 @dataclass(slots=True)
@@ -334,6 +334,8 @@ _EVENT_UNPACK = _EVENT.unpack_from  # bound once: these run for every record
 _LAUNCH_HEAD_UNPACK = _LAUNCH_HEAD.unpack_from
 _SYNC_HEAD_UNPACK = _SYNC_HEAD.unpack_from
 _ACTIVITY_HEAD_UNPACK = _ACTIVITY_HEAD.unpack_from
+_STACK_HEAD_UNPACK = _STACK_HEAD.unpack_from
+_KSTACK_HEAD_UNPACK = _KSTACK_HEAD.unpack_from
 _KSTACK_SIZE = ctypes.sizeof(KStackC)
 _NATIVE_OFFSET = StackC.native.offset
 _PYTHON_OFFSET = StackC.python.offset
@@ -389,19 +391,21 @@ def decode_stack(stack: StackC, kstack: KStackC | None = None) -> Stack:
 def _stack_from(buf: bytes, base: int, kstack: bytes) -> Stack:
     """The stack at ``buf[base:]`` (bytes past its end read as zero, as in the full struct) plus the fallback stack
     bytes; cached by the bytes in use, since a loop launches from the same few stacks over and over."""
-    buf = _padded(buf, base + _STACK_HEAD.size)
-    native_count, python_count, strings_len, flags = _STACK_HEAD.unpack_from(buf, base)
-    native_count = min(native_count, MAX_NATIVE_FRAMES)
-    python_count = min(python_count, MAX_PYTHON_FRAMES)
-    strings_len = min(strings_len, MAX_STRINGS)
+    if len(buf) < base + _STACK_HEAD.size:
+        buf = _padded(buf, base + _STACK_HEAD.size)
+    native_count, python_count, strings_len, flags = _STACK_HEAD_UNPACK(buf, base)
+    native_count = MAX_NATIVE_FRAMES if native_count > MAX_NATIVE_FRAMES else native_count
+    python_count = MAX_PYTHON_FRAMES if python_count > MAX_PYTHON_FRAMES else python_count
+    strings_len = MAX_STRINGS if strings_len > MAX_STRINGS else strings_len
     kernel_count = 0
     if kstack:
-        kbytes, _ = _KSTACK_HEAD.unpack_from(kstack, 0)
+        kbytes = _KSTACK_HEAD_UNPACK(kstack)[0]
         kernel_count = min(kbytes // 8, KSTACK_DEPTH) if kbytes > 0 else 0
     native_at, python_at, strings_at = base + _NATIVE_OFFSET, base + _PYTHON_OFFSET, base + _STRINGS_OFFSET
-    native_end, python_end, strings_end = native_at + 8 * native_count, python_at + 16 * python_count, \
-        strings_at + strings_len
-    buf = _padded(buf, max(native_end, python_end, strings_end))
+    native_end, python_end = native_at + 8 * native_count, python_at + 16 * python_count
+    strings_end = strings_at + strings_len  # the struct's last member: the end of every part in use
+    if len(buf) < strings_end:
+        buf = _padded(buf, strings_end)
     key = b"".join((buf[base:native_end], buf[python_at:python_end], buf[strings_at:strings_end],
                     kstack[:8 + 8 * kernel_count]))
     cached = _STACK_CACHE.get(key)
