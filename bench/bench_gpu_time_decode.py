@@ -4,6 +4,10 @@
 ``record OUT``: opens the real GPUTimeSource (root, BTF, ``make build``), runs the fake CUDA stack's Python workload
 injected for ``--seconds`` and writes every raw ring-buffer record the probes decoded (u32 length + bytes each).
 
+``live``: the same run with nothing kept: the polling thread's CPU over the records it handled (ring buffer, ctypes
+callback, decode, accounting, rescans), for the tree on PYTHONPATH (default: this one). Other injected programs
+running on the machine add their records to the count, not to the cost per record.
+
 ``replay FILE``: decodes and handles those records and drains every ``--drain-every`` records, with a fresh
 accounting per pass (a stub symbolizer: addresses, not symbol reading, which is cached per stack anyway; the stack
 decoder's cache stays warm between passes, as in a long run), and prints records per second and CPU-us per record
@@ -35,8 +39,47 @@ FAKE = REPO / "tests/native/cuda"
 _LENGTH = struct.Struct("<I")
 
 
+def _workload(seconds: float, tree: Path) -> None:
+    env = dict(os.environ, CUDA_INJECTION64_PATH=str(tree / "otel_gpu/cuda/native/libotel_gpu_inject.so"),
+               OTEL_GPU_CUPTI_PATH=str(FAKE / "libcupti.so"))
+    subprocess.run(["timeout", str(seconds), sys.executable, str(FAKE / "workload.py"), str(FAKE / "libcuda.so.1"),
+                    "--steps", "100000000"], env=env, check=False)
+
+
+def _thread_cpu_s(name: str) -> float:
+    import threading
+
+    thread = next(t for t in threading.enumerate() if t.name == name)
+    stat = Path(f"/proc/self/task/{thread.native_id}/stat").read_text()
+    fields = stat[stat.rindex(")") + 2:].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def live(seconds: float, drain_s: float) -> int:
+    import threading
+
+    from otel_gpu.cuda.source import GPUTimeSource
+
+    source = GPUTimeSource()
+    source.open()
+    tree = Path(sys.modules["otel_gpu"].__file__ or "").parents[1]
+    done = threading.Event()
+    runner = threading.Thread(target=lambda: (_workload(seconds, tree), done.set()))
+    runner.start()
+    time.sleep(3)  # the workload's start-up, and the first records
+    cpu0, records0, wall0 = _thread_cpu_s("otel-gpu-gpu-time"), source.records, time.monotonic()
+    while not done.wait(drain_s):
+        source.drain()
+    cpu, records, wall = _thread_cpu_s("otel-gpu-gpu-time") - cpu0, source.records - records0, time.monotonic() - wall0
+    runner.join()
+    source.close()
+    print(json.dumps({"tree": str(tree), "records": records, "records_per_s": records / wall,
+                      "thread_cpu_s": cpu, "core_percent": 100 * cpu / wall,
+                      "cpu_us_per_record": cpu / max(records, 1) * 1e6, "load": os.getloadavg()[0]}))
+    return 0
+
+
 def record(out: Path, seconds: float) -> int:
-    sys.path.insert(0, str(REPO))
     from otel_gpu.cuda.source import GPUTimeSource
 
     raw: list[bytes] = []
@@ -49,11 +92,8 @@ def record(out: Path, seconds: float) -> int:
 
     source._probes._decode = keep  # type: ignore[method-assign]  # the ring buffer takes it at open
     source.open()
-    env = dict(os.environ, CUDA_INJECTION64_PATH=str(REPO / "otel_gpu/cuda/native/libotel_gpu_inject.so"),
-               OTEL_GPU_CUPTI_PATH=str(FAKE / "libcupti.so"))
     try:
-        subprocess.run(["timeout", str(seconds), sys.executable, str(FAKE / "workload.py"), str(FAKE / "libcuda.so.1"),
-                        "--steps", "100000000"], env=env, check=False)
+        _workload(seconds, REPO)
         source.drain()
     finally:
         source.close()
@@ -158,6 +198,9 @@ def main() -> int:
     rec = sub.add_parser("record", help="capture raw records of a real run (root)")
     rec.add_argument("out", type=Path)
     rec.add_argument("--seconds", type=float, default=20.0)
+    liv = sub.add_parser("live", help="the polling thread's CPU per record in a real run (root)")
+    liv.add_argument("--seconds", type=float, default=30.0)
+    liv.add_argument("--drain-s", type=float, default=10.0, help="seconds between drains, as the agent's interval")
     rep = sub.add_parser("replay", help="replay captured records through decode + handle + drain")
     rep.add_argument("file", type=Path)
     rep.add_argument("--passes", type=int, default=5, help="passes per measurement (after one warm-up pass)")
@@ -167,12 +210,14 @@ def main() -> int:
     rep.add_argument("--profile", action="store_true", help="cProfile one pass")
     rep.add_argument("--json", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if "PYTHONPATH" not in os.environ:
+        sys.path.insert(0, str(REPO))
     if args.command == "record":
         return record(args.out, args.seconds)
+    if args.command == "live":
+        return live(args.seconds, args.drain_s)
     if args.base is not None:
         return side_by_side(args.file, args.base, args.rounds, args.passes, args.drain_every)
-    if not args.json:
-        sys.path.insert(0, str(REPO))
     result = replay(load(args.file), args.passes, args.drain_every, args.profile)
     print(json.dumps(result) if args.json else "\n".join(f"{k}: {v}" for k, v in result.items()))
     return 0

@@ -106,7 +106,8 @@ class GPUTimeAccounting:
     def handle(self, record: abi.Record) -> None:
         """Account for one decoded record."""
         self.records += 1
-        self.remember_process(record.pid)
+        if record.pid not in self._processes:
+            self.remember_process(record.pid)
         if isinstance(record, abi.Launch):
             self._stacks.frames(record.pid, record.stack)  # symbolize while the process is alive
             if self._graphs is not None:
