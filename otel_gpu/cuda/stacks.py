@@ -20,6 +20,8 @@ from otel_gpu.cuda import abi, builder
 from otel_gpu.cuda.symbols import NativeSymbolizer
 from otel_gpu.profiles.model import Frame
 
+MAX_SAMPLE_STACKS = 8192  # (leaf, pid, stack) -> frames kept for samples (past it, kept afresh): a few MB at most
+
 # In otel_gpu_python_frame.first_line: the frame is the outermost its evaluation loop runs (otel_gpu_probes.h).
 PYTHON_ENTRY = 0x80000000
 
@@ -82,7 +84,7 @@ class StackFrames:
             return found
         frames = FrameStack((leaf,) + self.frames(pid, stack))
         if (pid, stack) in self._frames:  # complete: a stack with a frame unnamed for now is named again next time
-            if len(self._samples) >= self._max_stacks:
+            if len(self._samples) >= MAX_SAMPLE_STACKS:
                 self._samples.clear()
             self._samples[key] = frames
         return frames
