@@ -5,7 +5,8 @@
 injected for ``--seconds`` and writes every raw ring-buffer record the probes decoded (u32 length + bytes each).
 
 ``live``: the same run with nothing kept: the polling thread's CPU over the records it handled (ring buffer, ctypes
-callback, decode, accounting, rescans), for the tree on PYTHONPATH (default: this one). Other injected programs
+callback, decode, accounting, rescans), for the tree on PYTHONPATH (default: this one). Records a drain consumes
+(on the caller's thread) are counted but not their CPU: the same share in both trees. Other injected programs
 running on the machine add their records to the count, not to the cost per record.
 
 ``replay FILE``: decodes and handles those records and drains every ``--drain-every`` records, with a fresh
