@@ -12,7 +12,6 @@ from __future__ import annotations
 import ctypes
 import enum
 import struct
-from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from otel_gpu.ebpf.abi import COMM_LEN
@@ -181,6 +180,9 @@ DROP_RINGBUF_FULL, DROP_READ_FAILED, DROP_BAD_LENGTH = DropReason
 DROP_REASONS = tuple(reason.name.lower() for reason in DropReason)  # the drop counters' names, by index
 
 # --- decoded records ------------------------------------------------------------------------------------------------
+# Launch, Activity, Sync and Window are built for every record the agent reads: they are slotted dataclasses that
+# nothing changes, not frozen ones (a frozen dataclass's __init__ sets each field through object.__setattr__, five
+# times the cost, a fifth of decoding a record). Build changed copies with dataclasses.replace.
 
 
 @dataclass(frozen=True, slots=True)
@@ -214,11 +216,11 @@ class Stack:
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Stack) and self._identity() == other._identity()
 
-    def __hash__(self) -> int:
-        return hash(self._identity())
+    def __hash__(self) -> int:  # _identity inlined: every record's stack is hashed a few times
+        return hash(self.key or (self.native, self.python, self.flags, self.kernel_native))
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Launch:
     """One sampled launch (kernel, graph, memcpy, memset) at the API's exit."""
 
@@ -236,7 +238,7 @@ class Launch:
     span_id: str = ""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Activity:
     """Completed GPU work of a sampled launch; ``name`` is the mangled kernel name ("" for copies and sets)."""
 
@@ -259,7 +261,7 @@ class Activity:
         return max(0, self.end_ns - self.start_ns)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Sync:
     """One sampled blocking wait; blocked for ``end_ns - start_ns``, standing for ``weight`` waits."""
 
@@ -280,7 +282,7 @@ class Sync:
         return max(0, self.end_ns - self.start_ns)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Window:
     """One closed sampling window; covered/elapsed are totals since the library started."""
 
@@ -328,12 +330,18 @@ _WINDOW = struct.Struct("<IIQQQQQQQQQQQQQQ")  # up to aside_since_ns
 _WINDOW_GRAPHS = struct.Struct("<QII")  # graph_other_replays, graph_count, reserved
 _GRAPH_REPLAYS = struct.Struct("<QQ")
 _EVENT_SIZE = _EVENT.size
+_EVENT_UNPACK = _EVENT.unpack_from  # bound once: these run for every record
+_LAUNCH_HEAD_UNPACK = _LAUNCH_HEAD.unpack_from
+_SYNC_HEAD_UNPACK = _SYNC_HEAD.unpack_from
+_ACTIVITY_HEAD_UNPACK = _ACTIVITY_HEAD.unpack_from
+_STACK_HEAD_UNPACK = _STACK_HEAD.unpack_from
+_KSTACK_HEAD_UNPACK = _KSTACK_HEAD.unpack_from
 _KSTACK_SIZE = ctypes.sizeof(KStackC)
 _NATIVE_OFFSET = StackC.native.offset
 _PYTHON_OFFSET = StackC.python.offset
 _STRINGS_OFFSET = StackC.strings.offset
 _ACTIVITY_NAME_OFFSET = ActivityC.name.offset
-_STACK_CACHE: OrderedDict[bytes, Stack] = OrderedDict()
+_STACK_CACHE: dict[bytes, Stack] = {}
 _STACK_CACHE_SIZE = 8192
 
 assert _EVENT.size == ctypes.sizeof(EventC) and _WINDOW.size == WindowC.graph_other_replays.offset
@@ -341,11 +349,31 @@ assert _WINDOW.size + _WINDOW_GRAPHS.size == WindowC.graphs.offset
 assert _LAUNCH_HEAD.size == LaunchC.stack.offset and _SYNC_HEAD.size == SyncC.stack.offset
 
 
+_NO_SPAN = bytes(8)
+_LAUNCH_SIZE = ctypes.sizeof(LaunchC)
+_SYNC_SIZE = ctypes.sizeof(SyncC)
+_ACTIVITY_SIZE = ctypes.sizeof(ActivityC)
+_WINDOW_SIZE = ctypes.sizeof(WindowC)
+# Thread and kernel names repeat from record to record: each raw name is decoded once (bounded: cleared when full).
+_NAMES: dict[bytes, str] = {}
+_NAMES_SIZE = 4096
+
+
 def _span_ids(trace_id: bytes, span_id: bytes) -> tuple[str, str]:
     """Hex trace and span ids, both "" when the record was taken outside any span."""
-    if not any(span_id):
+    if span_id == _NO_SPAN:
         return "", ""
     return trace_id.hex(), span_id.hex()
+
+
+def _name(raw: bytes) -> str:
+    """A NUL-terminated name of a record, decoded (cached by its raw bytes)."""
+    name = _NAMES.get(raw)
+    if name is None:
+        if len(_NAMES) >= _NAMES_SIZE:
+            _NAMES.clear()
+        name = _NAMES[raw] = raw.split(b"\0", 1)[0].decode("utf-8", "replace")
+    return name
 
 
 def _cstring(raw: bytes, offset: int, limit: int) -> str:
@@ -361,25 +389,30 @@ def decode_stack(stack: StackC, kstack: KStackC | None = None) -> Stack:
 
 
 def _stack_from(buf: bytes, base: int, kstack: bytes) -> Stack:
-    """The stack at ``buf[base:]`` (zero-padded to the full struct) plus the fallback stack bytes; cached by the
-    bytes in use, since a loop launches from the same few stacks over and over."""
-    native_count, python_count, strings_len, flags = _STACK_HEAD.unpack_from(buf, base)
-    native_count = min(native_count, MAX_NATIVE_FRAMES)
-    python_count = min(python_count, MAX_PYTHON_FRAMES)
-    strings_len = min(strings_len, MAX_STRINGS)
+    """The stack at ``buf[base:]`` (bytes past its end read as zero, as in the full struct) plus the fallback stack
+    bytes; cached by the bytes in use, since a loop launches from the same few stacks over and over."""
+    if len(buf) < base + _STACK_HEAD.size:
+        buf = _padded(buf, base + _STACK_HEAD.size)
+    native_count, python_count, strings_len, flags = _STACK_HEAD_UNPACK(buf, base)
+    native_count = MAX_NATIVE_FRAMES if native_count > MAX_NATIVE_FRAMES else native_count
+    python_count = MAX_PYTHON_FRAMES if python_count > MAX_PYTHON_FRAMES else python_count
+    strings_len = MAX_STRINGS if strings_len > MAX_STRINGS else strings_len
     kernel_count = 0
     if kstack:
-        kbytes, _ = _KSTACK_HEAD.unpack_from(kstack, 0)
+        kbytes = _KSTACK_HEAD_UNPACK(kstack)[0]
         kernel_count = min(kbytes // 8, KSTACK_DEPTH) if kbytes > 0 else 0
     native_at, python_at, strings_at = base + _NATIVE_OFFSET, base + _PYTHON_OFFSET, base + _STRINGS_OFFSET
-    key = b"".join((buf[base:native_at + 8 * native_count], buf[python_at:python_at + 16 * python_count],
-                    buf[strings_at:strings_at + strings_len], kstack[:8 + 8 * kernel_count]))
+    native_end, python_end = native_at + 8 * native_count, python_at + 16 * python_count
+    strings_end = strings_at + strings_len  # the struct's last member: the end of every part in use
+    if len(buf) < strings_end:
+        buf = _padded(buf, strings_end)
+    key = b"".join((buf[base:native_end], buf[python_at:python_end], buf[strings_at:strings_end],
+                    kstack[:8 + 8 * kernel_count]))
     cached = _STACK_CACHE.get(key)
     if cached is not None:
-        _STACK_CACHE.move_to_end(key)
         return cached
     native = struct.unpack_from(f"<{native_count}Q", buf, native_at)
-    strings = buf[strings_at:strings_at + strings_len]
+    strings = buf[strings_at:strings_end]
     python = []
     for index in range(python_count):
         line, name_at, file_at, first_line = _PYTHON_FRAME.unpack_from(buf, python_at + 16 * index)
@@ -387,52 +420,49 @@ def _stack_from(buf: bytes, base: int, kstack: bytes) -> Stack:
                                   line, first_line))
     kernel_native = tuple(pc for pc in struct.unpack_from(f"<{kernel_count}Q", kstack, 8) if pc)
     stack = Stack(native, tuple(python), flags, kernel_native, key)
+    if len(_STACK_CACHE) >= _STACK_CACHE_SIZE:  # the oldest out: equal stacks are equal whichever object is kept
+        del _STACK_CACHE[next(iter(_STACK_CACHE))]
     _STACK_CACHE[key] = stack
-    if len(_STACK_CACHE) > _STACK_CACHE_SIZE:
-        _STACK_CACHE.popitem(last=False)
     return stack
 
 
-def _payload(data: bytes, offset: int, length: int, size: int) -> bytes:
-    """The record's bytes, zero-padded to ``size`` (the library may send only the used prefix)."""
-    chunk = data[offset:offset + min(length, size)]
-    return chunk if len(chunk) == size else chunk + bytes(size - len(chunk))
+def _padded(buf: bytes, size: int) -> bytes:
+    """``buf`` zero-padded to at least ``size`` bytes (the library sends only the used prefix of its structs)."""
+    return buf if len(buf) >= size else buf + bytes(size - len(buf))
 
 
 def decode_event(data: bytes) -> Record:
     """Decode one ring-buffer record written by gpu_time.bpf.c. Raises :class:`DecodeError` on a bad record."""
     if len(data) < _EVENT_SIZE:
         raise DecodeError(f"record of {len(data)} bytes is shorter than its header")
-    kind, pid, tid, payload_len, _, raw_comm = _EVENT.unpack_from(data, 0)
-    comm = raw_comm.split(b"\0", 1)[0].decode("utf-8", "replace")
-    if kind in (EVENT_LAUNCH, EVENT_SYNC):
+    kind, pid, tid, payload_len, _, raw_comm = _EVENT_UNPACK(data)
+    if kind == EVENT_LAUNCH or kind == EVENT_SYNC:
         if len(data) < _EVENT_SIZE + _KSTACK_SIZE:
             raise DecodeError("launch/sync record without its stack")
         kstack = data[_EVENT_SIZE:_EVENT_SIZE + _KSTACK_SIZE]
         offset = _EVENT_SIZE + _KSTACK_SIZE
         if kind == EVENT_LAUNCH:
-            buf = _payload(data, offset, payload_len, ctypes.sizeof(LaunchC))
+            buf = _padded(data[offset:offset + min(payload_len, _LAUNCH_SIZE)], _LAUNCH_HEAD.size)
             (version, launch_kind, corr, cbid, window_id, timestamp_ns, graph_exec, trace_id,
-             span_id) = _LAUNCH_HEAD.unpack_from(buf)
+             span_id) = _LAUNCH_HEAD_UNPACK(buf)
             _check_version(version, "launch")
-            return Launch(pid, tid, comm, launch_kind, corr, cbid, window_id, timestamp_ns, graph_exec,
+            return Launch(pid, tid, _name(raw_comm), launch_kind, corr, cbid, window_id, timestamp_ns, graph_exec,
                           _stack_from(buf, _LAUNCH_HEAD.size, kstack), *_span_ids(trace_id, span_id))
-        buf = _payload(data, offset, payload_len, ctypes.sizeof(SyncC))
-        version, sync_kind, cbid, _, start_ns, end_ns, weight, trace_id, span_id = _SYNC_HEAD.unpack_from(buf)
+        buf = _padded(data[offset:offset + min(payload_len, _SYNC_SIZE)], _SYNC_HEAD.size)
+        version, sync_kind, cbid, _, start_ns, end_ns, weight, trace_id, span_id = _SYNC_HEAD_UNPACK(buf)
         _check_version(version, "sync")
-        return Sync(pid, tid, comm, sync_kind, cbid, start_ns, end_ns, max(weight, 1),
+        return Sync(pid, tid, _name(raw_comm), sync_kind, cbid, start_ns, end_ns, max(weight, 1),
                     _stack_from(buf, _SYNC_HEAD.size, kstack), *_span_ids(trace_id, span_id))
     if kind == EVENT_ACTIVITY:
-        buf = _payload(data, _EVENT_SIZE, payload_len, ctypes.sizeof(ActivityC))
+        buf = _padded(data[_EVENT_SIZE:_EVENT_SIZE + min(payload_len, _ACTIVITY_SIZE)], _ACTIVITY_NAME_OFFSET)
         (activity_kind, corr, start_ns, end_ns, device, stream, graph, name_len, nbytes, copy_kind, src_kind,
-         dst_kind) = _ACTIVITY_HEAD.unpack_from(buf)
+         dst_kind) = _ACTIVITY_HEAD_UNPACK(buf)
         name_len = min(name_len, MAX_NAME - 1)
-        raw = buf[_ACTIVITY_NAME_OFFSET:_ACTIVITY_NAME_OFFSET + name_len]
-        name = raw.split(b"\0", 1)[0].decode("utf-8", "replace")
+        name = _name(buf[_ACTIVITY_NAME_OFFSET:_ACTIVITY_NAME_OFFSET + name_len])
         return Activity(pid, activity_kind, corr, start_ns, end_ns, device, stream, graph, name, nbytes, copy_kind,
                         src_kind, dst_kind)
     if kind == EVENT_WINDOW:
-        buf = _payload(data, _EVENT_SIZE, payload_len, ctypes.sizeof(WindowC))
+        buf = _padded(data[_EVENT_SIZE:_EVENT_SIZE + min(payload_len, _WINDOW_SIZE)], _WINDOW_SIZE)
         fields = _WINDOW.unpack_from(buf)
         _check_version(fields[0], "window")
         other, count, _ = _WINDOW_GRAPHS.unpack_from(buf, _WINDOW.size)

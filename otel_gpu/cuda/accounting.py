@@ -27,7 +27,8 @@ from otel_gpu.cuda.join import GPUWork, Joiner, JoinStats, WindowWeights
 from otel_gpu.cuda.stacks import StackFrames
 from otel_gpu.cuda.waits import CollectiveWaits
 from otel_gpu.procfs import ProcessInfo, ProcessResolver
-from otel_gpu.profiles.model import ProfileBatch, gpu_time_profile_type, sync_wait_profile_type
+from otel_gpu.profiles.model import Frame, ProfileBatch, gpu_time_profile_type, sync_wait_profile_type
+from otel_gpu.symbolize.demangle import Demangler
 
 # the GPU-time source's parts log under its name, as its log lines always have
 _logger = logging.getLogger("otel_gpu.cuda.source")
@@ -41,6 +42,7 @@ MAX_HELD_SYNCS = 65536  # waits held for their collectives, all processes: past 
 # interval's waits comparable between the ranks of a job (a per-process rule would move one rank's waits and not
 # another's, and name a straggler that is not one).
 SETTLE_LAG_NS = 1_000_000_000
+MAX_LEAVES = 4096  # leaf frames of GPU work kept by kernel, copy or set (past it, kept afresh)
 
 
 @dataclass(slots=True)
@@ -95,6 +97,8 @@ class GPUTimeAccounting:
         self._misses_seen = (0, 0)
         self._duplicates_seen = 0
         self._work_observers: list[WorkObserver] = []
+        self._work_leaves: dict[tuple[object, ...], tuple[Frame, tuple[tuple[str, str | int], ...]]] = {}
+        self._sync_leaves: dict[tuple[int, int], Frame] = {}
         self.records = 0
 
     # --- records in ------------------------------------------------------------------------------------------------
@@ -102,7 +106,8 @@ class GPUTimeAccounting:
     def handle(self, record: abi.Record) -> None:
         """Account for one decoded record."""
         self.records += 1
-        self.remember_process(record.pid)
+        if record.pid not in self._processes:
+            self.remember_process(record.pid)
         if isinstance(record, abi.Launch):
             self._stacks.frames(record.pid, record.stack)  # symbolize while the process is alive
             if self._graphs is not None:
@@ -144,7 +149,10 @@ class GPUTimeAccounting:
     def _add_sync(self, sync: abi.Sync) -> None:
         """The wait's sample, split by the NCCL collectives that ran while it blocked (:mod:`otel_gpu.cuda.waits`)."""
         value = sync.blocked_ns * sync.weight
-        frames = (builder.sync_frame(sync),) + self._stacks.frames(sync.pid, sync.stack)
+        leaf = self._sync_leaves.get((sync.cbid, sync.kind))
+        if leaf is None:
+            leaf = self._sync_leaves[(sync.cbid, sync.kind)] = builder.sync_frame(sync)  # a few driver calls
+        frames = self._stacks.sample_frames(leaf, sync.pid, sync.stack)
         api = (semconv.CUDA_SYNC_API, builder.sync_api_name(sync))
         for collective, fraction in self._waits.split(sync):
             attributes = (api, (semconv.NCCL_COLLECTIVE, collective)) if collective else (api,)
@@ -228,10 +236,24 @@ class GPUTimeAccounting:
             observe(work, weight)
         launch, activity = work.launch, work.activity
         value = activity.duration_ns * weight
-        frames = (builder.work_frame(activity),) + self._stacks.frames(launch.pid, launch.stack)
-        self._gpu.add(launch.pid, frames, value, launch.tid, launch.comm, builder.work_attributes(activity),
-                      launch.trace_id, launch.span_id)
+        leaf, attributes = self._work_leaf(activity)
+        frames = self._stacks.sample_frames(leaf, launch.pid, launch.stack)
+        self._gpu.add(launch.pid, frames, value, launch.tid, launch.comm, attributes, launch.trace_id, launch.span_id)
         self._counter(launch.pid).kernel_time_ns += value
+
+    def _work_leaf(self, activity: abi.Activity) -> tuple[Frame, tuple[tuple[str, str | int], ...]]:
+        """The leaf frame and sample attributes of ``activity`` (:mod:`builder`), kept by what they are made of: a
+        loop runs the same few kernels. A kernel name c++filt has not answered for yet is not kept (asked again)."""
+        shape = (activity.kind, activity.name, activity.bytes, activity.copy_kind, activity.src_kind,
+                 activity.dst_kind, activity.device_id, activity.stream_id, activity.graph_id)
+        leaf = self._work_leaves.get(shape)
+        if leaf is None:
+            leaf = (builder.work_frame(activity), builder.work_attributes(activity))
+            if leaf[0].function != activity.name or not Demangler.is_mangled(activity.name):
+                if len(self._work_leaves) >= MAX_LEAVES:
+                    self._work_leaves.clear()
+                self._work_leaves[shape] = leaf
+        return leaf
 
     # --- profiles out ----------------------------------------------------------------------------------------------
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 
 from otel_gpu import semconv
 from otel_gpu.cuda import abi
@@ -109,14 +108,9 @@ def python_frames(frames: Sequence[abi.PythonFrame]) -> tuple[Frame, ...]:
     return tuple(Frame(f.name or "<unknown>", FrameKind.PYTHON, filename=f.filename, line=f.line) for f in frames)
 
 
-@dataclass(frozen=True, slots=True)
-class _Key:
-    frames: tuple[Frame, ...]
-    thread_id: int
-    thread_name: str
-    attributes: tuple[tuple[str, str | int], ...]
-    trace_id: str
-    span_id: str
+# a sample's identity in the accumulator: (frames, thread id, thread name, attributes, trace id, span id); a plain
+# tuple, hashed in C (stacks.FrameStack frames hash in one call, not one per frame)
+_Key = tuple[tuple[Frame, ...], int, str, tuple[tuple[str, str | int], ...], str, str]
 
 
 class ProfileAccumulator:
@@ -129,8 +123,10 @@ class ProfileAccumulator:
     def add(self, pid: int, frames: tuple[Frame, ...], value: float, thread_id: int = 0, thread_name: str = "",
             attributes: tuple[tuple[str, str | int], ...] = (), trace_id: str = "", span_id: str = "") -> None:
         """``trace_id``/``span_id``: hex ids of the span the work was launched or waited in, "" outside any."""
-        samples = self._values.setdefault(pid, {})
-        key = _Key(frames, thread_id, thread_name, attributes, trace_id, span_id)
+        samples = self._values.get(pid)
+        if samples is None:
+            samples = self._values[pid] = {}
+        key = (frames, thread_id, thread_name, attributes, trace_id, span_id)
         samples[key] = samples.get(key, 0.0) + value
 
     def pids(self) -> set[int]:
@@ -151,9 +147,9 @@ class ProfileAccumulator:
         profiles = []
         for pid in sorted(self._values):
             samples = tuple(
-                Sample(key.frames, round(value), key.thread_id, key.thread_name, key.attributes, key.trace_id,
-                       key.span_id)
-                for key, value in sorted(self._values[pid].items(), key=lambda item: -item[1])
+                Sample(tuple(frames), round(value), thread_id, thread_name, attributes, trace_id, span_id)
+                for (frames, thread_id, thread_name, attributes, trace_id, span_id), value
+                in sorted(self._values[pid].items(), key=lambda item: -item[1])
                 if round(value) > 0
             )
             if samples:

@@ -20,8 +20,24 @@ from otel_gpu.cuda import abi, builder
 from otel_gpu.cuda.symbols import NativeSymbolizer
 from otel_gpu.profiles.model import Frame
 
+MAX_SAMPLE_STACKS = 8192  # (leaf, pid, stack) -> frames kept for samples (past it, kept afresh): a few MB at most
+
 # In otel_gpu_python_frame.first_line: the frame is the outermost its evaluation loop runs (otel_gpu_probes.h).
 PYTHON_ENTRY = 0x80000000
+
+
+class FrameStack(tuple[Frame, ...]):
+    """A sample's frames, hashed once: samples are summed by their frames, and a tuple hashes each frame every time."""
+
+    _hash: int
+
+    def __new__(cls, frames: tuple[Frame, ...]) -> FrameStack:
+        self = super().__new__(cls, frames)
+        self._hash = tuple.__hash__(self)
+        return self
+
+    def __hash__(self) -> int:
+        return self._hash
 
 
 class StackFrames:
@@ -31,6 +47,7 @@ class StackFrames:
         self._symbolizer = symbolizer
         self._max_stacks = max_stacks
         self._frames: OrderedDict[tuple[int, abi.Stack], tuple[Frame, ...]] = OrderedDict()
+        self._samples: dict[tuple[Frame, int, abi.Stack], FrameStack] = {}  # see sample_frames
 
     def remember(self, pid: int) -> None:
         """A new process: let the symbolizer snapshot its mappings while it runs."""
@@ -58,11 +75,27 @@ class StackFrames:
             self._frames.popitem(last=False)
         return frames
 
+    def sample_frames(self, leaf: Frame, pid: int, stack: abi.Stack) -> FrameStack:
+        """``leaf`` (the kernel, copy or wait) followed by the stack's frames; kept per (leaf, pid, stack) once the
+        stack's frames are kept, so that the samples of a loop's few stacks reuse one hashed tuple each."""
+        key = (leaf, pid, stack)
+        found = self._samples.get(key)
+        if found is not None:
+            return found
+        frames = FrameStack((leaf,) + self.frames(pid, stack))
+        if (pid, stack) in self._frames:  # complete: a stack with a frame unnamed for now is named again next time
+            if len(self._samples) >= MAX_SAMPLE_STACKS:
+                self._samples.clear()
+            self._samples[key] = frames
+        return frames
+
     def forget(self, pid: int) -> None:
         """``pid`` exited and every record of it is handled."""
         self._symbolizer.forget(pid)
         for key in [key for key in self._frames if key[0] == pid]:
             del self._frames[key]
+        for sample in [sample for sample in self._samples if sample[1] == pid]:
+            del self._samples[sample]
 
 
 def python_runs(python: Sequence[abi.PythonFrame]) -> tuple[tuple[Frame, ...], ...]:

@@ -41,6 +41,30 @@ def test_decode_launch_with_python_frames_and_short_payload() -> None:
     assert record.stack.python == (abi.PythonFrame("model.forward", "/srv/model.py", 42, 40),)
 
 
+@pytest.mark.parametrize("cut", ["head", "native", "python", "strings"])
+def test_a_record_cut_short_decodes_as_its_zero_padded_struct(cut: str) -> None:
+    """Bytes a record does not carry read as zero, wherever it ends (a short or damaged record)."""
+    launch = abi.LaunchC(abi_version=abi.ABI_VERSION, kind=abi.LAUNCH_KERNEL, correlation_id=5, window_id=1)
+    launch.stack.native_count, launch.stack.python_count, launch.stack.strings_len = 3, 2, 20
+    for index in range(3):
+        launch.stack.native[index] = 0x1000 + index
+    for index in range(2):
+        launch.stack.python[index] = abi.PythonFrameC(line=index + 1, name_offset=0, filename_offset=6)
+    ctypes.memmove(ctypes.addressof(launch) + abi.LaunchC.stack.offset + abi.StackC.strings.offset, b"step\0\0f.py\0",
+                   12)
+    stack_at = abi.LaunchC.stack.offset
+    length = {"head": stack_at + 8, "native": stack_at + abi.StackC.native.offset + 12,
+              "python": stack_at + abi.StackC.python.offset + 20, "strings": stack_at + abi.StackC.strings.offset + 8}
+    raw = bytes(launch)[:length[cut]]
+    padded = raw + bytes(ctypes.sizeof(abi.LaunchC) - len(raw))
+    short = abi.decode_event(_event(abi.EVENT_LAUNCH, 1, 1, raw, abi.KStackC()))
+    full = abi.decode_event(_event(abi.EVENT_LAUNCH, 1, 1, padded, abi.KStackC()))
+    assert isinstance(short, abi.Launch) and isinstance(full, abi.Launch)
+    assert short == full
+    assert (short.stack.native, short.stack.python, short.stack.key) == (full.stack.native, full.stack.python,
+                                                                         full.stack.key)
+
+
 def test_decode_activity_window_sync() -> None:
     name = b"_Z6matmulPfS_S_i"
     act = abi.ActivityC(kind=abi.ACTIVITY_KERNEL, correlation_id=9, start_ns=100, end_ns=350, device_id=1,
