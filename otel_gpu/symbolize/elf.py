@@ -341,14 +341,19 @@ def _build_id(notes: bytes) -> str:
     return ""
 
 
+def _elf_header(source: _Source, path: str) -> tuple[int, ...]:
+    """The ELF header's fields (``_EHDR``); raises ElfError when the file is not a 64-bit little-endian ELF file."""
+    header = source.read(0, _EHDR.size)
+    if len(header) < _EHDR.size or header[:4] != b"\x7fELF" or header[4] != 2 or header[5] != 1:
+        raise ElfError(f"{path}: not a 64-bit little-endian ELF file")
+    return _EHDR.unpack(header)
+
+
 def read_build_id(path: str) -> str:
     """The GNU build id of the ELF file at ``path`` ("" when it has none); raises OSError or ElfError."""
     source = _Source(path, None)
     try:
-        header = source.read(0, _EHDR.size)
-        if len(header) < _EHDR.size or header[:4] != b"\x7fELF" or header[4] != 2 or header[5] != 1:
-            raise ElfError(f"{path}: not a 64-bit little-endian ELF file")
-        fields = _EHDR.unpack(header)
+        fields = _elf_header(source, path)
         notes = _Notes(source.read)
         for p_type, p_offset, _vaddr, p_filesz in _program_headers(source.read, fields[5], fields[9], fields[10]):
             if p_type == _PT_NOTE:
@@ -366,10 +371,7 @@ def dynamic_symbol_value(path: str, name: str) -> int | None:
     so that finding one symbol does not import pyelftools (~5 MB of memory kept for the agent's life)."""
     source = _Source(path, None)
     try:
-        header = source.read(0, _EHDR.size)
-        if len(header) < _EHDR.size or header[:4] != b"\x7fELF" or header[4] != 2 or header[5] != 1:
-            raise ElfError(f"{path}: not a 64-bit little-endian ELF file")
-        fields = _EHDR.unpack(header)
+        fields = _elf_header(source, path)
         sections = _section_headers(source.read, fields[6], fields[11], fields[12])
         dynsym = next((s for s in sections if s[1] == _SHT_DYNSYM and s[6] < len(sections)), None)
         if dynsym is None:
