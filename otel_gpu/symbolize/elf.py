@@ -5,7 +5,7 @@ and shared-library load bias is removed).
 
 Huge binaries (libtorch_cpu.so: 530,000 symbols and 76 MB of mostly C++ names) cost little: headers, notes and
 symbol tables are read with ``pread`` in chunks of at most :data:`_CHUNK_BYTES` (nothing is mapped, so no file page
-stays resident), only function start addresses, sizes and the file offsets of their names are kept (about 16 bytes
+stays resident), only function start addresses, sizes and the file offsets of their names are kept (about 12 bytes
 per function), and a name is read from the file only when an address resolves to it, then kept in a small LRU.
 The file stays open (one descriptor per :class:`ElfSymbols`) so names remain readable after the file is deleted or
 its process exits; the descriptor is closed when the object is garbage or :meth:`ElfSymbols.close` is called.
@@ -111,8 +111,9 @@ class _Source:
 class ElfSymbols:
     """Function symbols of one ELF file, sorted by address, with its build id and load segments.
 
-    Holds per function its start address (8 bytes), size (4 bytes) and the file offset of its name (4 bytes, 8 for
-    files over 4 GiB); names are read from the file when looked up and the last :data:`_NAME_CACHE_ENTRIES` kept."""
+    Holds per function its start address (4 bytes, 8 when a function starts past 4 GiB), size (4 bytes) and the file
+    offset of its name (4 bytes, 8 for files over 4 GiB); names are read from the file when looked up and the last
+    :data:`_NAME_CACHE_ENTRIES` kept."""
 
     def __init__(self, path: str, image: bytes | None = None) -> None:
         """Read the ELF file at ``path``, or the in-memory ``image`` (then ``path`` only names it)."""
@@ -290,6 +291,8 @@ class ElfSymbols:
             kept_starts.append(start)
             kept_sizes.append(size)
             kept_names.append(name_at[index])
+        if kept_starts and kept_starts[-1] < 1 << 32:  # sorted: every start fits in 4 bytes (shared libraries do)
+            self._starts = array("I", kept_starts)
 
 
 def _program_headers(read: _Read, phoff: int, phentsize: int, phnum: int) -> list[tuple[int, int, int, int]]:

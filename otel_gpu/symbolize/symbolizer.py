@@ -97,7 +97,7 @@ class Symbolizer:
     and the stack methods from the drain)."""
 
     def __init__(self, proc_root: str = "/proc", kallsyms_path: str = "/proc/kallsyms", max_files: int = 512,
-                 max_symbol_bytes: int = 48 * 1024 * 1024, max_processes: int = 8192,
+                 max_symbol_bytes: int = 36 * 1024 * 1024, max_processes: int = 8192,
                  debug_dirs: Sequence[str] = ("/usr/lib/debug",)) -> None:
         self._proc = proc_root
         self._debug_dirs = tuple(debug_dirs)
