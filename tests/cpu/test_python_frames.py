@@ -168,8 +168,8 @@ def test_a_thread_behind_a_hundred_others_is_found() -> None:
 def _pprof_reads(batch: ProfileBatch, tmp_path: Path) -> None:
     path = tmp_path / "cpu.pb.gz"
     path.write_bytes(encode_pprof(batch))
-    _, rows = pprof_top([path], tmp_path)
-    assert "heavy" in rows and "loop" in rows, rows
+    _, rows = pprof_top([path], tmp_path, "-cum")  # by cumulative time: a stripped interpreter's many unnamed leaf
+    assert "heavy" in rows and "loop" in rows, rows  # addresses can push heavy's flat time out of the top rows
 
 
 @pytest.mark.root

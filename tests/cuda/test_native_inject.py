@@ -1118,7 +1118,8 @@ def test_windows_weigh_the_time_outside_them_at_the_pace_the_program_keeps_there
     true_pace = ((len(exits) - exits_inside) / (last.elapsed_ns - last.covered_ns)) / (exits_inside / last.covered_ns)
     assert last.shadow_ns > 0 and last.shadow_waits > 0
     measured = measured_pace(decoded_window(last, 1))
-    assert measured is not None and true_pace > 1.15 and abs(measured / true_pace - 1) < 0.15, (measured, true_pace)
+    # the true pace: 1.18-1.28 on a quiet machine, 1.14 once in a clean-clone run (the scenario still slows it)
+    assert measured is not None and true_pace > 1.1 and abs(measured / true_pace - 1) < 0.15, (measured, true_pace)
     # re-weighted GPU time: by time alone short by the steps windows slowed; with the pace much nearer the truth
     paced, by_time = WindowWeights(), window_weights(windows)
     paced_weight = {w.window_id: paced.add(decoded_window(w, 1))[0] for w in windows}
