@@ -197,6 +197,14 @@ def test_runs_kept_from_an_earlier_drain_are_built_again_when_their_code_reads_d
     assert reader.frames(primer)[0].function.endswith("first")
 
 
+def _started(python: Path) -> subprocess.Popen[bytes]:
+    """``python`` sleeping, once its interpreter runs (read any earlier and its version may not be set yet)."""
+    process = subprocess.Popen([str(python), "-c", "import time; print(flush=True); time.sleep(60)"],
+                               stdout=subprocess.PIPE)
+    assert process.stdout is not None and process.stdout.readline() == b"\n"
+    return process
+
+
 def test_an_interpreter_file_is_read_once_for_all_its_processes(monkeypatch: pytest.MonkeyPatch,
                                                                 tmp_path: Path) -> None:
     """A node starts many processes of one interpreter: its symbol table is read for the first only, and again when
@@ -214,7 +222,7 @@ def test_an_interpreter_file_is_read_once_for_all_its_processes(monkeypatch: pyt
     monkeypatch.setattr(module, "_SYMBOLS_BY_FILE", {})
     copy = tmp_path / "python3.11"
     shutil.copy2("/usr/bin/python3.11", copy)
-    sleeping = [subprocess.Popen([str(copy), "-c", "import time; time.sleep(60)"]) for _ in range(3)]
+    sleeping = [_started(copy) for _ in range(3)]
     try:
         found = [find_python(p.pid) for p in sleeping]
         assert all(isinstance(f, PythonProcess) and f.version == (3, 11) for f in found), found
@@ -224,7 +232,7 @@ def test_an_interpreter_file_is_read_once_for_all_its_processes(monkeypatch: pyt
             p.wait()
         os.unlink(copy)
         shutil.copy2("/usr/bin/python3.11", copy)  # same path, new file
-        sleeping = [subprocess.Popen([str(copy), "-c", "import time; time.sleep(60)"])]
+        sleeping = [_started(copy)]
         assert isinstance(find_python(sleeping[0].pid), PythonProcess)
         assert len(reads) == 2, reads
     finally:
