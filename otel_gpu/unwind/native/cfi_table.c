@@ -138,45 +138,44 @@ static int fixed(struct buf b, uint64_t pos, unsigned bytes, uint64_t *out)
 	return 0;
 }
 
-static int uleb(struct buf b, uint64_t *pos, wide *out)
+// A LEB128's bits and its length in bits (7 a byte); -1 past 11 bytes (cfi._uleb's limit) or the buffer's end.
+static int leb(struct buf b, uint64_t *pos, unsigned __int128 *bits, unsigned *length)
 {
 	unsigned __int128 result = 0;
-	unsigned shift = 0;
-	for (;;) {
+	for (unsigned shift = 0; shift <= 70; shift += 7) {
 		uint8_t byte;
 		if (byte_at(b, (*pos)++, &byte))
 			return -1;
 		result |= (unsigned __int128)(byte & 0x7F) << shift;
 		if (byte < 0x80) {
-			*out = (wide)result;
+			*bits = result;
+			*length = shift + 7;
 			return 0;
 		}
-		shift += 7;
-		if (shift > 70)
-			return -1;
 	}
+	return -1;
+}
+
+static int uleb(struct buf b, uint64_t *pos, wide *out)
+{
+	unsigned __int128 bits;
+	unsigned length;
+	if (leb(b, pos, &bits, &length))
+		return -1;
+	*out = (wide)bits;
+	return 0;
 }
 
 static int sleb(struct buf b, uint64_t *pos, wide *out)
 {
-	unsigned __int128 result = 0;
-	unsigned shift = 0;
-	for (;;) {
-		uint8_t byte;
-		if (byte_at(b, (*pos)++, &byte))
-			return -1;
-		result |= (unsigned __int128)(byte & 0x7F) << shift;
-		shift += 7;
-		if (byte < 0x80) {
-			wide value = (wide)result;
-			if (byte & 0x40)
-				value -= (wide)1 << shift;
-			*out = value;
-			return 0;
-		}
-		if (shift > 70)
-			return -1;
-	}
+	unsigned __int128 bits;
+	unsigned length;
+	if (leb(b, pos, &bits, &length))
+		return -1;
+	*out = (wide)bits;
+	if ((bits >> (length - 1)) & 1)  // the last byte's sign bit
+		*out -= (wide)1 << length;
+	return 0;
 }
 
 // A DW_EH_PE-encoded pointer (cfi._pointer): the low 64 bits of the value, as Python masks it.
@@ -204,20 +203,15 @@ static int pointer(struct buf b, uint64_t *pos, unsigned encoding, uint64_t buff
 			return -1;
 		value = (uint64_t)leb;
 		break;
-	case 0x02: case 0x0A:
-		if (fixed(b, *pos, 2, &value))
+	case 0x02: case 0x0A: case 0x03: case 0x0B: {
+		unsigned bits = (encoding & 0x07) == 0x02 ? 16 : 32;  // udata2/sdata2, udata4/sdata4
+		if (fixed(b, *pos, bits / 8, &value))
 			return -1;
-		if ((encoding & 0x0F) == 0x0A)
-			value = (uint64_t)(int64_t)(int16_t)value;
-		*pos += 2;
+		if (encoding & 0x08)  // signed: extend the top bit
+			value = (uint64_t)((int64_t)(value << (64 - bits)) >> (64 - bits));
+		*pos += bits / 8;
 		break;
-	case 0x03: case 0x0B:
-		if (fixed(b, *pos, 4, &value))
-			return -1;
-		if ((encoding & 0x0F) == 0x0B)
-			value = (uint64_t)(int64_t)(int32_t)value;
-		*pos += 4;
-		break;
+	}
 	default:
 		return -1;
 	}
