@@ -216,8 +216,8 @@ class Stack:
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Stack) and self._identity() == other._identity()
 
-    def __hash__(self) -> int:  # _identity inlined: every record's stack is hashed a few times
-        return hash(self.key or (self.native, self.python, self.flags, self.kernel_native))
+    def __hash__(self) -> int:
+        return hash(self._identity())
 
 
 @dataclass(slots=True)

@@ -197,12 +197,8 @@ class SpanContextProcessor(SpanProcessor):
         if writer is None:
             return
         parent = _context_and_parent(span)[1]
-        if parent is None:
-            state.root, state.root_bytes = 0, NO_ROOT
-            writer.write(NO_TRACE, 0, NO_ROOT)
-            return
-        trace_id, span_id, is_remote = _ids(parent)
-        if is_remote:
+        trace_id, span_id, is_remote = _ids(parent) if parent is not None else (0, 0, True)
+        if is_remote:  # a local root ended (no parent, or a remote one): the thread is in no span now
             state.root, state.root_bytes = 0, NO_ROOT
             writer.write(NO_TRACE, 0, NO_ROOT)
         elif trace_id == state.trace_id:
