@@ -11,14 +11,9 @@ usage: device_span_workload.py LIBCUDA WORKLOAD_PY [--steps N]
 from __future__ import annotations
 
 import argparse
-import importlib.util
 from typing import Any
 
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-
-from otel_gpu.instrumentation import SpanContextProcessor
+from span_workload import instrumented_provider, load_workload  # the script's folder is first on sys.path
 
 
 def launch_and_wait(driver: Any, device: int) -> None:
@@ -41,14 +36,8 @@ def main() -> None:
     parser.add_argument("workload_py")
     parser.add_argument("--steps", type=int, default=100)
     args = parser.parse_args()
-    spec = importlib.util.spec_from_file_location("fake_workload", args.workload_py)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SpanContextProcessor())
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    module = load_workload(args.workload_py)
+    provider, exporter = instrumented_provider()
     tracer = provider.get_tracer("device_span_workload")
     driver = module.Driver(args.libcuda, False)
     driver.setup()

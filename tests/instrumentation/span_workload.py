@@ -67,6 +67,24 @@ def worker_b(driver: Any, tracer: Any, steps: int) -> None:
     work(driver, tracer, "b", steps)
 
 
+def load_workload(path: str) -> Any:
+    """tests/native/cuda/workload.py (its Driver) as a module."""
+    spec = importlib.util.spec_from_file_location("fake_workload", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def instrumented_provider() -> tuple[TracerProvider, InMemorySpanExporter]:
+    """A tracer provider with the span context processor, its finished spans kept in memory."""
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SpanContextProcessor())
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    return provider, exporter
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("libcuda")
@@ -77,14 +95,8 @@ def main() -> None:
     args = parser.parse_args()
     global BUSY_S
     BUSY_S = args.busy_ms / 1000
-    spec = importlib.util.spec_from_file_location("fake_workload", args.workload_py)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SpanContextProcessor())
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    module = load_workload(args.workload_py)
+    provider, exporter = instrumented_provider()
     if args.otlp_traces:
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
         from opentelemetry.sdk.trace.export import BatchSpanProcessor

@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import random
+import subprocess
+from pathlib import Path
 
 
 def _leb(generator: random.Random, signed: bool = False) -> bytes:
@@ -72,3 +74,16 @@ def synthetic_section(generator: random.Random, vaddr: int) -> bytes:
             _leb(generator) + _leb(generator)
         section += _entry(pointer + fields + b"\0" + _instructions(generator, generator.randrange(1, 40)))
     return bytes(section) + b"\0\0\0\0"
+
+
+def debug_frame_binary(folder: Path) -> Path:
+    """A small C program built with its call frame information in .debug_frame only (.eh_frame removed)."""
+    source = folder / "f.c"
+    source.write_text("int g(int x) { volatile int y[16]; y[0] = x; return y[0] + 1; }\n"
+                      "int main(int c, char **v) { (void)v; return g(c); }\n")
+    binary = folder / "f"
+    subprocess.run(["gcc", "-O2", "-fno-asynchronous-unwind-tables", "-fno-unwind-tables", "-g", "-o", str(binary),
+                    str(source)], check=True)
+    subprocess.run(["objcopy", "--remove-section=.eh_frame", "--remove-section=.eh_frame_hdr", str(binary)],
+                   check=True)
+    return binary

@@ -15,6 +15,7 @@ from otel_gpu.unwind import cfi
 from otel_gpu.unwind.table import (KIND_END, KIND_NONE, KIND_RBP, KIND_RSP, KIND_UNSUPPORTED, TableCache,
                                    build_table, frame_sections)
 from tests.conftest import NATIVE
+from tests.unwind.cfigen import debug_frame_binary
 
 LIBC = Path("/lib/x86_64-linux-gnu/libc.so.6")
 LIBSTDCXX = Path("/usr/lib/x86_64-linux-gnu/libstdc++.so.6")
@@ -106,17 +107,8 @@ def test_rows_match_readelf(path: Path) -> None:
 
 
 def test_debug_frame_matches_readelf(tmp_path: Path) -> None:
-    source = tmp_path / "f.c"
-    source.write_text("int g(int x) { volatile int y[16]; y[0] = x; return y[0] + 1; }\n"
-                      "int main(int c, char **v) { (void)v; return g(c); }\n")
-    binary = tmp_path / "f"
-    subprocess.run(["gcc", "-O2", "-fno-asynchronous-unwind-tables", "-fno-unwind-tables", "-g", "-o", str(binary),
-                    str(source)], check=True)
+    binary = debug_frame_binary(tmp_path)
     found = frame_sections(str(binary))
-    if found is None or found[0] != ".debug_frame":
-        subprocess.run(["objcopy", "--remove-section=.eh_frame", "--remove-section=.eh_frame_hdr", str(binary)],
-                       check=True)
-        found = frame_sections(str(binary))
     assert found is not None and found[0] == ".debug_frame"
     expected = _readelf_rows(binary, ".debug_frame")
     fdes = list(cfi.parse_frames(found[2], found[1], False))

@@ -21,7 +21,7 @@ from otel_gpu import selfmetrics, semconv
 from otel_gpu.cpu.sampler import CPUSampler
 from otel_gpu.unwind import cfi, native_table
 from otel_gpu.unwind.table import build_table, frame_sections
-from tests.unwind.cfigen import synthetic_section
+from tests.unwind.cfigen import debug_frame_binary, synthetic_section
 
 LIBRARIES = Path("/usr/lib/x86_64-linux-gnu")
 LARGE = [Path("/usr/lib/x86_64-linux-gnu/libLLVM-15.so.1"), Path("/usr/lib/llvm-14/lib/libclang-cpp.so.14"),
@@ -76,14 +76,7 @@ def test_identical_tables_for_every_library_of_the_machine() -> None:
 
 
 def test_identical_tables_for_debug_frame(tmp_path: Path) -> None:
-    source = tmp_path / "f.c"
-    source.write_text("int g(int x) { volatile int y[16]; y[0] = x; return y[0] + 1; }\n"
-                      "int main(int c, char **v) { (void)v; return g(c); }\n")
-    binary = tmp_path / "f"
-    subprocess.run(["gcc", "-O2", "-fno-asynchronous-unwind-tables", "-fno-unwind-tables", "-g", "-o", str(binary),
-                    str(source)], check=True)
-    subprocess.run(["objcopy", "--remove-section=.eh_frame", "--remove-section=.eh_frame_hdr", str(binary)],
-                   check=True)
+    binary = debug_frame_binary(tmp_path)
     found = frame_sections(str(binary))
     assert found is not None and found[0] == ".debug_frame"
     expected = _reference(found[2], found[1], False)
