@@ -10,6 +10,9 @@ Each tree given (``--tree``, default this one; give two for a before/after run, 
   traced  the same run under tracemalloc (which costs memory of its own: its RSS is not the agent's): the Python
           allocations alive at the steady-state instant, by what imported them (the top-level package whose import
           allocated) and, for what was allocated after the imports, by the agent's line that asked.
+  census  (--census, instead of traced: seconds, not minutes, of CPU) the Python objects alive at the steady-state
+          instant, by the part of the agent that holds them (objects reachable from each attribute of the Agent and
+          of its sources, the first holder counted) and by type, with sys.getsizeof; plus glibc's malloc counters.
 
 With the fakes (here): NVML is tests/native/nvml's libnvidia-ml.so.1 (2 GPUs) and the workload is
 tests/native/cuda/workload.py on the fake libcuda, injected with the real library. On the H200 pass --real (the real
@@ -37,6 +40,7 @@ import tempfile
 import threading
 import time
 import tracemalloc
+from array import array as array_type
 from collections import defaultdict
 from collections.abc import Iterator
 from pathlib import Path
@@ -55,9 +59,11 @@ FRAMES = 16  # deep enough to see the import machinery under an allocation; deep
 
 # --- the agent as a user starts it -----------------------------------------------------------------------------------
 
-def agent_command(tree: Path, seconds: float, out: str, extra: list[str], traced: str | None) -> list[str]:
-    """``otel-gpu run`` from ``tree`` with every source on; under this file's ``--child`` when traced."""
-    launcher = [str(Path(__file__).resolve()), "--child", traced, "--steady-at", str(STEADY_AFTER_S), "--"] \
+def agent_command(tree: Path, seconds: float, out: str, extra: list[str], traced: str | None,
+                  mode: str = "traced") -> list[str]:
+    """``otel-gpu run`` from ``tree`` with every source on; under this file's ``--child`` when traced (or
+    censused: mode ``census``)."""
+    launcher = [str(Path(__file__).resolve()), "--child", traced, mode, str(STEADY_AFTER_S), "--"] \
         if traced else ["-m", "otel_gpu"]
     return [sys.executable, *launcher, "run", "--duration", f"{seconds:g}", "--profiling-interval", str(INTERVAL_S),
             "--output-dir", out, "--console", "off", "--log-level", "info", *extra]
@@ -162,11 +168,11 @@ def _read_log(agent: subprocess.Popen[str], log: list[str], running_at: list[flo
             running_at.append(time.monotonic())
 
 
-def run_traced(tree: Path, seconds: float, extra: list[str], real: bool) -> dict[str, object]:
+def run_traced(tree: Path, seconds: float, extra: list[str], real: bool, mode: str = "traced") -> dict[str, object]:
     out = tempfile.mkdtemp(prefix="otel-gpu-bench-mem-")
     result = os.path.join(out, "traced.json")
     # start-up under tracemalloc takes minutes of CPU here: the run stops itself once the snapshot is taken
-    agent = subprocess.run(agent_command(tree, seconds + 600, out, extra, result), cwd=tree, env=agent_env(real),
+    agent = subprocess.run(agent_command(tree, seconds + 600, out, extra, result, mode), cwd=tree, env=agent_env(real),
                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, check=False)
     try:
         return json.loads(Path(result).read_text())
@@ -220,10 +226,128 @@ def summarize(snapshot: tracemalloc.Snapshot, top: int) -> dict[str, object]:
             "modules": len(sys.modules)}
 
 
-def child(out: str, steady_at_s: float, argv: list[str]) -> int:
-    """Runs the agent in this process under tracemalloc; at ``steady_at_s`` after its start-up line, writes the
-    live allocations to ``out``."""
-    tracemalloc.start(FRAMES)
+def _holders(agent: object) -> list[tuple[str, object]]:
+    """The agent's parts: each attribute of every live source and pipeline (objects of otel_gpu's classes named
+    ``...Source`` or ``...Pipeline``: the Agent holds them in locals of its run) and of the Agent, named
+    ``Class.attribute``."""
+    import gc
+
+    found = [obj for obj in gc.get_objects() if type(obj).__module__.startswith("otel_gpu") and
+             type(obj).__name__.endswith(("Source", "Pipeline")) and hasattr(obj, "__dict__")]
+    # sources first: the Agent (its threads' targets) and the pipeline (its instruments' callbacks) reach them
+    parts = [*sorted(found, key=lambda obj: type(obj).__name__.endswith("Pipeline")), agent]
+    return [(f"{type(part).__name__}.{attr}", held) for part in parts for attr, held in vars(part).items()]
+
+
+def census(agent: object, top: int) -> dict[str, object]:
+    """Python objects reachable from each part of ``agent`` (each object counted once, for the first part that
+    reaches it) and all objects by type, in bytes (sys.getsizeof: an array or bytes counts its buffer)."""
+    import gc
+
+    import types
+
+    # what a function reaches through its globals is its module's, not the part's: modules are never entered
+    seen: set[int] = {id(vars(module)) for module in list(sys.modules.values()) if module is not None}
+    by_part: dict[str, int] = defaultdict(int)
+    by_type: dict[str, int] = defaultdict(int)
+    for part, root in _holders(agent):
+        stack = [root]
+        while stack:
+            obj = stack.pop()
+            if id(obj) in seen or isinstance(obj, type) or type(obj).__name__ == "module":
+                continue
+            seen.add(id(obj))
+            size = sys.getsizeof(obj, 0)
+            by_part[part] += size
+            by_type[type(obj).__name__] += size
+            if not isinstance(obj, types.FunctionType | types.BuiltinFunctionType | types.CodeType):
+                stack.extend(gc.get_referents(obj))
+    everything = 0
+    for obj in gc.get_objects():
+        everything += sys.getsizeof(obj, 0)
+    ranked = sorted(by_part.items(), key=lambda item: -item[1])[:top]
+    mappings = _anon_mappings(12)
+    return {"reachable": sum(by_part.values()), "gc_tracked_all": everything, "parts": ranked,
+            "types": sorted(by_type.items(), key=lambda item: -item[1])[:top], "malloc": _mallinfo(),
+            "anon_mappings": mappings, "python_inside": _python_inside(mappings[:4])}
+
+
+def _mallinfo() -> dict[str, int]:
+    """glibc's heap counters: arena (the main heap, sbrk), hblkhd (mmapped blocks), uordblks (in use), fordblks
+    (free but kept)."""
+    import ctypes
+
+    class Info(ctypes.Structure):
+        _fields_ = [(name, ctypes.c_size_t) for name in
+                    ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks",
+                     "keepcost")]
+
+    libc = ctypes.CDLL(None)
+    libc.mallinfo2.restype = Info
+    info = libc.mallinfo2()
+    counters = {name: getattr(info, name) for name in ("arena", "hblkhd", "uordblks", "fordblks")}
+    # per arena (malloc_info's XML: each <heap>'s free bytes and the memory it holds from the system)
+    import re
+
+    libc.fopen.restype = ctypes.c_void_p
+    libc.fopen.argtypes = [ctypes.c_char_p, ctypes.c_char_p]
+    libc.fclose.argtypes = [ctypes.c_void_p]
+    libc.malloc_info.argtypes = [ctypes.c_int, ctypes.c_void_p]
+    with tempfile.NamedTemporaryFile(suffix=".xml") as xml:
+        stream = libc.fopen(xml.name.encode(), b"w")
+        libc.malloc_info(0, stream)
+        libc.fclose(stream)
+        text = Path(xml.name).read_text()
+    heaps = re.findall(r'<heap nr="\d+">.*?<total type="rest" count="\d+" size="(\d+)"/>.*?'
+                       r'<system type="current" size="(\d+)"/>', text, re.S)
+    counters["arenas"] = len(heaps)
+    counters["arena_sizes"] = sorted(((int(current), int(free)) for free, current in heaps), reverse=True)[:8]
+    return counters
+
+
+def _anon_mappings(top: int) -> list[tuple[int, int, int]]:
+    """This process's largest anonymous mappings by resident size: (size, resident bytes, start address)."""
+    regions: list[tuple[int, int, int]] = []
+    size = start = 0
+    anonymous = False
+    with open("/proc/self/smaps") as smaps:
+        for line in smaps:
+            first = line.split(None, 1)[0]
+            if "-" in first and not first.endswith(":"):
+                fields = line.split(None, 5)
+                anonymous = len(fields) < 6 or fields[5].strip() in ("", "[heap]")
+                start = int(first.split("-")[0], 16)
+            elif first == "Size:":
+                size = int(line.split()[1]) * KB
+            elif first == "Rss:" and anonymous:
+                regions.append((size, int(line.split()[1]) * KB, start))
+    return sorted(regions, key=lambda region: -region[1])[:top]
+
+
+def _python_inside(regions: list[tuple[int, int, int]]) -> list[dict[str, int]]:
+    """For each region, the bytes of Python objects whose memory lies in it, by type (an array by its buffer)."""
+    import gc
+
+    found: list[dict[str, int]] = [defaultdict(int) for _ in regions]
+    objects = gc.get_objects()
+    objects += [ref for obj in list(objects) for ref in gc.get_referents(obj) if not gc.is_tracked(ref)]
+    seen: set[int] = set()
+    for obj in objects:
+        if id(obj) in seen:
+            continue
+        seen.add(id(obj))
+        address = obj.buffer_info()[0] if isinstance(obj, array_type) else id(obj)
+        for n, (size, _, start) in enumerate(regions):
+            if start <= address < start + size:
+                found[n][type(obj).__name__] += sys.getsizeof(obj, 0)
+    return [dict(sorted(kinds.items(), key=lambda item: -item[1])[:4]) for kinds in found]
+
+
+def child(out: str, steady_at_s: float, argv: list[str], mode: str = "traced") -> int:
+    """Runs the agent in this process under tracemalloc (or, with mode ``census``, without it); at ``steady_at_s``
+    after its start-up line, writes the live allocations (or the census) to ``out``."""
+    if mode == "traced":
+        tracemalloc.start(FRAMES)
     import logging
 
     from otel_gpu.cli import main as agent_main
@@ -240,8 +364,15 @@ def child(out: str, steady_at_s: float, argv: list[str]) -> int:
     def take() -> None:
         running.wait()
         time.sleep(steady_at_s)
-        snapshot = tracemalloc.take_snapshot()
-        Path(out).write_text(json.dumps(summarize(snapshot, 40)))
+        if mode == "census":
+            import gc
+
+            from otel_gpu.agent import Agent
+            agent = next(obj for obj in gc.get_objects() if type(obj) is Agent)
+            Path(out).write_text(json.dumps(census(agent, 40)))
+        else:
+            snapshot = tracemalloc.take_snapshot()
+            Path(out).write_text(json.dumps(summarize(snapshot, 40)))
         os.kill(os.getpid(), signal.SIGINT)  # stops the agent as Ctrl-C does
 
     threading.Thread(target=take, name="bench-snapshot", daemon=True).start()
@@ -270,6 +401,8 @@ def report(trees: list[Path], rss: dict[str, list[dict[str, object]]], traced: d
                          f"   {mb(row.get('last_anon'))} {mb(row.get('last_total'))} | {row['running']}")
     if not any(traced.values()):
         return "\n".join(lines)
+    if any("parts" in column for column in traced.values()):
+        return "\n".join(lines + census_report(trees, traced, top))
     for key, title in (("imports", "live Python allocations by the import that made them"),
                        ("runtime", "live Python allocations past the imports, by the agent's line that asked")):
         lines.append(f"\n{title} (tracemalloc, MB), side by side")
@@ -288,12 +421,38 @@ def report(trees: list[Path], rss: dict[str, list[dict[str, object]]], traced: d
     return "\n".join(lines)
 
 
+def census_report(trees: list[Path], censuses: dict[str, dict[str, object]], top: int) -> list[str]:
+    lines = []
+    for tree in trees:
+        column = censuses[str(tree)]
+        if "parts" not in column:
+            lines.append(f"\n{tree}: census {column.get('error', 'missing')}")
+            continue
+        malloc = column["malloc"]
+        lines.append(f"\n{tree}: Python objects reachable from the agent {mb(column['reachable'])} MB (every "
+                     f"GC-tracked object {mb(column['gc_tracked_all'])} MB); malloc: main heap {mb(malloc['arena'])}, "
+                     f"mmapped blocks {mb(malloc['hblkhd'])}, in use {mb(malloc['uordblks'])}, free kept "
+                     f"{mb(malloc['fordblks'])} MB; {malloc['arenas']} arenas, the largest (held / free MB): "
+                     + ", ".join(f"{mb(held).strip()}/{mb(free).strip()}" for held, free in malloc["arena_sizes"]))
+        lines.append("  largest anonymous mappings (size / resident MB): " + ", ".join(
+            f"{mb(size).strip()}/{mb(resident).strip()}" for size, resident, _ in column["anon_mappings"]))
+        lines.append("  Python objects in the four largest (MB by type): " + "; ".join(
+            ", ".join(f"{kind} {mb(size).strip()}" for kind, size in inside.items()) or "none"
+            for inside in column["python_inside"]))
+        parts, types = column["parts"], column["types"]
+        for rank in range(min(top, max(len(parts), len(types)))):
+            part = f"{parts[rank][0][-44:]:>44} {mb(parts[rank][1])}" if rank < len(parts) else " " * 52
+            kind = f"{types[rank][0][-24:]:>24} {mb(types[rank][1])}" if rank < len(types) else ""
+            lines.append(f"  {part} | {kind}")
+    return lines
+
+
 def main() -> int:
     if len(sys.argv) > 1 and sys.argv[1] == "--child":
-        out, _, steady_at, separator, *argv = sys.argv[2:]
+        out, mode, steady_at, separator, *argv = sys.argv[2:]
         assert separator == "--"
         sys.path.insert(0, os.getcwd())  # the tree measured, not this file's
-        return child(out, float(steady_at), argv)
+        return child(out, float(steady_at), argv, mode)
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seconds", type=float, default=40.0, help="--duration of each agent run (default 40)")
     parser.add_argument("--tree", action="append", type=Path,
@@ -304,6 +463,8 @@ def main() -> int:
     parser.add_argument("--real", action="store_true", help="the real NVML and CUDA (the H200), not the fakes")
     parser.add_argument("--workload", help="the GPU program to run meanwhile (default: the fake CUDA workload)")
     parser.add_argument("--skip-traced", action="store_true", help="RSS only (no tracemalloc run)")
+    parser.add_argument("--census", action="store_true",
+                        help="instead of the tracemalloc run: the objects alive by the agent's part that holds them")
     parser.add_argument("--out", help="also write the table and the numbers (JSON) to this file")
     args = parser.parse_args()
     if os.geteuid() != 0:
@@ -319,7 +480,8 @@ def main() -> int:
                 print(f"  rss {tree}: {rss[str(tree)][-1]}", file=sys.stderr, flush=True)
         if not args.skip_traced:
             for tree in trees:
-                traced[str(tree)] = run_traced(tree, args.seconds, args.agent_arg, args.real)
+                traced[str(tree)] = run_traced(tree, args.seconds, args.agent_arg, args.real,
+                                               "census" if args.census else "traced")
                 print(f"  traced {tree}: {traced[str(tree)].get('traced', traced[str(tree)].get('error'))}",
                       file=sys.stderr, flush=True)
     table = report(trees, rss, traced, args.top)

@@ -89,7 +89,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from otel_gpu import _log, procfs
     from otel_gpu.agent import Agent
+    from otel_gpu.selfcost import tune_heap
 
+    tune_heap()  # before the sources allocate: large buffers freed go back to the kernel
     _log.configure(cfg.log_level)
     for handler in logging.getLogger().handlers:  # a URL's token can reach any line, an exception's text included
         handler.addFilter(config.RedactingFilter())

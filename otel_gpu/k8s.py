@@ -15,12 +15,9 @@ from __future__ import annotations
 
 import json
 import logging
-import ssl
 import threading
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -158,6 +155,10 @@ class K8sNames:
                 self._stopped.wait(max(0.0, MIN_RELIST_S - (time.monotonic() - self._last_attempt_s)))
 
     def _list(self) -> Any:
+        import ssl  # only where the API is listed: ssl maps libcrypto and libssl (~4 MB resident) into the agent
+        import urllib.error
+        import urllib.request
+
         try:
             token = (self._account / "token").read_text().strip()
         except OSError as exc:

@@ -1,6 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """What a run imports (issue 12, memory): a module that a run's configuration does not use stays unimported. grpc alone
-holds ~9 MB of anonymous memory and maps ~12 MB of library once imported; pyelftools ~5 MB, yaml ~1.3 MB."""
+holds ~9 MB of anonymous memory and maps ~12 MB of library once imported; pyelftools ~5 MB, yaml ~1.3 MB; ssl maps
+libcrypto and libssl (~4 MB resident), with http.client and urllib.request for the network exporters and the
+Kubernetes pod lookup; hashlib's OpenSSL part (_hashlib) maps libcrypto too."""
 
 from __future__ import annotations
 
@@ -29,7 +31,8 @@ pipeline = MetricsPipeline(config, agent_resource(config))
 pipeline.shutdown(1.0)
 from otel_gpu.instrumentation.locate import find_span_table  # what the CPU source runs on each sampled process
 find_span_table(os.getpid())
-print(" ".join(sorted(name for name in ("grpc", "yaml", "elftools") if name in sys.modules)))
+print(" ".join(sorted(name for name in ("grpc", "yaml", "elftools", "ssl", "http.client", "urllib.request",
+                                       "_hashlib") if name in sys.modules)))
 print(" ".join(type(exporter).__name__ for exporter in exporters))
 """
 
@@ -41,7 +44,7 @@ def _imported(tmp_path: Path, env: dict[str, str] | None = None) -> tuple[set[st
     return set(modules.split()), exporters.split()
 
 
-def test_a_run_without_grpc_or_a_config_file_imports_neither_grpc_nor_yaml_nor_pyelftools(tmp_path: Path) -> None:
+def test_a_local_run_without_a_config_file_imports_neither_grpc_nor_yaml_nor_pyelftools_nor_ssl(tmp_path: Path) -> None:
     modules, exporters = _imported(tmp_path, {"PATH": "/usr/bin:/bin"})
     assert exporters == ["FilesProfileExporter", "ConsoleProfileExporter"]
     assert modules == set()
@@ -52,3 +55,11 @@ def test_the_grpc_profile_exporter_still_imports_grpc(tmp_path: Path) -> None:
                                               "OTEL_EXPORTER_OTLP_PROFILES_ENDPOINT": "http://127.0.0.1:4317"})
     assert "OTLPGrpcProfileExporter" in exporters
     assert "grpc" in modules
+
+
+def test_an_http_profile_exporter_imports_what_it_sends_with(tmp_path: Path) -> None:
+    modules, exporters = _imported(tmp_path, {"PATH": "/usr/bin:/bin",
+                                              "OTEL_EXPORTER_OTLP_PROFILES_ENDPOINT": "http://127.0.0.1:4318",
+                                              "OTEL_EXPORTER_OTLP_PROFILES_PROTOCOL": "http/protobuf"})
+    assert "OTLPHttpProfileExporter" in exporters
+    assert {"ssl", "urllib.request"} <= modules

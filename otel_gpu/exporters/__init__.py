@@ -8,18 +8,27 @@ encoders in :mod:`otel_gpu.profiles` and send it. Network exporters queue the en
 
 from __future__ import annotations
 
+import importlib
 import logging
-import ssl
+from typing import Any
 
 from otel_gpu.config import AgentConfig
 from otel_gpu.exporters.base import ProfileExporter, QueuedProfileExporter
 from otel_gpu.exporters.console import ConsoleProfileExporter
 from otel_gpu.exporters.files import FilesProfileExporter
-from otel_gpu.exporters.otlp_profiles import OTLPGrpcProfileExporter, OTLPHttpProfileExporter
-from otel_gpu.exporters.pyroscope import PyroscopeIngestExporter, pyroscope_headers, pyroscope_otlp_exporter
 from otel_gpu.exporters.queue import Backoff, RetryQueue
 
 _logger = logging.getLogger(__name__)
+# the network exporters are imported when named: http.client, ssl (libcrypto, libssl) and the protobuf messages cost
+# several MB resident in an agent that writes local files only
+_NETWORK = {"OTLPGrpcProfileExporter": "otlp_profiles", "OTLPHttpProfileExporter": "otlp_profiles",
+            "PyroscopeIngestExporter": "pyroscope"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _NETWORK:
+        return getattr(importlib.import_module(f"{__name__}.{_NETWORK[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 __all__ = [
     "Backoff", "ConsoleProfileExporter", "FilesProfileExporter", "OTLPGrpcProfileExporter", "OTLPHttpProfileExporter",
@@ -34,6 +43,10 @@ def build_profile_exporters(config: AgentConfig) -> list[ProfileExporter]:
     queue_max_bytes = config.output.queue_max_bytes
     settings = otlp.signal("profiles")
     if settings.url:
+        import ssl
+
+        from otel_gpu.exporters.otlp_profiles import OTLPGrpcProfileExporter, OTLPHttpProfileExporter
+
         tls = {"certificate": settings.certificate, "client_key": settings.client_key,
                "client_certificate": settings.client_certificate}
         try:
@@ -50,6 +63,8 @@ def build_profile_exporters(config: AgentConfig) -> list[ProfileExporter]:
                           "--otlp-client-key, --otlp-client-certificate): %s", exc)
     pyroscope = config.pyroscope
     if pyroscope.url:
+        from otel_gpu.exporters.pyroscope import PyroscopeIngestExporter, pyroscope_headers, pyroscope_otlp_exporter
+
         headers = pyroscope_headers(pyroscope.tenant_id, pyroscope.basic_auth_user, pyroscope.basic_auth_password)
         if pyroscope.api == "ingest":
             exporters.append(PyroscopeIngestExporter(pyroscope.url, headers=headers, timeout_s=otlp.timeout_s,

@@ -98,7 +98,9 @@ def main() -> int:
     parser.add_argument("--seconds", type=int, default=100)
     parser.add_argument("--warm", type=int, default=30)
     parser.add_argument("--load", default=None, help="shell command of the load (default: injected matmul loop)")
-    parser.add_argument("--agent-args", default="--profiling-interval 10 --metric-export-interval 5")
+    parser.add_argument("--agent-args", default="",
+                        help="flags for otel-gpu run (default none: the default intervals, 10 s each; the sessions "
+                             "before 2026-12-04's thirteenth measured with --metric-export-interval 5)")
     parser.add_argument("--top", default=None, help="only print the top functions of this py-spy raw file to OUT")
     args = parser.parse_args()
     out = Path(args.out)

@@ -63,9 +63,11 @@ while time.time()-t<35: (a@a); torch.cuda.synchronize()' & load=$!
               kill $load 2>/dev/null; wait $load 2>/dev/null
               grep -E 'WARNING|ERROR|Maximum resident|Elapsed|User time|System time' "$OUT/rss-cpu-stderr.txt" ;;
     steady)   # the agent's steady-state cost by thread after a warm-up, RSS over time, py-spy's top functions per
-              # thread (py-spy from .whl, --nonblocking); STEADY_SECONDS (default 100), STEADY_WARM (30)
+              # thread (py-spy from .whl, --nonblocking); STEADY_SECONDS (default 100), STEADY_WARM (30),
+              # STEADY_ARGS (flags for otel-gpu run; default none: the default intervals)
               timeout 200 python3 scripts/h200/agent_steady.py "$OUT/h200-agent-steady.md" \
-                --seconds "${STEADY_SECONDS:-100}" --warm "${STEADY_WARM:-30}" | tail -30 ;;
+                --seconds "${STEADY_SECONDS:-100}" --warm "${STEADY_WARM:-30}" --agent-args "${STEADY_ARGS:-}" \
+                | tail -30 ;;
     nvml_cost) timeout 120 python3 scripts/h200/nvml_cycle_cost.py "$OUT/h200-nvml-cost.md" --cycles 20 ;;
     startup)  # where the agent's start-up CPU goes: py-spy (200 Hz, every thread, --nonblocking: ptrace stops make the
               # verifier give up with EAGAIN) from exec to a 4 s run's exit
