@@ -68,6 +68,10 @@ while time.time()-t<35: (a@a); torch.cuda.synchronize()' & load=$!
               timeout 200 python3 scripts/h200/agent_steady.py "$OUT/h200-agent-steady.md" \
                 --seconds "${STEADY_SECONDS:-100}" --warm "${STEADY_WARM:-30}" --agent-args "${STEADY_ARGS:-}" \
                 | tail -30 ;;
+    memory)   # where the agent's resident memory goes (anonymous, BPF maps, files; malloc arenas; Python objects by
+              # the part of the agent holding them) next to an injected bf16 matmul loop, every source on
+              timeout 200 python3 bench/bench_agent_memory.py --real --workload torch --seconds 35 --census --top 10 \
+                --out "$OUT/h200-memory.txt" 2>&1 | tail -16 ;;
     nvml_cost) timeout 120 python3 scripts/h200/nvml_cycle_cost.py "$OUT/h200-nvml-cost.md" --cycles 20 ;;
     startup)  # where the agent's start-up CPU goes: py-spy (200 Hz, every thread, --nonblocking: ptrace stops make the
               # verifier give up with EAGAIN) from exec to a 4 s run's exit
