@@ -9,6 +9,8 @@ stays resident), only function start addresses, sizes and the file offsets of th
 per function), and a name is read from the file only when an address resolves to it, then kept in a small LRU.
 The file stays open (one descriptor per :class:`ElfSymbols`) so names remain readable after the file is deleted or
 its process exits; the descriptor is closed when the object is garbage or :meth:`ElfSymbols.close` is called.
+Symbol tables are read by libotel_gpu_symtab.so (:mod:`native_symtab`) when it loads; the Python reader here is the
+fallback and the reference the tests compare it with.
 """
 
 from __future__ import annotations
