@@ -4,10 +4,11 @@
 # cuda-include/ and wheelhouse/. With Docker: `IMAGE=otel-gpu:0.1.0 scripts/image.sh build` prepares
 # .cache/image-context, then `docker build --build-arg BASE_IMAGE=debian:bookworm-slim -f Dockerfile .cache/image-context`.
 # The build stage compiles the eBPF objects (clang, CO-RE, vmlinux.h from the build machine's BTF), the CUDA
-# injection library and the unwind-table builder (gcc), builds the package's wheel and installs it with its dependencies into a virtual
-# environment; the runtime stage is Debian with python3, libbpf1, libelf1 and binutils (c++filt: the agent's one
-# C++ and Rust demangler, run in its own process), that environment, and the injection library at
-# /opt/otel-gpu/lib/libotel_gpu_inject.so (the Helm chart's init container copies it to the node).
+# injection library, the unwind-table builder and the ELF symbol-table reader (gcc), builds the package's wheel and
+# installs it with its dependencies into a virtual environment; the runtime stage is Debian with python3, libbpf1,
+# libelf1 and binutils (c++filt: the agent's one C++ and Rust demangler, run in its own process), that environment,
+# and the injection library at /opt/otel-gpu/lib/libotel_gpu_inject.so (the Helm chart's init container copies it
+# to the node).
 ARG BASE_IMAGE=debian:bookworm-slim
 
 FROM ${BASE_IMAGE} AS build
@@ -24,6 +25,7 @@ COPY otel_gpu ./otel_gpu
 RUN make -s -C otel_gpu/ebpf \
  && make -s -C otel_gpu/cuda/native CUDA_INCLUDE=/cuda/include \
  && make -s -C otel_gpu/unwind/native \
+ && make -s -C otel_gpu/symbolize/native \
  && python3 -m pip wheel -q --no-deps --no-build-isolation --no-index -w /dist . \
  && python3 -m venv /opt/otel-gpu/venv \
  && /opt/otel-gpu/venv/bin/pip install -q --no-index --find-links /wheelhouse /dist/otel_gpu-*.whl \

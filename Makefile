@@ -17,13 +17,14 @@ $(STAMP): pyproject.toml scripts/install-system.sh
 	$(PY) -m pip install -q -e '.[test]'
 	touch $(STAMP)
 
-# Native parts: the BPF objects (clang, one tree: otel_gpu/ebpf), the CUDA-side library, the unwind-table builder and
-# the test fakes (gcc).
+# Native parts: the BPF objects (clang, one tree: otel_gpu/ebpf), the CUDA-side library, the unwind-table builder, the
+# ELF symbol-table reader and the test fakes (gcc).
 build: $(STAMP)
 	$(MAKE) -s -C otel_gpu/ebpf
 	$(MAKE) -s -C otel_gpu/cuda/native
 	$(MAKE) -s -C otel_gpu/instrumentation/native
 	$(MAKE) -s -C otel_gpu/unwind/native
+	$(MAKE) -s -C otel_gpu/symbolize/native
 	$(MAKE) -s -C tests/native
 
 # Real backends for the tests, extracted from Debian packages into .cache (never installed system-wide), and helm.
@@ -45,5 +46,6 @@ clean:
 	$(MAKE) -s -C otel_gpu/cuda/native clean
 	$(MAKE) -s -C otel_gpu/instrumentation/native clean
 	$(MAKE) -s -C otel_gpu/unwind/native clean
+	$(MAKE) -s -C otel_gpu/symbolize/native clean
 	$(MAKE) -s -C tests/native clean
 	rm -rf $(VENV) .cache

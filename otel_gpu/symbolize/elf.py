@@ -9,6 +9,8 @@ stays resident), only function start addresses, sizes and the file offsets of th
 per function), and a name is read from the file only when an address resolves to it, then kept in a small LRU.
 The file stays open (one descriptor per :class:`ElfSymbols`) so names remain readable after the file is deleted or
 its process exits; the descriptor is closed when the object is garbage or :meth:`ElfSymbols.close` is called.
+Symbol tables are read by libotel_gpu_symtab.so (:mod:`native_symtab`) when it loads; the Python reader here is the
+fallback and the reference the tests compare it with.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from operator import itemgetter
+
+from otel_gpu.symbolize import native_symtab
 
 _EHDR = struct.Struct("<16sHHIQQQIHHHHHH")
 _PHDR = struct.Struct("<IIQQQQQQ")
@@ -70,7 +74,7 @@ class _Source:
 
     def __init__(self, path: str, image: bytes | None) -> None:
         self.path = path
-        self._image = image
+        self.image = image
         self._fd = -1
         if image is not None:
             self.size = len(image)
@@ -96,11 +100,16 @@ class _Source:
         if offset < 0 or size <= 0 or offset >= self.size:
             return b""
         size = min(size, self.size - offset)
-        if self._image is not None:
-            return self._image[offset:offset + size]
+        if self.image is not None:
+            return self.image[offset:offset + size]
         if self._fd < 0:
             raise OSError(f"{self.path}: closed")
         return os.pread(self._fd, size, offset)
+
+    @property
+    def fd(self) -> int:
+        """The open file's descriptor (-1 once closed or for an image)."""
+        return self._fd
 
     def close(self) -> None:
         if self._closer is not None:
@@ -115,9 +124,12 @@ class ElfSymbols:
     offset of its name (4 bytes, 8 for files over 4 GiB); names are read from the file when looked up and the last
     :data:`_NAME_CACHE_ENTRIES` kept."""
 
-    def __init__(self, path: str, image: bytes | None = None) -> None:
-        """Read the ELF file at ``path``, or the in-memory ``image`` (then ``path`` only names it)."""
+    def __init__(self, path: str, image: bytes | None = None, *, native: bool = True) -> None:
+        """Read the ELF file at ``path``, or the in-memory ``image`` (then ``path`` only names it). Symbol tables are
+        read by libotel_gpu_symtab.so when ``native`` and it loads, else in Python (the reference the tests compare
+        the library with)."""
         self.path = path
+        self._native = native
         self.build_id = ""
         self.has_symtab = False  # False: only exported (.dynsym) names; a separate debug file may have the rest
         self.segments: list[Segment] = []
@@ -231,22 +243,29 @@ class ElfSymbols:
             elif p_type == _PT_NOTE and not self.build_id:
                 self.build_id = notes.build_id(p_offset, p_filesz)
         sections = _section_headers(read, shoff, shentsize, shnum)
-        starts, sizes, name_at = array("Q"), array("I"), array(self._name_at.typecode)
-        runs: list[tuple[int, int]] = []  # [begin, end) of each chunk's entries, each sorted by address
-        budget = _MAX_TABLE_BYTES
+        tables: list[tuple[int, int, int, int]] = []  # (offset, size, string table offset, string table size)
         for kind in (_SHT_SYMTAB, _SHT_DYNSYM):  # .symtab first: it has the local functions too
             # a file has at most one table of each kind: a corrupt one listing the same table 65,535 times is read once
             section = next((s for s in sections if s[1] == kind and s[6] < len(sections)), None)
             if section is not None:
                 self.has_symtab = self.has_symtab or kind == _SHT_SYMTAB
                 strtab = sections[section[6]]
-                budget -= self._read_symbols(section[4], section[5], strtab[4], strtab[5], budget, starts, sizes,
-                                             name_at, runs)
+                tables.append((section[4], section[5], strtab[4], strtab[5]))
         for section in sections:
             if self.build_id or not notes.budget:
                 break
             if section[1] == _SHT_NOTE:
                 self.build_id = notes.build_id(section[4], section[5])
+        if self._native and native_symtab.available():
+            source = self._source
+            self._starts, self._sizes, self._name_at = native_symtab.read_functions(
+                source.fd, source.image, source.size, tables, _MAX_TABLE_BYTES, self._name_at.typecode)
+            return
+        starts, sizes, name_at = array("Q"), array("I"), array(self._name_at.typecode)
+        runs: list[tuple[int, int]] = []  # [begin, end) of each chunk's entries, each sorted by address
+        budget = _MAX_TABLE_BYTES
+        for table in tables:
+            budget -= self._read_symbols(*table, budget, starts, sizes, name_at, runs)
         self._store(starts, sizes, name_at, runs)
 
     def _read_symbols(self, offset: int, size: int, str_offset: int, str_size: int, max_bytes: int,

@@ -20,7 +20,7 @@ from pathlib import Path
 from otel_gpu import config as config_module
 from otel_gpu import procfs
 from otel_gpu.symbolize import elf as elf_module
-from otel_gpu.symbolize import kallsyms, maps, perfmap, symbolizer
+from otel_gpu.symbolize import kallsyms, maps, native_symtab, perfmap, symbolizer
 from otel_gpu.unwind import cfi, native_table
 
 REPO = Path(__file__).resolve().parents[2]
@@ -45,6 +45,23 @@ def elf(data: bytes) -> None:
         symbols.vaddr_of(segment.offset)
     assert symbols.size_bytes >= 0
     symbols.close()
+
+
+def symtab(data: bytes) -> None:
+    """A whole ELF file's symbol tables read by the native reader the agent uses: exactly the Python reference's
+    arrays, never a crash (a native fault ends the fuzzing process: libFuzzer reports it as a crash)."""
+    assert native_symtab.available(), "libotel_gpu_symtab.so is not built: run `make build`"
+    found = []
+    for native in (True, False):
+        try:
+            symbols = elf_module.ElfSymbols("<fuzz>", image=data, native=native)
+        except elf_module.ElfError:
+            found.append(None)
+            continue
+        found.append(tuple((array.typecode, array.tobytes()) for array in (symbols._starts, symbols._sizes,
+                                                                          symbols._name_at)))
+        symbols.close()
+    assert found[0] == found[1], "native and reference symbol tables differ"
 
 
 def elf_notes(data: bytes) -> None:
@@ -162,14 +179,14 @@ _CONFIG_NAMES = sorted({name for option in config_module.OPTIONS for name in opt
 
 # the slowest first, so that a run of a fixed number of inputs each, a few at a time, ends soonest
 TARGETS: dict[str, Callable[[bytes], None]] = {
-    "kallsyms": kernel_symbols, "proc_maps": proc_maps, "perf_map": perf_map, "elf": elf, "cfi": cfi_table,
-    "cgroup": cgroup,
+    "kallsyms": kernel_symbols, "proc_maps": proc_maps, "perf_map": perf_map, "elf": elf, "symtab": symtab,
+    "cfi": cfi_table, "cgroup": cgroup,
     "environ": environ, "elf_notes": elf_notes, "status": status, "stat": stat, "config_file": config_file,
     "config_environment": config_environment,
 }
 # libFuzzer's -max_len per target: room for many lines or a small binary, small enough to stay fast (the parsers
 # work line by line or table by table, so length adds time, not new paths)
-MAX_LEN = {"elf": 64 << 10, "proc_maps": 16 << 10}
+MAX_LEN = {"elf": 64 << 10, "symtab": 64 << 10, "proc_maps": 16 << 10}
 DEFAULT_MAX_LEN = 8 << 10
 _PERF_MAP_CAP_BYTES = 4 << 10  # below MAX_LEN: the cut at the cap is reached too
 
@@ -308,7 +325,7 @@ def _kallsyms_seeds() -> Iterator[bytes]:
 
 
 _SEEDS: dict[str, Callable[[], Iterator[bytes]]] = {
-    "elf": _elf_seeds, "elf_notes": _note_seeds, "cfi": _cfi_seeds, "perf_map": _perf_map_seeds,
+    "elf": _elf_seeds, "symtab": _elf_seeds, "elf_notes": _note_seeds, "cfi": _cfi_seeds, "perf_map": _perf_map_seeds,
     "proc_maps": _maps_seeds,
     "stat": _stat_seeds, "status": _status_seeds, "cgroup": _cgroup_seeds, "environ": _environ_seeds,
     "kallsyms": _kallsyms_seeds, "config_file": lambda: iter(_CONFIG_FILE_SEEDS),

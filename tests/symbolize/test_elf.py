@@ -126,7 +126,11 @@ def huge_elf(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, l
     yield path, symbols
 
 
-def test_huge_symbol_table_loads_in_memory_bounded_by_function_count(huge_elf: tuple[Path, list[Symbol]]) -> None:
+@pytest.mark.parametrize("native", [True, False], ids=["native", "python"])
+def test_huge_symbol_table_loads_in_memory_bounded_by_function_count(huge_elf: tuple[Path, list[Symbol]],
+                                                                     native: bool) -> None:
+    """tracemalloc sees the Python reader's allocations and the arrays either reader fills (the native reader's own
+    peak: test_native_symtab.py)."""
     path, symbols = huge_elf
     functions = len(expected_functions(symbols))
     names_bytes = sum(len(s.name) + 1 for s in symbols)
@@ -135,7 +139,7 @@ def test_huge_symbol_table_loads_in_memory_bounded_by_function_count(huge_elf: t
     assert names_bytes > 1.5 * peak_bound  # so copying the names, or the whole table, would break the bound
     tracemalloc.start()
     try:
-        elf = ElfSymbols(str(path))
+        elf = ElfSymbols(str(path), native=native)
         held, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
