@@ -46,6 +46,7 @@ PERF_COUNT_SW_CPU_CLOCK = 0
 _PERF_FLAG_FREQ = 1 << 10
 _PERF_FLAG_DISABLED = 1 << 0
 _PERF_FLAG_FD_CLOEXEC = 1 << 3
+_BATCH_BYTES = 96 * 1024  # keys and values a batch lookup-and-delete returns per call: under the mmap threshold
 
 
 class BPFError(OSError):
@@ -188,7 +189,9 @@ class BPFMap:
         return out
 
     def _pop_batch(self) -> list[tuple[bytes, bytes]]:
-        capacity = max(1, min(self.max_entries, 4096))
+        # entries per call: buffers of at most _BATCH_BYTES (a walked stack's value is ~1 KiB: 4,096 of them were a
+        # 4 MiB buffer zeroed, mapped and copied whole at every drain), more calls for a fuller map
+        capacity = max(1, min(self.max_entries, 4096, _BATCH_BYTES // max(1, self.key_size + self.value_size)))
         keys = ctypes.create_string_buffer(self.key_size * capacity)
         values = ctypes.create_string_buffer(self.value_size * capacity)
         token = ctypes.create_string_buffer(max(self.key_size, 8))
@@ -207,8 +210,8 @@ class BPFMap:
                     continue
                 _raise(f"batch drain of map {self.name}", err)
             first = False
-            key_raw, value_raw = keys.raw, values.raw
             ks, vs = self.key_size, self.value_size
+            key_raw, value_raw = ctypes.string_at(keys, count.value * ks), ctypes.string_at(values, count.value * vs)
             out.extend((key_raw[i * ks:(i + 1) * ks], value_raw[i * vs:(i + 1) * vs]) for i in range(count.value))
             if err == -errno_codes.ENOENT:
                 return out

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from otel_gpu.ebpf import abi
+from otel_gpu.ebpf import abi, loader
 from otel_gpu.ebpf.loader import BPFError, BPFObject, online_cpus, program_path
 from tests.ebpf.helpers import WORKLOADS, BPFLoads
 
@@ -142,3 +142,22 @@ def test_ring_buffer_delivers_each_new_process_once() -> None:
     assert len(mine) == 1
     assert mine[0].comm == b"cpu_3to1" and mine[0].tid == pid and mine[0].time_ns > 0
     assert os.getpid() not in {e.pid for e in events}
+
+
+@pytest.mark.root
+def test_pop_all_returns_and_deletes_every_entry_of_a_map_larger_than_one_batch(bpf_loads: BPFLoads) -> None:
+    """A drain of walked stacks (values of ~1 KiB) takes several batch calls; every entry comes back once, whole."""
+    with BPFObject(program_path("cpu_profiler"), rodata={"self_tgid": os.getpid()}) as bpf:
+        stacks = bpf.map("unwound_stacks0")
+        count = min(stacks.max_entries, 3 * max(1, loader._BATCH_BYTES // (stacks.key_size + stacks.value_size)) + 7)
+        written = {}
+        for n in range(count):
+            key = n.to_bytes(4, "little") * (stacks.key_size // 4)
+            value = bytes((n + i) % 251 for i in range(stacks.value_size))
+            stacks.update(key, value)
+            written[key] = value
+        popped = stacks.pop_all()
+        assert len(popped) == count
+        assert dict(popped) == written
+        assert list(stacks.keys()) == []
+    assert bpf_loads.leaked() == {}
