@@ -17,12 +17,13 @@ $(STAMP): pyproject.toml scripts/install-system.sh
 	$(PY) -m pip install -q -e '.[test]'
 	touch $(STAMP)
 
-# Native parts: the BPF objects (clang, one tree: otel_gpu/ebpf), the CUDA-side library, the unwind-table builder, the
+# Native parts: the BPF objects (clang, one tree: otel_gpu/ebpf), the CUDA-side library, the span context table and
+# the span processor's C hooks (a CPython extension, against the venv's Python headers), the unwind-table builder, the
 # ELF symbol-table reader and the test fakes (gcc).
 build: $(STAMP)
 	$(MAKE) -s -C otel_gpu/ebpf
 	$(MAKE) -s -C otel_gpu/cuda/native
-	$(MAKE) -s -C otel_gpu/instrumentation/native
+	$(MAKE) -s -C otel_gpu/instrumentation/native PYTHON=$(CURDIR)/$(PY)
 	$(MAKE) -s -C otel_gpu/unwind/native
 	$(MAKE) -s -C otel_gpu/symbolize/native
 	$(MAKE) -s -C tests/native

@@ -1,18 +1,21 @@
 # SPDX-License-Identifier: Apache-2.0
 """Costs of span context: the span processor per span, and the BPF sampler's reading of the table per sample.
 
-1. The processor's added cost per span (start + end), side by side against the SDK alone: both tracer providers run
-   the same workload in alternating rounds (so drift and neighbours' load hit both), with a no-op exporter behind a
-   SimpleSpanProcessor as the baseline pipeline. Three mixes: "nested" (a local root with three nested children per
-   four spans), "roots" (every span a local root: the three root attributes each time), "children" (every span a
-   child of one long-lived root). Prints medians, fastest rounds, their differences and ratios, then each hook of
-   the processor alone (best of repeated timeit runs; `_on_ending` too, which the SDK calls on every processor, and
-   a local root's with devices to write) and one SUMMARY line to paste. --hooks-only: only the hooks.
+1. The processor's added cost per span (start + end), side by side against the SDK alone: the tracer providers (the
+   SDK alone, the processor with its C hooks, the processor with its Python hooks) run the same workload in
+   alternating rounds (so drift and neighbours' load hit all), with a no-op exporter behind a SimpleSpanProcessor as
+   the baseline pipeline; --path c or --path python measures one path only. Three mixes: "nested" (a local root with
+   three nested children per four spans), "roots" (every span a local root: the three root attributes each time),
+   "children" (every span a child of one long-lived root). Prints medians, fastest rounds, their differences and
+   ratios, then each hook of the processor alone (best of repeated timeit runs; `_on_ending` too, which the SDK calls
+   on every processor, and a local root's with devices to write) and one SUMMARY line per path to paste.
+   --hooks-only: only the hooks.
 2. With --bpf-seconds N (root): the CPU sampler's run time per sample (kernel.bpf_stats_enabled, this sampler's own
    program only) on a busy process that never loads the module (one failed map lookup) against one whose two threads
    are always inside a span (the lookup plus the slot reads), alternating phases of N seconds.
 
 Run: .venv/bin/python bench/bench_span_context.py [--rounds 60] [--spans 2000] [--bpf-seconds 5] [--hooks-only]
+     [--path both|c|python]
 (without --bpf-seconds, or with 0, it needs neither root nor BPF: only the built libotel_gpu_context.so)
 """
 
@@ -34,7 +37,7 @@ from opentelemetry import trace
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
 
-from otel_gpu.instrumentation import SpanContextProcessor
+from otel_gpu.instrumentation import SpanContextProcessor, SpanContextTable, _processor
 
 
 class _Discard(SpanExporter):
@@ -42,10 +45,23 @@ class _Discard(SpanExporter):
         return SpanExportResult.SUCCESS
 
 
-def _provider(with_context: bool) -> TracerProvider:
+def processor_on(path: str) -> SpanContextProcessor:
+    """A processor with its C hooks ("c") or its Python ones ("python")."""
+    available = _processor.C_HOOKS
+    if path == "c" and not available:
+        raise SystemExit("the C hooks are not built or not usable here (make build); give --path python")
+    _processor.C_HOOKS = path == "c"
+    try:
+        return SpanContextProcessor()
+    finally:
+        _processor.C_HOOKS = available
+
+
+def _provider(path: str) -> TracerProvider:
+    """The SDK alone ("sdk"), or with the processor on one path, before the exporter's processor."""
     provider = TracerProvider()
-    if with_context:
-        provider.add_span_processor(SpanContextProcessor())
+    if path != "sdk":
+        provider.add_span_processor(processor_on(path))
     provider.add_span_processor(SimpleSpanProcessor(_Discard()))
     return provider
 
@@ -79,35 +95,52 @@ def _round_us(provider: TracerProvider, spans: int, mix: str) -> float:
 MIXES = ("nested", "roots", "children")
 
 
-def span_cost(rounds: int, spans: int) -> dict[str, tuple[float, float]]:
-    """Per mix: (added us per span, median of paired rounds; added us, fastest rounds). Prints the table."""
-    sdk, ours = _provider(False), _provider(True)
-    result: dict[str, tuple[float, float]] = {}
+def span_cost(rounds: int, spans: int, paths: Sequence[str]) -> dict[tuple[str, str], tuple[float, float]]:
+    """Per path and mix: (added us per span, median of paired rounds; added us, fastest rounds). Prints the table."""
+    providers = {path: _provider(path) for path in ("sdk", *paths)}
+    result: dict[tuple[str, str], tuple[float, float]] = {}
     print(f"load average before: {_load()}")
     for mix in MIXES:
-        _round_us(sdk, spans, mix), _round_us(ours, spans, mix)  # warm-up
-        base: list[float] = []
-        with_ctx: list[float] = []
+        for provider in providers.values():
+            _round_us(provider, spans, mix)  # warm-up
+        times: dict[str, list[float]] = {path: [] for path in providers}
         for _ in range(rounds):
-            base.append(_round_us(sdk, spans, mix))
-            with_ctx.append(_round_us(ours, spans, mix))
-        b, w = statistics.median(base), statistics.median(with_ctx)
-        bmin, wmin = min(base), min(with_ctx)
-        diffs = sorted(x - y for x, y in zip(with_ctx, base, strict=True))
-        print(f"[{mix}] SDK alone {b:.2f} us per span (start + end), SDK + span context {w:.2f} us, "
-              f"median of {rounds} rounds: added {w - b:.2f} us (paired p10 {diffs[len(diffs) // 10]:.2f}, "
-              f"p90 {diffs[len(diffs) * 9 // 10]:.2f}), ratio {w / b:.2f}")
-        print(f"[{mix}]   fastest rounds {bmin:.2f} vs {wmin:.2f} us: added {wmin - bmin:.2f} us, "
-              f"ratio {wmin / bmin:.2f}")
-        result[mix] = (w - b, wmin - bmin)
+            for path, provider in providers.items():
+                times[path].append(_round_us(provider, spans, mix))
+        base = times["sdk"]
+        b, bmin = statistics.median(base), min(base)
+        print(f"[{mix}] SDK alone {b:.2f} us per span (start + end), median of {rounds} rounds (fastest {bmin:.2f})")
+        for path in paths:
+            w, wmin = statistics.median(times[path]), min(times[path])
+            diffs = sorted(x - y for x, y in zip(times[path], base, strict=True))
+            print(f"[{mix}]   + span context, {path:6s} hooks {w:.2f} us: added {w - b:.2f} us (paired p10 "
+                  f"{diffs[len(diffs) // 10]:.2f}, p90 {diffs[len(diffs) * 9 // 10]:.2f}), ratio {w / b:.2f}; "
+                  f"fastest rounds {wmin:.2f}: added {wmin - bmin:.2f} us")
+            result[path, mix] = (w - b, wmin - bmin)
+        if len(paths) == 2:
+            (c, _), (py, _) = result["c", mix], result["python", mix]
+            print(f"[{mix}]   added cost, C hooks / Python hooks: {c:.2f} / {py:.2f} us = {c / py:.2f}")
     print(f"load average after: {_load()}")
     return result
 
 
-def hook_cost(number: int = 20000, repeat: int = 15) -> dict[str, float]:
-    """Each hook of the processor alone on a live span, best of `repeat` timeit runs, in us. Prints them."""
+def device_mask(table: SpanContextTable) -> memoryview:
+    """The calling thread's device mask (it must hold a slot): [0] is what the injected library sets."""
+    import ctypes
+    import threading
+
+    tid = threading.get_native_id()
+    for i in range(table.max_probe):
+        index = (tid + i) & (table.slot_count - 1)
+        if int.from_bytes(ctypes.string_at(table.address + 16 + index * 40, 4), "little") == tid:
+            return memoryview((ctypes.c_uint8 * 8).from_address(table.devices_address + 8 * index)).cast("B").cast("Q")
+    raise RuntimeError("this thread holds no slot")
+
+
+def hook_cost(path: str, number: int = 20000, repeat: int = 15) -> dict[str, float]:
+    """Each hook of the processor on one path alone on a live span, best of `repeat` timeit runs, in us."""
     provider = TracerProvider()
-    processor = SpanContextProcessor()
+    processor = processor_on(path)
     tracer = provider.get_tracer("bench")
     root = tracer.start_span("root")
     child = tracer.start_span("child", context=trace.set_span_in_context(root))
@@ -120,8 +153,7 @@ def hook_cost(number: int = 20000, repeat: int = 15) -> dict[str, float]:
         root_items.clear()  # a fresh local root each time, as the processor sees one (clearing is timed apart)
         processor.on_start(root)
 
-    writer = processor._thread.state.writer  # type: ignore[attr-defined]
-    devices = getattr(writer, "devices", None)  # the device mask (absent before cuda.sampled_devices)
+    devices = device_mask(SpanContextTable.shared())
 
     def root_ending_with_devices() -> None:
         devices[0] = 0b11  # as after sampled launches on devices 0 and 1
@@ -136,17 +168,16 @@ def hook_cost(number: int = 20000, repeat: int = 15) -> dict[str, float]:
         "child on_start": lambda: processor.on_start(child),
         "child _on_ending": lambda: processor._on_ending(child),
         "child on_end": lambda: processor.on_end(ended_child),
+        "local root _on_ending, devices 0 and 1 sampled": root_ending_with_devices,
     }
-    if devices is not None:
-        hooks["local root _on_ending, devices 0 and 1 sampled"] = root_ending_with_devices
     best = {name: min(timeit.repeat(hook, number=number, repeat=repeat)) / number * 1e6 for name, hook in hooks.items()}
     root.end(), child.end()
     for name, us in best.items():
-        print(f"hook {name:46s} {us:.3f} us")
+        print(f"{path:6s} hook {name:46s} {us:.3f} us")
     clear = best["  of which clearing the attributes (harness)"]
     root_us = best["local root on_start"] - clear + best["local root _on_ending"] + best["local root on_end"]
     child_us = best["child on_start"] + best["child _on_ending"] + best["child on_end"]
-    print(f"hooks per span: local root {root_us:.2f} us, child {child_us:.2f} us (start + end)")
+    print(f"{path:6s} hooks per span: local root {root_us:.2f} us, child {child_us:.2f} us (start + end)")
     return {"root": root_us, "child": child_us}
 
 
@@ -159,7 +190,7 @@ import sys, threading, time
 spans = sys.argv[1] == "spans"
 if spans:
     from opentelemetry.sdk.trace import TracerProvider
-    from otel_gpu.instrumentation import SpanContextProcessor
+    from otel_gpu.instrumentation import SpanContextProcessor, SpanContextTable, _processor
     provider = TracerProvider()
     provider.add_span_processor(SpanContextProcessor())
     tracer = provider.get_tracer("bench")
@@ -253,20 +284,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--spans", type=int, default=2000, help="spans per round")
     parser.add_argument("--bpf-seconds", type=float, default=0.0, help="also measure the BPF side (root); 0: skip")
     parser.add_argument("--hooks-only", action="store_true", help="only each hook alone (steadier on a loaded host)")
+    parser.add_argument("--path", choices=("both", "c", "python"), default="both",
+                        help="the processor's hooks to measure: in C, in Python, or both side by side")
     args = parser.parse_args(argv)
+    paths = ("c", "python") if args.path == "both" else (args.path,)
     if args.bpf_seconds > 0 and os.geteuid() != 0:
         print("--bpf-seconds needs root (it loads eBPF programs); give 0 to measure only the span processor",
               file=sys.stderr)
         return 2
+    hooks = {}
     if args.hooks_only:
-        hooks = hook_cost()
-        print(f"SUMMARY span context hooks: root {hooks['root']:.2f}, child {hooks['child']:.2f}; load {_load()}")
+        hooks = {path: hook_cost(path) for path in paths}
+        alone = "; ".join(f"{path} root {h['root']:.2f}, child {h['child']:.2f}" for path, h in hooks.items())
+        print(f"SUMMARY span context hooks: {alone}; load {_load()}")
         return 0
-    added = span_cost(args.rounds, args.spans)
-    hooks = hook_cost()
-    mixes = ", ".join(f"{mix} {median:.2f}/{fastest:.2f}" for mix, (median, fastest) in added.items())
-    print(f"SUMMARY span context: added us per span (start + end), median/fastest of {args.rounds} paired rounds: "
-          f"{mixes}; hooks alone: root {hooks['root']:.2f}, child {hooks['child']:.2f}; load {_load()}")
+    added = span_cost(args.rounds, args.spans, paths)
+    hooks = {path: hook_cost(path) for path in paths}
+    for path in paths:
+        mixes = ", ".join(f"{mix} {added[path, mix][0]:.2f}/{added[path, mix][1]:.2f}" for mix in MIXES)
+        print(f"SUMMARY span context, {path} hooks: added us per span (start + end), median/fastest of {args.rounds} "
+              f"paired rounds: {mixes}; hooks alone: root {hooks[path]['root']:.2f}, child "
+              f"{hooks[path]['child']:.2f}; load {_load()}")
     if args.bpf_seconds > 0:
         bpf_cost(args.bpf_seconds)
     return 0

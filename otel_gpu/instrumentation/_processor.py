@@ -16,8 +16,13 @@ from opentelemetry.context import Context
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
 from opentelemetry.trace import SpanContext
 
-from otel_gpu.instrumentation._table import NO_ROOT, NO_TRACE, SlotWriter, SpanContextTable
+from otel_gpu.instrumentation._table import HEADER_SIZE, NO_ROOT, NO_TRACE, SlotWriter, SpanContextTable
 from otel_gpu.semconv import CUDA_SAMPLED_DEVICES
+
+try:  # the hooks in C (native/hooks.c), built by `make build`; without it the Python methods below run
+    from otel_gpu.instrumentation import _hooks
+except ImportError:
+    _hooks = None  # type: ignore[assignment]
 
 PROFILE_ID_ATTRIBUTE = "pyroscope.profile.id"
 _PID_ATTRIBUTE = "process.pid"
@@ -53,7 +58,12 @@ def _sdk_fields_are_known() -> bool:
 # getters read the same fields where the SDK keeps them; with another SDK the public getters do the same job.
 PUBLIC_GETTERS = (attrgetter("context", "parent"), attrgetter("trace_id", "span_id", "is_remote"))
 FAST_GETTERS = (attrgetter("_context", "_parent"), itemgetter(0, 1, 2))
-_context_and_parent, _ids = FAST_GETTERS if _sdk_fields_are_known() else PUBLIC_GETTERS
+_FAST_FIELDS = _sdk_fields_are_known()
+_context_and_parent, _ids = FAST_GETTERS if _FAST_FIELDS else PUBLIC_GETTERS
+
+# The C hooks read the same private fields the fast paths do, so they stand in for the Python methods only where both
+# probes passed. Read at each processor's construction (tests and the bench turn it off to run the Python hooks).
+C_HOOKS = _hooks is not None and _FAST_FIELDS and _FAST_ATTRIBUTES
 
 
 class _ThreadState:
@@ -87,6 +97,18 @@ class SpanContextProcessor(SpanProcessor):
         self._table = table or SpanContextTable.shared()
         self._pid = os.getpid()
         self._thread = threading.local()  # .state: this thread's _ThreadState
+        self._hooks = None
+        if C_HOOKS:
+            # Instance attributes: the SDK's `processor.on_start(span, parent_context=...)` finds them before the
+            # methods, and calls straight into C, without a Python frame (most of the Python hooks' cost).
+            hooks = self._hooks = _hooks.Hooks(
+                self._table.slot_function_address, self._table.address + HEADER_SIZE, self._table.devices_address,
+                self._pid, BoundedAttributes, PROFILE_ID_ATTRIBUTE, _PID_ATTRIBUTE, _TID_ATTRIBUTE,
+                CUDA_SAMPLED_DEVICES,
+            )
+            self.on_start = hooks.on_start  # type: ignore[method-assign]
+            self._on_ending = hooks._on_ending  # type: ignore[method-assign]
+            self.on_end = hooks.on_end  # type: ignore[method-assign]
         me = weakref.ref(self)
         os.register_at_fork(after_in_child=lambda: (p := me()) is not None and p._forked())
 
@@ -94,6 +116,8 @@ class SpanContextProcessor(SpanProcessor):
         """A forked child has another pid and, for the forking thread, another tid and no slot: start afresh."""
         self._pid = os.getpid()
         self._thread = threading.local()
+        if self._hooks is not None:
+            self._hooks.forked(self._pid)
 
     def _state(self) -> _ThreadState:
         """This thread's state, made (and its slot claimed) on its first span."""
@@ -207,6 +231,9 @@ class SpanContextProcessor(SpanProcessor):
             writer.write(trace_id.to_bytes(16, "big"), span_id, state.root_bytes)
 
     def shutdown(self) -> None:
+        if self._hooks is not None:
+            self._hooks.shutdown()
+            return
         state = self._state()
         if state.writer is not None:
             state.writer.write(NO_TRACE, 0, NO_ROOT)

@@ -43,6 +43,8 @@ class SpanContextTable:
         """set(trace_hi, trace_lo, span_id, local_root_span_id) for the calling thread; all zero clears it."""
         self._lib.otel_gpu_span_context_dropped_threads.restype = ctypes.c_ulong
         self._lib.otel_gpu_span_context_slot.restype = ctypes.c_void_p
+        self.slot_function_address: int = ctypes.cast(self._lib.otel_gpu_span_context_slot, ctypes.c_void_p).value or 0
+        """Where otel_gpu_span_context_slot is: the C hooks (_hooks.abi3.so) claim each thread's slot through it."""
         self.address = ctypes.addressof(ctypes.c_uint8.in_dll(self._lib, SYMBOL))
         self.devices_address = ctypes.addressof(ctypes.c_uint64.in_dll(self._lib, DEVICES_SYMBOL))
         header = (ctypes.c_uint32 * 4).from_address(self.address)
