@@ -1,12 +1,14 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Instructions per span (start + end) under valgrind: the SDK alone, with a no-op processor, with the span processor,
-and the processor's hooks alone. Deterministic (PYTHONHASHSEED=0), so it splits the end-to-end difference where
-wall-clock rounds on a shared host cannot: each count is a run of N spans minus a run of 0, so start-up cancels.
+"""Instructions per span (start + end) under valgrind: the SDK alone, with a no-op processor, with the span processor
+(its C hooks and its Python hooks), and the processor's hooks alone on each path. Deterministic (PYTHONHASHSEED=0),
+so it splits the end-to-end difference where wall-clock rounds on a shared host cannot: each count is a run of N spans
+minus a run of 0, so start-up cancels.
 
-Pipelines as in bench_span_context.py (the processor, or a `SpanProcessor` that does nothing, before a
-SimpleSpanProcessor with a discarding exporter). Mixes: "root" (every span a local root), "child" (every span a child
-of one long-lived root), "nested" (a root with three nested children per four spans); "hooks-root" / "hooks-child":
-the processor's on_start, _on_ending and on_end called directly on one live span, as the --hooks-only timings do.
+Pipelines as in bench_span_context.py (the processor with its C hooks, "c", or its Python hooks, "python", or a
+`SpanProcessor` that does nothing, before a SimpleSpanProcessor with a discarding exporter). Mixes: "root" (every span
+a local root), "child" (every span a child of one long-lived root), "nested" (a root with three nested children per
+four spans); "hooks-root" / "hooks-child": the processor's on_start, _on_ending and on_end called directly on one live
+span, as the --hooks-only timings do.
 
 Run: .venv/bin/python bench/bench_span_instructions.py [--spans 4000] (needs valgrind; about 10 s per count)
 """
@@ -19,7 +21,7 @@ import re
 import subprocess
 import sys
 
-PIPELINES = ("sdk", "noop", "processor")
+PIPELINES = ("sdk", "noop", "c", "python")
 MIXES = ("root", "child", "nested")
 
 
@@ -28,13 +30,12 @@ def _workload(pipeline: str, mix: str, spans: int) -> None:
     from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
-    from bench_span_context import _Discard  # this script's folder is on sys.path
-    from otel_gpu.instrumentation import SpanContextProcessor
+    from bench_span_context import _Discard, processor_on  # this script's folder is on sys.path
 
     provider = TracerProvider()
-    processor = SpanContextProcessor()
+    processor = processor_on("python" if pipeline == "python" else "c")
     if pipeline != "sdk":
-        provider.add_span_processor(processor if pipeline == "processor" else SpanProcessor())
+        provider.add_span_processor(processor if pipeline in ("c", "python") else SpanProcessor())
     provider.add_span_processor(SimpleSpanProcessor(_Discard()))
     tracer = provider.get_tracer("bench")
     span = tracer.start_as_current_span
@@ -97,11 +98,18 @@ def main() -> int:
             per_span[pipeline, mix] = n
             print(f"{mix:7s} {pipeline:9s} {n:9.0f} instructions per span", flush=True)
     for mix in ("hooks-root", "hooks-child"):
-        n = (_instructions("sdk", mix, args.spans) - _instructions("sdk", mix, 0)) / args.spans
-        print(f"{mix:17s} {n:9.0f} instructions per span (the hooks alone, harness loop included)", flush=True)
-    added = ", ".join(f"{mix} +{per_span['processor', mix] - per_span['sdk', mix]:.0f} "
-                      f"(no-op processor +{per_span['noop', mix] - per_span['sdk', mix]:.0f})" for mix in MIXES)
-    print(f"SUMMARY span processor instructions added per span: {added}")
+        for path in ("c", "python"):  # the processor's hooks on that path, called directly (the pipeline: unused)
+            n = (_instructions(path, mix, args.spans) - _instructions(path, mix, 0)) / args.spans
+            print(f"{mix:11s} {path:6s} {n:9.0f} instructions per span (the hooks alone, harness loop included)",
+                  flush=True)
+    for path in ("c", "python"):
+        added = ", ".join(f"{mix} +{per_span[path, mix] - per_span['sdk', mix]:.0f}" for mix in MIXES)
+        print(f"SUMMARY span processor instructions added per span, {path} hooks: {added}")
+    noop = ", ".join(f"{mix} +{per_span['noop', mix] - per_span['sdk', mix]:.0f}" for mix in MIXES)
+    print(f"SUMMARY a no-op processor adds: {noop}")
+    for mix in MIXES:
+        c, python = (per_span[path, mix] - per_span["sdk", mix] for path in ("c", "python"))
+        print(f"SUMMARY {mix}: C hooks / Python hooks, instructions added: {c:.0f} / {python:.0f} = {c / python:.2f}")
     return 0
 
 
