@@ -289,6 +289,7 @@ static PyObject *hooks_on_start(Hooks *self, PyObject *const *args, Py_ssize_t n
     uint64_t span_id;
     if (u64(span_obj, &span_id) < 0)
         goto out;
+    uint64_t root = local_root ? span_id : st->root; /* read before the SDK's code runs, as the Python hook does */
     if (local_root) {
         st->root = span_id;
         if (set_root_attributes(self, st, span, span_id) < 0)
@@ -309,7 +310,7 @@ static PyObject *hooks_on_start(Hooks *self, PyObject *const *args, Py_ssize_t n
             st->trace = trace;
             st->trace_hi = hi, st->trace_lo = lo;
         }
-        publish(st->slot, st->trace_hi, st->trace_lo, span_id, st->root);
+        publish(st->slot, st->trace_hi, st->trace_lo, span_id, root);
     }
     Py_INCREF(Py_None);
     result = Py_None;
