@@ -91,13 +91,16 @@ class SpanContextProcessor(SpanProcessor):
     ran (absent when it sampled none). Assumes spans on a thread nest and end on the thread that started them, as
     `start_as_current_span` gives; ending a local root clears the thread's record even if another trace's span
     encloses it.
+
+    Where `_hooks.abi3.so` is built and the SDK's internals are the known ones, the instance's on_start, _on_ending and
+    on_end are that extension's, which do what the methods below do; elsewhere the methods run.
     """
 
     def __init__(self, table: SpanContextTable | None = None) -> None:
         self._table = table or SpanContextTable.shared()
         self._pid = os.getpid()
         self._thread = threading.local()  # .state: this thread's _ThreadState
-        self._hooks = None
+        self._hooks: _hooks.Hooks | None = None
         if C_HOOKS:
             # Instance attributes: the SDK's `processor.on_start(span, parent_context=...)` finds them before the
             # methods, and calls straight into C, without a Python frame (most of the Python hooks' cost).
