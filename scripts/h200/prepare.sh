@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0
 # Run HERE (the development machine) before a device run: builds everything and stages what the GPU machine
-# lacks under .device/ (ignored by git) and .whl/: the built BPF objects and native libraries (relative paths kept),
-# libbpf.so.1 from Debian's libbpf1, and the project's Python dependencies as Python 3.12 wheels.
+# lacks under .device/ (ignored by git) and .whl/: the built BPF objects and native libraries (relative paths kept;
+# among them otel_gpu/instrumentation/_hooks.abi3.so, the span processor's C hooks, built here against the limited API
+# so that the device's Python 3.12 loads it), libbpf.so.1 from Debian's libbpf1, and the project's Python dependencies
+# as Python 3.12 wheels.
 # Then call the device tool with carry [".device", ".whl"] and the command `bash scripts/h200/run.sh`.
 set -euo pipefail
 top=$(cd "$(dirname "$0")/../.." && pwd)
