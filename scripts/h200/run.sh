@@ -80,8 +80,8 @@ while time.time()-t<35: (a@a); torch.cuda.synchronize()' & load=$!
               grep -E "otel-gpu cost|WARNING" "$OUT/startup-stderr.txt"
               python3 scripts/h200/agent_steady.py "$OUT/h200-startup.md" --top "$OUT/startup-raw.txt"
               head -60 "$OUT/h200-startup.md" ;;
-    benches)  # pure-CPU benchmarks on an idle 16-core machine: the span processor (no BPF) and the CPU hot path
-              timeout 200 python3 bench/bench_span_context.py --rounds 40 | tee "$OUT/bench-span.txt" | tail -25
+    benches)  # pure-CPU benchmarks on an idle 16-core machine: the span processor (no BPF; its C and Python hooks) and the CPU hot path
+              timeout 200 python3 bench/bench_span_context.py --rounds 40 | tee "$OUT/bench-span.txt" | tail -40
               timeout 200 python3 bench/bench_cpu_hot_path.py | tee "$OUT/bench-hot-path.txt" | tail -25 ;;
     *) echo "unknown step $step" ;;
   esac
