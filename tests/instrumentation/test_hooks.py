@@ -231,3 +231,38 @@ def test_the_one_build_runs_on_other_cpythons(version: str, hooks_path: str) -> 
     env = {**os.environ, "PYTHONPATH": f"{site}{os.pathsep}{REPO}"}
     child = subprocess.run([str(python), "-c", code], capture_output=True, text=True, timeout=120, env=env)
     assert child.stdout.strip().endswith("ok"), child.stderr
+
+
+TWICE_C = """
+#include <pthread.h>
+static void *call_twice(void *f) { ((void (*)(void))f)(); ((void (*)(void))f)(); return 0; }
+void run_twice(void (*f)(void)) { pthread_t t; pthread_create(&t, 0, call_twice, (void *)f); pthread_join(t, 0); }
+"""
+
+
+def test_a_foreign_thread_that_attaches_twice_gets_a_fresh_state_each_time(tmp_path: Path, hooks_path: str) -> None:
+    """A thread Python did not start gets a new Python thread state at each call in (PyGILState_Ensure) and loses it
+    at each return, and with it the processor's per-thread state: the next call must not use the freed one."""
+    library = tmp_path / "twice.so"
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(library), "-x", "c", "-", "-lpthread"], input=TWICE_C,
+                   text=True, check=True)
+    code = (
+        "import ctypes, sys, threading\n"
+        "from opentelemetry.sdk.trace import TracerProvider\n"
+        "from otel_gpu.instrumentation import SpanContextProcessor, SpanContextTable\n"
+        "table, provider = SpanContextTable.shared(), TracerProvider()\n"
+        "provider.add_span_processor(SpanContextProcessor(table))\n"
+        "tracer, seen = provider.get_tracer('t'), []\n"
+        "def call():\n"
+        "    litter = [(i, i, i, i, i, i) for i in range(20000)]  # reuses freed blocks of a State's size class\n"
+        "    with tracer.start_as_current_span('root') as root:\n"
+        "        with tracer.start_as_current_span('child') as child:\n"
+        "            r = table.read(threading.get_native_id())\n"
+        "            ids = (r.span_id, r.local_root_span_id)\n"
+        "            seen.append(ids == (child.get_span_context().span_id, root.get_span_context().span_id))\n"
+        "callback = ctypes.CFUNCTYPE(None)(call)\n"
+        "ctypes.CDLL(sys.argv[1]).run_twice(callback)\n"
+        "print(seen)\n"
+    )
+    child = subprocess.run([sys.executable, "-c", code, str(library)], capture_output=True, text=True, timeout=60)
+    assert child.returncode == 0 and child.stdout.strip() == "[True, True]", (child.returncode, child.stderr)
