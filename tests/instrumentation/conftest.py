@@ -24,3 +24,12 @@ def hooks_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setattr(_processor, "C_HOOKS", False)
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, (str(PYTHON_HOOKS), os.environ.get("PYTHONPATH")))))
     return "python"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """A test marked ``both_paths`` compares or builds the paths itself: it runs once, under the C parameter."""
+    once = [item for item in items if item.get_closest_marker("both_paths") is not None
+            and getattr(item, "callspec", None) is not None and item.callspec.params.get("hooks_path") == "python"]
+    if once:
+        config.hook.pytest_deselected(items=once)
+        items[:] = [item for item in items if item not in once]

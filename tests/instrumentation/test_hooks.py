@@ -174,9 +174,8 @@ def _scenario(c_hooks: bool) -> list[Any]:
     return seen
 
 
-def test_both_paths_publish_the_same_records_and_set_the_same_attributes(hooks_path: str) -> None:
-    if hooks_path == "python":
-        pytest.skip("compares both paths itself")
+@pytest.mark.both_paths
+def test_both_paths_publish_the_same_records_and_set_the_same_attributes() -> None:
     c, python = _scenario(c_hooks=True), _scenario(c_hooks=False)
     assert c == python
     names = {entry[0]: entry[1] for entry in python if len(entry) == 3}
@@ -186,11 +185,11 @@ def test_both_paths_publish_the_same_records_and_set_the_same_attributes(hooks_p
     assert "cuda.sampled_devices" not in dict(names["root"])  # interrupted by another trace's root
 
 
+@pytest.mark.both_paths
 @pytest.mark.parametrize("version", ["3.10.13", "3.12.1", "3.13.0"])
-def test_the_one_build_runs_on_other_cpythons(version: str, hooks_path: str) -> None:
+def test_the_one_build_runs_on_other_cpythons(version: str) -> None:
     python = PYENV / version / "bin" / "python"
-    if hooks_path == "python" or not python.exists():
-        pytest.skip("the C build on another CPython" if hooks_path == "python" else f"no {python} on this machine")
+    assert python.exists(), f"pyenv's CPython {version} is part of the test machine (env: machines/python.md)"
     site = next((REPO / ".venv" / "lib").glob("python3*/site-packages"))  # the SDK and its pure-Python dependencies
     code = (
         "import ctypes, os, sys, threading, types\n"
