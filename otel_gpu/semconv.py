@@ -10,6 +10,7 @@ No other module spells these strings.
 from __future__ import annotations
 
 import enum
+import sys
 from dataclasses import dataclass
 from typing import Final
 
@@ -195,14 +196,22 @@ SELF_PROFILE_SAMPLES = MetricSpec("otel_gpu.profiling.samples", "counter", "{sam
 
 
 
-class Signal(enum.StrEnum):
+if sys.version_info >= (3, 11):
+    _StrEnum = enum.StrEnum
+else:  # CPython 3.10 (an instrumented application's interpreter may be one): the same behaviour, str() the value
+    class _StrEnum(str, enum.Enum):
+        def __str__(self) -> str:
+            return str(self.value)
+
+
+class Signal(_StrEnum):
     """otel_gpu.signal: what kind of data an export or a drop concerns."""
 
     PROFILES = "profiles"
     METRICS = "metrics"
 
 
-class Source(enum.StrEnum):
+class Source(_StrEnum):
     """otel_gpu.source: the part of the agent that read (or failed to read) something."""
 
     NVML = "nvml"
@@ -215,7 +224,7 @@ class Source(enum.StrEnum):
     K8S = "k8s"  # the optional pod name lookup (--k8s-names)
 
 
-class Reason(enum.StrEnum):
+class Reason(_StrEnum):
     """otel_gpu.reason: why data was dropped (otel_gpu.dropped) or a read failed (otel_gpu.source.errors).
 
     NVML call failures use the name of NVML's return code instead (``gpu._nvml.NVMLCallError.reason``).

@@ -193,8 +193,6 @@ def test_the_one_build_runs_on_other_cpythons(version: str) -> None:
     site = next((REPO / ".venv" / "lib").glob("python3*/site-packages"))  # the SDK and its pure-Python dependencies
     code = (
         "import ctypes, os, sys, threading, types\n"
-        "if sys.version_info < (3, 11):  # otel_gpu/semconv.py uses enum.StrEnum; the processor needs one name\n"
-        "    sys.modules['otel_gpu.semconv'] = types.SimpleNamespace(CUDA_SAMPLED_DEVICES='cuda.sampled_devices')\n"
         "from opentelemetry.sdk.trace import TracerProvider\n"
         "from opentelemetry.sdk.trace.export import SimpleSpanProcessor\n"
         "from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter\n"
