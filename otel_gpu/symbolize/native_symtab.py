@@ -11,9 +11,10 @@ import ctypes
 import errno
 import logging
 import os
-import threading
 from array import array
 from pathlib import Path
+
+from otel_gpu._native import NativeLibrary
 
 LIBRARY_PATH = Path(__file__).parent / "native" / "libotel_gpu_symtab.so"
 
@@ -25,42 +26,33 @@ class _TableSpec(ctypes.Structure):
                 ("str_size", ctypes.c_uint64)]
 
 
-_lock = threading.Lock()
-_lib: ctypes.CDLL | None = None
-_load_error: str | None = None
+def _declare(lib: ctypes.CDLL) -> None:
+    lib.otel_gpu_symtab_read.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_uint64,
+                                         ctypes.POINTER(_TableSpec), ctypes.c_int, ctypes.c_uint64]
+    lib.otel_gpu_symtab_read.restype = ctypes.c_void_p
+    lib.otel_gpu_symtab_error.argtypes = [ctypes.c_void_p]
+    lib.otel_gpu_symtab_error.restype = ctypes.c_int
+    lib.otel_gpu_symtab_count.argtypes = [ctypes.c_void_p]
+    lib.otel_gpu_symtab_count.restype = ctypes.c_uint64
+    lib.otel_gpu_symtab_last_start.argtypes = [ctypes.c_void_p]
+    lib.otel_gpu_symtab_last_start.restype = ctypes.c_uint64
+    lib.otel_gpu_symtab_write.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p,
+                                          ctypes.c_void_p, ctypes.c_int]
+    lib.otel_gpu_symtab_write.restype = None
+    lib.otel_gpu_symtab_release.argtypes = [ctypes.c_void_p]
+    lib.otel_gpu_symtab_release.restype = None
 
 
-def _library() -> ctypes.CDLL | None:
-    global _lib, _load_error
-    with _lock:
-        if _lib is None and _load_error is None:
-            try:
-                lib = ctypes.CDLL(str(LIBRARY_PATH))
-            except OSError as exc:
-                _load_error = f"{LIBRARY_PATH} does not load ({exc}); run `make build`"
-                _log.warning("%s: ELF symbol tables are read in Python (slower)", _load_error)
-            else:
-                lib.otel_gpu_symtab_read.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_uint64,
-                                                     ctypes.POINTER(_TableSpec), ctypes.c_int, ctypes.c_uint64]
-                lib.otel_gpu_symtab_read.restype = ctypes.c_void_p
-                lib.otel_gpu_symtab_error.argtypes = [ctypes.c_void_p]
-                lib.otel_gpu_symtab_error.restype = ctypes.c_int
-                lib.otel_gpu_symtab_count.argtypes = [ctypes.c_void_p]
-                lib.otel_gpu_symtab_count.restype = ctypes.c_uint64
-                lib.otel_gpu_symtab_last_start.argtypes = [ctypes.c_void_p]
-                lib.otel_gpu_symtab_last_start.restype = ctypes.c_uint64
-                lib.otel_gpu_symtab_write.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p,
-                                                      ctypes.c_void_p, ctypes.c_int]
-                lib.otel_gpu_symtab_write.restype = None
-                lib.otel_gpu_symtab_release.argtypes = [ctypes.c_void_p]
-                lib.otel_gpu_symtab_release.restype = None
-                _lib = lib
-        return _lib
+def _warn_missing(error: str) -> None:
+    _log.warning("%s: ELF symbol tables are read in Python (slower)", error)
+
+
+LIBRARY = NativeLibrary(LIBRARY_PATH, _declare, on_missing=_warn_missing)
 
 
 def available() -> bool:
     """Whether the library loads (loading it on the first call; a library that does not load is logged once)."""
-    return _library() is not None
+    return LIBRARY.get() is not None
 
 
 def read_functions(fd: int, image: bytes | None, file_size: int, tables: list[tuple[int, int, int, int]],
@@ -71,9 +63,9 @@ def read_functions(fd: int, image: bytes | None, file_size: int, tables: list[tu
     fits, else 8-byte; name offsets have ``name_typecode``.
 
     Raises OSError when the library does not load or a read fails, MemoryError when memory runs out."""
-    lib = _library()
+    lib = LIBRARY.get()
     if lib is None:
-        raise OSError(errno.ENOENT, _load_error)
+        raise OSError(errno.ENOENT, LIBRARY.error)
     specs = (_TableSpec * 2)(*(_TableSpec(*table) for table in tables))
     handle = lib.otel_gpu_symtab_read(-1 if image is not None else fd, image, file_size, specs, len(tables),
                                       max(0, max_bytes))

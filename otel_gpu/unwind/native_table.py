@@ -8,9 +8,10 @@ Python object per row (docs/benchmarks.md, "Native unwind-table builder")."""
 from __future__ import annotations
 
 import ctypes
-import threading
 from array import array
 from pathlib import Path
+
+from otel_gpu._native import NativeLibrary
 
 LIBRARY_PATH = Path(__file__).parent / "native" / "libotel_gpu_cfi.so"
 MAX_PC_SPAN = (1 << 32) - 1  # unwind_rows' pcs are 32-bit offsets from a table's first pc
@@ -20,38 +21,31 @@ class NativeBuilderMissing(OSError):
     """libotel_gpu_cfi.so is not there or does not load (the package was installed without ``make build``)."""
 
 
-_lock = threading.Lock()
-_lib: ctypes.CDLL | None = None
-_load_error: str | None = None
+def _declare(lib: ctypes.CDLL) -> None:
+    lib.otel_gpu_cfi_parse.argtypes = [ctypes.c_char_p, ctypes.c_uint64, ctypes.c_uint64, ctypes.c_int]
+    lib.otel_gpu_cfi_parse.restype = ctypes.c_void_p
+    lib.otel_gpu_cfi_count.argtypes = [ctypes.c_void_p]
+    lib.otel_gpu_cfi_count.restype = ctypes.c_uint64
+    lib.otel_gpu_cfi_base.argtypes = [ctypes.c_void_p]
+    lib.otel_gpu_cfi_base.restype = ctypes.c_uint64
+    lib.otel_gpu_cfi_span.argtypes = [ctypes.c_void_p]
+    lib.otel_gpu_cfi_span.restype = ctypes.c_uint64
+    lib.otel_gpu_cfi_arrays.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+    lib.otel_gpu_cfi_arrays.restype = None
+    lib.otel_gpu_cfi_write.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+    lib.otel_gpu_cfi_write.restype = ctypes.c_int
+    lib.otel_gpu_cfi_release.argtypes = [ctypes.c_void_p]
+    lib.otel_gpu_cfi_release.restype = None
+
+
+LIBRARY = NativeLibrary(LIBRARY_PATH, _declare)
 
 
 def _library() -> ctypes.CDLL:
-    global _lib, _load_error
-    with _lock:
-        if _lib is None and _load_error is None:
-            try:
-                lib = ctypes.CDLL(str(LIBRARY_PATH))
-            except OSError as exc:
-                _load_error = f"{LIBRARY_PATH} does not load ({exc}); run `make build`"
-            else:
-                lib.otel_gpu_cfi_parse.argtypes = [ctypes.c_char_p, ctypes.c_uint64, ctypes.c_uint64, ctypes.c_int]
-                lib.otel_gpu_cfi_parse.restype = ctypes.c_void_p
-                lib.otel_gpu_cfi_count.argtypes = [ctypes.c_void_p]
-                lib.otel_gpu_cfi_count.restype = ctypes.c_uint64
-                lib.otel_gpu_cfi_base.argtypes = [ctypes.c_void_p]
-                lib.otel_gpu_cfi_base.restype = ctypes.c_uint64
-                lib.otel_gpu_cfi_span.argtypes = [ctypes.c_void_p]
-                lib.otel_gpu_cfi_span.restype = ctypes.c_uint64
-                lib.otel_gpu_cfi_arrays.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
-                lib.otel_gpu_cfi_arrays.restype = None
-                lib.otel_gpu_cfi_write.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
-                lib.otel_gpu_cfi_write.restype = ctypes.c_int
-                lib.otel_gpu_cfi_release.argtypes = [ctypes.c_void_p]
-                lib.otel_gpu_cfi_release.restype = None
-                _lib = lib
-        if _lib is None:
-            raise NativeBuilderMissing(_load_error)
-        return _lib
+    lib = LIBRARY.get()
+    if lib is None:
+        raise NativeBuilderMissing(LIBRARY.error)
+    return lib
 
 
 def available() -> bool:

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from otel_gpu._native import NativeLibrary
 from otel_gpu.symbolize import elf as elf_module
 from otel_gpu.symbolize import native_symtab
 from otel_gpu.symbolize.elf import ElfError, ElfSymbols
@@ -236,8 +237,7 @@ def test_native_memory_is_bounded_by_the_functions_kept(tmp_path: Path) -> None:
 def test_without_the_library_the_python_reader_reads_the_same(monkeypatch: pytest.MonkeyPatch,
                                                               tmp_path: Path) -> None:
     expected = _arrays(ElfSymbols("/lib/x86_64-linux-gnu/libc.so.6"))
-    monkeypatch.setattr(native_symtab, "LIBRARY_PATH", tmp_path / "libotel_gpu_symtab.so")
-    monkeypatch.setattr(native_symtab, "_lib", None)
-    monkeypatch.setattr(native_symtab, "_load_error", None)
+    missing = NativeLibrary(tmp_path / "libotel_gpu_symtab.so", native_symtab._declare)
+    monkeypatch.setattr(native_symtab, "LIBRARY", missing)
     assert not native_symtab.available()
     assert _arrays(ElfSymbols("/lib/x86_64-linux-gnu/libc.so.6")) == expected
