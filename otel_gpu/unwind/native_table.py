@@ -50,11 +50,7 @@ def _library() -> ctypes.CDLL:
 
 def available() -> bool:
     """Whether the library loads (loading it on the first call)."""
-    try:
-        _library()
-    except NativeBuilderMissing:
-        return False
-    return True
+    return LIBRARY.get() is not None
 
 
 class ParsedRows:

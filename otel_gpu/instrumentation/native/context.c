@@ -73,11 +73,6 @@ static struct otel_gpu_span_slot *claim(void) {
     return NULL;
 }
 
-static void put_be64(uint8_t *out, uint64_t v) {
-    v = __builtin_bswap64(v);
-    memcpy(out, &v, sizeof(v));
-}
-
 /* The calling thread's slot (claimed on first call), or NULL when none is free. Writers that do not call
  * otel_gpu_span_context_set (the Python processor writes through a memoryview) follow the same seq protocol. */
 EXPORT struct otel_gpu_span_slot *otel_gpu_span_context_slot(void) {
@@ -94,14 +89,7 @@ EXPORT void otel_gpu_span_context_set(uint64_t trace_hi, uint64_t trace_lo, uint
         if (no_slot || !(slot = my_slot = claim()))
             return;
     }
-    uint32_t seq = slot->seq;
-    __atomic_store_n(&slot->seq, seq + 1, __ATOMIC_RELEASE);
-    __atomic_signal_fence(__ATOMIC_SEQ_CST);
-    put_be64(slot->trace_id, trace_hi);
-    put_be64(slot->trace_id + 8, trace_lo);
-    put_be64(slot->span_id, span_id);
-    put_be64(slot->local_root_span_id, local_root_span_id);
-    __atomic_store_n(&slot->seq, seq + 2, __ATOMIC_RELEASE);
+    otel_gpu_span_slot_write(slot, trace_hi, trace_lo, span_id, local_root_span_id);
 }
 
 /* Threads that found no free slot (the table is full around their tid): their samples carry no span. */

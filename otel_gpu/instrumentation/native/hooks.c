@@ -112,25 +112,6 @@ static State *thread_state(Hooks *self, int create) {
     return cache.state;
 }
 
-static void put_be64(uint8_t *out, uint64_t v) {
-    v = __builtin_bswap64(v);
-    memcpy(out, &v, sizeof(v));
-}
-
-/* SlotWriter.write's protocol: seq 1 (odd: being written), the ids in W3C byte order, seq 2. The sampler interrupts
- * the writer on its own CPU, so program order (compiler fences) suffices. */
-static void publish(struct otel_gpu_span_slot *slot, uint64_t trace_hi, uint64_t trace_lo, uint64_t span_id,
-                    uint64_t root) {
-    __atomic_store_n(&slot->seq, 1, __ATOMIC_RELAXED);
-    __atomic_signal_fence(__ATOMIC_SEQ_CST);
-    put_be64(slot->trace_id, trace_hi);
-    put_be64(slot->trace_id + 8, trace_lo);
-    put_be64(slot->span_id, span_id);
-    put_be64(slot->local_root_span_id, root);
-    __atomic_signal_fence(__ATOMIC_SEQ_CST);
-    __atomic_store_n(&slot->seq, 2, __ATOMIC_RELAXED);
-}
-
 /* A 128-bit trace id's halves; OverflowError (as int.to_bytes(16) raises) outside 0 .. 2**128 - 1. */
 static int trace_halves(PyObject *trace, uint64_t *hi, uint64_t *lo) {
     PyObject *high = PyNumber_Rshift(trace, sixty_four);
@@ -310,7 +291,7 @@ static PyObject *hooks_on_start(Hooks *self, PyObject *const *args, Py_ssize_t n
             st->trace = trace;
             st->trace_hi = hi, st->trace_lo = lo;
         }
-        publish(st->slot, st->trace_hi, st->trace_lo, span_id, root);
+        otel_gpu_span_slot_write(st->slot, st->trace_hi, st->trace_lo, span_id, root);
     }
     Py_INCREF(Py_None);
     result = Py_None;
@@ -428,7 +409,7 @@ static PyObject *hooks_on_end(Hooks *self, PyObject *span) {
     }
     if (is_remote) { /* a local root ended (no parent, or a remote one): the thread is in no span now */
         st->root = 0;
-        publish(st->slot, 0, 0, 0, 0);
+        otel_gpu_span_slot_write(st->slot, 0, 0, 0, 0);
     } else {
         uint64_t span_id, hi = st->trace_hi, lo = st->trace_lo;
         if (u64(span_obj, &span_id) < 0)
@@ -436,7 +417,7 @@ static PyObject *hooks_on_end(Hooks *self, PyObject *span) {
         int same = trace == st->trace ? 1 : PyObject_RichCompareBool(trace, st->trace, Py_EQ);
         if (same < 0 || (!same && trace_halves(trace, &hi, &lo) < 0)) /* spans of two traces interleaved */
             goto out;
-        publish(st->slot, hi, lo, span_id, st->root);
+        otel_gpu_span_slot_write(st->slot, hi, lo, span_id, st->root);
     }
     Py_INCREF(Py_None);
     result = Py_None;
@@ -452,7 +433,7 @@ static PyObject *hooks_shutdown(Hooks *self, PyObject *unused) {
     if (!st)
         return NULL;
     if (st->slot)
-        publish(st->slot, 0, 0, 0, 0);
+        otel_gpu_span_slot_write(st->slot, 0, 0, 0, 0);
     Py_RETURN_NONE;
 }
 

@@ -10,6 +10,7 @@
 #define OTEL_GPU_SPAN_CONTEXT_H
 
 #include <stdint.h>
+#include <string.h>
 
 #define OTEL_GPU_SPAN_CONTEXT_SYMBOL "otel_gpu_span_context_table"
 #define OTEL_GPU_SPAN_CONTEXT_MAGIC 0x4353474fu /* "OGSC" little-endian */
@@ -39,5 +40,20 @@ struct otel_gpu_span_table {
     uint32_t max_probe;             /* OTEL_GPU_SPAN_CONTEXT_MAX_PROBE */
     struct otel_gpu_span_slot slots[OTEL_GPU_SPAN_CONTEXT_SLOTS];
 };
+
+/* Publishes ids in a slot (all zero: "in no span"), for its owning thread only: seq odd while writing, even after;
+ * the ids in W3C byte order. The sampler interrupts the writer on its own CPU, so program order is all it needs. */
+static inline void otel_gpu_span_slot_write(struct otel_gpu_span_slot *slot, uint64_t trace_hi, uint64_t trace_lo,
+                                            uint64_t span_id, uint64_t local_root_span_id) {
+    uint64_t big[4] = {__builtin_bswap64(trace_hi), __builtin_bswap64(trace_lo), __builtin_bswap64(span_id),
+                       __builtin_bswap64(local_root_span_id)};
+    uint32_t seq = slot->seq;
+    __atomic_store_n(&slot->seq, seq + 1, __ATOMIC_RELEASE);
+    __atomic_signal_fence(__ATOMIC_SEQ_CST);
+    memcpy(slot->trace_id, &big[0], 16);
+    memcpy(slot->span_id, &big[2], 8);
+    memcpy(slot->local_root_span_id, &big[3], 8);
+    __atomic_store_n(&slot->seq, seq + 2, __ATOMIC_RELEASE);
+}
 
 #endif
