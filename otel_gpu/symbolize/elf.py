@@ -129,6 +129,7 @@ class ElfSymbols:
         read by libotel_gpu_symtab.so when ``native`` and it loads, else in Python (the reference the tests compare
         the library with)."""
         self.path = path
+        self._native = native
         self.build_id = ""
         self.has_symtab = False  # False: only exported (.dynsym) names; a separate debug file may have the rest
         self.segments: list[Segment] = []
@@ -140,7 +141,7 @@ class ElfSymbols:
         try:
             if self._source.size < _EHDR.size:
                 raise ElfError(f"{path}: too small for an ELF header")
-            self._parse(native)
+            self._parse()
         except BaseException:
             self._source.close()
             raise
@@ -227,7 +228,7 @@ class ElfSymbols:
 
     # --- parsing ---------------------------------------------------------------------------------------------------
 
-    def _parse(self, native: bool) -> None:
+    def _parse(self) -> None:
         read = self._source.read
         (ident, _type, _machine, _version, _entry, phoff, shoff, _flags, _ehsize, phentsize, phnum, shentsize,
          shnum, _shstrndx) = _EHDR.unpack(read(0, _EHDR.size))
@@ -255,7 +256,7 @@ class ElfSymbols:
                 break
             if section[1] == _SHT_NOTE:
                 self.build_id = notes.build_id(section[4], section[5])
-        if native and native_symtab.available():
+        if self._native and native_symtab.available():
             source = self._source
             self._starts, self._sizes, self._name_at = native_symtab.read_functions(
                 source.fd, source.image, source.size, tables, _MAX_TABLE_BYTES, self._name_at.typecode)
