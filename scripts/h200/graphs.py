@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from verify_gpu_time import WindowedSource, debug_records, write_report  # noqa: E402
 
 from otel_gpu.cuda import abi  # noqa: E402
-from otel_gpu.cuda.join import WindowWeights  # noqa: E402
+from otel_gpu.cuda.join import WindowWeights, pace_ratio  # noqa: E402
 from otel_gpu.errors import SourceUnavailable  # noqa: E402
 from otel_gpu.profiles.model import FrameKind  # noqa: E402
 
@@ -153,7 +153,9 @@ def diagnose(records: list[abi.Record], lines: list[str]) -> None:
     if windows:
         last = windows[-1]
         lines.append(f"- last window: covered {last.covered_ns / 1e9:.3f} s of {last.elapsed_ns / 1e9:.3f} s, "
-                     f"dropped {last.dropped}, launches {last.launches}")
+                     f"dropped {last.dropped}, launches {last.launches}; pace by launches: {last.launches_total} in "
+                     f"windows, {last.shadow_launches} in {last.shadow_launch_ns / 1e9:.3f} s of shadows "
+                     f"counting only, weights' pace {pace_ratio(last):.3f}")
 
 
 BOOTSTRAP = 2000
@@ -268,6 +270,9 @@ def main(argv: list[str]) -> int:
                   f"- ratio replayed / eager **{ratio:.3f}** against torch.profiler's {ref_ratio:.3f}: "
                   f"{(ratio / ref_ratio - 1) * 100:+.1f} % "
                   f"(target within 2 %: **{'PASS' if within <= 0.02 else 'FAIL'}**)",
+                  "- each against torch.profiler's time per call x the iterations (those before the attach included): "
+                  + ", ".join(f"{name}() {totals[name] / (measured['iterations'] * reference[name]['ns_per_call']):.3f}"
+                              for name in ("replayed", "eager")),
                   f"- joins (joined, launches unmatched, activities unmatched): {source.join_stats()}; "
                   f"library drops {dict(source.library_dropped)}"]
         diagnose(debug_records(debug, pid), lines)

@@ -491,9 +491,10 @@ def known_structure(source: GPUTimeSource | None, lines: list[str], results: dic
     last = measuring.last_window.get(pid)
     pace = measured_pace(last) if last is not None else None
     if last is not None and pace is not None:
-        lines.append(f"- the library's pace measure: waits per second in shadow windows over in windows "
-                     f"{pace:.4f} ({last.shadow_waits} waits in {last.shadow_ns / 1e9:.2f} s of shadows, "
-                     f"{last.window_waits} in {last.covered_ns / 1e9:.2f} s of windows); the weights used "
+        lines.append(f"- the library's pace measure: shadow windows over windows {pace[0]:.4f} (launches "
+                     f"{last.shadow_launches} in {last.shadow_launch_ns / 1e9:.2f} s of shadows, "
+                     f"{last.launches_total} in {last.covered_ns / 1e9:.2f} s of windows; waits {last.shadow_waits} "
+                     f"in {last.shadow_ns / 1e9:.2f} s of shadows, {last.window_waits} in windows); the weights used "
                      f"{pace_ratio(last):.4f} for the time outside windows")
     lines += ["", (f"### Accuracy{label}: {iterations} iterations in the {(span[1] - span[0]) / 1e9:.1f} s the windows "
                    f"account for, sampling fraction {gpu.sampling_fraction:.4f}"), "",

@@ -19,6 +19,8 @@ class WindowCost(ctypes.Structure):
         ("launches", ctypes.c_uint64),
         ("linger_launches", ctypes.c_uint64),
         ("finalize_ns", ctypes.c_uint64),
+        ("shadow_launches", ctypes.c_uint64),
+        ("measured_pace", ctypes.c_double),
     ]
 
 
@@ -30,6 +32,8 @@ def estimate() -> ctypes.CDLL:
     lib.estimate_slowdown.restype = ctypes.c_double
     lib.fraction_for_budget.argtypes = [ctypes.c_double, ctypes.c_double]
     lib.fraction_for_budget.restype = ctypes.c_double
+    lib.estimate_pace.argtypes = [ctypes.c_uint64] * 4
+    lib.estimate_pace.restype = ctypes.c_double
     return lib
 
 
@@ -99,3 +103,33 @@ def test_the_finalize_after_a_window_is_charged_to_the_next(estimate: ctypes.CDL
     undisturbed = 20_000_000 - 1_000_000 - 100 * 10_000
     assert estimate.estimate_slowdown(ctypes.byref(charged)) - estimate.estimate_slowdown(
         ctypes.byref(base)) == pytest.approx(2_200_000 / undisturbed)
+
+
+def test_a_measured_pace_replaces_the_priors_in_the_window(estimate: ctypes.CDLL) -> None:
+    """The smoke run again, measured instead of priced: 36k launches a second in windows against 147k in the shadows
+    (where the launch callbacks only count) is a slowdown of 147/36 - 1 in the window, whatever the
+    library's own time says; the shadows' callbacks, the linger and the finalize are charged on top."""
+    pace = estimate.estimate_pace(36_000, 10**9, 147_000, 10**9)
+    assert pace == pytest.approx(147 / 36)
+    window = WindowCost(20_000_000, 1_000_000, 720, 0, 0, 0, pace)
+    assert estimate.estimate_slowdown(ctypes.byref(window)) == pytest.approx(pace - 1)
+    charged = WindowCost(20_000_000, 1_000_000, 720, 100, 500_000, 3000, pace)
+    undisturbed = 20_000_000 / pace
+    assert estimate.estimate_slowdown(ctypes.byref(charged)) == pytest.approx(
+        pace - 1 + (100 * 5_000 + 500_000 + 3000 * 1_000) / undisturbed)
+    # a GPU-bound program launches at the GPU's pace in and out of windows: no in-window slowdown, the fraction's cap
+    gpu_bound = WindowCost(20_000_000, 30_000, 14, 0, 0, 0, estimate.estimate_pace(2800, 10**9, 2790, 10**9))
+    assert estimate.estimate_slowdown(ctypes.byref(gpu_bound)) == 0.0
+    assert estimate.fraction_for_budget(0.02, 0.0) == pytest.approx(0.2)
+
+
+def test_the_pace_waits_for_enough_launches(estimate: ctypes.CDLL) -> None:
+    """Under 2,000 launches on either side the rates are not trusted (0: the priors decide); a program that ran
+    faster in windows than outside (noise, phases) measures no slowdown, never a negative one."""
+    assert estimate.estimate_pace(1999, 10**9, 50_000, 10**9) == 0.0
+    assert estimate.estimate_pace(50_000, 10**9, 1999, 10**9) == 0.0
+    assert estimate.estimate_pace(50_000, 0, 50_000, 10**9) == 0.0
+    assert estimate.estimate_pace(60_000, 10**9, 50_000, 10**9) == 1.0
+    prior = WindowCost(20_000_000, 1_000_000, 100, 0, 0, 0, 0.0)
+    assert estimate.estimate_slowdown(ctypes.byref(prior)) == pytest.approx(
+        (1_000_000 + 100 * 10_000) / (20_000_000 - 1_000_000 - 100 * 10_000))

@@ -10,20 +10,42 @@
  * sampled launches' GPU work has arrived ("linger"), and the launch callbacks with them (so that every launch gets
  * its own correlation id); launches then pay CUPTI's activity cost and an empty callback. The callback counts them.
  * Then CUPTI is finalized in one of the program's threads (window.c): that time, measured, is charged too.
+ *
+ * Once enough launches were seen, the in-window part is measured instead of priced: the gaps' shadow windows count
+ * the program's launches with callbacks that do nothing else (window.c), so launches per second with nothing
+ * observed against launches per second in windows is the slowdown itself, whatever CUPTI and the library cost per
+ * launch on this machine (a launch-bound program slows by that ratio; a GPU-bound one launches at the GPU's pace in
+ * both, and measures no in-window slowdown). The shadows' callbacks are charged at the empty-callback prior.
  */
 #include "estimate.h"
+
+double estimate_pace(uint64_t window_launches, uint64_t window_ns, uint64_t shadow_launches, uint64_t shadow_ns)
+{
+    if (window_launches < ESTIMATE_MEASURED_MIN_LAUNCHES || shadow_launches < ESTIMATE_MEASURED_MIN_LAUNCHES ||
+        window_ns == 0 || shadow_ns == 0)
+        return 0.0;
+    double pace = ((double)shadow_launches / (double)shadow_ns) / ((double)window_launches / (double)window_ns);
+    return pace > 1.0 ? pace : 1.0;
+}
 
 double estimate_slowdown(const struct window_cost *c)
 {
     if (c->window_ns == 0)
         return 0.0;
     double window = (double)c->window_ns;
-    double in_window = (double)c->own_ns + (double)c->launches * ESTIMATE_CUPTI_NS_PER_LAUNCH;
-    double undisturbed = window - in_window;
+    double in_window, undisturbed;
+    if (c->measured_pace >= 1.0) {
+        undisturbed = window / c->measured_pace;
+        in_window = window - undisturbed;
+    } else {
+        in_window = (double)c->own_ns + (double)c->launches * ESTIMATE_CUPTI_NS_PER_LAUNCH;
+        undisturbed = window - in_window;
+    }
     if (undisturbed < window * ESTIMATE_MIN_UNDISTURBED)
         undisturbed = window * ESTIMATE_MIN_UNDISTURBED; /* the work took at least this long undisturbed */
     double lingering = (double)c->linger_launches * (ESTIMATE_ACTIVITY_NS_PER_LAUNCH + ESTIMATE_EMPTY_CALLBACK_NS);
-    return (in_window + lingering + (double)c->finalize_ns) / undisturbed;
+    double shadows = (double)c->shadow_launches * ESTIMATE_EMPTY_CALLBACK_NS;
+    return (in_window + lingering + shadows + (double)c->finalize_ns) / undisturbed;
 }
 
 double estimate_update(double previous, const struct window_cost *c)

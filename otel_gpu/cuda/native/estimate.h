@@ -20,7 +20,16 @@ struct window_cost {
     uint64_t launches;  /* launches recorded in the window */
     uint64_t linger_launches; /* after the window, while its late GPU work was awaited: launches (counted) */
     uint64_t finalize_ns;     /* the program's time in cuptiFinalize after the previous window (measured) */
+    uint64_t shadow_launches; /* launches counted in shadow windows since the last charge (an empty callback each) */
+    double measured_pace;     /* launches per second out of windows over in windows (estimate_pace), or 0 while
+                               * too few launches were seen: the priors then */
 };
+
+#define ESTIMATE_MEASURED_MIN_LAUNCHES 2000 /* launches seen in windows and in shadows before the rates are trusted */
+
+/* The program's pace by its launches: launches per second in shadow windows (counting only) over launches per second
+ * in windows (at least 1); 0 while either side has seen too few launches. */
+double estimate_pace(uint64_t window_launches, uint64_t window_ns, uint64_t shadow_launches, uint64_t shadow_ns);
 
 /* Slowdown of the program while sampling one window: extra time / undisturbed time (0.5 = 50 % slower). */
 double estimate_slowdown(const struct window_cost *c);

@@ -36,7 +36,7 @@ typedef int32_t otel_s32;
 typedef uint64_t otel_u64;
 #endif
 
-#define OTEL_GPU_ABI_VERSION 5
+#define OTEL_GPU_ABI_VERSION 6
 #define OTEL_GPU_MAX_NATIVE_FRAMES 96
 #define OTEL_GPU_MAX_PYTHON_FRAMES 64
 #define OTEL_GPU_MAX_STRINGS 6144
@@ -165,6 +165,13 @@ struct otel_gpu_window {
     otel_u64 yields;
     otel_u64 aside_since_ns; /* non-zero only in the record fired as the library steps aside: from this time on
                               * another tool holds CUPTI, until a record with a larger yields says the library is back */
+    /* The program's pace by its launches (ABI 6; totals since the library started), for programs that seldom wait:
+     * launches recorded in windows (over covered_ns), and launches counted in the gaps' shadow windows, whose launch
+     * callbacks only count, over shadow_launch_ns, the time of the shadows that counted them (only while CUPTI is
+     * kept subscribed with its activity kinds used before: window.c). */
+    otel_u64 launches_total;
+    otel_u64 shadow_launches;
+    otel_u64 shadow_launch_ns;
     /* Every replay of a CUDA graph while attached, counted per graph exec (graphs.c; totals since the library
      * attached, so a lost record loses nothing): the agent weights a sampled graph launch's work by the replays of
      * its exec over the sampled ones instead of by the window (ABI 5). graph_count entries of graphs are in use
