@@ -76,18 +76,44 @@ def program_loaded() -> bool:
         check=False).stdout
 
 
-def start_burners(seconds: float) -> list[subprocess.Popen[bytes]]:
+# Issue 14's mix: a pure-Python call chain (the agent reads its frames) and a C program built without frame pointers
+# (walked from .eh_frame tables), taking turns over the online CPUs.
+PYTHON_BURNER = """
+import sys, time
+def leaf(n):
+    total = 0
+    for i in range(n):
+        total += i * i
+    return total
+def middle(n):
+    return leaf(3 * n) + leaf(n)
+def outer(deadline):
+    while time.monotonic() < deadline:
+        middle(2000)
+outer(time.monotonic() + float(sys.argv[1]))
+"""
+NOFP_BURNER = REPO / "tests" / "native" / "unwind" / "cpu_3to1_nofp"
+
+
+def start_burners(seconds: float, mix: bool = False) -> list[subprocess.Popen[bytes]]:
     from otel_gpu.ebpf.loader import online_cpus
 
-    return [subprocess.Popen([str(WORKLOADS / "cpu_3to1"), str(seconds)], stdout=subprocess.DEVNULL)
-            for _ in online_cpus()]
+    def burner(index: int) -> list[str]:
+        if not mix:
+            return [str(WORKLOADS / "cpu_3to1"), str(seconds)]
+        if index % 2 == 0:
+            return [sys.executable, "-c", PYTHON_BURNER, str(seconds)]
+        return [str(NOFP_BURNER), str(seconds)]
+
+    return [subprocess.Popen(burner(index), stdout=subprocess.DEVNULL) for index, _ in enumerate(online_cpus())]
 
 
-def agent_overhead(frequency_hz: int, seconds: float, process_name: str = "") -> dict[str, float]:
+def agent_overhead(frequency_hz: int, seconds: float, process_name: str = "", mix: bool = False) -> dict[str, float]:
     """Run the real agent with every core busy; its CPU over wall time after it attached. ``process_name`` limits
-    profiling to matching processes (to separate the cost of the workloads from other activity on the machine)."""
+    profiling to matching processes (to separate the cost of the workloads from other activity on the machine);
+    ``mix``: the cores run Python and code without frame pointers (issue 14) instead of cpu_3to1."""
     out_dir = tempfile.mkdtemp(prefix="otel-gpu-bench-")
-    burners = start_burners(seconds + 30)
+    burners = start_burners(seconds + 30, mix)
     agent = subprocess.Popen([sys.executable, "-m", "otel_gpu", "run", "--no-gpu-metrics", "--no-gpu-time-profiling", "--output-dir", out_dir,
                               "--console", "off", "--profiling-frequency-hz", str(frequency_hz),
                               "--profiling-interval", "10", "--log-level", "warning",
@@ -113,7 +139,9 @@ def agent_overhead(frequency_hz: int, seconds: float, process_name: str = "") ->
         shutil.rmtree(out_dir, ignore_errors=True)
     wall = wall1 - wall0
     samples = bpf_n1 - bpf_n0
-    return {"frequency_hz": frequency_hz, "only": process_name or "every process", "wall_s": round(wall, 2),
+    only = process_name or "every process"
+    return {"frequency_hz": frequency_hz, "only": f"{only}, Python + no-frame-pointer C" if mix else only,
+            "wall_s": round(wall, 2),
             "agent_cpu_percent_of_one_core": round(100 * (cpu1 - cpu0) / wall, 3),
             "bpf_runs": samples, "bpf_ns_per_run": round((bpf_ns1 - bpf_ns0) / samples) if samples else 0,
             "bpf_cpu_percent_of_one_core": round(100 * (bpf_ns1 - bpf_ns0) / 1e9 / wall, 3),
@@ -303,12 +331,21 @@ def print_symbol_table_cost(rows: list[dict[str, object]]) -> None:
               f"{row['cold_lookups_per_s']} never-seen lookups/s")
 
 
+def print_overhead(rows: list[dict[str, float]]) -> None:
+    print("1. overhead, every core busy (agent CPU over wall time; BPF cost is charged to the sampled processes)")
+    for row in rows:
+        print(f"   {row['frequency_hz']:>3} Hz, {row['only']}: agent {row['agent_cpu_percent_of_one_core']:.3f} % of one core, "
+              f"BPF {row['bpf_cpu_percent_of_one_core']:.3f} % ({row['bpf_ns_per_run']} ns x {row['bpf_runs']} runs), "
+              f"RSS {row['agent_rss_mb']} MB (peak {row['agent_peak_rss_mb']} MB) over {row['wall_s']} s")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seconds", type=float, default=30.0, help="measured seconds per overhead run")
     parser.add_argument("--json", help="also write the results to this file")
     parser.add_argument("--elf", action="append", default=[], help="also measure loading this ELF file (part 5)")
     parser.add_argument("--only-elf", action="store_true", help="run only part 5 (needs no root)")
+    parser.add_argument("--only-overhead", action="store_true", help="run only part 1")
     args = parser.parse_args()
     if args.only_elf:
         rows = huge_symbol_table_cost(args.elf)
@@ -325,18 +362,18 @@ def main() -> int:
     results: dict[str, object] = {}
     try:
         results["overhead"] = [agent_overhead(19, args.seconds), agent_overhead(99, args.seconds),
-                               agent_overhead(19, args.seconds, "^cpu_3to1$")]
+                               agent_overhead(19, args.seconds, "^cpu_3to1$"),
+                               agent_overhead(19, args.seconds, mix=True)]
+        if args.only_overhead:
+            print_overhead(results["overhead"])  # type: ignore[arg-type]
+            return 0
         results["throughput_real"] = real_throughput(999, 5.0)
         results["throughput_worst_case"] = worst_case_throughput(20_000, 16)
         results["design"] = design_comparison(99, min(args.seconds, 20.0))
         results["symbol_tables"] = huge_symbol_table_cost(args.elf)
     finally:
         stats_path.write_text(previous)
-    print("1. overhead, every core busy (agent CPU over wall time; BPF cost is charged to the sampled processes)")
-    for row in results["overhead"]:  # type: ignore[union-attr]
-        print(f"   {row['frequency_hz']:>3} Hz, {row['only']}: agent {row['agent_cpu_percent_of_one_core']:.3f} % of one core, "
-              f"BPF {row['bpf_cpu_percent_of_one_core']:.3f} % ({row['bpf_ns_per_run']} ns x {row['bpf_runs']} runs), "
-              f"RSS {row['agent_rss_mb']} MB (peak {row['agent_peak_rss_mb']} MB) over {row['wall_s']} s")
+    print_overhead(results["overhead"])  # type: ignore[arg-type]
     real = results["throughput_real"]
     worst = results["throughput_worst_case"]
     print("2. drain + symbolize + encode (pprof + OTLP)")
