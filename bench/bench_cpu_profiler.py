@@ -334,7 +334,8 @@ def print_symbol_table_cost(rows: list[dict[str, object]]) -> None:
 def print_overhead(rows: list[dict[str, float]]) -> None:
     print("1. overhead, every core busy (agent CPU over wall time; BPF cost is charged to the sampled processes)")
     for row in rows:
-        print(f"   {row['frequency_hz']:>3} Hz, {row['only']}: agent {row['agent_cpu_percent_of_one_core']:.3f} % of one core, "
+        print(f"   {row['frequency_hz']:>3} Hz, {row['only']}: "
+              f"agent {row['agent_cpu_percent_of_one_core']:.3f} % of one core, "
               f"BPF {row['bpf_cpu_percent_of_one_core']:.3f} % ({row['bpf_ns_per_run']} ns x {row['bpf_runs']} runs), "
               f"RSS {row['agent_rss_mb']} MB (peak {row['agent_peak_rss_mb']} MB) over {row['wall_s']} s")
 
