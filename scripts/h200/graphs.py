@@ -139,6 +139,10 @@ def diagnose(records: list[abi.Record], lines: list[str]) -> None:
         lines.append(f"- sampled eager kernel launches {len(eager_launches)}, {len(joined)} with a kernel record; "
                      f"median kernel {statistics.median(joined) / 1e3 if joined else 0:.2f} us; 60 of them: "
                      f"{60 * statistics.median(joined) / 1e3 if joined else 0:.1f} us")
+        if joined:
+            lines.append(f"- eager kernel records' time: {tail(joined)}; in a window's first 1 ms "
+                         f"{tail(first_in_window(eager_launches, by_corr, windows, True))}, after it "
+                         f"{tail(first_in_window(eager_launches, by_corr, windows, False))}")
     ratios = graph_ratios(launches, by_corr, windows)
     if ratios is not None:
         by_counts, by_windows, replays, sampled = ratios
@@ -159,6 +163,31 @@ def diagnose(records: list[abi.Record], lines: list[str]) -> None:
 
 
 BOOTSTRAP = 2000
+
+
+def tail(values: list[int]) -> str:
+    """Mean and percentiles of kernel times (ns) in us: where a mean above the median comes from."""
+    if not values:
+        return "none"
+    ordered = sorted(values)
+    at = lambda q: ordered[min(len(ordered) - 1, int(q * len(ordered)))] / 1e3  # noqa: E731
+    return (f"n {len(ordered)}, mean {statistics.fmean(ordered) / 1e3:.2f} us, p50 {at(0.5):.2f}, p90 {at(0.9):.2f}, "
+            f"p99 {at(0.99):.2f}, p99.9 {at(0.999):.2f}, max {ordered[-1] / 1e3:.1f}, "
+            f"over 10 us {sum(1 for v in ordered if v > 10_000)} ({sum(v for v in ordered if v > 10_000) / 1e6:.1f} ms "
+            f"of {sum(ordered) / 1e6:.1f} ms)")
+
+
+def first_in_window(launches: list[abi.Launch], by_corr: dict[int, list[abi.Activity]], windows: list[abi.Window],
+                    first: bool) -> list[int]:
+    """Kernel times of the launches made in the first millisecond of their window (first) or after it."""
+    opened = {w.window_id: w.start_ns for w in windows}
+    out = []
+    for launch in launches:
+        start = opened.get(launch.window_id)
+        ns = sum(a.end_ns - a.start_ns for a in by_corr.get(launch.correlation_id, ()))
+        if start is not None and ns and (launch.timestamp_ns - start < 1_000_000) == first:
+            out.append(ns)
+    return out
 
 
 def graph_ratios(launches: list[abi.Launch], by_corr: dict[int, list[abi.Activity]],
