@@ -14,13 +14,17 @@ Reports, side by side in one run:
      each run's graph GPU time as the agent estimates it from the library's records, weighted by the exact replay
      counts and by windows, over the truth (the fake driver's schedule), and the spread of each over the runs;
   4. the library's cost per counted replay (graphs.c alone, built here: one thread, and two threads replaying the
-     same exec), to set against a graph launch's own cost.
+     same exec), to set against a graph launch's own cost;
+  5. (--pace-runs N) a program that runs slower inside windows (each recorded driver call 800 us slower, as
+     tests/cuda/test_native_inject.py's pace test): its matmul kernels' GPU time estimated over the truth with the
+     windows weighted by time alone, by the pace from waits and by the pace from launches (ABI 6), side by side.
 
 The targets of the issue are for a real GPU (scripts/h200/verify_gpu_time.py, docs/benchmarks.md); this measures
 the library's budget controller and the agent's own cost where no GPU is.
 
 Run (as root, after make build): .venv/bin/python bench/bench_gpu_time.py [--rounds 4] [--launches 12000000]
     [--graph-runs 8 --graph-blocks 120 --graph-window-ms 20 --graph-budget 0.02 --graph-jitter 0.2] [--skip-loss]
+    [--pace-runs 5]
 """
 
 from __future__ import annotations
@@ -138,6 +142,36 @@ def part3(runs: int, blocks: int, window_ms: str, budget: float, jitter: float) 
               f"range [{min(ratios):.4f}, {max(ratios):.4f}]")
 
 
+def part5(runs: int) -> None:
+    import dataclasses
+
+    from otel_gpu.cuda.join import WindowWeights, pace_ratio
+    from tests.cuda.records import decoded_window
+    from tests.cuda.test_native_inject import WORKLOAD, run_workload, site_totals
+
+    print(f"5. a program slowed inside windows (800 us a recorded call, a wait every step), {runs} runs: matmul_kernel's "
+          "GPU time estimated / true, windows weighted by time, by the pace from waits, by the pace from launches")
+    rows: dict[str, list[float]] = {"time": [], "waits": [], "launches": []}
+    for _ in range(runs):
+        with tempfile.TemporaryDirectory() as work:
+            got = run_workload(LIBRARY, Path(work), [str(WORKLOAD), "--steps", "2400", "--graph-every", "0"],
+                               extra_env={"FAKE_CUPTI_TRACE_COST_US": "800", "OTEL_GPU_OVERHEAD_BUDGET": "0.1"})
+        windows = [decoded_window(w, 1) for w in got.records.windows]
+        no_launches = [dataclasses.replace(w, shadow_launches=0, shadow_launch_ns=0) for w in windows]
+        no_pace = [dataclasses.replace(w, shadow_launches=0, shadow_waits=0) for w in windows]
+        window_of = {la.correlation_id: la.window_id for la in got.records.launches}
+        kernels = [a for a in got.records.activities if a.name == b"matmul_kernel"]
+        truth = site_totals(got.stdout)["matmul_kernel"][1]
+        line = []
+        for name, series in (("time", no_pace), ("waits", no_launches), ("launches", windows)):
+            weights = WindowWeights()
+            weight = {w.window_id: weights.add(w)[0] for w in series}
+            rows[name].append(sum((a.end_ns - a.start_ns) * weight[window_of[a.correlation_id]] for a in kernels) / truth)
+            line.append(f"{name} {rows[name][-1]:.3f} (pace {pace_ratio(series[-1]):.3f})")
+        print(f"   {len(windows)} windows: " + ", ".join(line))
+    print("   means: " + ", ".join(f"{name} {statistics.mean(values):.3f}" for name, values in rows.items()))
+
+
 COUNT_BENCH = r"""
 #include <pthread.h>
 #include <stdio.h>
@@ -191,6 +225,7 @@ def main() -> int:
     parser.add_argument("--graph-jitter", type=float, default=0.2,
                         help="part 3: each graph kernel's time varies by up to this fraction a replay")
     parser.add_argument("--skip-loss", action="store_true", help="skip parts 1 and 2")
+    parser.add_argument("--pace-runs", type=int, default=0, help="part 5: runs (0: skipped)")
     args = parser.parse_args()
     for path in (LIBRARY, FAKES / "workload", FAKES / "libcupti.so"):
         if not path.exists():
@@ -198,6 +233,8 @@ def main() -> int:
             return 1
     if args.graph_runs > 0:
         part3(args.graph_runs, args.graph_blocks, args.graph_window_ms, args.graph_budget, args.graph_jitter)
+    if args.pace_runs > 0:
+        part5(args.pace_runs)
     part4(20_000_000)
     if args.skip_loss:
         return 0

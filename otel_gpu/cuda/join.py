@@ -156,7 +156,7 @@ class Joiner:
 
 
 PACE_PRIOR_WAITS = 100  # waits seen in windows and in shadow windows at which the pace by waits counts half
-PACE_PRIOR_LAUNCHES = 500  # launches seen in windows and in shadow windows at which the pace by launches counts half
+PACE_PRIOR_LAUNCHES = 100  # launches seen in windows and in shadow windows at which the pace by launches counts half
 PACE_BOUNDS = (0.5, 8.0)  # an H200 smoke run's tiny kernels: 36k launches/s in windows, ~147k/s outside (4.1x)
 
 

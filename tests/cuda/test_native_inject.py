@@ -1144,6 +1144,8 @@ def test_windows_weigh_the_time_outside_them_at_the_pace_the_program_keeps_there
     print(f"matmul_kernel's GPU time over the truth: paced {estimate_paced:.3f}, by time {estimate_by_time:.3f}, "
           f"pace by launches {measured[0]:.3f} (trust {measured[1]:.2f}, {last.shadow_launches} in shadows), by waits {by_waits:.3f}, true {true_pace:.3f}")
     assert abs(estimate_paced - 1) < abs(estimate_by_time - 1) - 0.05, (estimate_paced, estimate_by_time)
+    # by launches: 0.95-1.01 in five runs on a quiet machine (bench/bench_gpu_time.py --pace-runs 5)
+    assert abs(estimate_paced - 1) < 0.15, estimate_paced
     # the paced estimate: 0.77-0.83 on a quiet machine, 0.74 once in a clean-clone run (by time alone: 0.70-0.73)
     assert 0.7 < estimate_paced < 1.25, estimate_paced
 
