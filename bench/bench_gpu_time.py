@@ -149,8 +149,8 @@ def part5(runs: int) -> None:
     from tests.cuda.records import decoded_window
     from tests.cuda.test_native_inject import WORKLOAD, run_workload, site_totals
 
-    print(f"5. a program slowed inside windows (800 us a recorded call, a wait every step), {runs} runs: matmul_kernel's "
-          "GPU time estimated / true, windows weighted by time, by the pace from waits, by the pace from launches")
+    print(f"5. a program slowed inside windows (800 us a recorded call, a wait every step), {runs} runs: "
+          "matmul_kernel's GPU time estimated / true, windows weighted by time, by the pace from waits, by the pace from launches")
     rows: dict[str, list[float]] = {"time": [], "waits": [], "launches": []}
     for _ in range(runs):
         with tempfile.TemporaryDirectory() as work:
@@ -166,7 +166,8 @@ def part5(runs: int) -> None:
         for name, series in (("time", no_pace), ("waits", no_launches), ("launches", windows)):
             weights = WindowWeights()
             weight = {w.window_id: weights.add(w)[0] for w in series}
-            rows[name].append(sum((a.end_ns - a.start_ns) * weight[window_of[a.correlation_id]] for a in kernels) / truth)
+            estimate = sum((a.end_ns - a.start_ns) * weight[window_of[a.correlation_id]] for a in kernels)
+            rows[name].append(estimate / truth)
             line.append(f"{name} {rows[name][-1]:.3f} (pace {pace_ratio(series[-1]):.3f})")
         print(f"   {len(windows)} windows: " + ", ".join(line))
     print("   means: " + ", ".join(f"{name} {statistics.mean(values):.3f}" for name, values in rows.items()))
