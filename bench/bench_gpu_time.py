@@ -150,7 +150,8 @@ def part5(runs: int) -> None:
     from tests.cuda.test_native_inject import WORKLOAD, run_workload, site_totals
 
     print(f"5. a program slowed inside windows (800 us a recorded call, a wait every step), {runs} runs: "
-          "matmul_kernel's GPU time estimated / true, windows weighted by time, by the pace from waits, by the pace from launches")
+          "matmul_kernel's GPU time estimated / true, windows weighted by time, by the pace from waits, by the pace "
+          "from launches")
     rows: dict[str, list[float]] = {"time": [], "waits": [], "launches": []}
     for _ in range(runs):
         with tempfile.TemporaryDirectory() as work:
