@@ -71,9 +71,10 @@ static struct {
     uint64_t window_waits, waits_at_open;
     uint64_t shadow_waits, shadow_ns;
     /* The same by launches, for programs that seldom wait: launches recorded in windows, and launches counted in
-     * shadow windows (their launch callbacks on, counting only) over the shadows' undisturbed time; the launches
-     * counted since the last window's cost was charged (an empty callback each). */
+     * shadow windows (their launch callbacks on, counting only) over those shadows' time; the launches counted
+     * since the last window's cost was charged (an empty callback each). */
     uint64_t launches_total, shadow_launches, shadow_launch_ns, shadow_launches_uncharged;
+    int shadow_left_launches_on; /* a completed shadow left the launch callbacks on for the window that follows */
     /* The budget: the in-window slowdown estimate, the fraction of time sampled, the waits' sampling period. */
     double slowdown;
     double fraction; /* set from the budget and the prior at start */
@@ -145,8 +146,9 @@ static void open_window_locked(uint64_t begin)
     activity_expire(MAX_LAG_NS);
     atomic_store(&g_state.window_launches, 0);
     atomic_store(&g_state.overhead_ns, 0);
+    ctl.shadow_left_launches_on = 0;
     /* Callbacks before activity (a linger left both on): no launch whose work is recorded goes without its own id. */
-    if (!was_lingering && cbids_enable_launches(1) != 0)
+    if (!was_lingering && !ctl.shadow_left_launches_on && cbids_enable_launches(1) != 0)
         log_once("some launch callbacks could not be enabled");
     hold_mark_dirty();
     if (activity_enable(1) != 0)
@@ -417,10 +419,11 @@ static void probe_for_graphs_locked(void)
  * (inject.c: outside a window a launch is counted and nothing else), so the shadow measures the program's launch
  * rate with nothing observed but for CUPTI's dispatch of an empty callback (charged to the next window's cost at
  * estimate.h's prior; on an H200 the shadows' rate came within 1.5 % of the program's whole rate outside windows,
- * so their time is taken as it is). Only in a subscription whose activity kinds have been
- * on (CUPTI kept while graphs are in use, or OTEL_GPU_CUPTI_FINALIZE=0): on an H200 (CUDA 13), launch callbacks on
- * alone in a fresh subscription, for a whole shadow before the first window, left every launch of the process with
- * one correlation id from then on, windows included. */
+ * so their time is taken as it is). Only in a subscription whose activity kinds have been on (CUPTI kept while
+ * graphs are in use, or OTEL_GPU_CUPTI_FINALIZE=0): on an H200 (CUDA 13), launch callbacks on alone in a fresh
+ * subscription, for a whole shadow before the first window, left every launch of the process with one correlation
+ * id from then on, windows included. Graph launches, whose callbacks stay on, are counted only in shadows that
+ * switched the others on. */
 struct shadow {
     uint64_t at, waits0, start_ns;
     int counting;
@@ -441,12 +444,24 @@ static void shadow_step_locked(struct shadow *sh, uint64_t now)
     sh->start_ns = now_ns();
 }
 
-/* completed: the gap ran to its end (a shadow cut short is not counted); the launch callbacks go off either way. */
+/* The launch callbacks off again if a completed shadow left them on and no window opened after it. */
+static void shadow_callbacks_off_locked(void)
+{
+    if (ctl.shadow_left_launches_on && hold_holding() && !ctl.lingering && atomic_load(&g_state.window_id) == 0)
+        cbids_enable_launches(0);
+    ctl.shadow_left_launches_on = 0;
+}
+
+/* completed: the gap ran to its end (a shadow cut short is not counted). A completed shadow leaves the launch
+ * callbacks on for the window that opens next: switched off and on again in between, a launch that entered unseen
+ * would take the entry a missed exit left behind (inject.c's per-thread entry stack). */
 static void shadow_end_locked(struct shadow *sh, int completed)
 {
-    if (sh->launches_on && hold_holding())
+    if (completed && sh->launches_on == 1)
+        ctl.shadow_left_launches_on = 1;
+    else if (sh->launches_on && hold_holding())
         cbids_enable_launches(0);
-    uint64_t launches = sh->counting ? atomic_exchange(&g_state.outside_launches, 0) : 0;
+    uint64_t launches = sh->launches_on ? atomic_exchange(&g_state.outside_launches, 0) : 0;
     ctl.shadow_launches_uncharged += launches;
     if (!completed || !sh->counting || !undisturbed_locked())
         return;
@@ -466,6 +481,7 @@ static int wait_gap_locked(uint64_t gap_ns)
     uint64_t poll = LINGER_POLL_MIN_NS, last_expire = monotonic_ns(), end = last_expire + gap_ns, now;
     struct shadow shadow = {.at = gap_ns > 2 * g_settings.window_ns ? end - g_settings.window_ns : 0};
     int rc = 0, completed = 0;
+    shadow_callbacks_off_locked(); /* the last gap's shadow was not followed by a window */
     for (;;) {
         if ((now = monotonic_ns()) >= end) {
             completed = 1;
