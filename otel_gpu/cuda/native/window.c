@@ -139,6 +139,8 @@ static int attach_locked(void)
 static void open_window_locked(uint64_t begin)
 {
     int was_lingering = ctl.lingering;
+    int launches_on = was_lingering || ctl.shadow_left_launches_on; /* a linger or the gap's shadow left them on */
+    ctl.shadow_left_launches_on = 0;
     if (ctl.lingering) {
         ctl.linger_launches = atomic_exchange(&g_state.outside_launches, 0);
         ctl.lingering = 0;
@@ -146,9 +148,8 @@ static void open_window_locked(uint64_t begin)
     activity_expire(MAX_LAG_NS);
     atomic_store(&g_state.window_launches, 0);
     atomic_store(&g_state.overhead_ns, 0);
-    ctl.shadow_left_launches_on = 0;
     /* Callbacks before activity (a linger left both on): no launch whose work is recorded goes without its own id. */
-    if (!was_lingering && !ctl.shadow_left_launches_on && cbids_enable_launches(1) != 0)
+    if (!launches_on && cbids_enable_launches(1) != 0)
         log_once("some launch callbacks could not be enabled");
     hold_mark_dirty();
     if (activity_enable(1) != 0)
