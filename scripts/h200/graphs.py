@@ -141,8 +141,8 @@ def diagnose(records: list[abi.Record], lines: list[str]) -> None:
                      f"{60 * statistics.median(joined) / 1e3 if joined else 0:.1f} us")
         if joined:
             lines.append(f"- eager kernel records' time: {tail(joined)}; in a window's first 1 ms "
-                         f"{tail(first_in_window(eager_launches, by_corr, windows, True))}, after it "
-                         f"{tail(first_in_window(eager_launches, by_corr, windows, False))}")
+                         f"{tail(first_in_window(eager_launches, eager_ns, windows, True))}, after it "
+                         f"{tail(first_in_window(eager_launches, eager_ns, windows, False))}")
     ratios = graph_ratios(launches, by_corr, windows)
     if ratios is not None:
         by_counts, by_windows, replays, sampled = ratios
@@ -177,14 +177,14 @@ def tail(values: list[int]) -> str:
             f"of {sum(ordered) / 1e6:.1f} ms)")
 
 
-def first_in_window(launches: list[abi.Launch], by_corr: dict[int, list[abi.Activity]], windows: list[abi.Window],
+def first_in_window(launches: list[abi.Launch], launch_ns: list[int], windows: list[abi.Window],
                     first: bool) -> list[int]:
-    """Kernel times of the launches made in the first millisecond of their window (first) or after it."""
+    """Kernel times (``launch_ns``, one per launch) of the launches made in the first millisecond of their window
+    (first) or after it."""
     opened = {w.window_id: w.start_ns for w in windows}
     out = []
-    for launch in launches:
+    for launch, ns in zip(launches, launch_ns, strict=True):
         start = opened.get(launch.window_id)
-        ns = sum(a.end_ns - a.start_ns for a in by_corr.get(launch.correlation_id, ()))
         if start is not None and ns and (launch.timestamp_ns - start < 1_000_000) == first:
             out.append(ns)
     return out
