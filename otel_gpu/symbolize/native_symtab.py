@@ -26,28 +26,24 @@ class _TableSpec(ctypes.Structure):
                 ("str_size", ctypes.c_uint64)]
 
 
-def _declare(lib: ctypes.CDLL) -> None:
-    lib.otel_gpu_symtab_read.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_uint64,
-                                         ctypes.POINTER(_TableSpec), ctypes.c_int, ctypes.c_uint64]
-    lib.otel_gpu_symtab_read.restype = ctypes.c_void_p
-    lib.otel_gpu_symtab_error.argtypes = [ctypes.c_void_p]
-    lib.otel_gpu_symtab_error.restype = ctypes.c_int
-    lib.otel_gpu_symtab_count.argtypes = [ctypes.c_void_p]
-    lib.otel_gpu_symtab_count.restype = ctypes.c_uint64
-    lib.otel_gpu_symtab_last_start.argtypes = [ctypes.c_void_p]
-    lib.otel_gpu_symtab_last_start.restype = ctypes.c_uint64
-    lib.otel_gpu_symtab_write.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p,
-                                          ctypes.c_void_p, ctypes.c_int]
-    lib.otel_gpu_symtab_write.restype = None
-    lib.otel_gpu_symtab_release.argtypes = [ctypes.c_void_p]
-    lib.otel_gpu_symtab_release.restype = None
+_HANDLE, _U64 = ctypes.c_void_p, ctypes.c_uint64
+_SIGNATURES = {
+    "otel_gpu_symtab_read": ([ctypes.c_int, ctypes.c_char_p, _U64, ctypes.POINTER(_TableSpec), ctypes.c_int, _U64],
+                             _HANDLE),
+    "otel_gpu_symtab_error": ([_HANDLE], ctypes.c_int),
+    "otel_gpu_symtab_count": ([_HANDLE], _U64),
+    "otel_gpu_symtab_last_start": ([_HANDLE], _U64),
+    "otel_gpu_symtab_write": ([_HANDLE, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int],
+                              None),
+    "otel_gpu_symtab_release": ([_HANDLE], None),
+}
 
 
 def _warn_missing(error: str) -> None:
     _log.warning("%s: ELF symbol tables are read in Python (slower)", error)
 
 
-LIBRARY = NativeLibrary(LIBRARY_PATH, _declare, on_missing=_warn_missing)
+LIBRARY = NativeLibrary(LIBRARY_PATH, _SIGNATURES, on_missing=_warn_missing)
 
 
 def available() -> bool:

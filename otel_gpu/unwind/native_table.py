@@ -21,24 +21,18 @@ class NativeBuilderMissing(OSError):
     """libotel_gpu_cfi.so is not there or does not load (the package was installed without ``make build``)."""
 
 
-def _declare(lib: ctypes.CDLL) -> None:
-    lib.otel_gpu_cfi_parse.argtypes = [ctypes.c_char_p, ctypes.c_uint64, ctypes.c_uint64, ctypes.c_int]
-    lib.otel_gpu_cfi_parse.restype = ctypes.c_void_p
-    lib.otel_gpu_cfi_count.argtypes = [ctypes.c_void_p]
-    lib.otel_gpu_cfi_count.restype = ctypes.c_uint64
-    lib.otel_gpu_cfi_base.argtypes = [ctypes.c_void_p]
-    lib.otel_gpu_cfi_base.restype = ctypes.c_uint64
-    lib.otel_gpu_cfi_span.argtypes = [ctypes.c_void_p]
-    lib.otel_gpu_cfi_span.restype = ctypes.c_uint64
-    lib.otel_gpu_cfi_arrays.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
-    lib.otel_gpu_cfi_arrays.restype = None
-    lib.otel_gpu_cfi_write.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
-    lib.otel_gpu_cfi_write.restype = ctypes.c_int
-    lib.otel_gpu_cfi_release.argtypes = [ctypes.c_void_p]
-    lib.otel_gpu_cfi_release.restype = None
+_HANDLE, _U64 = ctypes.c_void_p, ctypes.c_uint64
+_SIGNATURES = {
+    "otel_gpu_cfi_parse": ([ctypes.c_char_p, _U64, _U64, ctypes.c_int], _HANDLE),
+    "otel_gpu_cfi_count": ([_HANDLE], _U64),
+    "otel_gpu_cfi_base": ([_HANDLE], _U64),
+    "otel_gpu_cfi_span": ([_HANDLE], _U64),
+    "otel_gpu_cfi_arrays": ([_HANDLE, ctypes.c_void_p, ctypes.c_void_p], None),
+    "otel_gpu_cfi_write": ([_HANDLE, ctypes.c_void_p], ctypes.c_int),
+    "otel_gpu_cfi_release": ([_HANDLE], None),
+}
 
-
-LIBRARY = NativeLibrary(LIBRARY_PATH, _declare)
+LIBRARY = NativeLibrary(LIBRARY_PATH, _SIGNATURES)
 
 
 def _library() -> ctypes.CDLL:

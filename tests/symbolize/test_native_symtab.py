@@ -237,7 +237,7 @@ def test_native_memory_is_bounded_by_the_functions_kept(tmp_path: Path) -> None:
 def test_without_the_library_the_python_reader_reads_the_same(monkeypatch: pytest.MonkeyPatch,
                                                               tmp_path: Path) -> None:
     expected = _arrays(ElfSymbols("/lib/x86_64-linux-gnu/libc.so.6"))
-    missing = NativeLibrary(tmp_path / "libotel_gpu_symtab.so", native_symtab._declare)
+    missing = NativeLibrary(tmp_path / "libotel_gpu_symtab.so", native_symtab._SIGNATURES)
     monkeypatch.setattr(native_symtab, "LIBRARY", missing)
     assert not native_symtab.available()
     assert _arrays(ElfSymbols("/lib/x86_64-linux-gnu/libc.so.6")) == expected

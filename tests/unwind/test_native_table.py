@@ -151,7 +151,7 @@ def test_drawn_call_frame_programs_give_the_reference_rows() -> None:
 
 
 def test_without_the_library_the_build_says_so(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.setattr(native_table, "LIBRARY", NativeLibrary(tmp_path / "libotel_gpu_cfi.so", native_table._declare))
+    monkeypatch.setattr(native_table, "LIBRARY", NativeLibrary(tmp_path / "libotel_gpu_cfi.so", native_table._SIGNATURES))
     assert not native_table.available()
     with pytest.raises(native_table.NativeBuilderMissing, match="make build"):
         build_table(str(LIBC))
@@ -162,7 +162,7 @@ def test_without_the_library_the_build_says_so(monkeypatch: pytest.MonkeyPatch, 
 def test_without_the_library_the_agent_walks_by_frame_pointer_and_counts_it(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     from tests.unwind.test_native_stacks import WORKLOADS, _ending, _profile
-    monkeypatch.setattr(native_table, "LIBRARY", NativeLibrary(tmp_path / "libotel_gpu_cfi.so", native_table._declare))
+    monkeypatch.setattr(native_table, "LIBRARY", NativeLibrary(tmp_path / "libotel_gpu_cfi.so", native_table._SIGNATURES))
     process = subprocess.Popen([str(WORKLOADS / "cpu_3to1"), "60"], stdout=subprocess.PIPE, text=True)
     try:
         assert process.stdout is not None
