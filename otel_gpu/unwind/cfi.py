@@ -42,6 +42,8 @@ _U32 = struct.Struct("<I")
 _I32 = struct.Struct("<i")
 _U64 = struct.Struct("<Q")
 _I64 = struct.Struct("<q")
+# DW_EH_PE value formats of a fixed size: absptr, udata2/4/8, sdata2/4/8 (uleb128 0x01 and sleb128 0x09 aside)
+_FIXED_POINTERS = {0x00: _U64, 0x02: _U16, 0x03: _U32, 0x04: _U64, 0x0A: _I16, 0x0B: _I32, 0x0C: _I64}
 _MAX_STATE_STACK = 64  # remember_state nesting; deeper is corrupt
 
 
@@ -120,31 +122,14 @@ def _pointer(data: bytes, pos: int, encoding: int, section_vaddr: int) -> tuple[
         return 0, pos
     form = encoding & 0x0F
     start = pos
-    if form == 0x00:
-        value = _U64.unpack_from(data, pos)[0]
-        pos += 8
-    elif form == 0x01:
+    if form == 0x01:
         value, pos = _uleb(data, pos)
-    elif form == 0x02:
-        value = _U16.unpack_from(data, pos)[0]
-        pos += 2
-    elif form == 0x03:
-        value = _U32.unpack_from(data, pos)[0]
-        pos += 4
-    elif form == 0x04:
-        value = _U64.unpack_from(data, pos)[0]
-        pos += 8
     elif form == 0x09:
         value, pos = _sleb(data, pos)
-    elif form == 0x0A:
-        value = _I16.unpack_from(data, pos)[0]
-        pos += 2
-    elif form == 0x0B:
-        value = _I32.unpack_from(data, pos)[0]
-        pos += 4
-    elif form == 0x0C:
-        value = _I64.unpack_from(data, pos)[0]
-        pos += 8
+    elif form in _FIXED_POINTERS:
+        fixed = _FIXED_POINTERS[form]
+        value = fixed.unpack_from(data, pos)[0]
+        pos += fixed.size
     else:
         raise CfiError(f"pointer encoding {encoding:#x}")
     application = encoding & 0x70
