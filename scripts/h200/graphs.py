@@ -28,6 +28,7 @@ import tempfile
 import time
 import traceback
 from collections import Counter, defaultdict
+from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -39,7 +40,7 @@ from verify_gpu_time import WindowedSource, debug_records, write_report  # noqa:
 from otel_gpu.cuda import abi  # noqa: E402
 from otel_gpu.cuda.join import WindowWeights, pace_ratio  # noqa: E402
 from otel_gpu.errors import SourceUnavailable  # noqa: E402
-from otel_gpu.profiles.model import FrameKind  # noqa: E402
+from otel_gpu.profiles.model import FrameKind, Sample  # noqa: E402
 
 PROGRAM = r"""
 import json, os, sys, time
@@ -111,7 +112,8 @@ def owner(frames: tuple) -> str:  # type: ignore[type-arg]
     return "other"
 
 
-def diagnose(records: list[abi.Record], lines: list[str]) -> None:
+def diagnose(records: list[abi.Record], lines: list[str], nodes: int | None = 60) -> None:
+    """The record-level lines: ``nodes``, the kernels a graph launch should bring back (None: not known)."""
     launches = [r for r in records if isinstance(r, abi.Launch)]
     activities = [r for r in records if isinstance(r, abi.Activity) and r.kind == abi.ACTIVITY_KERNEL]
     windows = [r for r in records if isinstance(r, abi.Window)]
@@ -133,12 +135,14 @@ def diagnose(records: list[abi.Record], lines: list[str]) -> None:
               f"{len(orphan)} ({sum(1 for a in orphan if a.graph_id)} of them with a graph id)"]
     if per_graph:
         lines.append(f"- kernel records per sampled graph launch: {dict(sorted(Counter(per_graph).items()))} "
-                     f"(60 expected); their time per launch: median {statistics.median(graph_ns) / 1e3:.1f} us")
+                     f"({nodes if nodes else 'none'} expected); their time per launch: median "
+                     f"{statistics.median(graph_ns) / 1e3:.1f} us")
     if eager_ns:
         joined = [ns for ns in eager_ns if ns]
         lines.append(f"- sampled eager kernel launches {len(eager_launches)}, {len(joined)} with a kernel record; "
-                     f"median kernel {statistics.median(joined) / 1e3 if joined else 0:.2f} us; 60 of them: "
-                     f"{60 * statistics.median(joined) / 1e3 if joined else 0:.1f} us")
+                     f"median kernel {statistics.median(joined) / 1e3 if joined else 0:.2f} us"
+                     + (f"; {nodes} of them: {nodes * statistics.median(joined) / 1e3 if joined else 0:.1f} us"
+                        if nodes else ""))
         if joined:
             lines.append(f"- eager kernel records' time: {tail(joined)}; in a window's first 1 ms "
                          f"{tail(first_in_window(eager_launches, eager_ns, windows, True))}, after it "
@@ -239,76 +243,97 @@ def ratio_interval(launches: list[abi.Launch], by_corr: dict[int, list[abi.Activ
     return ratios[int(0.025 * len(ratios))], ratios[int(0.975 * len(ratios)) - 1], len(rows)
 
 
-def main(argv: list[str]) -> int:
-    out = Path(argv[1])
-    seconds = float(os.environ.get("GRAPHS_SECONDS", "40"))
-    lines = ["## CUDA graph replays against eager launches (issue 16 item 1)", ""]
+@dataclass
+class Run:
+    """One program measured twice: torch.profiler's reference run, then under ``otel-gpu inject`` with the agent's
+    GPU-time source attached (debug file and stats on)."""
+
+    reference: dict  # type: ignore[type-arg]
+    measured: dict  # type: ignore[type-arg]
+    samples: list[Sample]  # the measured process's gpu_time samples
+    sampling_fraction: float
+    records: list[abi.Record]  # the library's debug file
+    join_stats: tuple[int, int, int]
+    library_dropped: dict[int, int]
+
+
+def measure(program: str, seconds: float, lines: list[str], workload_env: dict[str, str]) -> Run | None:
+    """Runs ``program`` (argv: mode ``profile`` or ``measure``, seconds, a JSON path it writes, with "pid" in it)
+    once under torch.profiler and once injected with the agent attached; its stats lines go into ``lines``. None
+    (with the reason in ``lines``) when eBPF is unavailable or the measured run fails."""
     work = Path(tempfile.mkdtemp(prefix="otel-gpu-graphs-"))
-    program = work / "program.py"
-    program.write_text(PROGRAM)
+    (work / "program.py").write_text(program)
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
     env.pop("CUDA_INJECTION64_PATH", None)
-    reference_json = work / "reference.json"
-    subprocess.run([sys.executable, str(program), "profile", "0", str(reference_json)], env=env, check=True,
-                   timeout=300)
-    reference = json.loads(reference_json.read_text())
-    ref_ratio = reference["replayed"]["ns_per_call"] / reference["eager"]["ns_per_call"]
-    lines += [f"- torch.profiler: replayed() {reference['replayed']['ns_per_call'] / 1e3:.1f} us of kernels per call "
-              f"({reference['replayed']['kernels_per_call']:.0f} kernels), eager() "
-              f"{reference['eager']['ns_per_call'] / 1e3:.1f} us "
-              f"({reference['eager']['kernels_per_call']:.0f} kernels); "
-              f"ratio **{ref_ratio:.3f}**"]
+    subprocess.run([sys.executable, str(work / "program.py"), "profile", "0", str(work / "reference.json")], env=env,
+                   check=True, timeout=400)
+    reference = json.loads((work / "reference.json").read_text())
     source = WindowedSource(rescan_interval_s=0.2, full_rescan_s=0.5)
     try:
         source.open()
     except SourceUnavailable as exc:
         lines.append(f"- eBPF unavailable here: {exc}")
-        write_report(out, lines)
-        return 1
+        return None
     try:
         source.drain()
         debug = work / "debug.bin"
-        measured_json = work / "measured.json"
-        # sampled even though it launches too often for graphs' lasting cost: this measures the weights, not the choice
-        run_env = dict(env, OTEL_GPU_DEBUG_FILE=str(debug), OTEL_GPU_DEBUG_STATS="1", OTEL_GPU_CUDA_GRAPHS="sample")
-        done = subprocess.run([sys.executable, "-m", "otel_gpu", "inject", "--", sys.executable, str(program),
-                               "measure", str(seconds), str(measured_json)], env=run_env, capture_output=True,
-                              text=True, timeout=seconds + 240)
+        run_env = dict(env, OTEL_GPU_DEBUG_FILE=str(debug), OTEL_GPU_DEBUG_STATS="1", **workload_env)
+        done = subprocess.run([sys.executable, "-m", "otel_gpu", "inject", "--", sys.executable,
+                               str(work / "program.py"), "measure", str(seconds), str(work / "measured.json")],
+                              env=run_env, capture_output=True, text=True, timeout=seconds + 400)
         lines += ["", "```", *[ln for ln in done.stderr.splitlines() if ln.startswith("otel-gpu")][-12:], "```"]
         if done.returncode != 0:
             lines.append(f"- the measured run exited {done.returncode}: {done.stderr[-1500:]}")
-            write_report(out, lines)
-            return 1
-        measured = json.loads(measured_json.read_text())
-        pid = measured["pid"]
+            return None
+        measured = json.loads((work / "measured.json").read_text())
         time.sleep(0.5)
         source.poll_now()
         gpu, _ = source.drain()
+        samples = [sample for process in gpu.processes if process.process.pid == measured["pid"]
+                   for sample in process.samples]
+        return Run(reference, measured, samples, gpu.sampling_fraction, debug_records(debug, measured["pid"]),
+                   source.join_stats(), dict(source.library_dropped))
+    finally:
+        source.close()
+
+
+def main(argv: list[str]) -> int:
+    out = Path(argv[1])
+    seconds = float(os.environ.get("GRAPHS_SECONDS", "40"))
+    lines = ["## CUDA graph replays against eager launches (issue 16 item 1)", ""]
+    try:
+        # sampled even though it launches too often for graphs' lasting cost: this measures the weights, not the choice
+        run = measure(PROGRAM, seconds, lines, {"OTEL_GPU_CUDA_GRAPHS": "sample"})
+        if run is None:
+            write_report(out, lines)
+            return 1
+        reference, measured = run.reference, run.measured
+        ref_ratio = reference["replayed"]["ns_per_call"] / reference["eager"]["ns_per_call"]
+        lines[2:2] = [f"- torch.profiler: replayed() {reference['replayed']['ns_per_call'] / 1e3:.1f} us of kernels "
+                      f"per call ({reference['replayed']['kernels_per_call']:.0f} kernels), eager() "
+                      f"{reference['eager']['ns_per_call'] / 1e3:.1f} us "
+                      f"({reference['eager']['kernels_per_call']:.0f} kernels); ratio **{ref_ratio:.3f}**"]
         totals: Counter[str] = Counter()
-        for process in gpu.processes:
-            if process.process.pid == pid:
-                for sample in process.samples:
-                    totals[owner(sample.frames)] += sample.value
+        for sample in run.samples:
+            totals[owner(sample.frames)] += sample.value
         ratio = totals["replayed"] / totals["eager"] if totals["eager"] else float("nan")
         within = abs(ratio / ref_ratio - 1)
         lines += ["", "### Attribution and weights (the agent's gpu_time)", "",
                   f"- {measured['iterations']} iterations; gpu_time: replayed() {totals['replayed'] / 1e6:.1f} ms, "
                   f"eager() {totals['eager'] / 1e6:.1f} ms, other {totals['other'] / 1e6:.1f} ms; sampling fraction "
-                  f"{gpu.sampling_fraction:.4f}",
+                  f"{run.sampling_fraction:.4f}",
                   f"- ratio replayed / eager **{ratio:.3f}** against torch.profiler's {ref_ratio:.3f}: "
                   f"{(ratio / ref_ratio - 1) * 100:+.1f} % "
                   f"(target within 2 %: **{'PASS' if within <= 0.02 else 'FAIL'}**)",
                   "- each against torch.profiler's time per call x the iterations (those before the attach included): "
                   + ", ".join(f"{name}() {totals[name] / (measured['iterations'] * reference[name]['ns_per_call']):.3f}"
                               for name in ("replayed", "eager")),
-                  f"- joins (joined, launches unmatched, activities unmatched): {source.join_stats()}; "
-                  f"library drops {dict(source.library_dropped)}"]
-        diagnose(debug_records(debug, pid), lines)
+                  f"- joins (joined, launches unmatched, activities unmatched): {run.join_stats}; "
+                  f"library drops {run.library_dropped}"]
+        diagnose(run.records, lines)
     except Exception:  # noqa: BLE001  (report what ran)
         lines += ["", "```", traceback.format_exc()[-3000:], "```"]
-    finally:
-        source.close()
     write_report(out, lines)
     return 0
 

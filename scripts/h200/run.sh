@@ -29,6 +29,7 @@ for step in "${steps[@]}"; do
               done
               grep -rn "TEARDOWN_CUPTI" "$site" --include=*.py | head -5 ;;
     graphs)   timeout 560 python3 scripts/h200/graphs.py "$OUT/h200-graphs.md" ;;
+    compiled) timeout 580 python3 scripts/h200/compiled.py "$OUT/h200-compiled.md" ;;  # COMPILED_SECONDS (60)
     span_devices) timeout 200 python3 scripts/h200/span_devices.py "$OUT/h200-span-devices.md" --seconds 40 ;;
     cpu_python) timeout 300 python3 scripts/h200/cpu_python.py "$OUT/h200-cpu-python.md" ;;
     attach)   timeout 400 python3 scripts/h200/attach.py "$OUT/h200-attach.md" ;;
