@@ -4,26 +4,28 @@
 # cuda-include/ and wheelhouse/. With Docker: `IMAGE=otel-gpu:0.1.0 scripts/image.sh build` prepares
 # .cache/image-context, then `docker build --build-arg BASE_IMAGE=debian:bookworm-slim -f Dockerfile .cache/image-context`.
 # The build stage compiles the eBPF objects (clang, CO-RE, vmlinux.h from the build machine's BTF), the CUDA
-# injection library, the unwind-table builder and the ELF symbol-table reader (gcc), builds the package's wheel and
-# installs it with its dependencies into a virtual environment; the runtime stage is Debian with python3, libbpf1,
-# libelf1 and binutils (c++filt: the agent's one C++ and Rust demangler, run in its own process), that environment,
-# and the injection library at /opt/otel-gpu/lib/libotel_gpu_inject.so (the Helm chart's init container copies it
-# to the node).
+# injection library, the span context table and the span processor's C hooks (a CPython extension against the limited
+# API, so it loads in the runtime stage's python3), the unwind-table builder and the ELF symbol-table reader (gcc),
+# builds the package's wheel and installs it with its dependencies into a virtual environment; the runtime stage is
+# Debian with python3, libbpf1, libelf1 and binutils (c++filt: the agent's one C++ and Rust demangler, run in its own
+# process), that environment, and the injection library at /opt/otel-gpu/lib/libotel_gpu_inject.so (the Helm chart's
+# init container copies it to the node).
 ARG BASE_IMAGE=debian:bookworm-slim
 
 FROM ${BASE_IMAGE} AS build
 ENV DEBIAN_FRONTEND=noninteractive PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1
 RUN apt-get update -qq \
  && apt-get install -y -qq --no-install-recommends clang llvm libbpf-dev bpftool libelf-dev zlib1g-dev \
-      systemtap-sdt-dev gcc libc6-dev make python3 python3-venv python3-setuptools python3-pip >/dev/null
+      systemtap-sdt-dev gcc libc6-dev make python3 python3-dev python3-venv python3-setuptools python3-pip >/dev/null
 WORKDIR /src
 COPY cuda-include /cuda/include
 COPY wheelhouse /wheelhouse
-COPY pyproject.toml README.md ./
+COPY pyproject.toml setup.py README.md ./
 COPY otel_gpu ./otel_gpu
 # vmlinux.h comes from the build machine's /sys/kernel/btf/vmlinux; the objects are CO-RE and load on other kernels
 RUN make -s -C otel_gpu/ebpf \
  && make -s -C otel_gpu/cuda/native CUDA_INCLUDE=/cuda/include \
+ && make -s -C otel_gpu/instrumentation/native \
  && make -s -C otel_gpu/unwind/native \
  && make -s -C otel_gpu/symbolize/native \
  && python3 -m pip wheel -q --no-deps --no-build-isolation --no-index -w /dist . \

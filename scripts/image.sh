@@ -50,7 +50,7 @@ case "${1:-build}" in
     # the build context: the package's tracked (and new, not ignored) sources, never the host's build outputs
     context="$top/.cache/image-context"
     rm -rf "$context" && mkdir -p "$context"
-    git ls-files -z --cached --others --exclude-standard -- pyproject.toml README.md otel_gpu \
+    git ls-files -z --cached --others --exclude-standard -- pyproject.toml setup.py README.md otel_gpu \
       | tar --null -T - -c | tar -C "$context" -x
     cp -r "$top/.cache/cuda/include" "$context/cuda-include"
     cp -r "$top/.cache/wheelhouse" "$context/wheelhouse"

@@ -4,7 +4,7 @@ the way the Helm chart runs it (the chart's capability list, not privileged, hos
 the runtime's seccomp profile off) against workloads on the host that run as another user: a C program that
 burns CPU and the fake CUDA workload with the injection library the image carries (copied out as the chart's init
 container copies it). Profiles come out of both, with symbols. Then each capability of the list is dropped in turn
-to show that the agent needs it.
+to show that the agent needs it. The span processor, run by the image's python3, loads its C hooks.
 
 Needs root, Podman, Buildah, runc and debootstrap (scripts/install-system.sh). The base image (debootstrap of
 bookworm) is kept in Podman's storage and reused; a cold run builds it first.
@@ -12,6 +12,7 @@ bookworm) is kept in Podman's storage and reused; a cold run builds it first.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -27,6 +28,7 @@ from tests.conftest import NATIVE, REPO
 from tests.profiles import pprof_proto
 
 IMAGE = "localhost/otel-gpu:test"
+INSTALLED_CHECK = Path(__file__).with_name("installed_check.py")
 CONTAINERS_CONF = REPO / ".cache" / "containers" / "containers.conf"
 LIBRARY_IN_IMAGE = "/opt/otel-gpu/lib/libotel_gpu_inject.so"
 NOBODY = 65534
@@ -198,3 +200,16 @@ def test_image_holds_only_the_runtime(image: str) -> None:
                      "True"], listed.stdout + listed.stderr  # the unwind-table builder (else frame pointers only)
     size = int(_podman("image", "inspect", "--format", "{{.Size}}", image).stdout)
     print(f"image size: {size / 1e6:.0f} MB")
+
+
+def test_the_span_processor_runs_its_c_hooks_in_the_image(image: str) -> None:
+    """The image's package carries the span context table and the C hooks, and the hooks load in its python3."""
+    ran = _podman("run", "--rm", "--network", "none", "--read-only", "--entrypoint", "python3", image,
+                  "-c", INSTALLED_CHECK.read_text(), check=False)
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    found = json.loads(ran.stdout)
+    package = Path(found["package"]).parent
+    assert package.is_relative_to("/opt/otel-gpu/venv"), found
+    assert found["hooks"] == str(package / "instrumentation" / "_hooks.abi3.so"), found
+    assert found["table"] == str(package / "instrumentation" / "native" / "libotel_gpu_context.so"), found
+    assert found["c_hooks"] and found["published"], found
