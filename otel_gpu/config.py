@@ -351,6 +351,21 @@ def _unset_or_range(low: float, high: float) -> Callable[[Any], str | None]:
     return check
 
 
+def _otlp_endpoint(value: Any) -> str | None:
+    """An http:// or https:// URL, or host:port without a scheme (gRPC's form: TLS unless --otlp-insecure; the
+    protocol is checked with the other settings, in _cross_checks)."""
+    if not value or "://" in str(value):
+        return _url(value)
+    try:
+        parsed = urllib.parse.urlsplit(f"//{value}")
+        port = parsed.port
+    except ValueError as exc:
+        return f"is not a valid host:port ({exc})"
+    if not parsed.hostname or port is None or parsed.path or parsed.query:
+        return "must be an http:// or https:// URL, or host:port for gRPC"
+    return None
+
+
 def _url(value: Any) -> str | None:
     if not value:
         return None
@@ -450,11 +465,11 @@ OPTIONS: tuple[Option, ...] = (
            env=("OTEL_RESOURCE_ATTRIBUTES",)),
     # OTLP
     Option("otlp.endpoint", "--otlp-endpoint", "OTLP endpoint for every signal (e.g. http://collector:4317)", str,
-           env=("OTEL_EXPORTER_OTLP_ENDPOINT",), check=_url),
+           env=("OTEL_EXPORTER_OTLP_ENDPOINT",), check=_otlp_endpoint),
     Option("otlp.metrics_endpoint", "--otlp-metrics-endpoint", "OTLP endpoint for metrics, used as-is", str,
-           env=("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT",), check=_url),
+           env=("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT",), check=_otlp_endpoint),
     Option("otlp.profiles_endpoint", "--otlp-profiles-endpoint", "OTLP endpoint for profiles, used as-is", str,
-           env=("OTEL_EXPORTER_OTLP_PROFILES_ENDPOINT",), check=_url),
+           env=("OTEL_EXPORTER_OTLP_PROFILES_ENDPOINT",), check=_otlp_endpoint),
     Option("otlp.protocol", "--otlp-protocol", "OTLP transport", str, env=("OTEL_EXPORTER_OTLP_PROTOCOL",),
            choices=_PROTOCOLS, unsupported=_UNSUPPORTED_PROTOCOLS),
     Option("otlp.metrics_protocol", "--otlp-metrics-protocol", "OTLP transport for metrics", str,
@@ -835,6 +850,25 @@ def _build(parsed: Mapping[str, Any], config_file: str, warnings: tuple[str, ...
     return AgentConfig(**top)
 
 
+def _schemeless_endpoints(otlp: OTLPConfig) -> list[str]:
+    """host:port endpoints (no scheme) of signals that do not go over gRPC: HTTP needs a URL."""
+    problems: list[str] = []
+    schemeless: dict[tuple[str, str, str, str], list[str]] = {}  # (flag, variable, endpoint, protocol) -> signals
+    for signal in ("metrics", "profiles"):
+        own = getattr(otlp, f"{signal}_endpoint")
+        endpoint = own or otlp.endpoint
+        protocol = getattr(otlp, f"{signal}_protocol") or otlp.protocol
+        if endpoint and "://" not in endpoint and protocol != "grpc":
+            flag, variable = ((f"--otlp-{signal}-endpoint", f"OTEL_EXPORTER_OTLP_{signal.upper()}_ENDPOINT") if own
+                              else ("--otlp-endpoint", "OTEL_EXPORTER_OTLP_ENDPOINT"))
+            schemeless.setdefault((flag, variable, endpoint, protocol), []).append(signal)
+    for (flag, variable, endpoint, protocol), signals in schemeless.items():
+        problems.append(f"flag {flag} (environment variable {variable}): {endpoint!r} has no scheme, which only gRPC "
+                        f"takes (host:port); {' and '.join(signals)} go over {protocol}, which needs an http:// or "
+                        "https:// URL")
+    return problems
+
+
 def _cross_checks(config: AgentConfig) -> list[str]:
     problems: list[str] = []
     for option in OPTIONS:  # every TLS file: CA certificates, client keys and client certificates
@@ -843,6 +877,7 @@ def _cross_checks(config: AgentConfig) -> list[str]:
             if path and not Path(path).is_file():
                 problems.append(f"flag {option.flag} (environment variable {', '.join(option.env)}): {path!r} is "
                                 "not a readable file")
+    problems += _schemeless_endpoints(config.otlp)
     for signal in ("metrics", "profiles"):
         resolved = config.otlp.signal(signal)
         if bool(resolved.client_key) != bool(resolved.client_certificate):
@@ -932,7 +967,8 @@ def _masked(option: Option, value: Any) -> bool:
         if isinstance(value, tuple):
             return any(v == MASK for _, v in value)
         return value == MASK
-    if isinstance(value, str) and MASK in value and option.check is _url:  # masked where a secret would be
+    # a URL masked where a secret would be
+    if isinstance(value, str) and MASK in value and option.check in (_url, _otlp_endpoint):
         unmasked = value.replace(MASK, "x")
         return redacted(value) == value and redacted(unmasked) != unmasked
     return False

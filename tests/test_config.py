@@ -77,7 +77,7 @@ def test_every_problem_is_listed_with_its_flag(tmp_path: Path) -> None:
     file = _yaml(tmp_path, {"metrics": {"bogus_key": 1}})
     with pytest.raises(config.ConfigError) as caught:
         _load(["--config", file, "--otlp-protocol", "carrier-pigeon", "--prometheus-port", "70000",
-               "--metric-export-interval", "abc"], {"OTEL_EXPORTER_OTLP_ENDPOINT": "collector:4317"})
+               "--metric-export-interval", "abc"], {"OTEL_EXPORTER_OTLP_ENDPOINT": "collector:grpc"})
     problems = caught.value.problems
     joined = "\n".join(problems)
     assert len(problems) == 5, joined
@@ -404,6 +404,51 @@ def test_invalid_otlp_variables_exit_2_naming_the_variable(name: str, value: str
     result = _run("run", "--duration", "0.1", env={name: value})
     assert result.returncode == 2, result.stderr
     assert name in result.stderr and expected in result.stderr, result.stderr
+
+
+def test_host_and_port_without_a_scheme_is_grpcs_form_and_insecure_means_plaintext() -> None:
+    """OTEL_EXPORTER_OTLP_ENDPOINT=collector:4317 with OTEL_EXPORTER_OTLP_INSECURE=true, as the OpenTelemetry
+    specification lets gRPC exporters take it; over HTTP such an endpoint is refused, naming the flag and signals."""
+    loaded = _load([], {"OTEL_EXPORTER_OTLP_ENDPOINT": "collector:4317", "OTEL_EXPORTER_OTLP_INSECURE": "true"})
+    for signal in ("metrics", "profiles"):
+        resolved = loaded.otlp.signal(signal)
+        assert (resolved.protocol, resolved.url, resolved.insecure) == ("grpc", "collector:4317", True)
+    assert _load(["--otlp-endpoint", "[::1]:4317"]).otlp.signal("metrics").url == "[::1]:4317"
+    with pytest.raises(config.ConfigError) as caught:
+        _load(["--otlp-endpoint", "collector:4317", "--otlp-metrics-protocol", "http/protobuf"])
+    (problem,) = caught.value.problems
+    assert problem.startswith("flag --otlp-endpoint (environment variable OTEL_EXPORTER_OTLP_ENDPOINT):")
+    assert "metrics go over http/protobuf, which needs an http:// or https:// URL" in problem
+    with pytest.raises(config.ConfigError) as caught:
+        _load(["--otlp-profiles-endpoint", "collector:4317", "--otlp-protocol", "http/protobuf"])
+    (problem,) = caught.value.problems
+    assert "flag --otlp-profiles-endpoint" in problem and "profiles go over http/protobuf" in problem
+    for bad in ("collector", "collector:4317/v1", "collector:port", ":4317"):
+        with pytest.raises(config.ConfigError) as caught:
+            _load(["--otlp-endpoint", bad])
+        assert "flag --otlp-endpoint" in caught.value.problems[0], bad
+
+
+@pytest.mark.root
+def test_the_agent_sends_both_signals_to_schemeless_grpc_endpoints_in_plaintext() -> None:
+    """`otel-gpu run` with host:port endpoints and --otlp-insecure: metrics and CPU profiles arrive at plaintext
+    gRPC receivers (before, the configuration refused the endpoints and the flag did nothing)."""
+    from tests.exporters.receivers import GrpcProfilesReceiver, free_port
+    from tests.metrics.test_pipeline import _serve
+
+    metrics_server, metrics = _serve(port := free_port())
+    profiles = GrpcProfilesReceiver().start()
+    try:
+        ran = _run("run", "--duration", "4", "--no-gpu-metrics", "--no-gpu-time-profiling", "--console", "off",
+                   "--local-files", "off", "--metric-export-interval", "0.5", "--profiling-interval", "1",
+                   "--otlp-metrics-endpoint", f"127.0.0.1:{port}", "--otlp-profiles-endpoint",
+                   f"127.0.0.1:{profiles.port}", "--otlp-insecure")
+        assert ran.returncode == 0, ran.stderr[-3000:]
+        assert metrics.names(), ran.stderr[-3000:]
+        assert profiles.wait_for(1, timeout_s=5), ran.stderr[-3000:]
+    finally:
+        metrics_server.stop(grace=None)
+        profiles.stop()
 
 
 def test_a_client_key_needs_a_client_certificate(tmp_path: Path) -> None:
