@@ -7,6 +7,8 @@ the newest data. Every drop is counted in ``otel_gpu.dropped`` (``otel_gpu.reaso
 ``too_large``, ``rejected``, ``shutdown``) and every failed attempt in ``otel_gpu.export.failures``.
 An outage is logged once when it starts and once when it ends, never per attempt. The backoff belongs to the
 outage, not to a payload: evicting the payload being retried neither resets it nor lets the next one go out early.
+Refusals are logged the same way: the first with its reason (and a new reason at once), then at most one line a
+``REFUSAL_LOG_INTERVAL_S`` with the count, and one when the backend accepts again.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from otel_gpu import selfmetrics, semconv
 
 _logger = logging.getLogger(__name__)
 
+REFUSAL_LOG_INTERVAL_S = 300.0  # at most one line this often while a backend keeps refusing for the same reason
 _JOIN_SLACK_S = 0.25  # time for the sender to notice shutdown's deadline; past it, shutdown drops what is left itself
 
 
@@ -94,6 +97,10 @@ class RetryQueue:
         self._outage_dropped = 0
         self._attempt = 0  # failed attempts in this outage: the backoff's exponent
         self._retry_at = 0.0  # monotonic time before which nothing is sent
+        self._refusal_reason = ""  # the kind of the last refusal logged; "" while the backend accepts
+        self._refusals = 0  # refusals since the backend last accepted
+        self._refusals_unlogged = 0  # of those, refusals not yet in a log line
+        self._refusal_logged_at = 0.0  # monotonic time of the last refusal line
         self.sent = 0  # payloads delivered (for tests and logs)
         self._thread = threading.Thread(target=self._run, name=f"otel-gpu-export-{name}", daemon=True)
         self._thread.start()
@@ -211,7 +218,7 @@ class RetryQueue:
             if result.outcome is Outcome.FAIL:
                 with self._cond:
                     self._drop(1, semconv.Reason.REJECTED)
-                _logger.warning("%s: the backend refused a payload (%s); dropped it", self.name, result.detail)
+                self._refused(result.detail)
                 return
             self._outage_failures += 1
             if self._outage_failures == 1:
@@ -246,7 +253,28 @@ class RetryQueue:
         self._drop(left, semconv.Reason.SHUTDOWN)
         _logger.warning("%s: backend still unavailable at shutdown; dropped %d queued payloads", self.name, left)
 
+    def _refused(self, reason: str) -> None:
+        """Log a refusal: the first of a spell and each new reason at once, the same reason again at most once a
+        REFUSAL_LOG_INTERVAL_S, counted."""
+        self._refusals += 1
+        self._refusals_unlogged += 1
+        now = time.monotonic()
+        kind = reason.split(":", 1)[0]  # "HTTP 400 from http", "INVALID_ARGUMENT": the same refusal, other details
+        if kind != self._refusal_reason:
+            _logger.warning("%s: the backend refused a payload (%s); dropped it%s", self.name, reason,
+                            "" if self._refusals > 1 else "; the same refusal is logged again at most every "
+                            f"{REFUSAL_LOG_INTERVAL_S:g} s")
+        elif now - self._refusal_logged_at >= REFUSAL_LOG_INTERVAL_S:
+            _logger.warning("%s: the backend refused %d more payloads in %.0f s (%s); dropped them", self.name,
+                            self._refusals_unlogged, now - self._refusal_logged_at, reason)
+        else:
+            return
+        self._refusal_reason, self._refusals_unlogged, self._refusal_logged_at = kind, 0, now
+
     def _recovered(self) -> None:
+        if self._refusals:
+            _logger.info("%s: the backend accepts payloads again after refusing %d", self.name, self._refusals)
+            self._refusal_reason, self._refusals, self._refusals_unlogged = "", 0, 0
         with self._cond:
             dropped, self._outage_dropped = self._outage_dropped, 0
         if self._outage_failures:

@@ -167,3 +167,52 @@ def test_backoff_grows_exponentially_within_jitter_and_cap() -> None:
         delays = [backoff.delay_s(attempt, rng) for _ in range(200)]
         assert base * 0.8 <= min(delays) and max(delays) <= base * 1.2
         assert max(delays) - min(delays) > base * 0.2  # jitter really spreads the retries
+
+
+def test_a_backend_that_keeps_refusing_is_logged_once_then_counted(caplog: pytest.LogCaptureFixture,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """A web server that answers every payload with 501 (not an OTLP endpoint): one warning with the reason, then
+    silence (every drop counted) until the interval passes, one line with the count, one when payloads go in again;
+    a new kind of refusal is logged at once."""
+    from otel_gpu.exporters import queue as queue_module
+
+    details = iter(f"HTTP 501 from http://backend/v1development/profiles: excerpt {i}" for i in range(100))
+    answers: list[SendResult] = []
+    sent = threading.Semaphore(0)
+
+    def send(payload: Payload) -> SendResult:
+        answer = answers.pop(0) if answers else SendResult(Outcome.FAIL, next(details))
+        sent.release()
+        return answer
+
+    clock = [1000.0]
+    monkeypatch.setattr(queue_module.time, "monotonic", lambda: clock[0])
+    caplog.set_level(logging.INFO, logger="otel_gpu.exporters.queue")
+    queue = RetryQueue("otlp-http", send, max_bytes=1000, backoff=FAST)
+
+    def put(count: int) -> None:
+        for _ in range(count):
+            queue.put(Payload(b"x"))
+            assert sent.acquire(timeout=10)
+
+    def lines() -> list[str]:
+        return [r.getMessage() for r in caplog.records if r.name == "otel_gpu.exporters.queue"]
+
+    try:
+        put(5)
+        assert _dropped("rejected") == 5
+        assert len(lines()) == 1 and "refused a payload (HTTP 501" in lines()[0] and "excerpt 0" in lines()[0]
+        clock[0] += queue_module.REFUSAL_LOG_INTERVAL_S
+        put(1)
+        assert len(lines()) == 2 and "refused 5 more payloads in 300 s" in lines()[1] and "excerpt 5" in lines()[1]
+        answers.append(SendResult(Outcome.FAIL, "INVALID_ARGUMENT: profile has no sample type"))
+        put(1)
+        assert len(lines()) == 3 and "refused a payload (INVALID_ARGUMENT" in lines()[2]
+        answers.append(SendResult(Outcome.OK))
+        put(1)
+        assert "accepts payloads again after refusing 7" in lines()[3]
+        put(1)
+        assert len(lines()) == 5 and "refused a payload (HTTP 501" in lines()[4]  # a new spell starts over
+    finally:
+        queue.shutdown(5.0)
+    assert _dropped("rejected") == 8
