@@ -14,7 +14,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
@@ -106,7 +106,7 @@ class Agent:
             on = {source: "on" if source in running else "off" for source in semconv.Source}
             _logger.info("otel-gpu running: gpu metrics %s, cpu profiling %s, gpu-time profiling %s; %s",
                          on[semconv.Source.NVML], on[semconv.Source.CPU_PROFILER], on[semconv.Source.GPU_TIME],
-                         self._destinations(pipeline.prometheus_address))
+                         self._destinations(pipeline.prometheus_address, {e.name for e in pipeline.exporters}))
             self._cost.running()
             trim_heap()  # what start-up freed (the kernel's BTF, relocations, the first symbol reads)
             self._loop(profilers, exporters)
@@ -250,8 +250,11 @@ class Agent:
         return tuple(p if (info := self._resolver.with_names(p.process)) is p.process
                      else dataclasses.replace(p, process=info) for p in processes)
 
-    def _destinations(self, prometheus_address: tuple[str, int] | None) -> str:
-        """Where each signal goes, for the start-up line; the Prometheus endpoint only when it really listens."""
+    def _destinations(self, prometheus_address: tuple[str, int] | None,
+                      metric_exporters: Collection[str] | None = None) -> str:
+        """Where each signal goes, for the start-up line; the Prometheus endpoint only when it really listens, and
+        the metrics' local outputs as the pipeline has them (``metric_exporters``: its exporters' names; None: as
+        configured)."""
         config = self.config
         metrics = []
         if (target := config.otlp.metrics_target()) is not None:
@@ -265,9 +268,10 @@ class Agent:
         if config.pyroscope.url:
             profiles.append(f"Pyroscope {config.pyroscope.url} ({config.pyroscope.api})")
         for kind, parts in (("metrics", metrics), ("profiles", profiles)):
-            if config.writes_files(kind):
+            local = metric_exporters if kind == "metrics" and metric_exporters is not None else None
+            if config.writes_files(kind) if local is None else "file" in local:
                 parts.append(f"files in {config.output.dir}")
-            if config.shows_console(kind):
+            if config.shows_console(kind) if local is None else "console" in local:
                 parts.append("terminal")
         line = f"metrics -> {' + '.join(metrics) or 'nowhere'}; profiles -> {' + '.join(profiles) or 'nowhere'}"
         if config.otlp.generic_endpoint_is_metrics_only() and not config.otlp.profiles_endpoint:

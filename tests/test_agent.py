@@ -173,6 +173,27 @@ def test_a_taken_prometheus_port_is_not_announced() -> None:
         assert agent.finish(60) == 0
     assert "ERROR" in error and f"127.0.0.1:{port}" in error
     assert "Prometheus" not in running and "metrics -> nowhere" in running
+    assert any("metrics have no destination left (--local-files off, --console off" in line for line in agent.log)
+
+
+def test_a_taken_prometheus_port_leaves_metrics_on_the_local_default(tmp_path: Path) -> None:
+    """The scrape endpoint was the metrics' only backend and cannot listen: metrics go to the files and the terminal
+    as with no backend at all, said in one line, instead of nowhere."""
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        clean = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+        ran = subprocess.run(agent_command("run", "--duration", "1.5", "--no-cpu-profiling", "--no-gpu-metrics",
+                                           "--no-gpu-time-profiling", "--metric-export-interval", "0.5",
+                                           "--prometheus-port", str(port), "--prometheus-host", "127.0.0.1",
+                                           "--output-dir", str(tmp_path / "out")),
+                             capture_output=True, text=True, timeout=60, cwd=REPO, env=clean)
+    assert ran.returncode == 0, ran.stderr
+    assert f"metrics go to the local default instead: files in {tmp_path / 'out'} and the terminal" in ran.stderr
+    assert f"metrics -> files in {tmp_path / 'out'} + terminal" in ran.stderr
+    assert (tmp_path / "out" / "metrics.jsonl").stat().st_size > 0
+    assert "GPU metrics are off (the log says why), so there is no GPU table" in ran.stdout  # the terminal's line
 
 
 def test_a_prometheus_port_that_listens_is_announced_with_its_address() -> None:

@@ -83,7 +83,8 @@ def console_status(metrics_data: MetricsData | None, *, interval_s: float) -> st
     if _collect_rows(metrics_data):
         return None
     if _source_off(metrics_data, "nvml"):
-        return "GPU metrics are off (the log says why); profiles go to their destinations"
+        return ("GPU metrics are off (the log says why), so there is no GPU table; profiles, when on, print their own "
+                "summary")
     return f"no GPU metrics yet (next collection in {interval_s:g} s)"
 
 

@@ -291,14 +291,27 @@ class MetricsPipeline:
         # Shutdown runs the readers in this order: local outputs and the scrape endpoint first, so a slow last
         # export to a backend that is down cannot hold them up.
         readers: list[MetricReader] = list(extra_readers)
+        scrape_only_and_down = False  # the scrape endpoint was the metrics' one backend, and it cannot listen
         if config.metrics.prometheus_port:
             reader = self._start_prometheus(config.metrics.prometheus_host, config.metrics.prometheus_port)
             if reader is not None:
                 readers.append(reader)
-        if config.writes_files("metrics"):
+            else:
+                scrape_only_and_down = config.otlp.metrics_target() is None
+        files_on = config.writes_files("metrics") or (scrape_only_and_down and config.output.files == "auto")
+        console_on = config.shows_console("metrics") or (scrape_only_and_down and config.output.console == "auto")
+        if scrape_only_and_down:
+            if files_on or console_on:
+                _logger.warning("metrics go to the local default instead: %s",
+                                " and ".join(([f"files in {config.output.dir}"] if files_on else [])
+                                             + (["the terminal"] if console_on else [])))
+            else:
+                _logger.warning("metrics have no destination left (--local-files off, --console off, no OTLP "
+                                "backend): they are not exported")
+        if files_on:
             files = JsonLinesMetricExporter(config.output.dir)
             self.exporters.append(CountingExporter(files, "file", str(files.path)))
-        if config.shows_console("metrics"):
+        if console_on:
             console = ConsoleTableExporter(sys.stdout, interval_s=config.metrics.export_interval_s)
             self.exporters.append(CountingExporter(console, "console", "stdout"))
         built = build_otlp_exporter(config.otlp)
