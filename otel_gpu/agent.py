@@ -269,7 +269,7 @@ class Agent:
             profiles.append(f"Pyroscope {config.pyroscope.url} ({config.pyroscope.api})")
         for kind, parts in (("metrics", metrics), ("profiles", profiles)):
             local = metric_exporters if kind == "metrics" and metric_exporters is not None else None
-            if config.writes_files(kind) if local is None else "file" in local:
+            if config.writes_files(kind) if local is None else "files" in local:
                 parts.append(f"files in {config.output.dir}")
             if config.shows_console(kind) if local is None else "console" in local:
                 parts.append("terminal")

@@ -64,7 +64,7 @@ class OTLPGrpcProfileExporter(QueuedProfileExporter):
     def __init__(self, endpoint: str, *, headers: Mapping[str, str] | None = None, insecure: bool = False,
                  certificate: str = "", client_key: str = "", client_certificate: str = "",
                  compression: str = "none", timeout_s: float = 10.0, queue_max_bytes: int = 64 << 20,
-                 backoff: Backoff | None = None, name: str = "otlp-grpc") -> None:
+                 backoff: Backoff | None = None, name: str = "otlp_grpc") -> None:
         import grpc
 
         self._grpc = grpc
@@ -169,7 +169,7 @@ class OTLPHttpProfileExporter(QueuedProfileExporter):
     def __init__(self, url: str, *, headers: Mapping[str, str] | None = None, certificate: str = "",
                  client_key: str = "", client_certificate: str = "", compression: str = "none",
                  timeout_s: float = 10.0, queue_max_bytes: int = 64 << 20, backoff: Backoff | None = None,
-                 name: str = "otlp-http") -> None:
+                 name: str = "otlp_http") -> None:
         self.url = url
         self._gzip = compression == "gzip"
         self._poster = HttpPoster(headers, certificate=certificate, client_key=client_key,

@@ -44,7 +44,7 @@ def pyroscope_otlp_exporter(url: str, *, headers: Mapping[str, str], timeout_s: 
     """OTLP/HTTP profiles to Pyroscope's own receiver (same wire as a Collector)."""
     return OTLPHttpProfileExporter(url.rstrip("/") + HTTP_PATH, headers=headers, timeout_s=timeout_s,
                                    compression="gzip",  # Pyroscope's own receiver, not OTEL_EXPORTER_OTLP_*: as ever
-                                   queue_max_bytes=queue_max_bytes, backoff=backoff, name="pyroscope-otlp")
+                                   queue_max_bytes=queue_max_bytes, backoff=backoff, name="pyroscope_otlp")
 
 
 class PyroscopeIngestExporter(QueuedProfileExporter):
@@ -54,7 +54,7 @@ class PyroscopeIngestExporter(QueuedProfileExporter):
                  queue_max_bytes: int = 64 << 20, backoff: Backoff | None = None) -> None:
         self.url = url.rstrip("/") + INGEST_PATH
         self._poster = HttpPoster(headers, timeout_s=timeout_s)
-        super().__init__("pyroscope-ingest", queue_max_bytes, backoff)
+        super().__init__("pyroscope_ingest", queue_max_bytes, backoff)
 
     def payloads(self, batch: ProfileBatch) -> list[Payload]:
         out = []

@@ -310,7 +310,7 @@ class MetricsPipeline:
                                 "backend): they are not exported")
         if files_on:
             files = JsonLinesMetricExporter(config.output.dir)
-            self.exporters.append(CountingExporter(files, "file", str(files.path)))
+            self.exporters.append(CountingExporter(files, "files", str(files.path)))
         if console_on:
             console = ConsoleTableExporter(sys.stdout, interval_s=config.metrics.export_interval_s)
             self.exporters.append(CountingExporter(console, "console", "stdout"))

@@ -113,7 +113,7 @@ def test_otlp_grpc_http_and_pyroscope_ingest(tmp_path: Path) -> None:
     assert [type(e) for e in http] == [OTLPHttpProfileExporter, PyroscopeIngestExporter, FilesProfileExporter]
     assert http[0].url == "http://127.0.0.1:4318/v1development/profiles"
     assert http[1].url == "http://127.0.0.1:4040/ingest"
-    assert [e.name for e in http] == ["otlp-http", "pyroscope-ingest", "files"]
+    assert [e.name for e in http] == ["otlp_http", "pyroscope_ingest", "files"]
 
 
 def test_certificate_gone_after_validation_leaves_otlp_out(tmp_path: Path) -> None:

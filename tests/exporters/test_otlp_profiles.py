@@ -91,7 +91,7 @@ def test_grpc_backend_down_then_up_queue_bounded_and_data_arrives() -> None:
             assert exporter.queue.queued_bytes <= bound
         assert exporter.queue.queued_count == 3
         assert _dropped("queue_full") == 5
-        assert _eventually(lambda: _failures("otlp-grpc") >= 2)  # the backend really was down for a while
+        assert _eventually(lambda: _failures("otlp_grpc") >= 2)  # the backend really was down for a while
         receiver = GrpcProfilesReceiver(port).start()
         assert receiver.wait_for(3, timeout_s=60.0)
     finally:
@@ -215,7 +215,7 @@ def test_http_backend_down_then_up() -> None:
     try:
         exporter.export(batches.cpu_batch())
         exporter.export(batches.gpu_batch())
-        assert _eventually(lambda: _failures("otlp-http") >= 2)
+        assert _eventually(lambda: _failures("otlp_http") >= 2)
         receiver = HttpReceiver(port=port).start()
         assert receiver.wait_for(2, timeout_s=60.0)
     finally:
@@ -295,7 +295,7 @@ def test_tls_without_the_ca_certificate_is_not_delivered(tmp_path: Path) -> None
     exporter = OTLPHttpProfileExporter(f"https://127.0.0.1:{receiver.port}/v1development/profiles", backoff=FAST)
     try:
         exporter.export(batches.cpu_batch())
-        assert _eventually(lambda: _failures("otlp-http") >= 1)
+        assert _eventually(lambda: _failures("otlp_http") >= 1)
     finally:
         exporter.shutdown(0.5)
         receiver.stop()

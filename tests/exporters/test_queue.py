@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import random
 import threading
+import time
 
 import pytest
 
@@ -188,31 +189,42 @@ def test_a_backend_that_keeps_refusing_is_logged_once_then_counted(caplog: pytes
     clock = [1000.0]
     monkeypatch.setattr(queue_module.time, "monotonic", lambda: clock[0])
     caplog.set_level(logging.INFO, logger="otel_gpu.exporters.queue")
-    queue = RetryQueue("otlp-http", send, max_bytes=1000, backoff=FAST)
+    queue = RetryQueue("otlp_http", send, max_bytes=1000, backoff=FAST)
 
     def put(count: int) -> None:
         for _ in range(count):
             queue.put(Payload(b"x"))
             assert sent.acquire(timeout=10)
 
-    def lines() -> list[str]:
-        return [r.getMessage() for r in caplog.records if r.name == "otel_gpu.exporters.queue"]
+    def lines(count: int) -> list[str]:
+        """The queue's log lines once there are ``count`` (the sender logs a refusal after send returns)."""
+        deadline = time.perf_counter() + 10  # monotonic is the test's clock here
+        while True:
+            got = [r.getMessage() for r in caplog.records if r.name == "otel_gpu.exporters.queue"]
+            if len(got) >= count or time.perf_counter() > deadline:
+                return got
+            time.sleep(0.01)
 
     try:
         put(5)
         assert _dropped("rejected") == 5
-        assert len(lines()) == 1 and "refused a payload (HTTP 501" in lines()[0] and "excerpt 0" in lines()[0]
+        got = lines(1)
+        assert len(got) == 1 and "refused a payload (HTTP 501" in got[0] and "excerpt 0" in got[0], got
         clock[0] += queue_module.REFUSAL_LOG_INTERVAL_S
         put(1)
-        assert len(lines()) == 2 and "refused 5 more payloads in 300 s" in lines()[1] and "excerpt 5" in lines()[1]
+        got = lines(2)
+        assert len(got) == 2 and "refused 5 more payloads in 300 s" in got[1] and "excerpt 5" in got[1], got
         answers.append(SendResult(Outcome.FAIL, "INVALID_ARGUMENT: profile has no sample type"))
         put(1)
-        assert len(lines()) == 3 and "refused a payload (INVALID_ARGUMENT" in lines()[2]
+        got = lines(3)
+        assert len(got) == 3 and "refused a payload (INVALID_ARGUMENT" in got[2], got
         answers.append(SendResult(Outcome.OK))
         put(1)
-        assert "accepts payloads again after refusing 7" in lines()[3]
+        got = lines(4)
+        assert "accepts payloads again after refusing 7" in got[3], got
         put(1)
-        assert len(lines()) == 5 and "refused a payload (HTTP 501" in lines()[4]  # a new spell starts over
+        got = lines(5)
+        assert len(got) == 5 and "refused a payload (HTTP 501" in got[4], got  # a new spell starts over
     finally:
         queue.shutdown(5.0)
     assert _dropped("rejected") == 8

@@ -111,7 +111,7 @@ def test_a_full_disk_leaves_only_whole_lines_and_the_drop_is_counted(tmp_path: P
     assert 4096 < line_bytes < 3 * 4096 and 3 * 4096 % line_bytes  # the last line that fits only in part
     selfmetrics.reset()
     with small_tmpfs(tmp_path / "full", 3 * 4096) as folder:
-        counting = CountingExporter(JsonLinesMetricExporter(folder), "file", "test")
+        counting = CountingExporter(JsonLinesMetricExporter(folder), "files", "test")
         try:
             for _ in range(3 * 4096 // line_bytes + 2):  # more lines than fit
                 counting.export(data)
@@ -125,7 +125,7 @@ def test_a_full_disk_leaves_only_whole_lines_and_the_drop_is_counted(tmp_path: P
             decode_otlp_json(line)
     dropped = selfmetrics.total(semconv.SELF_DROPPED.name, otel_gpu__reason="export_failed", otel_gpu__signal="metrics")
     assert dropped > 0
-    assert selfmetrics.total(semconv.SELF_EXPORT_FAILURES.name, otel_gpu__exporter="file") >= 2
+    assert selfmetrics.total(semconv.SELF_EXPORT_FAILURES.name, otel_gpu__exporter="files") >= 2
 
 
 def test_half_a_line_left_by_a_killed_agent_is_cut_before_the_next_line(tmp_path: Path) -> None:
