@@ -339,14 +339,20 @@ _MILLIS_VARIABLES = frozenset({"OTEL_EXPORTER_OTLP_TIMEOUT", "OTEL_EXPORTER_OTLP
 
 def _range(low: float, high: float) -> Callable[[Any], str | None]:
     def check(value: Any) -> str | None:
-        return None if low <= value <= high else f"must be between {low:g} and {high:g}"
+        return None if low <= value <= high else f"must be between {_plain(low)} and {_plain(high)}"
 
     return check
 
 
+def _plain(number: float) -> str:
+    """A bound as people write it: 1099511627776, not 1.09951e+12; 0.001 stays 0.001."""
+    return str(int(number)) if float(number).is_integer() else f"{number:g}"
+
+
 def _unset_or_range(low: float, high: float) -> Callable[[Any], str | None]:
     def check(value: Any) -> str | None:
-        return None if value == 0 or low <= value <= high else f"must be 0 (unset) or between {low:g} and {high:g}"
+        return (None if value == 0 or low <= value <= high
+                else f"must be 0 (unset) or between {_plain(low)} and {_plain(high)}")
 
     return check
 
@@ -744,8 +750,12 @@ def _parse(option: Option, raw: Any) -> Any:
     if isinstance(raw, _Converted):
         return raw.parse(raw.raw)
     if option.repeatable:
-        items = raw if isinstance(raw, list | tuple) else [p for p in _scalar(raw).split(",") if p.strip()]
-        return tuple(option.parse(_scalar(item).strip()) for item in items)
+        listed = isinstance(raw, list | tuple)
+        items = raw if listed else [p for p in _scalar(raw).split(",") if p.strip()]
+        try:
+            return tuple(_parse_one(option, _scalar(item).strip()) for item in items)
+        except ValueError as exc:
+            raise ValueError(str(exc) if listed else f"{exc} (in {raw!r}, a comma-separated list)") from exc
     if option.boolean and isinstance(raw, bool):
         return raw
     if option.parse in (int, float) and isinstance(raw, bool):
@@ -755,11 +765,15 @@ def _parse(option: Option, raw: Any) -> Any:
     if isinstance(raw, Mapping) and option.parse is _pairs:
         return _pairs({_scalar(k): _scalar(v) for k, v in raw.items()})  # type: ignore[arg-type]
     _scalar(raw)
+    return _parse_one(option, raw if not isinstance(raw, int | float) or option.parse not in (str,) else str(raw))
+
+
+def _parse_one(option: Option, raw: Any) -> Any:
     try:
-        return option.parse(raw if not isinstance(raw, int | float) or option.parse not in (str,) else str(raw))
+        return option.parse(raw)
     except ValueError as exc:
         if option.parse in (int, float):
-            raise ValueError(f"{raw!r} is not a valid {option.parse.__name__}") from exc
+            raise ValueError(f"{raw!r} is not a {'whole number' if option.parse is int else 'number'}") from exc
         raise
 
 
@@ -828,6 +842,10 @@ def _read_yaml(path: str, problems: list[str]) -> dict[str, tuple[Any, str]]:
                 walk(f"{key}.", value)
             elif path_key in _BY_PATH:
                 out[path_key] = (value, f"{path} key {path_key!r} (flag {_BY_PATH[path_key].flag})")
+            elif str(key) in _GROUPS and not prefix:
+                keys = ", ".join(k.split(".", 1)[1] for k in sorted(_BY_PATH) if k.startswith(f"{key}."))
+                problems.append(f"flag --config: {path!r} key {path_key!r} is a group of settings, a mapping of "
+                                f"some of {keys}; not a {type(value).__name__}")
             else:
                 known = ", ".join(sorted(_BY_PATH))
                 problems.append(f"flag --config: {path!r} has unknown key {path_key!r} (known keys: {known})")

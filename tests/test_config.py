@@ -438,8 +438,9 @@ def test_the_agent_sends_both_signals_to_schemeless_grpc_endpoints_in_plaintext(
 
     metrics_server, metrics = _serve(port := free_port())
     profiles = GrpcProfilesReceiver().start()
+    busy = subprocess.Popen(["sh", "-c", "while :; do :; done"])  # something to profile every interval
     try:
-        ran = _run("run", "--duration", "4", "--no-gpu-metrics", "--no-gpu-time-profiling", "--console", "off",
+        ran = _run("run", "--duration", "5", "--pid", str(busy.pid), "--no-gpu-metrics", "--no-gpu-time-profiling", "--console", "off",
                    "--local-files", "off", "--metric-export-interval", "0.5", "--profiling-interval", "1",
                    "--otlp-metrics-endpoint", f"127.0.0.1:{port}", "--otlp-profiles-endpoint",
                    f"127.0.0.1:{profiles.port}", "--otlp-insecure")
@@ -447,8 +448,31 @@ def test_the_agent_sends_both_signals_to_schemeless_grpc_endpoints_in_plaintext(
         assert metrics.names(), ran.stderr[-3000:]
         assert profiles.wait_for(1, timeout_s=5), ran.stderr[-3000:]
     finally:
+        busy.kill()
+        busy.wait()
         metrics_server.stop(grace=None)
         profiles.stop()
+
+
+@pytest.mark.parametrize(("argv", "environ", "expected"), [
+    (["--pid", "abc"], {}, "flag --pid: 'abc' is not a whole number"),
+    ([], {"OTEL_GPU_PROFILING_PIDS": "1 2"}, "'1 2' is not a whole number (in '1 2', a comma-separated list)"),
+    (["--queue-max-bytes", "-1"], {}, "must be between 1024 and 1099511627776"),
+    (["--otlp-metrics-timeout", "-1"], {}, "must be 0 (unset) or between 0.001 and 3600"),
+    (["--profiling-interval", "x"], {}, "flag --profiling-interval: 'x' is not a number"),
+])
+def test_number_problems_read_as_numbers(argv: list[str], environ: dict[str, str], expected: str) -> None:
+    with pytest.raises(config.ConfigError) as caught:
+        _load(argv, environ)
+    assert any(expected in problem for problem in caught.value.problems), caught.value.problems
+
+
+def test_a_group_given_one_value_in_the_file_is_named_as_a_group(tmp_path: Path) -> None:
+    with pytest.raises(config.ConfigError) as caught:
+        _load(["--config", _yaml(tmp_path, {"profiling": 5})])
+    (problem,) = caught.value.problems
+    assert "key 'profiling' is a group of settings, a mapping of some of container_id, enabled" in problem
+    assert problem.endswith("not a int") and "unknown key" not in problem
 
 
 def test_a_client_key_needs_a_client_certificate(tmp_path: Path) -> None:

@@ -9,6 +9,7 @@ agent then finds the process by itself. The library does nothing until an agent 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
@@ -59,8 +60,9 @@ def run_injected(command: Sequence[str], environ: Mapping[str, str] | None = Non
                  overhead_budget: float | None = None) -> int:
     """Run ``command`` with the library injected and return its exit status (the cli's ``inject`` subcommand).
 
-    Returns 2 (usage) without a command, 1 when the library is not built or the command cannot start, else the
-    command's own status (128 + N when it was killed by signal N, as shells report it).
+    Returns 2 (usage) without a command, 1 when the library is not built, 127 when the command is not found and 126
+    when it cannot be run (as shells do), else the command's own status (128 + N when it was killed by signal N, as
+    shells report it).
     """
     err = stderr or sys.stderr
     argv = list(command)
@@ -74,6 +76,10 @@ def run_injected(command: Sequence[str], environ: Mapping[str, str] | None = Non
         err.write(f"otel-gpu: {PACKAGED_LIBRARY} is missing; build it with `make build`\n")
         return 1
     base = os.environ if environ is None else environ
+    if shutil.which(argv[0], path=base.get("PATH", os.defpath)) is None:  # before the instructions: nothing will run
+        found = "/" in argv[0] and Path(argv[0]).exists()
+        err.write(f"otel-gpu: cannot run {argv[0]}: {'not an executable file' if found else 'command not found'}\n")
+        return 126 if found else 127
     other = base.get(INJECTION_VARIABLE, "")
     if other and Path(other).name != LIBRARY_NAME:
         # Nsight Systems (and other CUPTI tools) inject themselves the same way; the driver loads one library, so
@@ -91,8 +97,8 @@ def run_injected(command: Sequence[str], environ: Mapping[str, str] | None = Non
     try:
         process = subprocess.Popen(argv, env=env)
     except OSError as exc:
-        err.write(f"otel-gpu: cannot run {argv[0]}: {exc}\n")
-        return 1
+        err.write(f"otel-gpu: cannot run {argv[0]}: {exc.strerror or exc}\n")
+        return 127 if isinstance(exc, FileNotFoundError) else 126
     while True:
         try:
             code = process.wait()

@@ -88,7 +88,15 @@ def test_inject_reports_a_signal_like_a_shell(packaged: Path) -> None:
 def test_inject_errors(packaged: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     err = io.StringIO()
     assert inject.run_injected(["--"], stderr=err) == 2 and "usage" in err.getvalue()
-    assert inject.run_injected(["/nonexistent/command"], stderr=io.StringIO()) == 1
+    # as a shell: 127 for a command not found (and no instructions printed for a run that never starts), 126 for a
+    # file that is not executable
+    err = io.StringIO()
+    assert inject.run_injected(["/nonexistent/command"], stderr=err) == 127
+    assert err.getvalue() == "otel-gpu: cannot run /nonexistent/command: command not found\n"
+    assert inject.run_injected(["no-such-command-here"], stderr=io.StringIO()) == 127
+    (plain := tmp_path / "data.txt").write_text("not a program")
+    err = io.StringIO()
+    assert inject.run_injected([str(plain)], stderr=err) == 126 and f"cannot run {plain}" in err.getvalue()
     monkeypatch.setattr(inject, "PACKAGED_LIBRARY", tmp_path / "missing.so")
     err = io.StringIO()
     assert inject.run_injected(["true"], stderr=err) == 1 and "make build" in err.getvalue()
