@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0
-# System packages for building and testing otel-gpu on Debian/Ubuntu: the BPF toolchain (clang, bpftool,
-# libbpf headers), USDT headers, Go (for `go tool pprof` in the tests), and Podman/Buildah with debootstrap (the
-# container image test: no daemon, no registry). Runtime needs only libbpf1 + libelf1.
+# System packages for building otel-gpu on Debian/Ubuntu: the BPF toolchain (clang, bpftool, libbpf headers), USDT
+# headers and a C compiler. With --test also what the tests use: Go (for `go tool pprof`) and Podman/Buildah with
+# debootstrap (the container image test: no daemon, no registry). Runtime needs only libbpf1 + libelf1.
 set -euo pipefail
-packages=(clang llvm libbpf-dev libbpf1 bpftool libelf-dev zlib1g-dev systemtap-sdt-dev gcc make golang-go
-          podman buildah runc debootstrap fuse-overlayfs uidmap slirp4netns)
+packages=(clang llvm libbpf-dev libbpf1 bpftool libelf-dev zlib1g-dev systemtap-sdt-dev gcc make)
+if [ "${1:-}" = "--test" ]; then
+  packages+=(golang-go podman buildah runc debootstrap fuse-overlayfs uidmap slirp4netns)
+fi
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
