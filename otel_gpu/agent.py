@@ -111,8 +111,6 @@ class Agent:
             trim_heap()  # what start-up freed (the kernel's BTF, relocations, the first symbol reads)
             self._loop(profilers, exporters)
             self._shutdown_deadline = time.monotonic() + SHUTDOWN_TIMEOUT_S
-            _logger.info("otel-gpu stopping (sending what is queued for at most %g s; a second signal stops at "
-                         "once)", SHUTDOWN_TIMEOUT_S)
         return 0
 
     def _shutdown_left_s(self) -> float:
@@ -204,6 +202,8 @@ class Agent:
                 next_report = now + interval_s
                 self._report(profilers, exporters)
                 trim_heap()  # a report's encoding and symbol reads leave free heap pages behind
+        _logger.info("otel-gpu stopping (a last report, then sending what is queued for at most %g s; a second "
+                     "signal stops at once)", SHUTDOWN_TIMEOUT_S)
         # before anything stops: every thread is still there to be named
         _logger.info("otel-gpu cost: %s", self._cost.summary())
         if self._cpu_sampler is not None:  # the unwinder's table builds would slow the last drain and the close

@@ -461,8 +461,8 @@ class CPUSampler:
 def _explain(exc: BPFError) -> str:
     """One clear message naming what is missing, from a load or attach failure."""
     text = str(exc)
-    if exc.errno in (errno_codes.EPERM, errno_codes.EACCES):
-        return f"needs root or CAP_BPF+CAP_PERFMON ({text})"
+    if exc.without_privileges():
+        return f"needs root or CAP_BPF+CAP_PERFMON ({exc.step})"
     if "perf_event_open" in text:
         return f"perf events unavailable ({text})"
     return text

@@ -133,8 +133,9 @@ class GPUTimeProbes:
             if self._bpf is not None:
                 self._bpf.close()
                 self._bpf = None
-            raise SourceUnavailable(f"GPU-time profiling could not load its eBPF program (needs root, or "
-                                    f"CAP_BPF+CAP_PERFMON): {exc}") from exc
+            if isinstance(exc, BPFError) and exc.without_privileges():
+                raise SourceUnavailable(f"needs root or CAP_BPF+CAP_PERFMON ({exc.step})") from exc
+            raise SourceUnavailable(f"its eBPF program did not load: {exc}") from exc
         self._attach_known()
         self.rescan()
         if not any(library.pid for library in self._attached.values()):

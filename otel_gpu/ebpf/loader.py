@@ -50,7 +50,17 @@ _BATCH_BYTES = 96 * 1024  # keys and values a batch lookup-and-delete returns pe
 
 
 class BPFError(OSError):
-    """A libbpf or bpf() failure; the message names the step and quotes libbpf's last log lines."""
+    """A libbpf or bpf() failure; the message names the step and quotes libbpf's last log lines (``libbpf_log``),
+    ``step`` alone names the step and the error."""
+
+    def __init__(self, code: int, step: str, libbpf_log: tuple[str, ...] = ()) -> None:
+        super().__init__(code, step + (("; " + " | ".join(libbpf_log)) if libbpf_log else ""))
+        self.step = step
+        self.libbpf_log = libbpf_log
+
+    def without_privileges(self) -> bool:
+        """The kernel refused for want of privileges (root, or CAP_BPF+CAP_PERFMON): libbpf's log says nothing more."""
+        return self.errno in (errno_codes.EPERM, errno_codes.EACCES)
 
 
 class _PerfEventAttr(ctypes.Structure):
@@ -97,9 +107,7 @@ def open_cpu_clock_event(cpu: int, frequency_hz: int) -> int:
 
 def _raise(step: str, code: int) -> None:
     code = abs(code) or errno_codes.EINVAL
-    lines = _libbpf.recent_log()[-4:]
-    detail = ("; " + " | ".join(lines)) if lines else ""
-    raise BPFError(code, f"{step}: {os.strerror(code)}{detail}")
+    raise BPFError(code, f"{step}: {os.strerror(code)}", tuple(_libbpf.recent_log()[-4:]))
 
 
 class BPFMap:
