@@ -22,7 +22,7 @@ from collections.abc import Iterable
 
 from otel_gpu import semconv
 from otel_gpu.procfs import ProcessInfo, identity_attributes
-from otel_gpu.profiles.model import Frame, Mapping, ProcessProfile, ProfileBatch, Sample
+from otel_gpu.profiles.model import Frame, FrameKind, Mapping, ProcessProfile, ProfileBatch, Sample
 
 # perftools.profiles.Profile field numbers
 _P_SAMPLE_TYPE, _P_SAMPLE, _P_MAPPING, _P_LOCATION, _P_FUNCTION, _P_STRING = 1, 2, 3, 4, 5, 6
@@ -235,7 +235,7 @@ class _PprofBuilder:
         return w.buf
 
     def _function_id(self, frame: Frame) -> int:
-        key = (frame.function, frame.system_name or frame.function, frame.filename)
+        key = (frame.function, _system_name(frame), frame.filename)
         function_id = self.functions.get(key)
         if function_id is None:
             function_id = self.functions[key] = len(self.functions) + 1
@@ -263,3 +263,14 @@ class _PprofBuilder:
             self.locations_out.data(_P_LOCATION, w.buf)
         encoded = self.location_varints[id(frame)] = varint_bytes(location_id)
         return encoded
+
+
+def _system_name(frame: Frame) -> str:
+    """The function's system name. pprof takes a name equal to its system name that holds <...> for demangled C++
+    and cuts the brackets out, which left Python's `<module>`, `<lambda>`, `<listcomp>` blank: a Python frame's
+    system name is its file and name."""
+    if frame.system_name:
+        return frame.system_name
+    if frame.kind == FrameKind.PYTHON and frame.filename:
+        return f"{frame.filename}:{frame.function}"
+    return frame.function

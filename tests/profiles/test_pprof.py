@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from otel_gpu.profiles.model import Frame, FrameKind, ProcessProfile, Sample
 from otel_gpu.profiles.pprof import encode_pprof, encode_pprof_raw
 from tests.gotool import go_binary, needs_go, pprof_top
 from tests.profiles import batches, pprof_proto
@@ -120,3 +121,19 @@ def test_go_tool_pprof_reads_the_file(tmp_path: Path) -> None:
     tags = subprocess.run([str(go_binary()), "tool", "pprof", "-tags", str(path)], capture_output=True, text=True,
                           timeout=120, check=True, env={"HOME": str(tmp_path), "PATH": "/usr/bin:/bin"})
     assert "thread_name" in tags.stdout and "worker" in tags.stdout and "pid" in tags.stdout
+
+
+@pytest.mark.backend
+@needs_go
+def test_go_tool_pprof_shows_python_names_in_angle_brackets(tmp_path: Path) -> None:
+    """pprof takes a name with <...> whose system name is the same for demangled C++ and cuts the brackets out, so
+    `<module>`, `<lambda>` and `<listcomp>` showed blank; Python frames carry a system name of their own."""
+    names = ("<module>", "<lambda>", "<listcomp>", "Outer.<locals>.inner", "work")
+    frames = tuple(Frame(name, FrameKind.PYTHON, filename="app.py", line=n + 1) for n, name in enumerate(names))
+    batch = dataclasses.replace(batches.cpu_batch(frequency_hz=100), processes=(
+        ProcessProfile(batches.WORKER, tuple(Sample(frames[n:], 10 * (n + 1), thread_id=1) for n in range(5))),))
+    path = tmp_path / "python.pb.gz"
+    path.write_bytes(encode_pprof(batch))
+    output, rows = pprof_top([path], tmp_path)
+    assert {name: flat for name, (flat, _) in rows.items()} == {
+        "<module>": 100.0, "<lambda>": 200.0, "<listcomp>": 300.0, "Outer.<locals>.inner": 400.0, "work": 500.0}, output
