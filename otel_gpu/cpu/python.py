@@ -107,9 +107,11 @@ class ProcessMemory:
         self._fd = os.open(f"{proc_root}/{pid}/mem", os.O_RDONLY)
 
     def read(self, address: int, size: int) -> bytes:
+        """``size`` bytes at ``address``, or b"" where they cannot be read (unmapped, or an address past the 63 bits
+        a file offset has: a torn pointer read from a process that is exec'ing or exiting)."""
         try:
             data = os.pread(self._fd, size, address)
-        except OSError:
+        except (OSError, OverflowError):
             return b""
         return data if len(data) == size else b""
 

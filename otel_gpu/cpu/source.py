@@ -18,6 +18,7 @@ import time
 from collections import defaultdict
 
 from otel_gpu import selfmetrics, semconv
+from otel_gpu._log import once
 from otel_gpu.config import ProfilingConfig
 from otel_gpu.cpu.python import PythonFrames
 from otel_gpu.cpu.sampler import SOURCE, CPUSampler, StackCount
@@ -165,7 +166,15 @@ class CPUProfileSource:
         user_frames = dict(zip(stacks, self._symbolizer.user_stacks(pid, stacks, deadline), strict=True))
         python_ids = {s.python_stack_id for s in samples if s.python_stack_id}
         python = self._sampler.python_stacks(python_ids) if python_ids else {}
-        python_runs = self._python.runs_of(pid, python)
+        try:
+            python_runs = self._python.runs_of(pid, python)
+        except Exception as exc:  # noqa: BLE001 - a boundary: one process's memory must not cost the whole report
+            once(_logger, logging.WARNING, f"python-frames-{type(exc).__name__}",
+                 "reading Python frames of process %d failed (%s: %s); its samples keep their native frames",
+                 pid, type(exc).__name__, exc)
+            selfmetrics.count(semconv.SELF_ERRORS.name, otel_gpu__source=SOURCE,
+                              otel_gpu__reason=semconv.Reason.PYTHON_CODE_UNREADABLE)
+            python_runs = {}
         built: dict[tuple[tuple[int, ...], tuple[int, ...], int], tuple[Frame, ...]] = {}
         interned: dict[tuple[Frame, ...], tuple[Frame, ...]] = {}
         merged: dict[tuple[int, int, str, str, str], int] = defaultdict(int)

@@ -170,6 +170,7 @@ def _pprof_reads(batch: ProfileBatch, tmp_path: Path) -> None:
     path.write_bytes(encode_pprof(batch))
     _, rows = pprof_top([path], tmp_path, "-cum")  # by cumulative time: a stripped interpreter's many unnamed leaf
     assert "heavy" in rows and "loop" in rows, rows  # addresses can push heavy's flat time out of the top rows
+    assert "<module>" in rows and "<unknown>" not in rows, rows  # pprof keeps Python's names in angle brackets
 
 
 @pytest.mark.root
@@ -416,3 +417,25 @@ def test_whole_samples_through_the_ring_buffer_carry_their_python_stack() -> Non
         process.wait()
     assert len(samples) > 50 and sum(1 for s in samples if s.python_stack_id) / len(samples) > 0.9
     assert names["heavy"] > 2 * names["light"] > 0, names
+
+
+@pytest.mark.root
+def test_a_failure_reading_one_processs_python_frames_keeps_its_samples(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Whatever reading a process's Python frames raises (a torn pointer once gave os.pread an offset past 2**63),
+    the drain goes on: the samples keep their native frames, the failure is counted and logged once."""
+    from otel_gpu import selfmetrics, semconv
+    from otel_gpu.cpu.python import PythonFrames
+
+    def broken(self, pid, stacks):  # type: ignore[no-untyped-def]
+        if stacks:
+            raise OverflowError("Python int too large to convert to C long")
+        return {}
+
+    selfmetrics.reset()
+    monkeypatch.setattr(PythonFrames, "runs_of", broken)
+    samples, _, _ = _profile(_interpreter("3.12"), "one", 10)
+    assert sum(s.value for s in samples) > 50
+    assert not any(f.kind is FrameKind.PYTHON for s in samples for f in s.frames)
+    assert any(f.kind is FrameKind.NATIVE for s in samples for f in s.frames)
+    assert selfmetrics.total(semconv.SELF_ERRORS.name,
+                             otel_gpu__reason=semconv.Reason.PYTHON_CODE_UNREADABLE) >= 1
