@@ -25,13 +25,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from graphs import diagnose, measure  # noqa: E402
+from graphs import REFERENCE, diagnose, measure  # noqa: E402
 from verify_gpu_time import write_report  # noqa: E402
 
 from otel_gpu.profiles.model import FrameKind, Sample  # noqa: E402
 from otel_gpu.semconv import CUDA_GRAPH  # noqa: E402
 
-PROGRAM = r"""
+PROGRAM = REFERENCE + r"""
 import inspect, json, os, sys, time
 import torch
 
@@ -68,18 +68,7 @@ def main(mode, seconds, out):
         torch.cuda.synchronize()
         result["compile_s"] = time.time() - started
         if mode == "profile":
-            from torch.profiler import ProfilerActivity, profile
-            for name, call in calls.items():
-                for _ in range(5):
-                    call()
-                torch.cuda.synchronize()
-                with profile(activities=[ProfilerActivity.CUDA]) as prof:
-                    for _ in range(100):
-                        call()
-                    torch.cuda.synchronize()
-                kernels = [e for e in prof.events() if str(getattr(e, "device_type", "")).endswith("CUDA")]
-                result[name] = {"ns_per_call": sum(e.time_range.elapsed_us() * 1000.0 for e in kernels) / 100,
-                                "kernels_per_call": len(kernels) / 100}
+            result.update(kernel_time_per_call(calls, 100))
         else:
             iterations = 0
             end = time.time() + seconds

@@ -42,7 +42,27 @@ from otel_gpu.cuda.join import WindowWeights, pace_ratio  # noqa: E402
 from otel_gpu.errors import SourceUnavailable  # noqa: E402
 from otel_gpu.profiles.model import FrameKind, Sample  # noqa: E402
 
-PROGRAM = r"""
+REFERENCE = r"""
+def kernel_time_per_call(calls, repeats):
+    '''torch.profiler's kernel time (ns) and kernels per call of each of ``calls`` (name -> function).'''
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+    result = {}
+    for name, call in calls.items():
+        for _ in range(5):
+            call()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(repeats):
+                call()
+            torch.cuda.synchronize()
+        kernels = [e for e in prof.events() if str(getattr(e, "device_type", "")).endswith("CUDA")]
+        result[name] = {"ns_per_call": sum(e.time_range.elapsed_us() * 1000.0 for e in kernels) / repeats,
+                        "kernels_per_call": len(kernels) / repeats}
+    return result
+"""
+
+PROGRAM = REFERENCE + r"""
 import json, os, sys, time
 import torch
 
@@ -77,18 +97,7 @@ def main(mode, seconds, out):
     torch.cuda.synchronize()
     result = {"pid": os.getpid()}
     if mode == "profile":
-        from torch.profiler import ProfilerActivity, profile
-        for name, call in (("replayed", lambda: replayed(graph)), ("eager", lambda: eager(static))):
-            for _ in range(5):
-                call()
-            torch.cuda.synchronize()
-            with profile(activities=[ProfilerActivity.CUDA]) as prof:
-                for _ in range(40):
-                    call()
-                torch.cuda.synchronize()
-            kernels = [e for e in prof.events() if str(getattr(e, "device_type", "")).endswith("CUDA")]
-            result[name] = {"ns_per_call": sum(e.time_range.elapsed_us() * 1000.0 for e in kernels) / 40,
-                            "kernels_per_call": len(kernels) / 40}
+        result.update(kernel_time_per_call({"replayed": lambda: replayed(graph), "eager": lambda: eager(static)}, 40))
     else:
         iterations = 0
         end = time.time() + seconds

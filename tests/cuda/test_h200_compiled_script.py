@@ -4,6 +4,8 @@ on it: the share of compiled_step()'s gpu_time that has the calling line in its 
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 
 from otel_gpu.profiles.model import Frame, FrameKind, Sample
@@ -55,3 +57,45 @@ def test_the_program_compiles_and_finds_its_call_line(compiled) -> None:  # type
     compile(compiled.PROGRAM, "program.py", "exec")
     lines = compiled.PROGRAM.splitlines()
     assert sum(1 for text in lines if text.strip().startswith("return fast(x)")) == 1
+
+
+def test_the_reference_divides_torch_profilers_kernel_time_by_the_calls(compiled, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """kernel_time_per_call (the programs' shared torch.profiler part) run against a stand-in torch: each call of
+    `a` launches two kernels of 3 us, each of `b` one of 5 us; CPU events are not kernels."""
+    import types
+
+    launched: list[float] = []
+
+    class Event:
+        def __init__(self, us: float, device: str) -> None:
+            self.device_type = f"DeviceType.{device}"
+            self.time_range = types.SimpleNamespace(elapsed_us=lambda: us)
+
+    class Profile:
+        def __init__(self, activities) -> None:  # type: ignore[no-untyped-def]
+            self.seen: list[Event] = []
+
+        def __enter__(self):  # type: ignore[no-untyped-def]
+            launched.clear()
+            return self
+
+        def __exit__(self, *exc) -> None:  # type: ignore[no-untyped-def]
+            self.seen = [Event(us, "CUDA") for us in launched] + [Event(99.0, "CPU")]
+
+        def events(self) -> list[Event]:
+            return self.seen
+
+    torch = types.ModuleType("torch")
+    torch.cuda = types.SimpleNamespace(synchronize=lambda: None)  # type: ignore[attr-defined]
+    profiler = types.ModuleType("torch.profiler")
+    profiler.ProfilerActivity = types.SimpleNamespace(CUDA="cuda")  # type: ignore[attr-defined]
+    profiler.profile = Profile  # type: ignore[attr-defined]
+    torch.profiler = profiler  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "torch", torch)
+    monkeypatch.setitem(sys.modules, "torch.profiler", profiler)
+    namespace: dict[str, object] = {}
+    exec(compile(compiled.REFERENCE, "reference.py", "exec"), namespace)  # noqa: S102
+    result = namespace["kernel_time_per_call"]({"a": lambda: launched.extend([3.0, 3.0]),  # type: ignore[operator]
+                                                "b": lambda: launched.append(5.0)}, 10)
+    assert result == {"a": {"ns_per_call": 6000.0, "kernels_per_call": 2.0},
+                      "b": {"ns_per_call": 5000.0, "kernels_per_call": 1.0}}

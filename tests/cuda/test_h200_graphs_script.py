@@ -78,3 +78,8 @@ def test_the_count_weighted_ratio_is_exact_where_windows_see_the_graph_half_the_
     lines: list[str] = []
     graphs.diagnose(records, lines)
     assert f"**{truth:.3f} weighted by replay counts**" in "\n".join(lines)
+
+
+def test_the_program_compiles_with_its_reference_part(graphs) -> None:  # type: ignore[no-untyped-def]
+    compile(graphs.PROGRAM, "program.py", "exec")
+    assert graphs.PROGRAM.startswith(graphs.REFERENCE) and "kernel_time_per_call({" in graphs.PROGRAM
