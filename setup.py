@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""What pyproject.toml cannot say with the setuptools versions that build the package (65 and up): the wheel carries
+"""What pyproject.toml cannot say with the setuptools versions that build the package (77 and up): the wheel carries
 native parts that `make build` compiles (BPF objects, ctypes libraries, and one CPython extension built against the
 limited API of 3.10), so it is a platform wheel tagged cp310-abi3, and a wheel built without them fails, naming
 what is missing, instead of installing an agent that finds none of its BPF programs.

@@ -4,8 +4,9 @@
 #   scripts/image.sh base    a minimal Debian bookworm imported as localhost/debian:bookworm-min (debootstrap with
 #                            the machine's configured Debian mirror; kept in Podman's storage and reused)
 #   scripts/image.sh build   the base, then the Dockerfile built FROM it as localhost/otel-gpu:dev (or $IMAGE); the
-#                            CUDA headers and the dependency wheels are fetched on the host first, and the build
-#                            context is staged in .cache/image-context (the Dockerfile's COPY paths are relative to it)
+#                            CUDA headers and the wheels (the dependencies and the build system's setuptools) are
+#                            fetched on the host first, and the build context is staged in .cache/image-context (the
+#                            Dockerfile's COPY paths are relative to it)
 # runc with no default ulimits: crun fails on these machines (hybrid cgroups, setrlimit).
 set -euo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
@@ -40,12 +41,13 @@ case "${1:-build}" in
   build)
     make_base
     # inputs fetched on the host, with this machine's pip configuration, so that the build needs no package index:
-    # the CUDA headers the injection library compiles against, and the agent's dependencies as wheels
+    # the CUDA headers the injection library compiles against, and as wheels the agent's dependencies and what
+    # pyproject.toml's build system requires (a setuptools newer than Debian's)
     bash "$top/scripts/cuda-headers.sh" >/dev/null
     pip="$top/.venv/bin/pip"
     [ -x "$pip" ] || pip="python3 -m pip"
-    python3 -c 'import tomllib; print("\n".join(tomllib.load(open("pyproject.toml", "rb"))["project"]["dependencies"]))' \
-      > "$top/.cache/requirements-image.txt"
+    python3 -c 'import tomllib; t = tomllib.load(open("pyproject.toml", "rb"))
+print("\n".join(t["build-system"]["requires"] + t["project"]["dependencies"]))' > "$top/.cache/requirements-image.txt"
     $pip download -q -d .cache/wheelhouse -r .cache/requirements-image.txt 2>&1 | grep -v "is ignored" || true
     # the build context: the package's tracked (and new, not ignored) sources, never the host's build outputs
     context="$top/.cache/image-context"

@@ -193,11 +193,14 @@ def test_image_holds_only_the_runtime(image: str) -> None:
                      "command -v clang gcc bpftool pip make || true; dpkg-query -W -f '${Package}\\n' libbpf1 "
                      "libelf1 python3 binutils; test -f " + LIBRARY_IN_IMAGE + " && echo library; "
                      "echo _ZNSt6vectorIiSaIiEE9push_backERKi | c++filt -i; "
-                     "python3 -c 'from otel_gpu.unwind import native_table; print(native_table.available())'")
+                     "python3 -c 'from otel_gpu.unwind import native_table; print(native_table.available())'; "
+                     "python3 -c 'import importlib.util as u; print([m for m in (\"pip\", \"setuptools\", \"wheel\") "
+                     "if u.find_spec(m)])'")
     lines = listed.stdout.splitlines()
     assert lines == ["binutils", "libbpf1", "libelf1", "python3", "library",  # dpkg-query lists by name
                      "std::vector<int, std::allocator<int> >::push_back(int const&)",
-                     "True"], listed.stdout + listed.stderr  # the unwind-table builder (else frame pointers only)
+                     "True",  # the unwind-table builder (else frame pointers only)
+                     "[]"], listed.stdout + listed.stderr  # no build tools in the agent's environment
     size = int(_podman("image", "inspect", "--format", "{{.Size}}", image).stdout)
     print(f"image size: {size / 1e6:.0f} MB")
 
