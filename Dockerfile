@@ -21,7 +21,7 @@ RUN apt-get update -qq \
 WORKDIR /src
 COPY cuda-include /cuda/include
 COPY wheelhouse /wheelhouse
-COPY pyproject.toml setup.py README.md ./
+COPY pyproject.toml setup.py README.md LICENSE ./
 COPY otel_gpu ./otel_gpu
 # vmlinux.h comes from the build machine's /sys/kernel/btf/vmlinux; the objects are CO-RE and load on other kernels
 RUN make -s -C otel_gpu/ebpf \

@@ -52,7 +52,7 @@ print("\n".join(t["build-system"]["requires"] + t["project"]["dependencies"]))' 
     # the build context: the package's tracked (and new, not ignored) sources, never the host's build outputs
     context="$top/.cache/image-context"
     rm -rf "$context" && mkdir -p "$context"
-    git ls-files -z --cached --others --exclude-standard -- pyproject.toml setup.py README.md otel_gpu \
+    git ls-files -z --cached --others --exclude-standard -- pyproject.toml setup.py README.md LICENSE otel_gpu \
       | tar --null -T - -c | tar -C "$context" -x
     cp -r "$top/.cache/cuda/include" "$context/cuda-include"
     cp -r "$top/.cache/wheelhouse" "$context/wheelhouse"

@@ -26,7 +26,7 @@ from tests.conftest import REPO
 
 CHECK = Path(__file__).with_name("installed_check.py")
 NATIVE_SUFFIXES = (".so", ".bpf.o")
-SOURCES = ("pyproject.toml", "README.md", "setup.py", "otel_gpu")
+SOURCES = ("pyproject.toml", "README.md", "LICENSE", "setup.py", "otel_gpu")
 
 
 BUILD_SETUPTOOLS = (77, 0)  # pyproject.toml's build system: the first setuptools that takes an SPDX `license`
@@ -109,7 +109,10 @@ def test_the_wheel_is_tagged_for_the_platform_and_carries_every_native_part(whee
         names = set(archive.namelist())
         (info,) = [n for n in names if n.endswith(".dist-info/WHEEL")]
         fields = archive.read(info).decode().splitlines()
+        metadata = archive.read(info.replace("/WHEEL", "/METADATA")).decode().splitlines()
     assert "Root-Is-Purelib: false" in fields and f"Tag: cp310-abi3-{platform}" in fields, fields
+    assert "License-Expression: Apache-2.0" in metadata and "License-File: LICENSE" in metadata, metadata[:20]
+    assert [n for n in names if n.endswith(".dist-info/licenses/LICENSE")], sorted(names)[-10:]
     assert [part for part in built_native_parts() if part not in names] == []
     assert [n for n in names if n.endswith("vmlinux.h")] == []
 
