@@ -23,6 +23,8 @@ from pathlib import Path
 from otel_gpu import selfmetrics, semconv
 from otel_gpu.ebpf import abi
 from otel_gpu.profiles.model import Frame, FrameKind
+from otel_gpu.symbolize.elf import _Source as _ElfSource
+from otel_gpu.symbolize.maps import read_maps
 
 _logger = logging.getLogger(__name__)
 
@@ -36,6 +38,12 @@ _STACK_CODE, _STACK_OFFSET = abi.PythonStack.code.offset, abi.PythonStack.offset
 _NAME_BYTES = 1024
 _LINETABLE_BYTES = 65536  # a longer table is cut: lines past it read as 0
 _OWNER_CSTACK_NONE = 0xFF
+_MAX_INTERPRETER_TABLE_BYTES = 64 << 20  # of a symbol or string table read for 3 symbols (libpython's: ~1 MiB each)
+_PHDR_HEAD = struct.Struct("<IIQQ")  # p_type, p_flags, p_offset, p_vaddr
+_SHDR_ENTRY = struct.Struct("<IIQQQQIIQQ")
+_SYM_ENTRY = struct.Struct("<IBBHQQ")
+_MAX_OBJECT_OFFSET = 4096  # a field of a code, bytes or str object past this is no CPython layout (they are < 256)
+_MAX_LINE = (1 << 31) - 1  # CPython's line numbers are C ints
 
 
 def load_layouts(path: Path = LAYOUTS_HEADER) -> dict[tuple[int, int], dict[str, int]]:
@@ -50,34 +58,41 @@ def load_layouts(path: Path = LAYOUTS_HEADER) -> dict[tuple[int, int], dict[str,
 
 def elf_symbols(path: str, names: Sequence[str]) -> tuple[dict[str, int], int]:
     """The values of ``names`` in the ELF file's .dynsym/.symtab, and the vaddr its first PT_LOAD maps at file
-    offset 0 (the load bias is the mapping's start minus that)."""
+    offset 0 (the load bias is the mapping's start minus that).
+
+    Any process can map a file named like libpython, so every offset, size and index is the file's own claim: reads
+    are clamped to the file and to :data:`_MAX_INTERPRETER_TABLE_BYTES`, and a section whose string table is not a
+    section is skipped. Raises OSError, or ElfError (a ValueError) for a file that is not a regular file."""
     wanted = set(names)
     found: dict[str, int] = {}
-    with open(path, "rb") as f:
-        header = f.read(64)
-        if header[:4] != b"\x7fELF" or header[4] != 2:
+    source = _ElfSource(path, None)  # opened without blocking (a FIFO put in its place) and never followed past its end
+    try:
+        def read(offset: int, size: int) -> bytes:
+            return source.read(offset, min(size, _MAX_INTERPRETER_TABLE_BYTES))
+
+        header = read(0, 64)
+        if len(header) < 64 or header[:4] != b"\x7fELF" or header[4] != 2:
             return {}, 0
         phoff, shoff = struct.unpack_from("<QQ", header, 32)
         phentsize, phnum, shentsize, shnum = struct.unpack_from("<HHHH", header, 54)
-        f.seek(phoff)
-        program = f.read(phentsize * phnum)
         base = 0
-        for i in range(phnum):
-            p_type, _flags, p_offset, p_vaddr = struct.unpack_from("<IIQQ", program, i * phentsize)
-            if p_type == 1:  # PT_LOAD
-                base = p_vaddr - p_offset
-                break
-        f.seek(shoff)
-        sections = [struct.unpack_from("<IIQQQQIIQQ", f.read(shentsize)) for _ in range(shnum)]
+        if phentsize >= _PHDR_HEAD.size:
+            program = read(phoff, phentsize * phnum)
+            for i in range(len(program) // phentsize):
+                p_type, _flags, p_offset, p_vaddr = _PHDR_HEAD.unpack_from(program, i * phentsize)
+                if p_type == 1:  # PT_LOAD
+                    base = p_vaddr - p_offset
+                    break
+        table = read(shoff, shentsize * shnum) if shentsize >= _SHDR_ENTRY.size else b""
+        sections = [_SHDR_ENTRY.unpack_from(table, i * shentsize) for i in range(len(table) // max(shentsize, 1))]
         for section in sections:
-            if section[1] not in (2, 11):  # SHT_SYMTAB, SHT_DYNSYM
+            if section[1] not in (2, 11) or section[6] >= len(sections):  # SHT_SYMTAB, SHT_DYNSYM; its strings
                 continue
             strtab = sections[section[6]]
-            f.seek(strtab[4])
-            strings = f.read(strtab[5])
-            f.seek(section[4])
-            table = f.read(section[5])
-            for name_off, _info, _other, shndx, value, _size in struct.iter_unpack("<IBBHQQ", table):
+            strings = read(strtab[4], strtab[5])
+            symbols = read(section[4], section[5])
+            for name_off, _info, _other, shndx, value, _size in _SYM_ENTRY.iter_unpack(
+                    symbols[:len(symbols) - len(symbols) % _SYM_ENTRY.size]):
                 if not shndx or not value:
                     continue
                 end = strings.find(b"\0", name_off)
@@ -86,6 +101,8 @@ def elf_symbols(path: str, names: Sequence[str]) -> tuple[dict[str, int], int]:
                     found.setdefault(name, value)
             if len(found) == len(wanted):
                 break
+    finally:
+        source.close()
     return found, base
 
 
@@ -145,20 +162,18 @@ def _interpreter_symbols(path: str) -> tuple[dict[str, int], int]:
 
 def find_python(pid: int, proc_root: str = "/proc") -> PythonProcess | str | None:
     """The process's CPython, a description of an unsupported one ("CPython 3.9"), or None when it runs none."""
-    try:
-        maps = Path(f"{proc_root}/{pid}/maps").read_text().splitlines()
-    except OSError:
+    entries = read_maps(pid, proc_root)  # paths of any bytes (kept as surrogates: the files still open)
+    if entries is None:
         return None
     starts: dict[str, int] = {}
-    for line in maps:
-        parts = line.split(maxsplit=5)
-        if len(parts) == 6 and parts[5].startswith("/") and int(parts[2], 16) == 0:
-            starts.setdefault(parts[5], int(parts[0].split("-")[0], 16))
+    for entry in entries:
+        if entry.path.startswith("/") and entry.offset == 0 and not entry.deleted:
+            starts.setdefault(entry.path, entry.start)
     candidates = sorted((path for path in starts if _LIBRARY.search(path)), key=lambda p: "libpython" not in p)
     for path in candidates:
         try:
             symbols, base = _interpreter_symbols(f"{proc_root}/{pid}/root{path}")
-        except OSError:
+        except (OSError, ValueError):  # gone, or a file named like libpython that is no ELF file: the next one
             continue
         if "_PyRuntime" not in symbols or "PyCode_Type" not in symbols:
             continue
@@ -196,8 +211,8 @@ def _describe(pid: int, version: tuple[int, int], runtime: int, code_type: int,
     none = abi.PYTHON_NO_OFFSET
     walked = ("interp_threads_head", "tstate_next", "tstate_thread_id", "tstate_frame", "cframe_current",
               "frame_code", "frame_previous", "frame_instr", "frame_owner", "code_adaptive")
-    if any(not 0 <= layout[field] < none for field in walked):
-        return name  # an offset the walker's 16-bit fields cannot hold: not this layout
+    if any(not 0 <= layout[field] < none for field in walked) or not _object_offsets_fit(layout):
+        return name  # an offset the walker's 16-bit fields cannot hold, or past the objects it names: not this layout
     legacy = bool(layout.get("frame_objects"))
     proc = abi.PythonProc(
         interpreters_head=runtime + layout["runtime_interpreters_head"],
@@ -211,6 +226,20 @@ def _describe(pid: int, version: tuple[int, int], runtime: int, code_type: int,
         instr_is_lasti=1 if legacy else 0,
         owner_cstack=layout["owner_cstack"] if layout["owner_cstack"] >= 0 else _OWNER_CSTACK_NONE)
     return PythonProcess(pid, version, proc, code_type, layout)
+
+
+def _object_offsets_fit(layout: dict[str, int]) -> bool:
+    """Whether the offsets :class:`CodeReader` reads code, bytes and str objects at are small and each field lies
+    within the header it is read from. On 3.13 they come from the process's own memory (_Py_DebugOffsets), which a
+    process can overwrite: an offset of terabytes would size a read, one past the header would not unpack."""
+    read = ("code_filename", "code_qualname", "code_linetable", "code_firstlineno", "ascii_size", "compact_size")
+    if any(not 0 <= layout[field] < _MAX_OBJECT_OFFSET for field in read):
+        return False
+    fields = {"bytes_size": 16, "bytes_data": 32, "str_length": 16, "str_state": 32}  # CodeReader's defaults
+    if any(not 0 <= layout.get(field, default) < _MAX_OBJECT_OFFSET for field, default in fields.items()):
+        return False
+    return (layout.get("str_length", 16) + 8 <= layout["compact_size"]
+            and layout.get("str_state", 32) + 4 <= layout["compact_size"])
 
 
 def _debug_offsets(memory: ProcessMemory, runtime: int, version: tuple[int, int]) -> dict[str, int] | None:
@@ -425,7 +454,8 @@ def _line_311(table: bytes, line: int, offset: int) -> int:
         while position < end:
             byte = table[position]
             position += 1
-            value |= (byte & 63) << shift
+            if shift < 36:  # CPython writes 32-bit values (6 bytes); bits past that are a corrupt table's
+                value |= (byte & 63) << shift
             shift += 6
             if not byte & 64:
                 break
@@ -448,7 +478,7 @@ def _line_311(table: bytes, line: int, offset: int) -> int:
             position += 1  # the rest of the entry (columns)
         line += delta
         if offset < start + length:
-            return line if has_line else 0
+            return line if has_line and 0 <= line <= _MAX_LINE else 0  # a line no encoder's int64 would refuse
         start += length
     return 0
 

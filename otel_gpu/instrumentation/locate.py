@@ -14,6 +14,8 @@ from otel_gpu.instrumentation._table import MAGIC, SLOT_SIZE, SYMBOL, VERSION
 from otel_gpu.symbolize.elf import dynamic_symbol_value
 
 LIBRARY_NAME = "libotel_gpu_context.so"
+_HEADER = struct.Struct("<IHH")  # magic, version, slot size
+_MAX_FILE_OFFSET = 1 << 63  # /proc/PID/mem is read at file offsets (off_t)
 _symbol_values: dict[tuple[str, int, int], int | None] = {}  # (path, device, inode) -> st_value
 
 
@@ -24,11 +26,14 @@ def _symbol_value(path: Path, key: tuple[str, int, int]) -> int | None:
 
 
 def find_span_table(pid: int, proc: Path = Path("/proc")) -> int | None:
-    """The table's address in process ``pid``, or None when it has not loaded the library (or it is not v1).
+    """The table's address in process ``pid``, or None when it has not loaded the library (or it is not v1, or the
+    process exited while being read).
 
-    Raises OSError when the process's maps or files cannot be read (it exited, or the agent lacks the rights).
+    Raises OSError when the process's maps or files cannot be read (it exited, or the agent lacks the rights). The
+    maps' paths are any bytes (kept as surrogates) and the symbol's value is the mapped file's claim, any 64 bits.
     """
-    for line in (proc / str(pid) / "maps").read_text().splitlines():
+    maps = (proc / str(pid) / "maps").read_bytes().decode("utf-8", "surrogateescape")
+    for line in maps.split("\n"):
         parts = line.split(maxsplit=5)
         if len(parts) < 6 or not parts[5].endswith(LIBRARY_NAME) or int(parts[2], 16) != 0:
             continue
@@ -39,10 +44,14 @@ def find_span_table(pid: int, proc: Path = Path("/proc")) -> int | None:
         if value is None:
             return None
         address = start + value
+        if address >= _MAX_FILE_OFFSET:
+            return None  # no file offset reaches it: not where a loaded library's data is
         with (proc / str(pid) / "mem").open("rb") as mem:
             mem.seek(address)
-            magic, version, slot_size = struct.unpack("<IHH", mem.read(8))
-        if (magic, version, slot_size) != (MAGIC, VERSION, SLOT_SIZE):
+            header = mem.read(_HEADER.size)
+        if len(header) < _HEADER.size:
+            return None  # end of file: the process exited after its memory file was opened
+        if _HEADER.unpack(header) != (MAGIC, VERSION, SLOT_SIZE):
             return None
         return address
     return None

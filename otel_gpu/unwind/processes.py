@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 
 from otel_gpu.ebpf import abi
 from otel_gpu.ebpf.loader import BPFError, BPFMap
+from otel_gpu.procfs import read_capped
+from otel_gpu.symbolize.maps import MAX_MAPS_BYTES, parse_maps
 from otel_gpu.unwind.native_table import NativeBuilderMissing, ParsedRows
 from otel_gpu.unwind.table import TableCache, UnwindTable, file_key, frame_section_size, parse_table
 
@@ -99,18 +101,17 @@ class _File:
 
 
 def executable_mappings(pid: int, proc: str = "/proc") -> list[Mapping]:
-    """The executable file-backed mappings and the vDSO of ``pid``, sorted by start."""
-    out: list[Mapping] = []
-    with open(f"{proc}/{pid}/maps") as maps:
-        for line in maps:
-            parts = line.split(None, 5)
-            if len(parts) < 6 or "x" not in parts[1]:
-                continue
-            path = parts[5].strip()
-            if not (path.startswith("/") or path == "[vdso]"):
-                continue
-            low, _, high = parts[0].partition("-")
-            out.append(Mapping(int(low, 16), int(high, 16), int(parts[2], 16), path))
+    """The executable file-backed mappings and the vDSO of ``pid``, sorted by start; raises OSError when it is gone.
+
+    Paths are any bytes the process chose: parsed as the symbolizer parses them (kept as surrogates, lines ending at
+    "\\n" only), since reading the maps as UTF-8 text let one oddly named file cost the whole process its
+    registration (a UnicodeDecodeError)."""
+    data, more = read_capped(f"{proc}/{pid}/maps", MAX_MAPS_BYTES)
+    if more:
+        data = data[:data.rfind(b"\n") + 1]  # whole lines only
+    out = [Mapping(entry.start, entry.end, entry.offset, entry.path)
+           for entry in parse_maps(data.decode("utf-8", "surrogateescape"))
+           if entry.executable and (entry.path.startswith("/") or entry.path == "[vdso]")]
     out.sort(key=lambda mapping: mapping.start)
     return out
 

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from otel_gpu import config as config_module
 from otel_gpu import procfs
+from otel_gpu.cuda import abi as cuda_abi
 from otel_gpu.symbolize import elf as elf_module
 from otel_gpu.symbolize import kallsyms, maps, native_symtab, perfmap, symbolizer
 from otel_gpu.unwind import cfi, native_table
@@ -129,6 +130,26 @@ def kernel_symbols(data: bytes) -> None:
         assert found is not None and found[1] == 0
 
 
+def gpu_record(data: bytes) -> None:
+    """A GPU-time ring-buffer record (a launch, sync, activity or window record). The injected library writes them
+    inside the profiled process, so that process can write anything into its own: decoding raises DecodeError (the
+    source counts it) or gives a record within the struct's bounds."""
+    try:
+        record = cuda_abi.decode_event(data)
+    except cuda_abi.DecodeError:
+        return
+    stack = getattr(record, "stack", None)
+    if stack is not None:
+        assert len(stack.native) <= cuda_abi.MAX_NATIVE_FRAMES and len(stack.python) <= cuda_abi.MAX_PYTHON_FRAMES
+        assert len(stack.kernel_native) <= cuda_abi.KSTACK_DEPTH
+        for frame in stack.python:
+            assert len(frame.name) + len(frame.filename) <= 2 * cuda_abi.MAX_STRINGS and 0 <= frame.line < 1 << 32
+    if isinstance(record, cuda_abi.Window):
+        assert len(record.graph_replays) <= cuda_abi.GRAPH_SLOTS
+    if isinstance(record, cuda_abi.Activity):
+        assert len(record.name) < cuda_abi.MAX_NAME
+
+
 def cfi_table(data: bytes) -> None:
     """A frame section (the first byte's low bit: .eh_frame or .debug_frame) built into an unwind table by the native
     builder the agent uses: exactly the reference interpreter's table, never a crash (a native fault ends the
@@ -180,7 +201,7 @@ _CONFIG_NAMES = sorted({name for option in config_module.OPTIONS for name in opt
 # the slowest first, so that a run of a fixed number of inputs each, a few at a time, ends soonest
 TARGETS: dict[str, Callable[[bytes], None]] = {
     "kallsyms": kernel_symbols, "proc_maps": proc_maps, "perf_map": perf_map, "elf": elf, "symtab": symtab,
-    "cfi": cfi_table, "cgroup": cgroup,
+    "cfi": cfi_table, "gpu_record": gpu_record, "cgroup": cgroup,
     "environ": environ, "elf_notes": elf_notes, "status": status, "stat": stat, "config_file": config_file,
     "config_environment": config_environment,
 }
@@ -324,8 +345,42 @@ def _kallsyms_seeds() -> Iterator[bytes]:
            b"ffffffffc0000000 t mod_fn\t[mymod]\nffffffff81000000 T srso_alias\n0000000000000000 T hidden\n")
 
 
+def _gpu_record_seeds() -> Iterator[bytes]:
+    """One record of each kind, as the library and the eBPF program write them."""
+    import ctypes
+
+    def event(kind: int, payload: bytes, with_kstack: bool) -> bytes:
+        header = cuda_abi.EventC(type=kind, pid=7, tid=8, payload_len=len(payload), ktime_ns=5, comm=b"train")
+        kstack = cuda_abi.KStackC(bytes=16)
+        kstack.pcs[0], kstack.pcs[1] = 0xAAAA, 0xBBBB
+        return bytes(header) + (bytes(kstack) if with_kstack else b"") + payload
+
+    launch = cuda_abi.LaunchC(abi_version=cuda_abi.ABI_VERSION, kind=cuda_abi.LAUNCH_KERNEL, correlation_id=77,
+                              cbid=307, window_id=3, timestamp_ns=1000)
+    launch.stack.native_count = 2
+    launch.stack.native[0], launch.stack.native[1] = 0x1111, 0x2222
+    strings = b"model.forward\0/srv/model.py\0"
+    ctypes.memmove(ctypes.addressof(launch) + cuda_abi.LaunchC.stack.offset + cuda_abi.StackC.strings.offset, strings,
+                   len(strings))
+    launch.stack.strings_len, launch.stack.python_count = len(strings), 1
+    launch.stack.python[0] = cuda_abi.PythonFrameC(line=42, name_offset=0, filename_offset=14, first_line=40)
+    used = cuda_abi.LaunchC.stack.offset + cuda_abi.StackC.strings.offset + len(strings)
+    yield event(cuda_abi.EVENT_LAUNCH, bytes(launch)[:used], True)
+    sync = cuda_abi.SyncC(abi_version=cuda_abi.ABI_VERSION, kind=cuda_abi.SYNC_STREAM, cbid=126, start_ns=10,
+                          end_ns=50, weight=3)
+    yield event(cuda_abi.EVENT_SYNC, bytes(sync)[:cuda_abi.SyncC.stack.offset + 64], True)
+    activity = cuda_abi.ActivityC(kind=1, correlation_id=77, start_ns=1000, end_ns=2000, name_len=5)
+    activity.name = b"gemm"
+    yield event(cuda_abi.EVENT_ACTIVITY, bytes(activity)[:cuda_abi.ActivityC.name.offset + 8], False)
+    window = cuda_abi.WindowC(abi_version=cuda_abi.ABI_VERSION, window_id=3, covered_ns=100, elapsed_ns=1000,
+                              graph_count=1)
+    window.graphs[0] = cuda_abi.GraphReplaysC(exec=0x55, replays=4)
+    yield event(cuda_abi.EVENT_WINDOW, bytes(window), False)
+
+
 _SEEDS: dict[str, Callable[[], Iterator[bytes]]] = {
-    "elf": _elf_seeds, "symtab": _elf_seeds, "elf_notes": _note_seeds, "cfi": _cfi_seeds, "perf_map": _perf_map_seeds,
+    "elf": _elf_seeds, "symtab": _elf_seeds, "elf_notes": _note_seeds, "cfi": _cfi_seeds,
+    "gpu_record": _gpu_record_seeds, "perf_map": _perf_map_seeds,
     "proc_maps": _maps_seeds,
     "stat": _stat_seeds, "status": _status_seeds, "cgroup": _cgroup_seeds, "environ": _environ_seeds,
     "kallsyms": _kallsyms_seeds, "config_file": lambda: iter(_CONFIG_FILE_SEEDS),
