@@ -46,6 +46,7 @@ _CFA_SHIFT = abi.UNWIND_KIND_BITS + abi.UNWIND_RBP_BITS
 
 _MAX_SECTION_BYTES = 256 << 20  # .eh_frame read per file at most (libtorch_cpu.so's is 17 MiB)
 _MAX_SECTIONS = 1 << 16
+_MAX_ENTRY_BYTES = 256  # a program or section header entry larger than this is corrupt (they are 56 / 64)
 _CACHE_BYTES = 64 << 20  # tables kept in all
 # Files whose frame section is larger get a table without rows and are walked by frame pointer. Tables are built only
 # for files that samples hit (unwind/processes.py), by the native builder (native/cfi_table.c): about 0.12 CPU-s
@@ -154,13 +155,13 @@ def _find_frame_section(read: _Read, name: str) -> tuple[tuple[str, int, int, in
     phoff, shoff, phentsize, phnum = fields[5], fields[6], fields[9], fields[10]
     shentsize, shnum, shstrndx = fields[11], fields[12], fields[13]
     segments: list[Segment] = []
-    if 0 < phnum < _MAX_SECTIONS and phentsize >= _PHDR.size:
+    if 0 < phnum < _MAX_SECTIONS and _PHDR.size <= phentsize <= _MAX_ENTRY_BYTES:
         table = read(phoff, phnum * phentsize)
         for index in range(len(table) // phentsize):
             kind, _flags, offset, vaddr, _paddr, file_size, *_ = _PHDR.unpack_from(table, index * phentsize)
             if kind == _PT_LOAD:
                 segments.append(Segment(offset, vaddr, file_size))
-    if shnum == 0 or shnum > _MAX_SECTIONS or shentsize < _SHDR.size or shstrndx >= shnum:
+    if shnum == 0 or shnum > _MAX_SECTIONS or not _SHDR.size <= shentsize <= _MAX_ENTRY_BYTES or shstrndx >= shnum:
         return None, tuple(segments)
     table = read(shoff, shnum * shentsize)
     headers = [_SHDR.unpack_from(table, index * shentsize) for index in range(len(table) // shentsize)]
