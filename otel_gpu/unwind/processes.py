@@ -24,8 +24,7 @@ from dataclasses import dataclass, field
 
 from otel_gpu.ebpf import abi
 from otel_gpu.ebpf.loader import BPFError, BPFMap
-from otel_gpu.procfs import read_capped
-from otel_gpu.symbolize.maps import MAX_MAPS_BYTES, parse_maps
+from otel_gpu.symbolize.maps import read_maps
 from otel_gpu.unwind.native_table import NativeBuilderMissing, ParsedRows
 from otel_gpu.unwind.table import TableCache, UnwindTable, file_key, frame_section_size, parse_table
 
@@ -101,16 +100,12 @@ class _File:
 
 
 def executable_mappings(pid: int, proc: str = "/proc") -> list[Mapping]:
-    """The executable file-backed mappings and the vDSO of ``pid``, sorted by start; raises OSError when it is gone.
+    """The executable file-backed mappings and the vDSO of ``pid``, sorted by start; none when it is gone.
 
-    Paths are any bytes the process chose: parsed as the symbolizer parses them (kept as surrogates, lines ending at
-    "\\n" only), since reading the maps as UTF-8 text let one oddly named file cost the whole process its
+    Paths are any bytes the process chose: the maps are read as the symbolizer reads them (kept as surrogates, lines
+    ending at "\\n" only), since reading them as UTF-8 text let one oddly named file cost the whole process its
     registration (a UnicodeDecodeError)."""
-    data, more = read_capped(f"{proc}/{pid}/maps", MAX_MAPS_BYTES)
-    if more:
-        data = data[:data.rfind(b"\n") + 1]  # whole lines only
-    out = [Mapping(entry.start, entry.end, entry.offset, entry.path)
-           for entry in parse_maps(data.decode("utf-8", "surrogateescape"))
+    out = [Mapping(entry.start, entry.end, entry.offset, entry.path) for entry in read_maps(pid, proc) or ()
            if entry.executable and (entry.path.startswith("/") or entry.path == "[vdso]")]
     out.sort(key=lambda mapping: mapping.start)
     return out
@@ -249,10 +244,7 @@ class NativeUnwinder:
 
     def add_process(self, pid: int) -> bool:
         """Register ``pid``; False when it is gone or has no executable mapping. Raises BPFError on map failures."""
-        try:
-            mappings = executable_mappings(pid, self._proc)
-        except OSError:
-            return False
+        mappings = executable_mappings(pid, self._proc)
         entries: list[tuple[Mapping, _File]] = []
         with self._lock:
             for mapping in mappings[:abi.UNWIND_MAX_MAPPINGS]:
