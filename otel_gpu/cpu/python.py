@@ -23,6 +23,7 @@ from pathlib import Path
 from otel_gpu import selfmetrics, semconv
 from otel_gpu.ebpf import abi
 from otel_gpu.profiles.model import Frame, FrameKind
+from otel_gpu.symbolize.elf import _SYM, ElfError, _elf_header, _program_headers, _section_headers
 from otel_gpu.symbolize.elf import _Source as _ElfSource
 from otel_gpu.symbolize.maps import read_maps
 
@@ -39,9 +40,6 @@ _NAME_BYTES = 1024
 _LINETABLE_BYTES = 65536  # a longer table is cut: lines past it read as 0
 _OWNER_CSTACK_NONE = 0xFF
 _MAX_INTERPRETER_TABLE_BYTES = 64 << 20  # of a symbol or string table read for 3 symbols (libpython's: ~1 MiB each)
-_PHDR_HEAD = struct.Struct("<IIQQ")  # p_type, p_flags, p_offset, p_vaddr
-_SHDR_ENTRY = struct.Struct("<IIQQQQIIQQ")
-_SYM_ENTRY = struct.Struct("<IBBHQQ")
 _MAX_OBJECT_OFFSET = 4096  # a field of a code, bytes or str object past this is no CPython layout (they are < 256)
 _MAX_LINE = (1 << 31) - 1  # CPython's line numbers are C ints
 
@@ -70,29 +68,22 @@ def elf_symbols(path: str, names: Sequence[str]) -> tuple[dict[str, int], int]:
         def read(offset: int, size: int) -> bytes:
             return source.read(offset, min(size, _MAX_INTERPRETER_TABLE_BYTES))
 
-        header = read(0, 64)
-        if len(header) < 64 or header[:4] != b"\x7fELF" or header[4] != 2:
+        try:
+            header = _elf_header(source, path)
+        except ElfError:
             return {}, 0
-        phoff, shoff = struct.unpack_from("<QQ", header, 32)
-        phentsize, phnum, shentsize, shnum = struct.unpack_from("<HHHH", header, 54)
-        base = 0
-        if phentsize >= _PHDR_HEAD.size:
-            program = read(phoff, phentsize * phnum)
-            for i in range(len(program) // phentsize):
-                p_type, _flags, p_offset, p_vaddr = _PHDR_HEAD.unpack_from(program, i * phentsize)
-                if p_type == 1:  # PT_LOAD
-                    base = p_vaddr - p_offset
-                    break
-        table = read(shoff, shentsize * shnum) if shentsize >= _SHDR_ENTRY.size else b""
-        sections = [_SHDR_ENTRY.unpack_from(table, i * shentsize) for i in range(len(table) // max(shentsize, 1))]
+        phoff, shoff, phentsize, phnum, shentsize, shnum = (header[i] for i in (5, 6, 9, 10, 11, 12))
+        base = next((p_vaddr - p_offset for p_type, p_offset, p_vaddr, _size in
+                     _program_headers(read, phoff, phentsize, phnum) if p_type == 1), 0)  # the first PT_LOAD
+        sections = _section_headers(read, shoff, shentsize, shnum)
         for section in sections:
             if section[1] not in (2, 11) or section[6] >= len(sections):  # SHT_SYMTAB, SHT_DYNSYM; its strings
                 continue
             strtab = sections[section[6]]
             strings = read(strtab[4], strtab[5])
             symbols = read(section[4], section[5])
-            for name_off, _info, _other, shndx, value, _size in _SYM_ENTRY.iter_unpack(
-                    symbols[:len(symbols) - len(symbols) % _SYM_ENTRY.size]):
+            for name_off, _info, _other, shndx, value, _size in _SYM.iter_unpack(
+                    symbols[:len(symbols) - len(symbols) % _SYM.size]):
                 if not shndx or not value:
                     continue
                 end = strings.find(b"\0", name_off)
