@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import bisect
 import os
-import struct
 import threading
 from array import array
 from collections import OrderedDict
@@ -26,7 +25,7 @@ from dataclasses import dataclass
 from typing import BinaryIO
 
 from otel_gpu.ebpf import abi
-from otel_gpu.symbolize.elf import _EHDR, _SHDR, Segment
+from otel_gpu.symbolize.elf import _EHDR, Segment, _program_headers, _section_headers
 from otel_gpu.unwind import native_table
 
 # Rule kinds (the low byte of a packed rule), shared with native_unwind.h
@@ -45,8 +44,6 @@ _RBP_SHIFT = abi.UNWIND_KIND_BITS
 _CFA_SHIFT = abi.UNWIND_KIND_BITS + abi.UNWIND_RBP_BITS
 
 _MAX_SECTION_BYTES = 256 << 20  # .eh_frame read per file at most (libtorch_cpu.so's is 17 MiB)
-_MAX_SECTIONS = 1 << 16
-_MAX_ENTRY_BYTES = 256  # a program or section header entry larger than this is corrupt (they are 56 / 64)
 _CACHE_BYTES = 64 << 20  # tables kept in all
 # Files whose frame section is larger get a table without rows and are walked by frame pointer. Tables are built only
 # for files that samples hit (unwind/processes.py), by the native builder (native/cfi_table.c): about 0.12 CPU-s
@@ -115,7 +112,6 @@ def unpack_rule(rule: int) -> tuple[int, int, int]:
             rbp - (1 << abi.UNWIND_RBP_BITS) if rbp >= 1 << (abi.UNWIND_RBP_BITS - 1) else rbp)
 
 
-_PHDR = struct.Struct("<IIQQQQQQ")
 _PT_LOAD = 1
 _Read = Callable[[int, int], bytes]
 
@@ -154,19 +150,12 @@ def _find_frame_section(read: _Read, name: str) -> tuple[tuple[str, int, int, in
     fields = _EHDR.unpack(header)
     phoff, shoff, phentsize, phnum = fields[5], fields[6], fields[9], fields[10]
     shentsize, shnum, shstrndx = fields[11], fields[12], fields[13]
-    segments: list[Segment] = []
-    if 0 < phnum < _MAX_SECTIONS and _PHDR.size <= phentsize <= _MAX_ENTRY_BYTES:
-        table = read(phoff, phnum * phentsize)
-        for index in range(len(table) // phentsize):
-            kind, _flags, offset, vaddr, _paddr, file_size, *_ = _PHDR.unpack_from(table, index * phentsize)
-            if kind == _PT_LOAD:
-                segments.append(Segment(offset, vaddr, file_size))
-    if shnum == 0 or shnum > _MAX_SECTIONS or not _SHDR.size <= shentsize <= _MAX_ENTRY_BYTES or shstrndx >= shnum:
-        return None, tuple(segments)
-    table = read(shoff, shnum * shentsize)
-    headers = [_SHDR.unpack_from(table, index * shentsize) for index in range(len(table) // shentsize)]
+    segments = tuple(Segment(offset, vaddr, file_size)
+                     for kind, offset, vaddr, file_size in _program_headers(read, phoff, phentsize, phnum)
+                     if kind == _PT_LOAD)
+    headers = _section_headers(read, shoff, shentsize, shnum)  # entry sizes and counts bounded there
     if shstrndx >= len(headers):
-        return None, tuple(segments)
+        return None, segments
     names = read(headers[shstrndx][4], min(headers[shstrndx][5], 1 << 20))
     found: dict[str, tuple[int, int, int]] = {}
     for name_offset, kind, _flags, addr, offset, size, *_ in headers:
@@ -177,8 +166,8 @@ def _find_frame_section(read: _Read, name: str) -> tuple[tuple[str, int, int, in
     for section in (".eh_frame", ".debug_frame"):
         if section in found:
             addr, offset, size = found[section]
-            return (section, addr, offset, size), tuple(segments)
-    return None, tuple(segments)
+            return (section, addr, offset, size), segments
+    return None, segments
 
 
 def frame_sections(path: str) -> tuple[str, int, bytes] | None:
