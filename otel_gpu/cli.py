@@ -52,8 +52,12 @@ def _parser() -> argparse.ArgumentParser:
     show = commands.add_parser("config", help="print the effective configuration as YAML that --config loads back "
                                               "(secrets left out) and exit")
     config.add_arguments(show)
+    from otel_gpu.cuda.inject import PACKAGED_LIBRARY, container_instructions
+
     inject = commands.add_parser("inject", help="run a CUDA workload with the GPU-time library injected",
-                                 usage="otel-gpu inject [--overhead-budget PERCENT] -- COMMAND [ARGS ...]")
+                                 usage="otel-gpu inject [--overhead-budget PERCENT] -- COMMAND [ARGS ...]",
+                                 epilog=container_instructions(PACKAGED_LIBRARY),
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     inject.add_argument("--overhead-budget", type=_budget_percent, default=None, metavar="PERCENT",
                         help="how much slower the workload may run while GPU time is profiled, in per cent "
                              "(0.01-100; default 2); the library sets its sampling to stay within it")

@@ -6,6 +6,7 @@ verdict, the XIDs read from a real agent's output folder and log, the library's 
 from __future__ import annotations
 
 import dataclasses
+import io
 import json
 import os
 import subprocess
@@ -13,12 +14,13 @@ import sys
 from pathlib import Path
 from types import ModuleType
 from typing import Any
+from unittest import mock
 
 import pytest
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
-from otel_gpu.cuda.inject import container_instructions
+from otel_gpu.cuda import inject
 from otel_gpu.gpu.model import GPUInfo, GPUSnapshot, XIDErrors
 from otel_gpu.metrics.files import JsonLinesMetricExporter
 from otel_gpu.metrics.gpu_instruments import register_gpu_instruments
@@ -218,15 +220,26 @@ def test_kernel_log_xid_lines(harm: ModuleType) -> None:
     assert len(after - before) == 1
 
 
-def test_library_messages_leave_out_the_inject_wrappers_instructions(harm: ModuleType) -> None:
-    stderr = (container_instructions(Path("/opt/otel-gpu/libotel_gpu_inject.so"))
+def _wrapper_stderr(library: Path) -> str:
+    """What `otel-gpu inject --overhead-budget 2` writes itself before the workload's output."""
+    err = io.StringIO()
+    with mock.patch.object(inject, "library_path", return_value=library), \
+            mock.patch.object(inject.subprocess, "Popen") as run:
+        run.return_value.wait.return_value = 0
+        inject.run_injected(["true"], environ={"PATH": os.defpath}, stderr=err, overhead_budget=0.02)
+    assert err.getvalue().count("\n") == 2
+    return err.getvalue()
+
+
+def test_library_messages_leave_out_the_inject_wrappers_lines(harm: ModuleType) -> None:
+    stderr = (_wrapper_stderr(Path("/opt/otel-gpu/libotel_gpu_inject.so"))
               + "Traceback (most recent call last):\n"
               + "otel-gpu: CUPTI is in use by another tool; GPU-time profiling waits until it is free\n" * 2
               + "otel-gpu: cannot load CUPTI (x); GPU-time profiling is off for this process\n")
     assert harm.library_messages(stderr) == [
         "otel-gpu: CUPTI is in use by another tool; GPU-time profiling waits until it is free (x2)",
         "otel-gpu: cannot load CUPTI (x); GPU-time profiling is off for this process"]
-    assert harm.library_messages(container_instructions(Path("/x.so"))) == []
+    assert harm.library_messages(_wrapper_stderr(Path("/x.so"))) == []
 
 
 # --- the report -----------------------------------------------------------------------------------------------------

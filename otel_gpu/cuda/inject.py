@@ -3,7 +3,8 @@
 
 The CUDA driver loads the library named by ``CUDA_INJECTION64_PATH`` into every process that initialises CUDA; the
 agent then finds the process by itself. The library does nothing until an agent attaches (its USDT semaphores stay
-0). The same variable works in containers and pods, which :func:`container_instructions` explains on stderr.
+0). The same variable works in containers and pods, which :func:`container_instructions` explains (``otel-gpu inject
+--help``); a run prints one line naming the library.
 """
 
 from __future__ import annotations
@@ -29,10 +30,9 @@ def library_path() -> Path | None:
 
 
 def container_instructions(path: Path) -> str:
-    """How to inject the same library into containers and Kubernetes pods (printed to stderr by ``inject``)."""
+    """How to inject the same library into containers and Kubernetes pods (``otel-gpu inject --help``)."""
     return (
-        f"otel-gpu: injecting {path} through {INJECTION_VARIABLE}.\n"
-        f"otel-gpu: to profile GPU time elsewhere, set the same variable where the workload starts:\n"
+        f"To profile GPU time without this wrapper, set {INJECTION_VARIABLE} where the workload starts:\n"
         f"  shell:      export {INJECTION_VARIABLE}={path}\n"
         f"  docker:     docker run -v {path}:/opt/otel-gpu/{LIBRARY_NAME}:ro "
         f"-e {INJECTION_VARIABLE}=/opt/otel-gpu/{LIBRARY_NAME} IMAGE ...\n"
@@ -41,7 +41,7 @@ def container_instructions(path: Path) -> str:
         f"                env:\n"
         f"                - name: {INJECTION_VARIABLE}\n"
         f"                  value: /opt/otel-gpu/{LIBRARY_NAME}\n"
-        f"otel-gpu: the agent (otel-gpu run, as root) finds injected processes by itself.\n"
+        f"The agent (otel-gpu run, as root) finds injected processes by itself.\n"
     )
 
 
@@ -89,7 +89,8 @@ def run_injected(command: Sequence[str], environ: Mapping[str, str] | None = Non
         env = dict(base)
     else:
         env = injected_environment(base, path, overhead_budget)
-        err.write(container_instructions(path))
+        err.write(f"otel-gpu: injecting {path} through {INJECTION_VARIABLE} "
+                  f"(`otel-gpu inject --help`: the same in containers and pods)\n")
     if overhead_budget is not None:
         err.write(f"otel-gpu: overhead budget {overhead_budget * 100:g} % (elsewhere: set "
                   f"{BUDGET_VARIABLE}={env[BUDGET_VARIABLE]} where the workload starts)\n")

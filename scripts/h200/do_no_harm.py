@@ -311,9 +311,8 @@ EXTRA_TIMEOUT_S = {"compile_max_autotune": 240.0}  # autotuning benchmarks every
 AGENT_RUN_S = 4.0  # each agent run attaches, samples and detaches within this
 AGENT_PAUSE_S = 1.0  # between agent runs: the workload runs on detached
 AGENT_GRACE_S = 30.0  # for the running agent to stop after SIGTERM (it exports once more and detaches)
-# lines the `otel-gpu inject` wrapper itself writes (instructions), not the library's
-WRAPPER_LINES = ("otel-gpu: injecting ", "otel-gpu: to profile GPU time elsewhere", "otel-gpu: the agent ",
-                 "otel-gpu: overhead budget")
+# lines the `otel-gpu inject` wrapper itself writes, not the library's
+WRAPPER_LINES = ("otel-gpu: injecting ", "otel-gpu: overhead budget")
 AGENT_XID = re.compile(r"\bXID (\d+) on GPU (\d+)")  # otel_gpu/gpu/events.py's log line for each XID
 KERNEL_XID = re.compile(r"NVRM: Xid")  # the driver's own line in the kernel log
 ATTACHED = "GPU-time profiling attached to"  # otel_gpu/cuda/source.py, once per agent run that attached

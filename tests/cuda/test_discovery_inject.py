@@ -74,9 +74,16 @@ def test_inject_runs_the_command_with_the_variable(packaged: Path, tmp_path: Pat
                                stderr=err)
     assert code == 7
     assert out.read_text() == str(packaged)
-    text = err.getvalue()
-    assert f"export CUDA_INJECTION64_PATH={packaged}" in text
-    assert "docker run" in text and "name: CUDA_INJECTION64_PATH" in text
+    assert err.getvalue().splitlines() == [  # one line in a job's log, not the set-up help
+        f"otel-gpu: injecting {packaged} through CUDA_INJECTION64_PATH (`otel-gpu inject --help`: the same in "
+        f"containers and pods)"]
+
+
+def test_inject_help_explains_the_set_up_in_a_shell_a_container_and_a_pod() -> None:
+    done = subprocess.run([sys.executable, "-m", "otel_gpu", "inject", "--help"], capture_output=True, text=True,
+                          check=True)
+    assert f"export CUDA_INJECTION64_PATH={inject.PACKAGED_LIBRARY}" in done.stdout
+    assert "docker run" in done.stdout and "name: CUDA_INJECTION64_PATH" in done.stdout
 
 
 def test_inject_reports_a_signal_like_a_shell(packaged: Path) -> None:
