@@ -11,7 +11,9 @@ import struct
 from pathlib import Path
 
 from otel_gpu.instrumentation._table import MAGIC, SLOT_SIZE, SYMBOL, VERSION
+from otel_gpu.procfs import read_capped
 from otel_gpu.symbolize.elf import dynamic_symbol_value
+from otel_gpu.symbolize.maps import MAX_MAPS_BYTES
 
 LIBRARY_NAME = "libotel_gpu_context.so"
 _HEADER = struct.Struct("<IHH")  # magic, version, slot size
@@ -32,8 +34,8 @@ def find_span_table(pid: int, proc: Path = Path("/proc")) -> int | None:
     Raises OSError when the process's maps or files cannot be read (it exited, or the agent lacks the rights). The
     maps' paths are any bytes (kept as surrogates) and the symbol's value is the mapped file's claim, any 64 bits.
     """
-    maps = (proc / str(pid) / "maps").read_bytes().decode("utf-8", "surrogateescape")
-    for line in maps.split("\n"):
+    data, _ = read_capped(proc / str(pid) / "maps", MAX_MAPS_BYTES)  # the mappings past the cap stay unseen
+    for line in data.decode("utf-8", "surrogateescape").split("\n"):
         parts = line.split(maxsplit=5)
         if len(parts) < 6 or not parts[5].endswith(LIBRARY_NAME) or int(parts[2], 16) != 0:
             continue

@@ -75,3 +75,19 @@ def test_a_non_utf8_path_in_the_maps_does_not_hide_the_table(tmp_path: Path) -> 
     proc = _proc(tmp_path, b"7f0000000000-7f0000001000 r-xp 00000000 08:02 3 /opt/caf\xe9/x.so\n"
                  + f"{start:x}-{start + 0x1000:x} r--p 00000000 08:02 7 /libotel_gpu_context.so\n".encode())
     assert locate.find_span_table(42, proc) == ctypes.addressof(header)
+
+
+def test_the_maps_are_read_up_to_the_symbolizers_cap(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A process chooses how many mappings it has and how long their paths are: the maps were read whole, at every
+    look for the table (each drain, until found). The library's mapping past the cap stays unseen; before it, found."""
+    header = (ctypes.c_char * 8).from_buffer_copy(struct.pack("<IHH", locate.MAGIC, locate.VERSION, locate.SLOT_SIZE))
+    (tmp_path / "root").mkdir()
+    _library(tmp_path / "root" / "libotel_gpu_context.so", 0x100)
+    start = ctypes.addressof(header) - 0x100
+    filler = b"".join(b"%x-%x rw-p 00000000 00:00 0 \n" % (0x1000 * i, 0x1000 * (i + 1)) for i in range(1, 200))
+    table = f"{start:x}-{start + 0x1000:x} r--p 00000000 08:02 7 /libotel_gpu_context.so\n".encode()
+    proc = _proc(tmp_path, filler + table)
+    monkeypatch.setattr(locate, "MAX_MAPS_BYTES", len(filler))
+    assert locate.find_span_table(42, proc) is None
+    monkeypatch.setattr(locate, "MAX_MAPS_BYTES", len(filler) + len(table))
+    assert locate.find_span_table(42, proc) == ctypes.addressof(header)
