@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from otel_gpu import selfmetrics, semconv
 from otel_gpu.cuda import abi, builder
@@ -43,6 +43,16 @@ MAX_HELD_SYNCS = 65536  # waits held for their collectives, all processes: past 
 # another's, and name a straggler that is not one).
 SETTLE_LAG_NS = 1_000_000_000
 MAX_LEAVES = 4096  # leaf frames of GPU work kept by kernel, copy or set (past it, kept afresh)
+MAX_TAIL_PIECES = 4096  # a process's last window's work kept by thread, stack and kernel, for the time after it
+
+
+@dataclass(slots=True)
+class _LastWindow:
+    """A process's newest window's work by thread, stack and kernel: one piece of each (outside any span: the time
+    after the window ran in other spans) and their time, for the time after the process's last window."""
+
+    window_id: int
+    pieces: dict[tuple[object, ...], tuple[GPUWork, int]] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -84,6 +94,7 @@ class GPUTimeAccounting:
         self._graphs = GraphReplayWeights() if count_graphs else None
         self._unsampled_seen = 0
         self._pending: list[tuple[GPUWork, int]] = []  # joined work whose window has not closed, drains waited
+        self._last_windows: dict[int, _LastWindow] = {}
         self._waits = CollectiveWaits()
         self._held_syncs: deque[tuple[abi.Sync, int]] = deque()  # waits of NCCL processes whose work may come, drains
         self._gpu = builder.ProfileAccumulator(gpu_time_profile_type())
@@ -181,6 +192,9 @@ class GPUTimeAccounting:
         if self._graphs is not None:
             self._graphs.add_window(window)
         weight, covered, elapsed = self._weights.add(window)
+        tail = self._weights.take_tail(window.pid)
+        if tail is not None:
+            self._add_tail(window.pid, *tail)
         self._interval.covered_ns += covered
         self._interval.elapsed_ns += elapsed
         counters = self._counter(window.pid)
@@ -227,9 +241,36 @@ class GPUTimeAccounting:
         """Adds ``work`` with its window's ``weight``, or hands a counted graph replay's to the replay weights."""
         if self._graphs is not None:
             counted, weight = self._graphs.take(work, weight)
-            if counted and weight == 0.0:
-                return  # held until the drain ends its stretch
+            if counted:
+                if weight:  # else held until the drain ends its stretch
+                    self._add_weighted(work, weight)
+                return
+        self._note_last_window(work)
         self._add_weighted(work, weight)
+
+    def _note_last_window(self, work: GPUWork) -> None:
+        launch, activity = work.launch, work.activity
+        last = self._last_windows.get(launch.pid)
+        if last is None or launch.window_id > last.window_id:
+            last = self._last_windows[launch.pid] = _LastWindow(launch.window_id)
+        elif launch.window_id < last.window_id or activity.duration_ns <= 0:
+            return
+        key = (launch.tid, launch.stack, activity.kind, activity.name, activity.bytes, activity.copy_kind,
+               activity.src_kind, activity.dst_kind, activity.device_id, activity.stream_id, activity.graph_id)
+        piece = last.pieces.get(key)
+        if piece is not None:
+            last.pieces[key] = (piece[0], piece[1] + activity.duration_ns)
+        elif len(last.pieces) < MAX_TAIL_PIECES:
+            last.pieces[key] = (GPUWork(replace(launch, trace_id="", span_id=""), activity), activity.duration_ns)
+
+    def _add_tail(self, pid: int, window_id: int, weight: float) -> None:
+        """The time after ``pid``'s last window, at ``weight`` more of that window's work (its work still to come
+        takes it with the window's weight)."""
+        last = self._last_windows.get(pid)
+        if last is None or last.window_id != window_id:
+            return
+        for piece, total_ns in last.pieces.values():
+            self._add_weighted(piece, weight * total_ns / piece.activity.duration_ns)
 
     def _add_weighted(self, work: GPUWork, weight: float) -> None:
         for observe in self._work_observers:
@@ -355,6 +396,7 @@ class GPUTimeAccounting:
             if self._graphs is not None:
                 self._graphs.forget_process(pid)  # already released: the drain ended every stretch first
             self._weights.forget_process(pid)
+            self._last_windows.pop(pid, None)
             self._waits.forget_process(pid)
             self._stacks.forget(pid)
             del self._processes[pid]

@@ -7,9 +7,12 @@ injected library counts every replay of each graph exec (``graphs.c``) and repor
 each window record (:attr:`abi.Window.graph_replays`). Over a *stretch* (the windows between two drains) a sampled
 replay of exec ``e`` then stands for ``replays(e) / sampled(e)`` replays: the replays counted in the stretch over the
 sampled graph launches of ``e`` in its windows. The work of the sampled replays is held, unweighted, until the
-stretch ends; their stacks keep their shares of it. An exec replayed in a stretch with no sampled replay adds its
-count to :attr:`GraphReplayWeights.unsampled` and no time: never a guess. Execs the library's table had no room for
-(``graph_other_replays``) are not listed and keep the window weights, as do eager launches.
+stretch ends; their stacks keep their shares of it. An exec replayed in a stretch with no sampled replay (a graph
+replayed seldom, or after the process's last window: the library's record at exit counts those replays) is weighted
+by its last sampled stretch: that stretch's work per sampled replay, by stack and kernel, times the replays (an exec
+replays the same kernels each time). One never sampled adds its count to :attr:`GraphReplayWeights.unsampled` and no
+time. Execs the library's table had no room for (``graph_other_replays``) are not listed and keep the window weights,
+as do eager launches.
 
 Stretches end at window records: a window's record comes after every launch sampled in it has returned (the library
 waits for them before it closes the window), so the replays counted up to it include every sampled one. Work that
@@ -19,13 +22,14 @@ arrives after its stretch ended (a GPU queue that lags) takes the weight its str
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from otel_gpu.cuda.abi import LAUNCH_GRAPH, Launch, Window
 from otel_gpu.cuda.join import GPUWork
 
 MAX_HELD_WORK = 1 << 20  # pieces of graph work held for their stretch, all processes: past it, window weights
 MAX_STRETCHES = 64  # ended stretches remembered per process (their weights), for work that arrives late
+MAX_CARRIED_PIECES = 256  # an exec's work per replay kept for stretches without a sample: (stack, kernel) pieces
 
 
 @dataclass(slots=True)
@@ -47,6 +51,9 @@ class _ProcessGraphs:
     held: list[tuple[GPUWork, float]] = field(default_factory=list)  # (work, its window weight)
     ended: list[tuple[int, int, dict[int, float]]] = field(default_factory=list)  # (first, last window, weights)
     ended_through: int = 0  # windows up to this id belong to ended stretches
+    # exec -> its last sampled stretch's work per replay: (one piece of work, the weight that makes it the mean time
+    # per replay of all pieces of its stack and kernel), for its replays in stretches without a sample
+    per_replay: dict[int, list[tuple[GPUWork, float]]] = field(default_factory=dict)
 
 
 class GraphReplayWeights:
@@ -59,7 +66,8 @@ class GraphReplayWeights:
 
     def __init__(self, max_held: int = MAX_HELD_WORK) -> None:
         self.max_held = max_held
-        self.unsampled = 0  # replays of stretches in which their exec had no sampled replay (running total)
+        self.unsampled = 0  # replays of execs never sampled, in stretches without a sample (running total)
+        self.carried = 0  # replays in stretches without a sample, weighted by their exec's last sampled stretch
         self._held_count = 0
         self._processes: dict[int, _ProcessGraphs] = {}
 
@@ -119,13 +127,18 @@ class GraphReplayWeights:
     def _end(self, proc: _ProcessGraphs) -> list[tuple[GPUWork, float]]:
         stretch = proc.stretch
         weights: dict[int, float] = {}
+        released: list[tuple[GPUWork, float]] = []
+        self._remember_per_replay(proc)
         for exec_, replays in stretch.replays.items():
             sampled = stretch.sampled.get(exec_, 0)
             if sampled:
                 weights[exec_] = max(replays, sampled) / sampled
+            elif replays and exec_ in proc.per_replay:
+                released.extend((work, weight * replays) for work, weight in proc.per_replay[exec_])
+                self.carried += replays
             else:
                 self.unsampled += replays
-        released = [(work, weights.get(work.launch.graph_exec, window_weight)) for work, window_weight in proc.held]
+        released += [(work, weights.get(work.launch.graph_exec, window_weight)) for work, window_weight in proc.held]
         self._held_count -= len(proc.held)
         proc.held = []
         if weights:
@@ -134,6 +147,38 @@ class GraphReplayWeights:
         proc.ended_through = proc.last_window
         proc.stretch = _Stretch(first_window=proc.last_window + 1)
         return released
+
+    @staticmethod
+    def _remember_per_replay(proc: _ProcessGraphs) -> None:
+        """Each sampled exec's held work as time per replay, by stack and kernel (its span left out: later replays
+        run in other spans); an exec whose replays hold more than MAX_CARRIED_PIECES pieces keeps none."""
+        pieces: dict[tuple[object, ...], GPUWork] = {}  # (exec, thread, stack, kernel) -> one piece of its work
+        totals: Counter[tuple[object, ...]] = Counter()  # the same -> its time in the stretch
+        kept: Counter[int] = Counter()  # exec -> its pieces
+        too_many: set[int] = set()
+        for work, _ in proc.held:
+            launch, activity = work.launch, work.activity
+            exec_ = launch.graph_exec
+            if exec_ not in proc.stretch.sampled or exec_ in too_many or activity.duration_ns <= 0:
+                continue
+            key = (exec_, launch.tid, launch.stack, activity.kind, activity.name, activity.device_id,
+                   activity.stream_id, activity.graph_id, activity.bytes)
+            if key not in pieces:
+                if kept[exec_] == MAX_CARRIED_PIECES:
+                    too_many.add(exec_)
+                    continue
+                kept[exec_] += 1
+                pieces[key] = GPUWork(replace(launch, trace_id="", span_id=""), activity)
+            totals[key] += activity.duration_ns
+        fresh: dict[int, list[tuple[GPUWork, float]]] = {}
+        for key, work in pieces.items():
+            exec_ = work.launch.graph_exec
+            if exec_ not in too_many:
+                per_replay = totals[key] / proc.stretch.sampled[exec_]
+                fresh.setdefault(exec_, []).append((work, per_replay / work.activity.duration_ns))
+        for exec_ in too_many:
+            proc.per_replay.pop(exec_, None)
+        proc.per_replay.update(fresh)
 
     def _process(self, pid: int) -> _ProcessGraphs:
         proc = self._processes.get(pid)

@@ -196,32 +196,49 @@ class WindowWeights:
     window record). ``pace`` (:func:`pace_ratio`) scales the time outside windows by how much faster the program ran
     there: observing launches slows a program that waits on the GPU every iteration (2 % on an H200 for one that does
     6 launches in 2 ms), and windows then see that much less of its work than their share of the time.
+
+    The time after a process's last window has no window after it to stand for it: the library's record of the totals
+    at exit (no window in it: no time covered, no launches, not stepping aside) gives it to the last window, whose
+    weight grows by pace * (that time) / (its length) (:meth:`take_tail`: the caller re-weights the work it has
+    already accounted of that window).
     """
 
     def __init__(self, max_windows: int = 4096) -> None:
         self.max_windows = max_windows
         self._weights: dict[int, OrderedDict[int, float]] = {}
-        self._last: dict[int, tuple[int, int, float, int]] = {}  # pid -> (covered, elapsed, weight, yields)
+        # pid -> (covered, elapsed, weight, yields, the last window's id and length) as of its newest record
+        self._last: dict[int, tuple[int, int, float, int, int, int]] = {}
+        self._tails: dict[int, tuple[int, float]] = {}  # pid -> (its last window, the weight it took on) not yet taken
 
     def add(self, window: Window) -> tuple[float, int, int]:
         """Record ``window``; returns (weight, covered delta ns, elapsed delta ns)."""
-        covered0, elapsed0, last_weight, yields0 = self._last.get(window.pid, (0, 0, 1.0, 0))
+        covered0, elapsed0, last_weight, yields0, last_id, last_len = self._last.get(window.pid, (0, 0, 1.0, 0, 0, 0))
         # the library re-attached, or took CUPTI back from another tool: its totals restart (the time in between
         # stands for nothing: it is reported as yielded, not extrapolated into)
         if window.elapsed_ns < elapsed0 or window.covered_ns < covered0 or window.yields != yields0:
-            covered0, elapsed0 = 0, 0
+            covered0, elapsed0, last_id, last_len = 0, 0, 0, 0
         covered = window.covered_ns - covered0
         elapsed = window.elapsed_ns - elapsed0
+        windows = self._weights.setdefault(window.pid, OrderedDict())
         if covered <= 0 or elapsed < covered:
             weight = last_weight if covered <= 0 else 1.0
+            if covered == 0 and elapsed > 0 and not window.launches and not window.aside_since_ns and last_len \
+                    and last_id in windows:  # the totals at exit: the last window stands for the time since too
+                tail = pace_ratio(window) * elapsed / last_len
+                windows[last_id] += tail
+                self._tails[window.pid] = (last_id, tail)
         else:
             weight = (covered + pace_ratio(window) * (elapsed - covered)) / covered
-        self._last[window.pid] = (window.covered_ns, window.elapsed_ns, weight, window.yields)
-        windows = self._weights.setdefault(window.pid, OrderedDict())
+            last_id, last_len = window.window_id, covered
+        self._last[window.pid] = (window.covered_ns, window.elapsed_ns, weight, window.yields, last_id, last_len)
         windows[window.window_id] = weight
         while len(windows) > self.max_windows:
             windows.popitem(last=False)
         return weight, max(covered, 0), max(elapsed, 0)
+
+    def take_tail(self, pid: int) -> tuple[int, float] | None:
+        """(window id, added weight) when the record just added gave ``pid``'s last window the time after it."""
+        return self._tails.pop(pid, None)
 
     def weight(self, pid: int, window_id: int) -> float | None:
         """The weight of a closed window, None while it is still open (or unknown)."""
@@ -230,8 +247,10 @@ class WindowWeights:
 
     def latest(self, pid: int) -> float:
         """The weight of the process's last closed window (1.0 before any): for work whose window never closed."""
-        return self._last.get(pid, (0, 0, 1.0, 0))[2]
+        last = self._last.get(pid)
+        return last[2] if last else 1.0
 
     def forget_process(self, pid: int) -> None:
         self._weights.pop(pid, None)
         self._last.pop(pid, None)
+        self._tails.pop(pid, None)

@@ -4,6 +4,8 @@ thread, no /proc: whether a process is alive is a set the test changes."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from otel_gpu import selfmetrics, semconv
@@ -75,6 +77,34 @@ def test_counters_add_up_weighted_launches_times_and_coverage() -> None:
     assert counters[11].sync_wait_ns == 1400 and counters[11].kernel_time_ns == 0
     counters[10].launches = 0  # a copy: the accounting's own totals do not change
     assert accounting.process_counters()[0].launches == pytest.approx(23)
+
+
+def test_the_time_after_the_last_window_is_stood_for_by_it() -> None:
+    """A process exits between windows: the library's record of the totals at exit gives the time since the last
+    window to that window's work, by thread, stack and kernel, outside any span; its work still to come takes it too."""
+    accounting, _ = _accounting({10})
+
+    def spanned(corr: int, pc: int) -> abi.Launch:
+        return replace(launch(10, corr, window=2, stack_=stack(pc)), trace_id="ab" * 16, span_id="cd" * 8)
+
+    def by_span(batch: ProfileBatch) -> dict[tuple[int, bool], float]:
+        out: dict[tuple[int, bool], float] = {}
+        for sample in (s for p in batch.processes for s in p.samples):
+            key = (sample.frames[1].address, bool(sample.span_id))
+            out[key] = out.get(key, 0) + sample.value
+        return out
+
+    accounting.handle(window(10, 1, covered_ns=100, elapsed_ns=1000))  # weight 10
+    accounting.handle(spanned(1, 0xA))
+    accounting.handle(kernel(10, 1, 30, name="relu"))
+    accounting.handle(spanned(2, 0xA))
+    accounting.handle(kernel(10, 2, 10, name="relu"))
+    accounting.handle(spanned(3, 0xB))  # its kernel comes after the record at exit
+    accounting.handle(window(10, 2, covered_ns=200, elapsed_ns=2000))  # weight 10
+    assert by_span(accounting.drain(now_ns=3_000)[0]) == {(0xA, True): 400}
+    accounting.handle(window(10, 3, covered_ns=200, elapsed_ns=2500))  # at exit: 500 ns after a 100 ns window
+    accounting.handle(kernel(10, 3, 20, name="relu"))
+    assert by_span(accounting.drain(now_ns=4_000)[0]) == {(0xA, False): 40 * 5, (0xB, True): 20 * 15}
 
 
 def test_an_exited_process_is_forgotten_after_one_more_drain() -> None:

@@ -9,7 +9,7 @@ from dataclasses import replace
 import pytest
 
 from otel_gpu import selfmetrics, semconv
-from otel_gpu.cuda import abi
+from otel_gpu.cuda import abi, graphs
 from otel_gpu.cuda.accounting import GPUTimeAccounting
 from otel_gpu.cuda.stacks import StackFrames
 from tests.cuda.records import kernel, launch, stack, window
@@ -106,6 +106,53 @@ def test_replays_with_none_sampled_add_no_time_and_are_counted() -> None:
     gpu, _ = acc.drain(now_ns=6_000)
     assert _total(gpu) == pytest.approx(4 * 600)
     assert acc.graph_replays_not_sampled == 70
+
+
+def _kernel_totals(batch: object) -> dict[str, float]:
+    totals: dict[str, float] = {}
+    for sample in (s for p in batch.processes for s in p.samples):  # type: ignore[attr-defined]
+        totals[sample.frames[0].function] = totals.get(sample.frames[0].function, 0.0) + sample.value
+    return totals
+
+
+def test_replays_after_the_last_sampled_window_take_its_time_per_replay() -> None:
+    """Replays in a stretch with no sampled one (after the process's last window: the library's record at exit counts
+    them; or a graph replayed seldom) weigh their exec's last sampled replays, by stack and kernel, outside any span."""
+    selfmetrics.reset()
+    acc = _accounting()
+    acc.handle(replace(_graph(1, 1, pc=0x1111), trace_id="ab" * 16, span_id="cd" * 8))
+    for index, ns in enumerate((300, 200, 100)):
+        acc.handle(kernel(PID, 1, ns, name=f"node{index}", graph=1))
+    _replay(acc, 2, window_id=1, pc=0x1111, kernels=(100, 200, 500))
+    acc.handle(_window(1, 10, 100, (EXEC_A, 10)))
+    gpu, _ = acc.drain(now_ns=5_000)
+    assert _kernel_totals(gpu) == pytest.approx({"node0": 5 * 400, "node1": 5 * 400, "node2": 5 * 600})
+    acc.handle(_window(2, 10, 900, (EXEC_A, 25)))  # the totals at exit: 15 replays since, none sampled
+    gpu, _ = acc.drain(now_ns=6_000)
+    assert _kernel_totals(gpu) == pytest.approx({"node0": 15 * 200, "node1": 15 * 200, "node2": 15 * 300})
+    assert _total(gpu, 0x1111) == _total(gpu) == pytest.approx(15 * 700)
+    assert all(not s.trace_id and not s.span_id for p in gpu.processes for s in p.samples)
+    assert acc.graph_replays_not_sampled == 0
+    assert selfmetrics.total(semconv.SELF_DROPPED.name,
+                             otel_gpu__reason=semconv.Reason.GRAPH_REPLAYS_NOT_SAMPLED) == 0
+    # a later sampled stretch replaces what a replay weighs
+    _replay(acc, 3, window_id=3, pc=0x2222, kernels=(1000,))
+    acc.handle(_window(3, 20, 1000, (EXEC_A, 27)))
+    acc.drain(now_ns=7_000)
+    acc.handle(_window(4, 20, 1100, (EXEC_A, 30)))
+    gpu, _ = acc.drain(now_ns=8_000)
+    assert _total(gpu, 0x2222) == _total(gpu) == pytest.approx(3 * 1000)
+
+
+def test_an_exec_with_too_many_pieces_per_replay_is_not_carried(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(graphs, "MAX_CARRIED_PIECES", 2)
+    acc = _accounting()
+    _replay(acc, 1, window_id=1)  # three kernels: three pieces
+    acc.handle(_window(1, 10, 100, (EXEC_A, 4)))
+    acc.drain(now_ns=5_000)
+    acc.handle(_window(2, 10, 200, (EXEC_A, 9)))
+    gpu, _ = acc.drain(now_ns=6_000)
+    assert _total(gpu) == 0 and acc.graph_replays_not_sampled == 5
 
 
 def test_execs_beyond_the_librarys_table_keep_window_weights() -> None:

@@ -87,6 +87,22 @@ def test_window_weight_is_elapsed_over_covered_since_the_previous_window() -> No
     assert weights.weight(10, 3) is None
 
 
+def test_the_totals_at_exit_give_the_time_after_the_last_window_to_it() -> None:
+    """The library's record at exit has no window in it (no time covered, no launches): the time since the last
+    window has no later window to stand for it, so the last one does (work of it still to come included)."""
+    weights = WindowWeights()
+    weights.add(window(10, 1, covered_ns=10, elapsed_ns=100))
+    assert weights.add(window(10, 2, covered_ns=20, elapsed_ns=200))[0] == 10.0  # 10 ns standing for 100
+    assert weights.take_tail(10) is None
+    assert weights.add(window(10, 3, covered_ns=20, elapsed_ns=250)) == (10.0, 0, 50)
+    assert weights.take_tail(10) == (2, 5.0) and weights.take_tail(10) is None  # 50 ns after a 10 ns window
+    assert weights.weight(10, 2) == 15.0 and weights.weight(10, 1) == 10.0
+    # a record of stepping aside for another tool is no tail: that time is yielded, not extrapolated into
+    weights.add(window(11, 1, covered_ns=10, elapsed_ns=100))
+    weights.add(window(11, 2, covered_ns=10, elapsed_ns=400, aside_since_ns=7))
+    assert weights.take_tail(11) is None and weights.weight(11, 1) == 10.0
+
+
 def test_window_totals_restart_after_reattach() -> None:
     weights = WindowWeights()
     weights.add(window(10, 1, covered_ns=10, elapsed_ns=100))

@@ -260,6 +260,26 @@ static void close_window_locked(uint32_t flush_flag, uint64_t aside_from_ns)
     adapt_locked(end - ctl.open_start_ns, rec.overhead_ns, rec.launches, lingered);
 }
 
+/* A record of the totals up to now with no window in it (no launches, start = end), when the library stands aside
+ * and at exit: the time and the graph replays since the last window reach the agent (replays after the last window
+ * were otherwise never counted). aside_from_ns as for close_window_locked. */
+static void record_totals_locked(uint64_t aside_from_ns)
+{
+    uint64_t now = aside_from_ns ? aside_from_ns : now_ns();
+    struct otel_gpu_window rec = window_record_locked(++ctl.last_window_id, now, now);
+    rec.aside_since_ns = aside_from_ns;
+    emit_window(&rec);
+}
+
+/* Closes the open window, or records the totals when none is open (while attached). */
+static void close_or_record_locked(uint32_t flush_flag, uint64_t aside_from_ns)
+{
+    if (atomic_load(&g_state.window_id) != 0)
+        close_window_locked(flush_flag, aside_from_ns);
+    else if (atomic_load(&g_state.attached))
+        record_totals_locked(aside_from_ns);
+}
+
 /* Ends a linger once nothing sampled is outstanding (or what is left has timed out); 1 while it goes on. */
 static int linger_check_locked(void)
 {
@@ -282,7 +302,7 @@ static int linger_check_locked(void)
 
 static void detach_locked(void)
 {
-    close_window_locked(0, 0);
+    close_window_locked(0, 0); /* no totals without a window: the agent that would read them is gone */
     atomic_store(&g_state.attached, 0);
     ctl.lingering = 0;
     if (!hold_holding())
@@ -328,15 +348,7 @@ static int undisturbed_locked(void)
  * another tool may be about to use CUPTI, and graphs may be in use). */
 static void stand_aside_locked(void)
 {
-    int was_attached = atomic_load(&g_state.attached);
-    uint64_t now = now_ns();
-    if (atomic_load(&g_state.window_id) != 0) {
-        close_window_locked(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED, now);
-    } else if (was_attached) {
-        struct otel_gpu_window rec = window_record_locked(++ctl.last_window_id, now, now);
-        rec.aside_since_ns = now;
-        emit_window(&rec);
-    }
+    close_or_record_locked(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED, now_ns());
     atomic_store(&g_state.attached, 0);
     ctl.lingering = 0;
     if (hold_holding()) {
@@ -621,9 +633,11 @@ void window_stop_and_flush(void)
                     ctl.slowdown, ctl.fraction);
         }
         ctl.stopped = 1;
-        if (atomic_load(&g_state.attached) && hold_holding()) {
-            close_window_locked(0, 0);
-            activity_drain(EXIT_DRAIN_NS);
+        if (atomic_load(&g_state.attached)) {
+            int holding = hold_holding(); /* a window is open only while CUPTI is held */
+            close_or_record_locked(0, 0);
+            if (holding)
+                activity_drain(EXIT_DRAIN_NS);
         }
         pthread_cond_broadcast(&ctl_wake);
     }
