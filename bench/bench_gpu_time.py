@@ -174,6 +174,60 @@ def part5(runs: int) -> None:
     print("   means: " + ", ".join(f"{name} {statistics.mean(values):.3f}" for name, values in rows.items()))
 
 
+def part6(runs: int, budget: str) -> None:
+    from collections import Counter
+
+    from otel_gpu.cuda import abi
+    from otel_gpu.cuda.accounting import GPUTimeAccounting
+    from otel_gpu.cuda.join import GPUWork
+    from otel_gpu.cuda.stacks import StackFrames
+    from tests.cuda.graph_phases import debug_records
+    from tests.cuda.test_native_inject import WORKLOAD, run_workload, site_totals
+    from tests.cuda.test_source_records import FakeSymbolizer
+
+    print(f"6. the time after a process's last window: the fake workload (eager matmul/relu, a graph every 2nd step), "
+          f"20 ms windows, budget {float(budget) * 100:g} %, {runs} runs, a drain after every window record; GPU time "
+          "estimated / true over the whole run, without and with the library's record of its totals at exit")
+    rows: dict[str, list[float]] = {}
+    for _ in range(runs):
+        with tempfile.TemporaryDirectory() as work:
+            got = run_workload(LIBRARY, Path(work), [str(WORKLOAD), "--steps", "600", "--graph-every", "2"],
+                               extra_env={"OTEL_GPU_WINDOW_MS": "20", "OTEL_GPU_OVERHEAD_BUDGET": budget})
+            records = debug_records(Path(work) / "records.bin", pid=1)
+        truth = site_totals(got.stdout)
+        last = records[-1] if isinstance(records[-1], abi.Window) and records[-1].start_ns == records[-1].end_ns \
+            else None
+        line = []
+        for label, series in (("without", [r for r in records if r is not last]), ("with", records)):
+            accounting = GPUTimeAccounting(_Named(), StackFrames(FakeSymbolizer()), lambda pid: True)
+            by_kernel: Counter[str] = Counter()
+
+            def observe(work: GPUWork, weight: float, into: Counter[str] = by_kernel) -> None:
+                into[work.activity.name] += work.activity.duration_ns * weight
+
+            accounting.observe_work(observe)
+            for record in series:
+                accounting.handle(record)
+                if isinstance(record, abi.Window):
+                    accounting.drain(now_ns=record.end_ns)
+            accounting.drain(now_ns=1 << 62, final=True)
+            for kernel in ("matmul_kernel", "graph_a_kernel"):
+                rows.setdefault(f"{kernel} {label}", []).append(by_kernel[kernel] / truth[kernel][1])
+            line.append(f"{label}: matmul {rows[f'matmul_kernel {label}'][-1]:.3f}, graph "
+                        f"{rows[f'graph_a_kernel {label}'][-1]:.3f} ({accounting.graph_replays_not_sampled} "
+                        "replays not sampled)")
+        windows = sum(1 for r in records if isinstance(r, abi.Window))
+        print(f"   {windows} records, {'ends between windows' if last else 'ends in a window'}: " + "; ".join(line))
+    print("   means: " + ", ".join(f"{name} {statistics.mean(values):.3f}" for name, values in rows.items()))
+
+
+class _Named:
+    def info(self, pid: int) -> object:
+        from otel_gpu.procfs import ProcessInfo
+
+        return ProcessInfo(pid, "workload")
+
+
 COUNT_BENCH = r"""
 #include <pthread.h>
 #include <stdio.h>
@@ -228,6 +282,8 @@ def main() -> int:
                         help="part 3: each graph kernel's time varies by up to this fraction a replay")
     parser.add_argument("--skip-loss", action="store_true", help="skip parts 1 and 2")
     parser.add_argument("--pace-runs", type=int, default=0, help="part 5: runs (0: skipped)")
+    parser.add_argument("--tail-runs", type=int, default=0, help="part 6: runs (0: skipped)")
+    parser.add_argument("--tail-budget", default="0.02", help="part 6: the overhead budget (fraction)")
     args = parser.parse_args()
     for path in (LIBRARY, FAKES / "workload", FAKES / "libcupti.so"):
         if not path.exists():
@@ -237,6 +293,8 @@ def main() -> int:
         part3(args.graph_runs, args.graph_blocks, args.graph_window_ms, args.graph_budget, args.graph_jitter)
     if args.pace_runs > 0:
         part5(args.pace_runs)
+    if args.tail_runs > 0:
+        part6(args.tail_runs, args.tail_budget)
     part4(20_000_000)
     if args.skip_loss:
         return 0

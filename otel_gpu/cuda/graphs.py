@@ -151,16 +151,19 @@ class GraphReplayWeights:
     @staticmethod
     def _remember_per_replay(proc: _ProcessGraphs) -> None:
         """Each sampled exec's held work as time per replay, by stack and kernel (its span left out: later replays
-        run in other spans); an exec whose replays hold more than MAX_CARRIED_PIECES pieces keeps none."""
+        run in other spans), over the replays whose work has come (a sampled replay's work may come after the
+        stretch ended); an exec whose replays hold more than MAX_CARRIED_PIECES pieces keeps none."""
         pieces: dict[tuple[object, ...], GPUWork] = {}  # (exec, thread, stack, kernel) -> one piece of its work
         totals: Counter[tuple[object, ...]] = Counter()  # the same -> its time in the stretch
         kept: Counter[int] = Counter()  # exec -> its pieces
+        replays: dict[int, set[int]] = {}  # exec -> the sampled replays whose work has come (correlation ids)
         too_many: set[int] = set()
         for work, _ in proc.held:
             launch, activity = work.launch, work.activity
             exec_ = launch.graph_exec
             if exec_ not in proc.stretch.sampled or exec_ in too_many or activity.duration_ns <= 0:
                 continue
+            replays.setdefault(exec_, set()).add(launch.correlation_id)
             key = (exec_, launch.tid, launch.stack, activity.kind, activity.name, activity.device_id,
                    activity.stream_id, activity.graph_id, activity.bytes)
             if key not in pieces:
@@ -174,7 +177,7 @@ class GraphReplayWeights:
         for key, work in pieces.items():
             exec_ = work.launch.graph_exec
             if exec_ not in too_many:
-                per_replay = totals[key] / proc.stretch.sampled[exec_]
+                per_replay = totals[key] / len(replays[exec_])
                 fresh.setdefault(exec_, []).append((work, per_replay / work.activity.duration_ns))
         for exec_ in too_many:
             proc.per_replay.pop(exec_, None)

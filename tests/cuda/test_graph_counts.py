@@ -144,6 +144,18 @@ def test_replays_after_the_last_sampled_window_take_its_time_per_replay() -> Non
     assert _total(gpu, 0x2222) == _total(gpu) == pytest.approx(3 * 1000)
 
 
+def test_the_time_per_replay_carried_counts_only_replays_whose_work_had_come() -> None:
+    acc = _accounting()
+    _replay(acc, 1, window_id=1)
+    acc.handle(_graph(2, 1))  # sampled; its work comes after the drain
+    acc.handle(_window(1, 10, 100, (EXEC_A, 4)))
+    assert _total(acc.drain(now_ns=5_000)[0]) == pytest.approx(2 * 600)
+    for index, ns in enumerate((300, 200, 100)):
+        acc.handle(kernel(PID, 2, ns, name=f"node{index}", graph=1))
+    acc.handle(_window(2, 10, 200, (EXEC_A, 10)))  # 6 replays since, none sampled: 600 ns each
+    assert _total(acc.drain(now_ns=6_000)[0]) == pytest.approx(2 * 600 + 6 * 600)
+
+
 def test_an_exec_with_too_many_pieces_per_replay_is_not_carried(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(graphs, "MAX_CARRIED_PIECES", 2)
     acc = _accounting()
