@@ -129,6 +129,7 @@ class CPUSampler:
         self._span_checked: dict[int, float] = {}  # pid -> monotonic time its span context table was looked for
         self._span_found: set[int] = set()
         self.cpus = 0
+        self.attached_ns = 0  # wall clock (unix ns) when the sampling began
 
     # --- lifecycle -------------------------------------------------------------------------------------------------
 
@@ -153,6 +154,7 @@ class CPUSampler:
                                                remap=self._bpf.map("unwind_remap"),
                                                eager_frame_bytes=self.unwind_eager_frame_bytes)
             ring = self._bpf.ring_buffer("process_events", self._handle_event, {"raw_samples": self._handle_raw})
+            self.attached_ns = time.time_ns()  # samples are taken from here on (the first profile starts here)
             self.cpus = self._bpf.attach_perf_event("on_cpu_sample", self.frequency_hz, cpus=self._cpus)
         except BPFError as exc:
             self.close()

@@ -74,8 +74,8 @@ class CPUProfileSource:
     def open(self) -> None:
         """Load and attach the sampler; raises SourceUnavailable (nothing left attached) when it cannot run."""
         self._sampler.open()
+        self._started_ns = self._sampler.attached_ns  # not after the kernel's symbols: it samples while they load
         self._symbolizer.load_kernel_symbols()
-        self._started_ns = time.time_ns()
 
     def stop(self) -> None:
         """The next drain is the last: it gives reading new symbol tables only SYMBOLIZE_WHEN_STOPPING_S (the kernel

@@ -134,6 +134,29 @@ def test_with_the_read_allowance_spent_new_files_wait_and_their_frames_keep_file
 
 
 @pytest.mark.root
+def test_the_first_profile_starts_when_sampling_began(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The kernel's symbols load after the sampler attached, while it samples: the first profile started after them,
+    so it held more CPU time than its duration allowed (105 % of one busy thread at 5 s)."""
+    source = CPUProfileSource(ProfilingConfig(frequency_hz=99, pids=(os.getpid(),), include_self=True),
+                              ProcessResolver())
+    load = source._symbolizer.load_kernel_symbols
+    began: list[int] = []
+
+    def slow_load() -> None:
+        began.append(time.time_ns())
+        time.sleep(0.3)
+        load()
+
+    monkeypatch.setattr(source._symbolizer, "load_kernel_symbols", slow_load)
+    before = time.time_ns()
+    source.open()
+    try:
+        (batch,) = source.drain()
+    finally:
+        source.close()
+    assert before <= batch.start_unix_nano <= began[0]  # when sampling began, before the symbols loaded
+
+
 def test_syscall_heavy_workload_has_kernel_frames_under_its_user_frames() -> None:
     source = CPUProfileSource(ProfilingConfig(frequency_hz=99), ProcessResolver())
     source.open()
