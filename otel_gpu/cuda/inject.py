@@ -9,11 +9,13 @@ agent then finds the process by itself. The library does nothing until an agent 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import signal
 import subprocess
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TextIO
 
@@ -91,19 +93,46 @@ def run_injected(command: Sequence[str], environ: Mapping[str, str] | None = Non
         env = injected_environment(base, path, overhead_budget)
         err.write(f"otel-gpu: injecting {path} through {INJECTION_VARIABLE} "
                   f"(`otel-gpu inject --help`: the same in containers and pods)\n")
-    if overhead_budget is not None:
-        err.write(f"otel-gpu: overhead budget {overhead_budget * 100:g} % (elsewhere: set "
-                  f"{BUDGET_VARIABLE}={env[BUDGET_VARIABLE]} where the workload starts)\n")
+        if overhead_budget is not None:
+            err.write(f"otel-gpu: overhead budget {overhead_budget * 100:g} % (elsewhere: set "
+                      f"{BUDGET_VARIABLE}={env[BUDGET_VARIABLE]} where the workload starts)\n")
     err.flush()
     try:
         process = subprocess.Popen(argv, env=env)
     except OSError as exc:
         err.write(f"otel-gpu: cannot run {argv[0]}: {exc.strerror or exc}\n")
         return 127 if isinstance(exc, FileNotFoundError) else 126
-    while True:
-        try:
-            code = process.wait()
-            break
-        except KeyboardInterrupt:  # the child got the same SIGINT from the terminal; wait for it to finish
-            continue
+    with _forwarding_signals(process):
+        code = process.wait()
     return 128 - code if code < 0 else code
+
+
+FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
+
+
+@contextlib.contextmanager
+def _forwarding_signals(process: subprocess.Popen[bytes]) -> Iterator[None]:
+    """While the workload runs, the signals a job runner sends (``docker stop``, Kubernetes, Slurm, systemd: TERM;
+    a terminal: INT, QUIT; HUP, USR1, USR2) go to it, and this process waits for it to finish and exits with its
+    status. A terminal's INT reaches the workload too (same process group): it is not sent a second time."""
+
+    def forward(signum: int, _frame: object) -> None:
+        if signum == signal.SIGINT and _same_foreground_group():
+            return
+        with contextlib.suppress(ProcessLookupError):
+            process.send_signal(signum)
+
+    previous = {signum: signal.signal(signum, forward) for signum in FORWARDED_SIGNALS}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+def _same_foreground_group() -> bool:
+    """Whether this process is in the terminal's foreground group (then the terminal signalled the workload too)."""
+    try:
+        return os.tcgetpgrp(sys.stdin.fileno()) == os.getpgrp()
+    except (OSError, ValueError):
+        return False

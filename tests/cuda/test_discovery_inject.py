@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -220,3 +221,35 @@ def test_inject_leaves_another_tools_injection_in_place(packaged: Path, tmp_path
     code = inject.run_injected([sys.executable, "-c", script], stderr=io.StringIO(),
                                environ={"PATH": os.environ.get("PATH", ""), "CUDA_INJECTION64_PATH": str(packaged)})
     assert code == 0 and out.read_text() == str(packaged)
+    # with an overhead budget too: the workload runs without ours (the budget did not exist: KeyError, no workload)
+    code = inject.run_injected([sys.executable, "-c", script], stderr=io.StringIO(), overhead_budget=0.01,
+                               environ={"PATH": os.environ.get("PATH", ""), "CUDA_INJECTION64_PATH": nsys})
+    assert code == 0 and out.read_text() == nsys
+
+
+_TRAPPING = """
+import signal, sys, time
+seen = []
+for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1):
+    signal.signal(signum, lambda n, _f: seen.append(n))
+print("ready", flush=True)
+deadline = time.monotonic() + 30
+while not seen and time.monotonic() < deadline:
+    time.sleep(0.01)
+sys.exit(40 + (seen[0] if seen else 0))
+"""
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1])
+def test_inject_forwards_a_job_runners_signals_to_the_workload_and_exits_with_its_status(signum: int) -> None:
+    """`docker stop`, Kubernetes, Slurm and systemd signal the command they started: `otel-gpu inject` died of it and
+    left the workload running, orphaned, its status lost."""
+    wrapper = subprocess.Popen([sys.executable, "-m", "otel_gpu", "inject", "--", sys.executable, "-c", _TRAPPING],
+                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True)
+    try:
+        assert wrapper.stdout is not None and wrapper.stdout.readline() == "ready\n"
+        wrapper.send_signal(signum)
+        assert wrapper.wait(timeout=30) == 40 + signum
+    finally:
+        if wrapper.poll() is None:
+            os.killpg(wrapper.pid, signal.SIGKILL)
