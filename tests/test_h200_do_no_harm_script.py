@@ -151,7 +151,7 @@ class FakeGPUSource:
 
     xids: tuple[XIDErrors, ...] = ()
 
-    def snapshots(self) -> tuple[GPUSnapshot, ...]:
+    def snapshots(self, fresh_within_s: float | None = None) -> tuple[GPUSnapshot, ...]:
         return tuple(GPUSnapshot(info=info, time_s=1.0, ecc_corrected_errors=7, ecc_uncorrected_errors=1)
                      for info in (GPU0, GPU1))
 

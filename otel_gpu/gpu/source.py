@@ -3,11 +3,15 @@
 
 Readers of the data (the OTel instrument callbacks) only take the latest snapshots and never call NVML, so a
 slow call (the PCIe throughput call blocks ~20 ms) or a lost GPU delays neither the export nor the other GPUs.
+An export asks for readings taken within FRESH_WITHIN_S: a GPU's thread whose latest is older reads at once (the
+export waits for it at most FRESH_WAIT_S), and its timer starts over from there, so a reading is taken once an
+interval, just before the export that carries it (the exporters' timers and the collection's ran apart: every export
+carried the reading of one interval before, stamped with the export's time).
 
     source = NVMLSource(config.gpu, resolver, interval_s=10)
     source.open()      # SourceUnavailable when there is no driver, no libnvidia-ml, or no GPU
     source.start()
-    source.snapshots() # latest GPUSnapshot per GPU
+    source.snapshots() # latest GPUSnapshot per GPU (snapshots(fresh_within_s=1.0): read again if older)
     source.close()
 """
 
@@ -32,6 +36,7 @@ from otel_gpu.procfs import ProcessResolver
 _logger = logging.getLogger(__name__)
 
 _JOIN_TIMEOUT_S = 2.0
+FRESH_WAIT_S = 2.0  # an export waits at most this long (and at most --gpu-collection-timeout) for fresh readings
 
 
 @dataclass
@@ -42,8 +47,10 @@ class _Slot:
     read_lock: threading.Lock = field(default_factory=threading.Lock)
     latest: GPUSnapshot | None = None
     busy_since: float | None = None  # monotonic start of the cycle in progress
+    read_at: float | None = None  # monotonic start of the cycle that read ``latest``
     stall_logged: bool = False
     thread: threading.Thread | None = None
+    wake: threading.Event = field(default_factory=threading.Event)  # read now (a fresh reading is wanted, or stop)
 
 
 class NVMLSource:
@@ -57,8 +64,10 @@ class NVMLSource:
         self._resolver = resolver
         self._slots: list[_Slot] = []
         self._lock = threading.Lock()
+        self._read = threading.Condition(self._lock)  # notified after each cycle
         self._stop = threading.Event()
         self._xid: XIDWatcher | None = None
+        self._last_xid_errors: tuple[XIDErrors, ...] = ()  # what the watcher counted, once it stopped
         self._opened = False
         self._driver_version = ""
 
@@ -126,7 +135,10 @@ class NVMLSource:
         self._stop.set()
         if self._xid is not None:
             self._xid.stop()
+            self._last_xid_errors = self._xid.errors()  # the last export after close still carries them
             self._xid = None
+        for slot in self._slots:
+            slot.wake.set()
         for slot in self._slots:
             if slot.thread is not None:
                 slot.thread.join(timeout=max(_JOIN_TIMEOUT_S, self.config.collection_timeout_s))
@@ -160,9 +172,14 @@ class NVMLSource:
             thread.join(timeout=max(0.0, deadline - time.monotonic()))
         return self.snapshots()
 
-    def snapshots(self) -> tuple[GPUSnapshot, ...]:
+    def snapshots(self, fresh_within_s: float | None = None) -> tuple[GPUSnapshot, ...]:
         """The latest snapshot of each GPU. A GPU stuck in one cycle longer than ``collection_timeout_s``
-        reports its status only, so nothing stale is exported for it."""
+        reports its status only, so nothing stale is exported for it.
+
+        ``fresh_within_s``: a GPU whose latest reading began longer ago is read now by its thread, waited for at
+        most FRESH_WAIT_S (and ``collection_timeout_s``); past that its latest is taken as it is."""
+        if fresh_within_s is not None:
+            self._refresh(fresh_within_s)
         now = time.monotonic()
         out = []
         with self._lock:
@@ -182,9 +199,29 @@ class NVMLSource:
                 out.append(latest)
         return tuple(out)
 
+    def _refresh(self, fresh_within_s: float) -> None:
+        asked = time.monotonic()
+        deadline = asked + min(FRESH_WAIT_S, self.config.collection_timeout_s)
+
+        def stale() -> list[_Slot]:
+            return [slot for slot in self._slots if slot.thread is not None and
+                    (slot.read_at is None or slot.read_at < asked - fresh_within_s)]
+
+        with self._read:
+            waiting = stale()
+            if not waiting or self._stop.is_set():
+                return
+            for slot in waiting:
+                slot.wake.set()
+            while stale() and not self._stop.is_set():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return
+                self._read.wait(left)
+
     def xid_errors(self) -> tuple[XIDErrors, ...]:
-        """XID error counts per GPU and code since start()."""
-        return self._xid.errors() if self._xid is not None else ()
+        """XID error counts per GPU and code since start() (until close(): their totals then)."""
+        return self._xid.errors() if self._xid is not None else self._last_xid_errors
 
     @contextlib.contextmanager
     def exclusive_reader(self, position: int) -> Iterator[GPUReader]:
@@ -201,8 +238,9 @@ class NVMLSource:
     def _run(self, slot: _Slot) -> None:
         while not self._stop.is_set():
             started = time.monotonic()
+            slot.wake.clear()
             self._cycle(slot)
-            self._stop.wait(max(0.0, self.interval_s - (time.monotonic() - started)))
+            slot.wake.wait(max(0.0, self.interval_s - (time.monotonic() - started)))
 
     def _cycle(self, slot: _Slot) -> None:
         info = slot.reader.info
@@ -224,6 +262,8 @@ class NVMLSource:
                     _logger.info("GPU %d (%s) answers again after %.1f s", info.index, info.uuid, duration_s)
                 if snapshot is not None:
                     slot.latest = snapshot
+                slot.read_at = started  # a failed cycle too: a wait for fresh readings is not kept waiting
+                self._read.notify_all()
         selfmetrics.set_gauge(semconv.SELF_COLLECTION_DURATION.name, duration_s, otel_gpu__source=SOURCE_NAME,
                               nvidia__gpu__index=str(info.index))
 

@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """OTel observable instruments over the NVML source's latest snapshots (names and units from semconv).
 
-Callbacks only read ``source.snapshots()`` and ``source.xid_errors()``; they never call NVML. A series that a
+Callbacks only read ``source.snapshots()`` and ``source.xid_errors()``; they never call NVML (they ask for readings
+taken within FRESH_WITHIN_S, which the source's threads take). A series that a
 callback stops yielding (an exited process, a lost GPU's readings) is not exported again: the OTel SDK drops
 asynchronous attribute sets that were not observed in a collection.
 
@@ -21,6 +22,7 @@ from otel_gpu.gpu.model import STATES, THROTTLE_REASONS, GPUInfo, GPUSnapshot, P
 from otel_gpu.procfs import ProcessInfo, identity_attributes
 from otel_gpu.semconv import MetricSpec
 
+FRESH_WITHIN_S = 1.0  # an export carries GPU readings taken at most this long before it (the source reads again)
 Attributes = dict[str, str | int]
 Points = Iterator[tuple[float, Attributes]]
 
@@ -28,7 +30,7 @@ Points = Iterator[tuple[float, Attributes]]
 class GPUSnapshotSource(Protocol):
     """What the instruments need from a GPU source."""
 
-    def snapshots(self) -> tuple[GPUSnapshot, ...]: ...
+    def snapshots(self, fresh_within_s: float | None = None) -> tuple[GPUSnapshot, ...]: ...
 
     def xid_errors(self) -> tuple[XIDErrors, ...]: ...
 
@@ -180,7 +182,7 @@ def _callback(spec: MetricSpec, source: GPUSnapshotSource) -> Callable[[Callback
     def callback(options: CallbackOptions) -> Iterable[Observation]:
         out: list[Observation] = []
         if reading is not None:
-            for snapshot in source.snapshots():
+            for snapshot in source.snapshots(fresh_within_s=FRESH_WITHIN_S):
                 base = gpu_attributes(snapshot.info)
                 out.extend(Observation(value, {**base, **extra}) for value, extra in reading(snapshot))
         if with_xid_counts or xid_last_time:

@@ -73,7 +73,7 @@ class FakeNode:
     def __init__(self) -> None:
         self.started = time.time()
 
-    def snapshots(self) -> tuple[GPUSnapshot, ...]:
+    def snapshots(self, fresh_within_s: float | None = None) -> tuple[GPUSnapshot, ...]:
         elapsed = time.time() - self.started
         return tuple(GPUSnapshot(
             info=info, time_s=time.time(), utilization=(0.02, 0.7)[info.index], encoder_utilization=0.0,

@@ -184,6 +184,32 @@ def test_xid_events_are_counted_per_code_with_one_log_line_each(make_source, sce
     provider.shutdown()
 
 
+def test_an_export_gets_readings_taken_just_before_it_not_an_interval_before(make_source) -> None:
+    """The exporters' timers and the collection's ran apart: each export carried the reading of one interval
+    before. Asked for readings fresh within a second, each GPU's thread reads at once (its timer starts over)."""
+    source = make_source(interval_s=3600.0)
+    source.start()
+    wait_for(lambda: len(source.snapshots()) == 2)
+    first = {s.info.index: s.time_s for s in source.snapshots()}
+    time.sleep(1.2)
+    assert {s.info.index: s.time_s for s in source.snapshots()} == first  # the next timed read is an hour away
+    asked = time.time()
+    fresh = source.snapshots(fresh_within_s=1.0)
+    assert len(fresh) == 2 and all(s.time_s >= asked for s in fresh)
+    again = source.snapshots(fresh_within_s=1.0)  # fresh already: nothing read again
+    assert {s.info.index: s.time_s for s in again} == {s.info.index: s.time_s for s in fresh}
+
+
+def test_the_xid_counts_outlive_close_for_the_last_export(make_source, scenario) -> None:
+    """The agent's last metrics export runs after the sources closed: it dropped every XID series."""
+    scenario.write(xid="1:79,0:48")
+    source = make_source()
+    source.start()
+    wait_for(lambda: sum(e.count for e in source.xid_errors()) == 2)
+    source.close()
+    assert {(e.info.index, e.code): e.count for e in source.xid_errors()} == {(1, 79): 1, (0, 48): 1}
+
+
 def test_a_slow_gpu_delays_neither_the_other_gpu_nor_the_readers(make_source, scenario) -> None:
     source = make_source(interval_s=0.05, collection_timeout_s=0.3)
     source.collect()
