@@ -10,12 +10,15 @@ per function), and a name is read from the file only when an address resolves to
 The file stays open (one descriptor per :class:`ElfSymbols`) so names remain readable after the file is deleted or
 its process exits; the descriptor is closed when the object is garbage or :meth:`ElfSymbols.close` is called.
 Symbol tables are read by libotel_gpu_symtab.so (:mod:`native_symtab`) when it loads; the Python reader here is the
-fallback and the reference the tests compare it with.
+fallback and the reference the tests compare it with. What no symbol covers is read only when looked up: PLT stubs are
+named ``name@plt`` (:mod:`plt`), and :meth:`ElfSymbols.function_start` finds the start of an unnamed function in
+``.eh_frame_hdr`` (:mod:`function_starts`); a function of unknown size ends at the end of its section.
 """
 
 from __future__ import annotations
 
 import bisect
+import functools
 import heapq
 import os
 import stat
@@ -28,6 +31,9 @@ from dataclasses import dataclass
 from operator import itemgetter
 
 from otel_gpu.symbolize import native_symtab
+from otel_gpu.symbolize.function_starts import FunctionStarts
+from otel_gpu.symbolize.plt import CACHE_BYTES as _PLT_CACHE_BYTES
+from otel_gpu.symbolize.plt import PLT_SECTIONS, PltStubs
 
 _EHDR = struct.Struct("<16sHHIQQQIHHHHHH")
 _PHDR = struct.Struct("<IIQQQQQQ")
@@ -36,11 +42,13 @@ _SYM = struct.Struct("<IBBHQQ")
 _NOTE = struct.Struct("<III")
 _PT_LOAD = 1
 _PT_NOTE = 4
+_PT_GNU_EH_FRAME = 0x6474E550
 _SHT_SYMTAB = 2
 _SHT_NOTE = 7
 _SHT_DYNSYM = 11
 _STT_FUNC = 2
 _STT_GNU_IFUNC = 10
+_SHF_EXECINSTR = 0x4
 _NT_GNU_BUILD_ID = 3
 _CHUNK_BYTES = 16384 * _SYM.size  # symbols read (and sorted) per pread: 384 KiB
 _MAX_NOTES_BYTES = 1 << 16  # build-id notes sit in the first notes of a file; never read more than this in all
@@ -52,6 +60,7 @@ _NAME_CACHE_ENTRIES = 1024  # resolved names kept per file
 _NAME_CACHE_BYTES = 256 * 1024  # what the name cache is counted as in size_bytes (C++ names average ~200 bytes)
 _MAX_ENTRY_BYTES = 256  # a program or section header entry larger than this is a corrupt header (they are 56 / 64)
 _MAX_SIZE = 0xFFFFFFFF  # sizes are stored in 32 bits: a bigger one is clamped (no function is 4 GiB long)
+_MAX_SECTION_NAMES_BYTES = 1 << 16  # section names read (a few hundred bytes in practice)
 _get_first = itemgetter(0)
 _Read = Callable[[int, int], bytes]  # (offset, size) -> at most size bytes
 
@@ -138,6 +147,12 @@ class ElfSymbols:
         self._sizes = array("I")  # 0: unknown, the function runs up to the next one
         self._name_at = array("I" if self._source.size < 1 << 32 else "Q")  # file offset of the NUL-ended name
         self._names: OrderedDict[int, str] = OrderedDict()  # symbol index -> name, least recently used first
+        # [start, end) of each code section, sorted: a function of unknown size ends at its section's end (_init,
+        # whose next symbol is past the PLT, must not name the PLT's stubs)
+        self._code_starts: list[int] = []
+        self._code_ends: list[int] = []
+        self._plt: PltStubs | None = None  # names of PLT stubs, which no symbol covers
+        self._function_starts: FunctionStarts | None = None  # .eh_frame_hdr: starts of functions without a symbol
         try:
             if self._source.size < _EHDR.size:
                 raise ElfError(f"{path}: too small for an ELF header")
@@ -154,7 +169,7 @@ class ElfSymbols:
     def size_bytes(self) -> int:
         """Approximate memory held by the symbol table and its name cache, in bytes."""
         return (self._starts.itemsize + self._sizes.itemsize + self._name_at.itemsize) * len(self._starts) + \
-            min(_NAME_CACHE_BYTES, 256 * len(self._starts))
+            min(_NAME_CACHE_BYTES, 256 * len(self._starts)) + (_PLT_CACHE_BYTES if self._plt is not None else 0)
 
     def close(self) -> None:
         """Close the file now (later lookups still find functions but name them "")."""
@@ -171,8 +186,18 @@ class ElfSymbols:
                 return file_offset - segment.offset + segment.vaddr
         return None
 
+    def offset_of(self, vaddr: int) -> int | None:
+        """The file offset of link-time address ``vaddr``, None when no loadable segment holds it."""
+        for segment in self.segments:
+            if segment.vaddr <= vaddr < segment.vaddr + segment.file_size:
+                return vaddr - segment.vaddr + segment.offset
+        return None
+
     def add_symbols_from(self, debug: ElfSymbols) -> None:
-        """Take the symbol table of ``debug`` (a separate debug file of this same build) in place of this one's."""
+        """Take the symbol table of ``debug`` (a separate debug file of this same build) in place of this one's.
+
+        PLT stubs and function starts were read from this file, which is closed now (a debug file has no code): from
+        then on stubs are named ``[plt]`` and code without a symbol has no function start."""
         self._starts, self._sizes, self._name_at = debug._starts, debug._sizes, debug._name_at
         self._source.close()
         self._source = debug._source  # names are now read from the debug file, kept open by this object
@@ -180,20 +205,45 @@ class ElfSymbols:
         self.has_symtab = debug.has_symtab
 
     def lookup(self, vaddr: int) -> tuple[str, int] | None:
-        """(symbol name, offset into it) of the function containing link-time address ``vaddr``, or None."""
+        """(symbol name, offset into it) of the function containing link-time address ``vaddr``, or None. A PLT stub
+        is ``name@plt`` (``[plt]`` when its relocation names no symbol)."""
+        found = self._symbol(vaddr)
+        if found is None and self._plt is not None:
+            return self._plt.lookup(vaddr, self._symbol_name)
+        return found
+
+    def _symbol(self, vaddr: int) -> tuple[str, int] | None:
+        """(name, offset into it) of the symbol holding ``vaddr``, or None."""
         starts = self._starts
         index = bisect.bisect_right(starts, vaddr) - 1
-        if index < 0:
+        if index >= 0:
+            start = starts[index]
+            size = self._sizes[index]
+            if size:
+                end = start + size
+            else:  # unknown size: up to the next symbol, within its section
+                end = starts[index + 1] if index + 1 < len(starts) else start + 1
+                section = bisect.bisect_right(self._code_starts, start) - 1
+                if section >= 0 and start < self._code_ends[section]:
+                    end = min(end, self._code_ends[section])
+            if vaddr < end:
+                return self._name(index), vaddr - start
+        return None
+
+    def _symbol_name(self, vaddr: int) -> str:
+        """The name of the symbol holding ``vaddr`` ("" when none does)."""
+        found = self._symbol(vaddr)
+        return found[0] if found is not None else ""
+
+    def function_start(self, vaddr: int) -> int | None:
+        """The link-time start of the function holding ``vaddr`` from its unwind info (``.eh_frame_hdr``), for an
+        address that :meth:`lookup` finds no symbol for; None when no FDE covers it or the file has no table."""
+        if self._function_starts is None:
             return None
-        start = starts[index]
-        size = self._sizes[index]
-        if size:
-            end = start + size
-        else:  # unknown size: up to the next symbol
-            end = starts[index + 1] if index + 1 < len(starts) else start + 1
-        if vaddr >= end:
+        try:
+            return self._function_starts.start_of(vaddr)
+        except OSError:
             return None
-        return self._name(index), vaddr - start
 
     def _name(self, index: int) -> str:
         names = self._names
@@ -208,41 +258,35 @@ class ElfSymbols:
         return name
 
     def _read_name(self, index: int) -> str:
-        """The NUL-ended name at its file offset ("" when the file cannot be read any more)."""
-        offset = self._name_at[index]
-        want = 128
-        found = b""
-        try:
-            while True:
-                found = self._source.read(offset, want)
-                end = found.find(b"\0")
-                if end >= 0:
-                    found = found[:end]
-                    break
-                if len(found) < want or want >= _MAX_NAME_BYTES:
-                    break  # end of the file or a corrupt table: keep what was read
-                want = min(want * 8, _MAX_NAME_BYTES)
-        except OSError:
-            return ""
-        return found.decode(errors="replace")
+        """The NUL-ended name of symbol ``index`` ("" when the file cannot be read any more)."""
+        return _read_name(self._source, self._name_at[index])
 
     # --- parsing ---------------------------------------------------------------------------------------------------
 
     def _parse(self) -> None:
         read = self._source.read
         (ident, _type, _machine, _version, _entry, phoff, shoff, _flags, _ehsize, phentsize, phnum, shentsize,
-         shnum, _shstrndx) = _EHDR.unpack(read(0, _EHDR.size))
+         shnum, shstrndx) = _EHDR.unpack(read(0, _EHDR.size))
         if ident[:4] != b"\x7fELF":
             raise ElfError(f"{self.path}: not an ELF file")
         if ident[4] != 2 or ident[5] != 1:
             raise ElfError(f"{self.path}: only 64-bit little-endian ELF is supported")
         notes = _Notes(read)
+        eh_frame_header: tuple[int, int] | None = None  # (vaddr, size)
         for p_type, p_offset, p_vaddr, p_filesz in _program_headers(read, phoff, phentsize, phnum):
             if p_type == _PT_LOAD:
                 self.segments.append(Segment(p_offset, p_vaddr, p_filesz))
             elif p_type == _PT_NOTE and not self.build_id:
                 self.build_id = notes.build_id(p_offset, p_filesz)
+            elif p_type == _PT_GNU_EH_FRAME:
+                eh_frame_header = p_vaddr, p_filesz
         sections = _section_headers(read, shoff, shentsize, shnum)
+        self._read_code_sections(sections, shstrndx)
+        if eh_frame_header is not None:
+            try:
+                self._function_starts = FunctionStarts(read, self.offset_of, *eh_frame_header)
+            except (ValueError, OSError):
+                self._function_starts = None  # no search table: code without a symbol keeps its address
         tables: list[tuple[int, int, int, int]] = []  # (offset, size, string table offset, string table size)
         for kind in (_SHT_SYMTAB, _SHT_DYNSYM):  # .symtab first: it has the local functions too
             # a file has at most one table of each kind: a corrupt one listing the same table 65,535 times is read once
@@ -267,6 +311,19 @@ class ElfSymbols:
         for table in tables:
             budget -= self._read_symbols(*table, budget, starts, sizes, name_at, runs)
         self._store(starts, sizes, name_at, runs)
+
+    def _read_code_sections(self, sections: list[tuple[int, ...]], shstrndx: int) -> None:
+        """Keep the ranges of code sections and, when the file has PLT stubs, what names them."""
+        code = sorted((s[3], s[3] + s[5]) for s in sections if s[2] & _SHF_EXECINSTR and s[3] and s[5])
+        self._code_starts = [start for start, _end in code]
+        self._code_ends = [end for _start, end in code]
+        if not 0 < shstrndx < len(sections):
+            return
+        strings = self._source.read(sections[shstrndx][4], min(sections[shstrndx][5], _MAX_SECTION_NAMES_BYTES))
+        # only the names the stubs need are told apart (a corrupt file's 65,535 sections cost one compare each)
+        names = [next((n for n in PLT_SECTIONS if strings.startswith(n + b"\0", s[0])), b"") for s in sections]
+        plt = PltStubs(self._source.read, sections, names, functools.partial(_read_name, self._source))
+        self._plt = plt if plt.stubs else None
 
     def _read_symbols(self, offset: int, size: int, str_offset: int, str_size: int, max_bytes: int,
                       starts: array[int], sizes: array[int], name_at: array[int], runs: list[tuple[int, int]]) -> int:
@@ -312,6 +369,25 @@ class ElfSymbols:
             kept_names.append(name_at[index])
         if kept_starts and kept_starts[-1] < 1 << 32:  # sorted: every start fits in 4 bytes (shared libraries do)
             self._starts = array("I", kept_starts)
+
+
+def _read_name(source: _Source, offset: int) -> str:
+    """The NUL-ended name at file offset ``offset`` of ``source`` ("" when the file cannot be read any more)."""
+    want = 128
+    found = b""
+    try:
+        while True:
+            found = source.read(offset, want)
+            end = found.find(b"\0")
+            if end >= 0:
+                found = found[:end]
+                break
+            if len(found) < want or want >= _MAX_NAME_BYTES:
+                break  # end of the file or a corrupt table: keep what was read
+            want = min(want * 8, _MAX_NAME_BYTES)
+    except OSError:
+        return ""
+    return found.decode(errors="replace")
 
 
 def _program_headers(read: _Read, phoff: int, phentsize: int, phnum: int) -> list[tuple[int, int, int, int]]:

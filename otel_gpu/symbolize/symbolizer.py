@@ -15,6 +15,8 @@ as soon as it is first seen; the snapshot outlives the process until :meth:`Symb
 or unreadable yields a frame named ``file+0xOFFSET`` that keeps its address, mapping and build id, never an error.
 Files without a full symbol table take it from a separate debug file found by build id
 (``/usr/lib/debug/.build-id/xx/yyyy.debug``, as installed by distributions' debug-symbol packages).
+Code no symbol names (static functions of a stripped library) is named ``file+0xSTART`` by the start of its function
+from ``.eh_frame_hdr``, so its samples group per function; PLT stubs are ``name@plt``.
 Non-leaf addresses are return addresses; they are looked up at ``address - 1`` so a call at the very end of a
 function is attributed to that function.
 """
@@ -55,6 +57,7 @@ class _Resolved(NamedTuple):
     mapping: Mapping | None  # the profile's mapping (file-backed or the vDSO)
     file_offset: int  # -1: none
     deferred: bool = False  # its file was not read (the call's deadline had passed): not cached, named file+offset
+    function_offset: int = -1  # no symbol: the file offset of its function's start (from .eh_frame_hdr), -1 if none
 
 _EVICTED = object()  # a file key no longer in the cache
 # Whole stacks remembered per process (their frames are remembered anyway): a drain of stacks seen before is one
@@ -224,7 +227,7 @@ class Symbolizer:
             for stack, resolved in zip(todo, raw, strict=True):
                 frames = []
                 deferred_before = deferred
-                for address, leaf, name, entry, mapping, file_offset, later in resolved:
+                for address, leaf, name, entry, mapping, file_offset, later, function_offset in resolved:
                     frame = process.frames.get((address, leaf))
                     if frame is None and later:
                         deferred += 1
@@ -232,7 +235,7 @@ class Symbolizer:
                         frame = Frame(f"{os.path.basename(mapping.path)}+0x{file_offset:x}", FrameKind.NATIVE,
                                       address, mapping)
                     elif frame is None:
-                        frame = self._frame(process, address, name, entry, mapping, file_offset)
+                        frame = self._frame(address, name, entry, mapping, file_offset, function_offset)
                         other = process.frames.get((address, not leaf))
                         if other == frame:  # one object per value: encoders deduplicate frames by identity first
                             frame = other
@@ -310,9 +313,14 @@ class Symbolizer:
         if elf is not None:
             lookup_offset = file_offset if leaf else file_offset - 1
             vaddr = elf.vaddr_of(lookup_offset)
-            found = elf.lookup(vaddr) if vaddr is not None else None
-            if found is not None:
-                return _Resolved(address, leaf, found[0], entry, mapping, file_offset)
+            if vaddr is not None:
+                found = elf.lookup(vaddr)
+                if found is not None:
+                    return _Resolved(address, leaf, found[0], entry, mapping, file_offset)
+                start = elf.function_start(vaddr)  # a static function of a stripped file: one name for all of it
+                function_offset = elf.offset_of(start) if start is not None else None
+                if function_offset is not None:
+                    return _Resolved(address, leaf, "", entry, mapping, file_offset, function_offset=function_offset)
         return _Resolved(address, leaf, "", entry, mapping, file_offset)
 
     def _resolve_vdso(self, entry: MapEntry, address: int, leaf: bool) -> _Resolved:
@@ -326,13 +334,16 @@ class Symbolizer:
         found = vdso.lookup(offset if leaf else offset - 1) if vdso is not None else None
         return _Resolved(address, leaf, found[0] if found else "", entry, mapping, offset)
 
-    def _frame(self, process: _Process, address: int, name: str, entry: MapEntry | None, mapping: Mapping | None,
-               file_offset: int) -> Frame:
+    def _frame(self, address: int, name: str, entry: MapEntry | None, mapping: Mapping | None, file_offset: int,
+               function_offset: int = -1) -> Frame:
         if mapping is not None:
             if name:
                 return Frame(self._demangler.demangle(name), FrameKind.NATIVE, address, mapping, system_name=name)
             self._unsymbolized += 1
-            return Frame(f"{os.path.basename(mapping.path)}+0x{file_offset:x}", FrameKind.NATIVE, address, mapping)
+            # named by its function's start when unwind info gives one, so samples group per function (the frame
+            # keeps its own address and mapping)
+            offset = function_offset if function_offset >= 0 else file_offset
+            return Frame(f"{os.path.basename(mapping.path)}+0x{offset:x}", FrameKind.NATIVE, address, mapping)
         if name:
             kind = FrameKind.PYTHON if name.startswith("py::") else FrameKind.NATIVE
             return Frame(self._demangler.demangle(name), kind, address, system_name=name)
