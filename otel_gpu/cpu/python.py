@@ -323,11 +323,12 @@ class CodeReader:
             return cached
         runs: list[tuple[Frame, ...]] = []
         run: list[Frame] = []
+        entries = sum(word << 64 * n for n, word in enumerate(stack.entries))
         for i in range(depth):
             frame = self._frame(stack.code[i], stack.offset[i])
             if frame is not None:
                 run.append(frame)
-            if stack.entries >> i & 1:
+            if entries >> i & 1:
                 runs.append(tuple(run))
                 run = []
         if stack.flags & abi.PYTHON_TRUNCATED:  # the walker stopped at its bound: the root says so
@@ -510,8 +511,9 @@ def merge(native: tuple[Frame, ...], runs: Sequence[tuple[Frame, ...]],
     out: list[Frame] = []
     used = 0
     for depth, frame in enumerate(native):
-        pc = frame.address - 1 if depth else frame.address  # a caller's return address is past its call
-        if frame.function.startswith(EVALUATION_LOOP) or any(start <= pc < end for start, end in evaluation_loops):
+        if frame.function.startswith(EVALUATION_LOOP) or (not frame.system_name and evaluation_loops and any(
+                start <= (frame.address - 1 if depth else frame.address) < end  # a return address is past its call
+                for start, end in evaluation_loops)):  # a named frame's name decides: the hot path, kept short
             if used == len(runs):
                 break
             out.extend(runs[used])
