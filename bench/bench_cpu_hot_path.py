@@ -138,7 +138,7 @@ def make_samples(kind: str, pid: int, pool: list[int], loops: list[int], codes: 
                 stack.code[i] = rng.choice(codes)
                 stack.offset[i] = 2 * rng.randint(0, 20)
                 if i in cuts:
-                    stack.entries |= 1 << i
+                    stack.entries[i // 64] |= 1 << i % 64
             for run in range(runs):  # each loop takes the place of a native frame
                 native.insert(min(len(native) - 2, 3 + 4 * run), loops[run % len(loops)])
             stack_id = index + 1

@@ -17,7 +17,7 @@ import os
 import re
 import struct
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from otel_gpu import selfmetrics, semconv
@@ -56,13 +56,20 @@ def load_layouts(path: Path = LAYOUTS_HEADER) -> dict[tuple[int, int], dict[str,
 
 def elf_symbols(path: str, names: Sequence[str]) -> tuple[dict[str, int], int]:
     """The values of ``names`` in the ELF file's .dynsym/.symtab, and the vaddr its first PT_LOAD maps at file
-    offset 0 (the load bias is the mapping's start minus that).
+    offset 0 (the load bias is the mapping's start minus that). See :func:`elf_symbol_ranges`."""
+    ranges, base = elf_symbol_ranges(path, names)
+    return {name: start for name, (start, _end) in ranges.items()}, base
+
+
+def elf_symbol_ranges(path: str, names: Sequence[str]) -> tuple[dict[str, tuple[int, int]], int]:
+    """The [start, end) vaddrs of ``names`` in the ELF file's .dynsym/.symtab (end = start for a symbol without a
+    size), and the vaddr its first PT_LOAD maps at file offset 0 (the load bias is the mapping's start minus that).
 
     Any process can map a file named like libpython, so every offset, size and index is the file's own claim: reads
     are clamped to the file and to :data:`_MAX_INTERPRETER_TABLE_BYTES`, and a section whose string table is not a
     section is skipped. Raises OSError, or ElfError (a ValueError) for a file that is not a regular file."""
     wanted = set(names)
-    found: dict[str, int] = {}
+    found: dict[str, tuple[int, int]] = {}
     source = _ElfSource(path, None)  # opened without blocking (a FIFO put in its place) and never followed past its end
     try:
         def read(offset: int, size: int) -> bytes:
@@ -82,14 +89,14 @@ def elf_symbols(path: str, names: Sequence[str]) -> tuple[dict[str, int], int]:
             strtab = sections[section[6]]
             strings = read(strtab[4], strtab[5])
             symbols = read(section[4], section[5])
-            for name_off, _info, _other, shndx, value, _size in _SYM.iter_unpack(
+            for name_off, _info, _other, shndx, value, size in _SYM.iter_unpack(
                     symbols[:len(symbols) - len(symbols) % _SYM.size]):
                 if not shndx or not value:
                     continue
                 end = strings.find(b"\0", name_off)
                 name = strings[name_off:end].decode(errors="replace")
                 if name in wanted:
-                    found.setdefault(name, value)
+                    found.setdefault(name, (value, value + size))
             if len(found) == len(wanted):
                 break
     finally:
@@ -106,6 +113,8 @@ class PythonProcess:
     proc: abi.PythonProc
     code_type: int  # address of PyCode_Type
     layout: dict[str, int]  # code and str offsets: code_filename, code_qualname, ..., ascii_size, ...
+    # [start, end) of the evaluation loop (and its .cold part) in the process: its native frames, named or not
+    evaluation_loops: tuple[tuple[int, int], ...] = ()
 
 
 class ProcessMemory:
@@ -131,24 +140,28 @@ class ProcessMemory:
         os.close(self._fd)
 
 
-_INTERPRETER_SYMBOLS = ("_PyRuntime", "Py_Version", "PyCode_Type")
-_SYMBOLS_BY_FILE: dict[tuple[int, int, int, int, int], tuple[dict[str, int], int]] = {}
+_EVALUATION_LOOPS = (EVALUATION_LOOP, EVALUATION_LOOP + ".cold")  # the .cold part: in .symtab only, when there
+_INTERPRETER_SYMBOLS = ("_PyRuntime", "Py_Version", "PyCode_Type", *_EVALUATION_LOOPS)
+_SYMBOLS_BY_FILE: dict[tuple[int, int, int, int, int], tuple[dict[str, tuple[int, int]], int]] = {}
 _SYMBOLS_BY_FILE_MAX = 64  # interpreter and libpython files; a few hundred bytes each
 
 
-def _interpreter_symbols(path: str) -> tuple[dict[str, int], int]:
-    """:func:`elf_symbols` of the interpreter's three symbols, once per file: every new process of the same
-    interpreter (a node starts many) maps the same file, and reading its symbol table took most of the time spent
-    on a new process. Cached by the file's identity (each process names it through its own /proc/PID/root)."""
+def _interpreter_symbols(path: str) -> tuple[dict[str, int], int, tuple[tuple[int, int], ...]]:
+    """:func:`elf_symbols` of the interpreter's symbols, and the file's [start, end) vaddrs of its evaluation loop,
+    once per file: every new process of the same interpreter (a node starts many) maps the same file, and reading
+    its symbol table took most of the time spent on a new process. Cached by the file's identity (each process
+    names it through its own /proc/PID/root)."""
     st = os.stat(path)
     identity = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
     found = _SYMBOLS_BY_FILE.pop(identity, None)
     if found is None:
-        found = elf_symbols(path, _INTERPRETER_SYMBOLS)
+        found = elf_symbol_ranges(path, _INTERPRETER_SYMBOLS)
     _SYMBOLS_BY_FILE[identity] = found  # most recently used last
     while len(_SYMBOLS_BY_FILE) > _SYMBOLS_BY_FILE_MAX:
         del _SYMBOLS_BY_FILE[next(iter(_SYMBOLS_BY_FILE))]
-    return dict(found[0]), found[1]
+    ranges, base = found
+    loops = tuple(ranges[name] for name in _EVALUATION_LOOPS if name in ranges and ranges[name][1] > ranges[name][0])
+    return {name: start for name, (start, _end) in ranges.items()}, base, loops
 
 
 def find_python(pid: int, proc_root: str = "/proc") -> PythonProcess | str | None:
@@ -163,7 +176,7 @@ def find_python(pid: int, proc_root: str = "/proc") -> PythonProcess | str | Non
     candidates = sorted((path for path in starts if _LIBRARY.search(path)), key=lambda p: "libpython" not in p)
     for path in candidates:
         try:
-            symbols, base = _interpreter_symbols(f"{proc_root}/{pid}/root{path}")
+            symbols, base, loops = _interpreter_symbols(f"{proc_root}/{pid}/root{path}")
         except (OSError, ValueError):  # gone, or a file named like libpython that is no ELF file: the next one
             continue
         if "_PyRuntime" not in symbols or "PyCode_Type" not in symbols:
@@ -181,7 +194,10 @@ def find_python(pid: int, proc_root: str = "/proc") -> PythonProcess | str | Non
                 if raw:
                     hexversion = struct.unpack("<I", raw)[0]
                     version = (hexversion >> 24, (hexversion >> 16) & 0xFF)
-            return _describe(pid, version, bias + symbols["_PyRuntime"], bias + symbols["PyCode_Type"], memory)
+            described = _describe(pid, version, bias + symbols["_PyRuntime"], bias + symbols["PyCode_Type"], memory)
+            if isinstance(described, str):
+                return described
+            return replace(described, evaluation_loops=tuple((bias + start, bias + end) for start, end in loops))
         finally:
             memory.close()
     return None
@@ -307,13 +323,16 @@ class CodeReader:
             return cached
         runs: list[tuple[Frame, ...]] = []
         run: list[Frame] = []
+        entries = sum(word << 64 * n for n, word in enumerate(stack.entries))
         for i in range(depth):
             frame = self._frame(stack.code[i], stack.offset[i])
             if frame is not None:
                 run.append(frame)
-            if stack.entries >> i & 1:
+            if entries >> i & 1:
                 runs.append(tuple(run))
                 run = []
+        if stack.flags & abi.PYTHON_TRUNCATED:  # the walker stopped at its bound: the root says so
+            run.append(TRUNCATED_FRAME)
         if run:  # the outermost frames were cut (or the walk found no entry mark)
             runs.append(tuple(run))
         if len(self._runs) >= _RUNS_CACHE_ENTRIES:
@@ -474,20 +493,27 @@ def _line_311(table: bytes, line: int, offset: int) -> int:
     return 0
 
 
-def merge(native: tuple[Frame, ...], runs: Sequence[tuple[Frame, ...]]) -> tuple[Frame, ...]:
+def merge(native: tuple[Frame, ...], runs: Sequence[tuple[Frame, ...]],
+          evaluation_loops: Sequence[tuple[int, int]] = ()) -> tuple[Frame, ...]:
     """User frames leaf first, each run of Python frames (innermost first, :meth:`CodeReader.runs`) in place of
     the evaluation-loop frame that runs it, counted from the leaf: Python -> C extension -> Python callback reads
     as such. The native frames the innermost Python frame called (C extensions, libraries, the interpreter's own C
     functions) stay; between two runs, the frames of C extensions and libraries stay and the interpreter's own
     calling glue (3.10 runs one loop per Python frame) and addresses in no file go; beyond the outermost run, the
     frames that started the interpreter or the thread go. A native stack with fewer loops than runs (cut short) gets
-    the other runs after its frames; one with more (the Python stack was cut) ends with the last run."""
+    the other runs after its frames; one with more (the Python stack was cut) ends with the last run.
+
+    An evaluation-loop frame is one whose address lies in ``evaluation_loops`` (the process's [start, end) of the
+    loop, :attr:`PythonProcess.evaluation_loops`), named or not: frames left as file+offset (no time to read
+    libpython's symbols) must not put the Python frames under the thread's start; or one named after the loop."""
     if not any(runs):
         return native
     out: list[Frame] = []
     used = 0
-    for frame in native:
-        if frame.function.startswith(EVALUATION_LOOP):
+    for depth, frame in enumerate(native):
+        if frame.function.startswith(EVALUATION_LOOP) or (not frame.system_name and evaluation_loops and any(
+                start <= (frame.address - 1 if depth else frame.address) < end  # a return address is past its call
+                for start, end in evaluation_loops)):  # a named frame's name decides: the hot path, kept short
             if used == len(runs):
                 break
             out.extend(runs[used])
@@ -505,6 +531,12 @@ def _is_library(frame: Frame) -> bool:
     """A frame of a mapped file other than the interpreter's own (the python executable or libpython). A return
     address in no mapped file between two evaluation loops is what a native unwind that went astray leaves."""
     return frame.mapping is not None and not _LIBRARY.search(frame.mapping.path)
+
+
+# The outermost frame of a Python stack deeper than the walker reads: the stack's own root is not there, so a flame
+# graph shows every cut stack under this one root rather than under its innermost frames as if they were roots.
+TRUNCATED_FRAME = Frame(f"[truncated: Python frames past the innermost {abi.MAX_PYTHON_DEPTH} not read]",
+                        FrameKind.PYTHON)
 
 
 def unsupported_frame(description: str) -> Frame:
@@ -570,7 +602,10 @@ class PythonFrames:
         """The user frames of one sample, leaf first, with its Python runs (:meth:`runs_of`) merged in."""
         if pid in self._unsupported:
             return native + (unsupported_frame(self._unsupported[pid]),)
-        return native if runs is None else merge(native, runs)
+        if runs is None:
+            return native
+        reader = self._readers.get(pid)
+        return merge(native, runs, reader.process.evaluation_loops if reader is not None else ())
 
     def executable_changed(self, pid: int) -> bool:
         """True when ``pid`` was discovered and has run exec since (it was first sampled between fork and exec)."""

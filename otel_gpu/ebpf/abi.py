@@ -50,7 +50,8 @@ class CPUStat(enum.IntEnum):
 
 STAT_COUNT = 21
 PYTHON_NO_OFFSET = 0xFFFF
-MAX_PYTHON_DEPTH = 64
+MAX_PYTHON_DEPTH = 128
+PYTHON_ENTRY_WORDS = MAX_PYTHON_DEPTH // 64
 PYTHON_TRUNCATED = 1
 UNWIND_MAX_MAPPINGS = 256
 UNWIND_MAX_FILES = 16384  # file ids, each a counter in unwind_file_hits
@@ -194,7 +195,8 @@ class PythonStack(ctypes.Structure):
     _fields_ = [
         ("depth", ctypes.c_uint32),
         ("flags", ctypes.c_uint32),
-        ("entries", ctypes.c_uint64),  # bit i: frame i is the outermost its evaluation loop runs
+        ("entries", ctypes.c_uint64 * PYTHON_ENTRY_WORDS),  # bit i % 64 of word i // 64: frame i is the outermost
+        # its evaluation loop runs
         ("code", ctypes.c_uint64 * MAX_PYTHON_DEPTH),
         ("offset", ctypes.c_uint32 * MAX_PYTHON_DEPTH),
     ]

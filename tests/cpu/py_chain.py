@@ -3,6 +3,8 @@
 
     python py_chain.py MODE ROUNDS UNIT [warm]  MODE: one | two (two threads) | ctypes (the work in libpyspin.so)
                                             | crowd (one, behind 100 idle Python threads created after main's)
+                                            | deep (one, from DEEP frames of recursion: main -> recurse -> ...
+                                              -> recurse -> run_rounds)
                                             | callback (main -> outer -> C call_back -> inner -> loop; a
                                               first round, "warm", then it waits for a second line)
                                             | cuda (main -> gpu_rounds -> Launcher.after -> loop, then a kernel
@@ -92,6 +94,15 @@ def run_rounds(rounds, unit):
         steps.step(unit)  # LINE run_rounds
 
 
+DEEP = 300  # recurse frames under run_rounds: more than the BPF walker reads (OTEL_GPU_MAX_PYTHON_DEPTH)
+
+
+def recurse(depth, rounds, unit):
+    if depth == 0:
+        return run_rounds(rounds, unit)
+    return recurse(depth - 1, rounds, unit)
+
+
 def _warm_until_told():
     told = threading.Event()
     threading.Thread(target=_warm_until_line, args=(told,), daemon=True).start()
@@ -140,6 +151,8 @@ def main():
         gpu_rounds(rounds, unit)  # LINE main-gpu
     elif mode == "cuda-callback":
         outer_launch(rounds, unit)  # LINE main-outer-launch
+    elif mode == "deep":
+        recurse(DEEP, rounds, unit)
     elif mode == "callback":  # a first round gets the process sampled (and its unwind tables built), then more
         outer(1, unit)
         print("warm", flush=True)

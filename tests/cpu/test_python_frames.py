@@ -17,15 +17,17 @@ from pathlib import Path
 import pytest
 
 from otel_gpu.config import ProfilingConfig
-from otel_gpu.cpu.python import PythonFrames, find_python, load_layouts
+from otel_gpu.cpu.python import TRUNCATED_FRAME, PythonFrames, find_python, load_layouts
 from otel_gpu.cpu.sampler import CPUSampler
 from otel_gpu.cpu.source import CPUProfileSource
 from otel_gpu.cuda.abi import KStackC, decode_stack
 from otel_gpu.cuda.builder import python_frames
+from otel_gpu.ebpf.abi import MAX_PYTHON_DEPTH
 from otel_gpu.procfs import ProcessResolver
 from otel_gpu.profiles.model import Frame, FrameKind, ProfileBatch, Sample
 from otel_gpu.profiles.otlp import encode_otlp
 from otel_gpu.profiles.pprof import encode_pprof
+from otel_gpu.symbolize.elf import ElfSymbols
 from tests.cuda.test_native_inject import read_debug_file
 from tests.gotool import pprof_top
 
@@ -56,9 +58,11 @@ def _marker_lines() -> dict[str, int]:
             for number, line in enumerate(WORKLOAD.read_text().splitlines(), 1) if "# LINE " in line}
 
 
-def _profile(python: str, mode: str, rounds: int) -> tuple[list[Sample], ProfileBatch, int]:
+def _profile(python: str, mode: str, rounds: int,
+             symbols: bool = True) -> tuple[list[Sample], ProfileBatch, int]:
     """Samples of the measured rounds only: the workload spins in warm-up until its Python frames are walked (it is
-    registered when first sampled, from the sampler's event thread), and what was sampled before is drained away."""
+    registered when first sampled, from the sampler's event thread), and what was sampled before is drained away.
+    ``symbols=False``: no drain has time to read a symbol table (native frames stay file+offset)."""
     process = subprocess.Popen([python, str(WORKLOAD), mode, str(rounds), str(UNIT), "warm"], stdin=subprocess.PIPE,
                                stdout=subprocess.PIPE, text=True)
     assert process.stdin is not None and process.stdout is not None
@@ -67,6 +71,8 @@ def _profile(python: str, mode: str, rounds: int) -> tuple[list[Sample], Profile
         assert line and line[0] == "ready", line
         pid = int(line[1])
         source = CPUProfileSource(ProfilingConfig(frequency_hz=199, pids=(pid,)), ProcessResolver())
+        if not symbols:
+            source.symbolize_budget_s = lambda: 0.0  # type: ignore[method-assign]
         source.open()
         try:
             process.stdin.write("go\n")  # warm-up
@@ -150,6 +156,58 @@ def test_one_thread_chain_lines_and_split(name: str, tmp_path: Path) -> None:
     assert FrameKind.PYTHON in kinds
     assert "cpython" in _frame_types(batch)
     _pprof_reads(batch, tmp_path)
+
+
+@pytest.mark.root
+@pytest.mark.parametrize("name", VERSIONS)
+def test_python_frames_sit_above_the_threads_start_when_native_frames_are_unnamed(name: str) -> None:
+    """With no time to read libpython's symbols (a short run's only drain, a busy node), its evaluation loops are
+    still found by address: the Python chain takes their place, and what started the interpreter (main, libc's
+    __libc_start_main, _start) goes, rather than sitting between the leaf and the Python frames."""
+    samples, _, _ = _profile(_interpreter(name), "one", 30, symbols=False)
+    _check_chain_and_split(samples, name.removeprefix("debian-"))
+    python = [s for s in samples if _python_chain(s)]
+    assert not any(f.function.startswith("_PyEval") for s in python for f in s.frames)  # nothing was named
+    files: dict[str, ElfSymbols] = {}
+    misplaced = []
+    for sample in python:  # named here, after the fact: none is a loop or what started the interpreter
+        user = [f for f in sample.frames if f.kind is not FrameKind.KERNEL]
+        first = next(i for i, f in enumerate(user) if f.kind is FrameKind.PYTHON)
+        assert all(f.kind is FrameKind.PYTHON for f in user[first:]), user  # the Python frames are the root's
+        names = {_name(files, frame, leaf=i == 0) for i, frame in enumerate(user[:first])}
+        if names & {"_PyEval_EvalFrameDefault", "Py_RunMain", "main", "__libc_start_main", "_start"}:
+            misplaced.append(sample)
+    assert sum(s.value for s in misplaced) <= 0.05 * sum(s.value for s in python), \
+        [[_name(files, f, leaf=i == 0) for i, f in enumerate(s.frames)] for s in misplaced[:3]]
+
+
+def _name(files: dict[str, ElfSymbols], frame: Frame, leaf: bool) -> str:
+    """The function a user frame's address lies in, read from its file here ("" when not found)."""
+    if frame.mapping is None:
+        return ""
+    path = frame.mapping.path
+    if path not in files:
+        files[path] = ElfSymbols(path)
+    elf = files[path]
+    vaddr = elf.vaddr_of(frame.address - frame.mapping.start + frame.mapping.file_offset - (0 if leaf else 1))
+    found = elf.lookup(vaddr) if vaddr is not None else None
+    return found[0] if found is not None else ""
+
+
+@pytest.mark.root
+@pytest.mark.parametrize("name", ["3.10", "3.12", "3.13"])
+def test_a_python_stack_deeper_than_the_walker_reads_is_rooted_in_a_truncation_frame(name: str) -> None:
+    """run_rounds under 300 recurse frames: the walker reads the innermost MAX_PYTHON_DEPTH, and the sample's root
+    is the one truncation frame (not a recurse frame, which a flame graph would show as a root of its own)."""
+    samples, _, _ = _profile(_interpreter(name), "deep", 20)
+    deep = [s for s in samples if "run_rounds" in {f.function for f in s.frames}]
+    assert sum(s.value for s in deep) > 100, len(samples)
+    for sample in deep:
+        chain = _python_chain(sample)
+        assert chain[0] is TRUNCATED_FRAME, [f.function for f in chain[:3]]
+        assert len(chain) == MAX_PYTHON_DEPTH + 1, len(chain)
+        names = [f.function for f in chain[1:]]
+        assert set(names[:names.index("run_rounds")]) == {"recurse"}, names
 
 
 def _frame_types(batch: ProfileBatch) -> set[str]:

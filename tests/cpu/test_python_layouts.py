@@ -4,6 +4,7 @@ offsetof() compiled with each installed interpreter's own internal headers; the 
 
 from __future__ import annotations
 
+import ctypes
 import glob
 import os
 import shutil
@@ -12,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from otel_gpu.cpu.python import CodeReader, PythonProcess, _line_310, _line_311, find_python, load_layouts, merge
+from otel_gpu.cpu.python import (TRUNCATED_FRAME, CodeReader, PythonProcess, _line_310, _line_311, find_python,
+                                 load_layouts, merge)
 from otel_gpu.ebpf import abi
 from otel_gpu.profiles.model import Frame, FrameKind, Mapping
 
@@ -135,6 +137,65 @@ def test_each_run_of_python_frames_takes_the_place_of_its_evaluation_loop() -> N
         ["PyNumber_Add", "ffi_closure_unix64_inner", "call_back", "outer", "<module>"]
 
 
+def test_evaluation_loops_left_unnamed_are_found_by_their_address() -> None:
+    """The run's only drain is the last (half a second to read symbol tables): libpython's frames are file+offset.
+    The loops are still found, by the addresses the interpreter's symbols gave at discovery, so the Python frames
+    sit above the thread's start, not below it; a caller's return address just past the loop's end is the loop's."""
+    libpython, executable = _at("/py/lib/libpython3.12.so.1.0"), _at("/py/bin/python3.12")
+    loop, cold = (0x7F00_0010_0000, 0x7F00_0010_8000), (0x7F00_000F_F000, 0x7F00_000F_F400)
+
+    def unnamed(address: int, mapping: Mapping) -> Frame:
+        return Frame(f"{os.path.basename(mapping.path)}+0x{address & 0xFFFFF:x}", address=address, mapping=mapping)
+
+    native = (unnamed(0x7F00_0010_0040, libpython),  # the leaf: in the loop itself
+              unnamed(0x7F00_0000_2000, libpython),  # a C function of the interpreter between the two loops
+              unnamed(0x7F00_000F_F400, libpython),  # returns to the loop's .cold part, at its very end
+              unnamed(0x7F00_0000_3000, libpython),  # Py_RunMain
+              unnamed(0x1081, executable))  # _start
+    inner = (Frame("spin", FrameKind.PYTHON), Frame("gen_items", FrameKind.PYTHON))
+    outer = (Frame("gen_consumer", FrameKind.PYTHON), Frame("<module>", FrameKind.PYTHON))
+    assert [f.function for f in merge(native, (inner, outer), (loop, cold))] == \
+        ["spin", "gen_items", "gen_consumer", "<module>"]
+    # an address past a loop's end is no loop: the leaf there is the interpreter's C code the Python frame called
+    native = (unnamed(0x7F00_0010_8000, libpython),) + native[1:]
+    assert [f.function for f in merge(native, (inner + outer,), (loop, cold))] == \
+        ["libpython3.12.so.1.0+0x8000", "libpython3.12.so.1.0+0x2000", "spin", "gen_items", "gen_consumer",
+         "<module>"]
+
+
+def test_the_interpreters_evaluation_loop_is_known_at_discovery() -> None:
+    """find_python gives the address range of _PyEval_EvalFrameDefault in the process (this test's interpreter)."""
+    found = find_python(os.getpid())
+    assert isinstance(found, PythonProcess), found
+    address = ctypes.cast(ctypes.pythonapi._PyEval_EvalFrameDefault, ctypes.c_void_p).value
+    assert address is not None
+    assert any(start == address < end for start, end in found.evaluation_loops), \
+        ([(hex(s), hex(e)) for s, e in found.evaluation_loops], hex(address))
+
+
+def test_a_python_stack_cut_at_the_walkers_bound_ends_with_one_truncation_frame() -> None:
+    """A stack deeper than the walker reads is flagged: its root is the truncation frame (one for every cut stack,
+    so a flame graph groups them), after its outermost run, however the runs pair with the native loops."""
+    found = find_python(os.getpid())
+    assert isinstance(found, PythonProcess), found
+    reader = CodeReader(found)
+
+    def recurse() -> None: ...
+
+    stack = abi.PythonStack(depth=abi.MAX_PYTHON_DEPTH, flags=abi.PYTHON_TRUNCATED)
+    for i in range(abi.MAX_PYTHON_DEPTH):
+        stack.code[i] = id(recurse.__code__)
+    runs = reader.runs(stack)
+    assert [len(run) for run in runs] == [abi.MAX_PYTHON_DEPTH + 1]
+    assert runs[0][-1] is TRUNCATED_FRAME and TRUNCATED_FRAME.kind is FrameKind.PYTHON
+    assert TRUNCATED_FRAME.function == f"[truncated: Python frames past the innermost {abi.MAX_PYTHON_DEPTH} not read]"
+    native = (Frame("_PyEval_EvalFrameDefault"), Frame("_PyEval_EvalFrameDefault"), Frame("thread_run"))
+    merged = merge(native, runs)
+    assert merged[-1] is TRUNCATED_FRAME and len(merged) == abi.MAX_PYTHON_DEPTH + 1
+    stack.flags = 0
+    assert reader.runs(stack)[-1][-1].function.endswith("recurse")  # a whole stack has none
+
+
 def test_line_tables() -> None:
     def lines_of(function) -> list[int]:  # type: ignore[no-untyped-def]
         code = function.__code__
@@ -212,13 +273,13 @@ def test_an_interpreter_file_is_read_once_for_all_its_processes(monkeypatch: pyt
     from otel_gpu.cpu import python as module
 
     reads: list[str] = []
-    real = module.elf_symbols
+    real = module.elf_symbol_ranges
 
-    def counting(path: str, names: tuple[str, ...]) -> tuple[dict[str, int], int]:
+    def counting(path: str, names: tuple[str, ...]) -> tuple[dict[str, tuple[int, int]], int]:
         reads.append(path)
         return real(path, names)
 
-    monkeypatch.setattr(module, "elf_symbols", counting)
+    monkeypatch.setattr(module, "elf_symbol_ranges", counting)
     monkeypatch.setattr(module, "_SYMBOLS_BY_FILE", {})
     copy = tmp_path / "python3.11"
     shutil.copy2("/usr/bin/python3.11", copy)

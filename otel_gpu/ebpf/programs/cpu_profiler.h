@@ -146,7 +146,11 @@ struct otel_gpu_raw_sample {
 /* A registered CPython process (python_procs, keyed by tgid): where its main interpreter's pointer sits and the
  * offsets of the structures the BPF program reads, in bytes; OTEL_GPU_PYTHON_NO_OFFSET where the version has none. */
 #define OTEL_GPU_PYTHON_NO_OFFSET 0xFFFF
-#define OTEL_GPU_MAX_PYTHON_DEPTH 64
+/* Python frames read per sample, innermost first. Each costs the walk about five user-memory reads (its cost grows
+ * only with the stacks that deep), and python_stacks' 16384 entries 12 bytes of preallocated map memory each
+ * (128: 25 MB in all); deeper stacks are cut and flagged, and user space roots them in a truncation frame. */
+#define OTEL_GPU_MAX_PYTHON_DEPTH 128
+#define OTEL_GPU_PYTHON_ENTRY_WORDS (OTEL_GPU_MAX_PYTHON_DEPTH / 64) /* 64-bit words of otel_gpu_python_stack.entries */
 #define OTEL_GPU_PYTHON_TRUNCATED 1 /* otel_gpu_python_stack.flags: the outermost frames were cut */
 
 struct otel_gpu_python_proc {
@@ -169,13 +173,14 @@ struct otel_gpu_python_proc {
 };
 
 /* One thread's Python stack, innermost first: code object addresses and instruction byte offsets into them.
- * Each native call of the interpreter's evaluation loop runs a run of frames; bit i of entries marks frame i as
+ * Each native call of the interpreter's evaluation loop runs a run of frames; bit i of entries (word i / 64, bit
+ * i % 64) marks frame i as
  * the outermost of its run (3.10: every frame; 3.11: is_entry; 3.12+: the frame under a C-stack shim frame), so
  * user space can put each run in place of its _PyEval_EvalFrameDefault frame in the native stack. */
 struct otel_gpu_python_stack {
     __u32 depth;
     __u32 flags;
-    __u64 entries;
+    __u64 entries[OTEL_GPU_PYTHON_ENTRY_WORDS];
     __u64 code[OTEL_GPU_MAX_PYTHON_DEPTH];
     __u32 offset[OTEL_GPU_MAX_PYTHON_DEPTH];
 };

@@ -66,7 +66,7 @@ struct python_walk {
     __u64 tstate; /* the thread list's cursor, then the thread's PyThreadState (0: not found) */
     __u64 frame;
     __u64 hash;
-    __u64 entries; /* otel_gpu_python_stack.entries */
+    __u64 entries[OTEL_GPU_PYTHON_ENTRY_WORDS]; /* otel_gpu_python_stack.entries */
     __u32 depth;
     __u32 found;
 };
@@ -81,6 +81,17 @@ static long find_thread_step(__u64 index, void *data) {
     }
     walk->tstate = read_pointer(walk->tstate + walk->proc.tstate_next);
     return 0;
+}
+
+_Static_assert(OTEL_GPU_PYTHON_ENTRY_WORDS == 2, "mark_entry picks one of two words");
+
+/* A branch per word rather than an index: the walk lives on the caller's stack, where the verifier refuses a read
+ * at a variable offset. */
+static __always_inline void mark_entry(struct python_walk *walk, __u32 depth) {
+    if (depth < 64)
+        walk->entries[0] |= 1ull << (depth & 63);
+    else
+        walk->entries[1] |= 1ull << (depth & 63);
 }
 
 static long walk_frame_step(__u64 index, void *data) {
@@ -101,7 +112,7 @@ static long walk_frame_step(__u64 index, void *data) {
             owner == walk->proc.owner_cstack) {
             /* the C stack's shim frame under each evaluation loop's first frame (3.12+) */
             if (depth > 0 && depth <= OTEL_GPU_MAX_PYTHON_DEPTH)
-                walk->entries |= 1ull << (depth - 1);
+                mark_entry(walk, depth - 1);
             return 0;
         }
     }
@@ -111,7 +122,7 @@ static long walk_frame_step(__u64 index, void *data) {
     if (walk->proc.frame_is_entry != OTEL_GPU_PYTHON_NO_OFFSET)
         bpf_probe_read_user(&entry, 1, (const void *)(frame + walk->proc.frame_is_entry)); /* 3.11 */
     if (entry)
-        walk->entries |= 1ull << depth;
+        mark_entry(walk, depth);
     __u32 offset = 0;
     if (walk->proc.instr_is_lasti) { /* 3.10: f_lasti, an int counting 2-byte code units */
         __s32 lasti = 0;
@@ -156,8 +167,12 @@ static __always_inline __u64 python_stack(__u32 pid) {
         return 0;
     stack->depth = walk.depth;
     stack->flags = walk.frame ? OTEL_GPU_PYTHON_TRUNCATED : 0;
-    stack->entries = walk.entries;
-    __u64 hash = mix(walk.hash, walk.entries) | 1; /* never 0, which means "no Python stack" */
+    __u64 hash = walk.hash;
+    for (int i = 0; i < OTEL_GPU_PYTHON_ENTRY_WORDS; i++) {
+        stack->entries[i] = walk.entries[i];
+        hash = mix(hash, walk.entries[i]);
+    }
+    hash |= 1; /* never 0, which means "no Python stack" */
     if (!bpf_map_lookup_elem(&python_stacks, &hash) && bpf_map_update_elem(&python_stacks, &hash, stack, BPF_ANY))
         bump(OTEL_GPU_STAT_PYTHON_STACKS_FULL);
     bump(OTEL_GPU_STAT_PYTHON_SAMPLES);
