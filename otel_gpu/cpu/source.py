@@ -147,10 +147,13 @@ class CPUProfileSource:
         """Read what the process is: identity (kept while it exists), mappings, its Python; then watch it. Again after
         an exec (``comm`` then is its new name, "" when it could not be read)."""
         state = self._watch.state(pid)  # before the reads it guards: a change during them shows at the next check
+        info = self._resolver.info(pid)  # cache identity while the process exists
+        if info is not None and not self._wanted(info, {comm}):
+            # the name the kernel sampled may be from before an exec that has happened since (and renamed it)
+            comm = self._resolver.thread_name(pid, pid) or comm
         with self._comms_lock:
             if comm or pid not in self._comms:
                 self._comms[pid] = comm
-        info = self._resolver.info(pid)  # cache identity while the process exists
         if info is not None and not self._wanted(info, {comm}):
             self._watch.looked(pid, state, time.monotonic(), settled=True)  # only its exec matters now
             return  # filtered out by name or container: no need to snapshot it
