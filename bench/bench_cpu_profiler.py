@@ -259,6 +259,7 @@ def design_comparison(frequency_hz: int, seconds: float) -> list[dict[str, float
         sampler = CPUSampler(frequency_hz, exclude_tgid=os.getpid(), raw_only=raw_only)
         source = CPUProfileSource(ProfilingConfig(frequency_hz=frequency_hz), ProcessResolver(), sampler=sampler)
         sampler._on_new_process = source._on_new_process  # same wiring as the default sampler
+        sampler._on_tick = source._on_tick
         burners = start_burners(seconds + 30)
         source.open()
         try:

@@ -212,7 +212,8 @@ def _text(data: bytes) -> str:
 
 
 class ProcessResolver:
-    """Resolves pids to :class:`ProcessInfo`, cached per (pid, start time) so reused pids are not confused."""
+    """Resolves pids to :class:`ProcessInfo`, cached per (pid, start time) so reused pids are not confused, and read
+    again when the process runs another executable (an exec keeps the pid and start time, and changes the rest)."""
 
     def __init__(self, proc_root: str = "/proc", max_entries: int = 8192, names: PodNameLookup | None = None) -> None:
         self._root = Path(proc_root)
@@ -228,11 +229,15 @@ class ProcessResolver:
             return None
         with self._lock:
             cached = self._cache.get(pid)
-            if cached is not None and cached.start_time_ticks == start:
+        if cached is not None and (cached.start_time_ticks != start or self._executable(pid) not in (
+                "", cached.executable_path)):  # "": exiting (a zombie has no exe), not exec'd
+            cached = None
+        if cached is not None:
+            with self._lock:
                 self._cache.move_to_end(pid)
-                if self._names is None or not cached.pod_uid or cached.k8s_pod_name:
-                    return cached
-        info = cached if cached is not None and cached.start_time_ticks == start else self._read(pid, start)
+            if self._names is None or not cached.pod_uid or cached.k8s_pod_name:
+                return cached
+        info = cached or self._read(pid, start)
         if info is None:
             return None
         info = self.with_names(info)
@@ -280,11 +285,7 @@ class ProcessResolver:
             comm = _text(read_capped(base / "comm", MAX_COMM_BYTES)[0]).strip()
         except OSError:
             return None
-        try:
-            exe_path = _text(os.readlink(os.fsencode(base / "exe")))  # any bytes: exported, so made valid UTF-8
-        except OSError:
-            exe_path = ""
-        exe_path = exe_path.removesuffix(" (deleted)")
+        exe_path = self._executable(pid)
         name = os.path.basename(exe_path) if exe_path else comm
         cgroup = self._capped(base / "cgroup", MAX_CGROUP_BYTES, semconv.Reason.CGROUP_TOO_LARGE)
         container_id, pod_uid = parse_cgroup(_text(cgroup))
@@ -293,6 +294,14 @@ class ProcessResolver:
         return ProcessInfo(pid=pid, executable_name=name, executable_path=exe_path, container_id=container_id,
                            pod_uid=pod_uid, service_name=service, start_time_ticks=start,
                            ranks=rank_attributes(environ))
+
+    def _executable(self, pid: int) -> str:
+        """The path of the process's executable ("" when unreadable: gone, or a kernel thread)."""
+        try:
+            exe_path = _text(os.readlink(os.fsencode(self._root / str(pid) / "exe")))  # any bytes: made valid UTF-8
+        except OSError:
+            return ""
+        return exe_path.removesuffix(" (deleted)")
 
     @staticmethod
     def _capped(path: Path, max_bytes: int, too_large: semconv.Reason) -> bytes:

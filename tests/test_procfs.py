@@ -189,3 +189,24 @@ def test_process_age_is_counted_from_the_start_time_in_stat(tmp_path: Path) -> N
 ])
 def test_service_name_as_the_process_sdk_sets_it(environ: bytes, service: str) -> None:
     assert procfs.parse_service_name(environ) == service
+
+
+def test_an_identity_is_read_again_after_an_exec_and_kept_while_the_process_exits(tmp_path: Path) -> None:
+    """An exec keeps the pid and the start time: the cached identity (a shell's, say) must not outlive it. A process
+    whose executable can no longer be read (a zombie) keeps the identity it had."""
+    base = _fake_process(tmp_path, comm=b"sh\n", environ=b"PATH=/bin\0")
+    (base / "exe").symlink_to("/usr/bin/dash")
+    resolver = ProcessResolver(str(tmp_path))
+    first = resolver.info(4242)
+    assert first is not None and (first.executable_name, first.service_name) == ("dash", "dash")
+    (base / "exe").unlink()
+    (base / "exe").symlink_to("/opt/python/bin/python3.12")
+    (base / "comm").write_bytes(b"python3.12\n")
+    (base / "environ").write_bytes(b"OTEL_SERVICE_NAME=trainer\0")
+    after = resolver.info(4242)
+    assert after is not None and after.start_time_ticks == first.start_time_ticks
+    assert (after.executable_name, after.executable_path, after.service_name) == (
+        "python3.12", "/opt/python/bin/python3.12", "trainer")
+    (base / "exe").unlink()  # exiting: the link is gone, the rest still reads
+    (base / "comm").write_bytes(b"python3.12\n")
+    assert resolver.info(4242) == after == resolver.cached(4242)

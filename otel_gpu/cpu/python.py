@@ -551,13 +551,12 @@ class PythonFrames:
         self._proc_root = proc_root
         self._readers: dict[int, CodeReader] = {}
         self._unsupported: dict[int, str] = {}
-        self._executables: dict[int, str] = {}  # pid -> its executable when discovered
 
     def discover(self, pid: int) -> PythonProcess | None:
-        """Looks at a new process once; returns what the walker must be given (None: nothing to walk)."""
+        """Looks at a process (again: what an earlier look found is dropped); returns what the walker must be given
+        (None: nothing to walk)."""
         self._readers.pop(pid, None)
         self._unsupported.pop(pid, None)
-        self._executables[pid] = self._executable(pid)
         try:
             found = find_python(pid, self._proc_root)
         except (OSError, ValueError, struct.error) as exc:  # a file that changed under us: native frames only
@@ -607,19 +606,11 @@ class PythonFrames:
         reader = self._readers.get(pid)
         return merge(native, runs, reader.process.evaluation_loops if reader is not None else ())
 
-    def executable_changed(self, pid: int) -> bool:
-        """True when ``pid`` was discovered and has run exec since (it was first sampled between fork and exec)."""
-        known = self._executables.get(pid)
-        return known is not None and known != self._executable(pid) != ""
+    def runs_python(self, pid: int) -> bool:
+        """Whether the last look at ``pid`` found a CPython, supported or not."""
+        return pid in self._readers or pid in self._unsupported
 
     def forget(self, pids: Sequence[int]) -> None:
         for pid in pids:
             self._readers.pop(pid, None)
             self._unsupported.pop(pid, None)
-            self._executables.pop(pid, None)
-
-    def _executable(self, pid: int) -> str:
-        try:
-            return os.readlink(f"{self._proc_root}/{pid}/exe")
-        except OSError:
-            return ""

@@ -19,6 +19,7 @@ from __future__ import annotations
 import ctypes
 import errno as errno_codes
 import logging
+import math
 import os
 import struct
 import threading
@@ -81,13 +82,17 @@ class CPUSampler:
     """Loads and attaches the sampler; :meth:`drain` returns every sample since the last drain."""
 
     def __init__(self, frequency_hz: int, pids: Iterable[int] = (), exclude_tgid: int = 0,
-                 on_new_process: Callable[[int, str], None] | None = None, btf_path: str = BTF_PATH,
+                 on_new_process: Callable[[int, str], None] | None = None,
+                 on_tick: Callable[[], float | None] | None = None, btf_path: str = BTF_PATH,
                  object_path: str | os.PathLike[str] | None = None, raw_only: bool = False,
                  cpus: list[int] | None = None, native_unwind: bool = True,
                  unwind_rows: int = DEFAULT_UNWIND_ROWS, unwound_stacks: int = DEFAULT_UNWOUND_STACKS,
                  unwind_max_frame_bytes: int = MAX_FRAME_BYTES,
                  unwind_eager_frame_bytes: int = EAGER_FRAME_BYTES) -> None:
-        """``raw_only`` sends every sample whole through the ring buffer instead of aggregating in the kernel
+        """``on_new_process(pid, comm)`` and ``on_tick()`` run on the event thread: the first at a process's first
+        sample, the second after every poll (at least every 250 ms); it returns the seconds until it wants to run
+        again (None: no sooner than that).
+        ``raw_only`` sends every sample whole through the ring buffer instead of aggregating in the kernel
         (for comparing the two designs; the aggregated default is cheaper, see bench/bench_cpu_profiler.py).
         ``cpus`` defaults to every online CPU. ``native_unwind`` off: frame pointers only (the comparison path).
         ``unwind_rows``: capacity of the unwind tables of every file, 8 bytes a row of kernel memory (the default,
@@ -116,6 +121,7 @@ class CPUSampler:
         self.pids = tuple(pids)
         self.exclude_tgid = exclude_tgid
         self._on_new_process = on_new_process
+        self._on_tick = on_tick
         self._btf_path = btf_path
         self._object_path = Path(object_path) if object_path else program_path(PROGRAM)
         self._bpf: BPFObject | None = None
@@ -448,9 +454,10 @@ class CPUSampler:
 
     def _poll_events(self, ring) -> None:  # type: ignore[no-untyped-def]
         failures = 0
+        wait_ms = _EVENT_POLL_MS
         while not self._stop.is_set():
             try:
-                ring.poll(_EVENT_POLL_MS)
+                ring.poll(wait_ms)
             except BPFError as exc:  # loop boundary: keep polling, count, log once
                 failures += 1
                 selfmetrics.count(semconv.SELF_ERRORS.name, otel_gpu__source=SOURCE,
@@ -458,6 +465,11 @@ class CPUSampler:
                 if failures == 1:
                     _logger.warning("CPU sampler: polling process events failed: %s", exc)
                 time.sleep(_EVENT_POLL_MS / 1000)
+            wait_ms = _EVENT_POLL_MS
+            if self._on_tick is not None:
+                next_s = self._on_tick()
+                if next_s is not None:
+                    wait_ms = max(1, min(_EVENT_POLL_MS, math.ceil(next_s * 1000)))
 
 
 def _explain(exc: BPFError) -> str:

@@ -7,6 +7,9 @@ it can be: pids in the kernel (``--pid``, and the agent's own tgid unless ``--pr
 container id before a process is snapshotted or its stacks symbolized. Identity comes from the shared
 :class:`ProcessResolver`, captured when a process is first sampled, so processes that already exited still carry
 their executable and container; when even that is missing, the thread name recorded by the kernel names the process.
+A first sample can come before the process execs (a shell's fork, a wrapper script) or before the loader has mapped
+libpython: the :class:`ProcessWatch` checks each process again over its first seconds, and an exec makes it looked at
+again whole (identity, selection, mappings, native unwinding, Python), as does an exec a drain notices later.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from otel_gpu._log import once
 from otel_gpu.config import ProfilingConfig
 from otel_gpu.cpu.python import PythonFrames
 from otel_gpu.cpu.sampler import SOURCE, CPUSampler, StackCount
+from otel_gpu.cpu.watch import Change, ProcessWatch
 from otel_gpu.procfs import ProcessInfo, ProcessResolver
 from otel_gpu.profiles.model import Frame, ProcessProfile, ProfileBatch, Sample, cpu_profile_type
 from otel_gpu.profiles.source import ProcessSelection
@@ -61,8 +65,11 @@ class CPUProfileSource:
         self._comms_lock = threading.Lock()
         self._sampler = sampler or CPUSampler(config.frequency_hz, pids=self._selection.pids,
                                               exclude_tgid=0 if config.include_self else os.getpid(),
-                                              on_new_process=self._on_new_process)
+                                              on_new_process=self._on_new_process, on_tick=self._on_tick)
         self._python = PythonFrames()
+        self._watch = ProcessWatch()
+        # one look at a time: the event thread looks at new and watched processes, a drain at those that exec'd
+        self._looks_lock = threading.RLock()
         self._started_ns = 0
         self._stopping = False
         self._allowance = allowance or ReadAllowance(SYMBOL_READ_SHARE, SYMBOL_READ_BURST_S, time.monotonic())
@@ -104,9 +111,10 @@ class CPUProfileSource:
         for sample in raw:
             by_pid[sample.pid].append(sample)
         self._python.new_drain()
-        for pid in by_pid:
-            if self._python.executable_changed(pid):  # first sampled between fork and exec: look again
-                self._register_python(pid)
+        with self._looks_lock:
+            for pid in by_pid:
+                if self._watch.executable_changed(pid):  # exec'd after its watch ended
+                    self._look_after_exec(pid)
         processes = []
         for pid, samples in sorted(by_pid.items()):
             info = self._identity(pid, samples)
@@ -121,7 +129,9 @@ class CPUProfileSource:
         with self._comms_lock:
             for pid in gone:
                 self._comms.pop(pid, None)
-        self._python.forget(gone)
+        with self._looks_lock:
+            self._python.forget(gone)
+            self._watch.forget(gone)
         self._sampler.forget(gone)  # a process that reuses the pid gets announced (and snapshotted) again
         return [ProfileBatch(type=cpu_profile_type(self.config.frequency_hz), start_unix_nano=start_ns,
                              duration_nano=max(0, now_ns - start_ns), processes=tuple(processes))]
@@ -130,15 +140,49 @@ class CPUProfileSource:
 
     def _on_new_process(self, pid: int, comm: str) -> None:
         """Called from the sampler's event thread when a process is sampled for the first time."""
-        with self._comms_lock:
-            self._comms[pid] = comm
+        with self._looks_lock:
+            self._look(pid, comm)
+
+    def _look(self, pid: int, comm: str) -> None:
+        """Read what the process is: identity (kept while it exists), mappings, its Python; then watch it. Again after
+        an exec (``comm`` then is its new name, "" when it could not be read)."""
+        state = self._watch.state(pid)  # before the reads it guards: a change during them shows at the next check
         info = self._resolver.info(pid)  # cache identity while the process exists
         if info is not None and not self._wanted(info, {comm}):
+            # the name the kernel sampled may be from before an exec that has happened since (and renamed it)
+            comm = self._resolver.thread_name(pid, pid) or comm
+        with self._comms_lock:
+            if comm or pid not in self._comms:
+                self._comms[pid] = comm
+        if info is not None and not self._wanted(info, {comm}):
+            self._watch.looked(pid, state, time.monotonic(), settled=True)  # only its exec matters now
             return  # filtered out by name or container: no need to snapshot it
         if not self._symbolizer.remember(pid):
             selfmetrics.count(semconv.SELF_ERRORS.name, otel_gpu__source=SOURCE,
                               otel_gpu__reason=semconv.Reason.PROCESS_GONE)
         self._register_python(pid)
+        self._watch.looked(pid, state, time.monotonic(), settled=self._python.runs_python(pid))
+
+    def _on_tick(self) -> float | None:
+        """From the sampler's event thread: checks the watched processes that are due; seconds until the next."""
+        with self._looks_lock:
+            try:
+                for pid, change in self._watch.due(time.monotonic()):
+                    if change is Change.EXEC:
+                        self._look_after_exec(pid)
+                    else:  # something was mapped since a look that found no interpreter: libpython, maybe
+                        state = self._watch.state(pid)
+                        self._register_python(pid)
+                        self._watch.looked(pid, state, time.monotonic(), settled=self._python.runs_python(pid))
+            except Exception as exc:  # noqa: BLE001 - the event thread's loop boundary: new processes must still come
+                once(_logger, logging.WARNING, f"process-watch-{type(exc).__name__}",
+                     "checking new processes again failed (%s: %s); their first look stands",
+                     type(exc).__name__, exc)
+            return self._watch.next_in_s(time.monotonic())
+
+    def _look_after_exec(self, pid: int) -> None:
+        self._sampler.register_unwinding(pid)  # the tables of the new image's files
+        self._look(pid, self._resolver.thread_name(pid, pid))
 
     def _register_python(self, pid: int) -> None:
         python = self._python.discover(pid)

@@ -497,3 +497,119 @@ def test_a_failure_reading_one_processs_python_frames_keeps_its_samples(monkeypa
     assert any(f.kind is FrameKind.NATIVE for s in samples for f in s.frames)
     assert selfmetrics.total(semconv.SELF_ERRORS.name,
                              otel_gpu__reason=semconv.Reason.PYTHON_CODE_UNREADABLE) >= 1
+
+
+def _shell_then_python(python: str, args: str, spin: int = 60000) -> subprocess.Popen[str]:
+    """A shell that spins (so that it is sampled, and announced, as a shell) and then execs Python: the way a
+    wrapper script or an interactive shell starts it."""
+    script = f"i=0; while [ $i -lt {spin} ]; do i=$((i+1)); done; exec {python} {args}"
+    return subprocess.Popen(["sh", "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+
+
+def _announced_as(source: CPUProfileSource) -> dict[int, str]:
+    """pid -> the name each process had when first sampled (announced by the kernel), recorded from now on."""
+    names: dict[int, str] = {}
+    announce = source.sampler._on_new_process
+    assert announce is not None
+
+    def record(pid: int, comm: str) -> None:
+        names.setdefault(pid, comm)
+        announce(pid, comm)
+
+    source.sampler._on_new_process = record
+    return names
+
+
+@pytest.mark.root
+@pytest.mark.parametrize("process_name", ["", "^python3\\.12$"])
+def test_a_python_a_shell_execs_after_the_agent_started_is_walked_before_any_drain(process_name: str) -> None:
+    """No drain between the exec and the work: the Python frames come from the process being watched after its first
+    sample (as a shell), not from a drain noticing the new executable. With --process-name, the shell was filtered
+    out at that first sample: the Python it became is selected."""
+    python = _interpreter("3.12")
+    source = CPUProfileSource(ProfilingConfig(frequency_hz=199, process_name=process_name), ProcessResolver())
+    announced = _announced_as(source)
+    source.open()
+    process = _shell_then_python(python, f"{WORKLOAD} one 30 {UNIT} warm")
+    assert process.stdin is not None and process.stdout is not None
+    try:
+        pid = int(process.stdout.readline().split()[1])
+        assert pid == process.pid
+        process.stdin.write("go\n")  # warm-up: spins until told
+        process.stdin.flush()
+        deadline = time.monotonic() + 5
+        while not source.sampler.walks_python(pid):
+            assert time.monotonic() < deadline, f"pid {pid} (first sampled as {announced.get(pid)!r}) was not " \
+                                                "registered for Python frames within 5 s"
+            time.sleep(0.02)
+        assert announced.get(pid) not in (None, "python3.12"), announced  # sampled first as the shell (or the fork)
+        source.drain()  # the warm-up
+        process.stdin.write("go\n")
+        process.stdin.flush()
+        assert process.stdout.readline().strip() == "done"
+        profiles = [p for b in source.drain() for p in b.processes if p.process.pid == pid]
+    finally:
+        source.close()
+        process.kill()
+        process.wait()
+    assert [(p.process.executable_name, p.process.service_name) for p in profiles] == [("python3.12", "python3.12")]
+    _check_chain_and_split([s for p in profiles for s in p.samples if not WARM_UP & {f.function for f in s.frames}],
+                           "3.12")
+
+
+@pytest.mark.root
+def test_a_process_that_execs_and_exits_between_two_drains_is_named_by_its_new_executable() -> None:
+    """First sampled as a shell, exec'd, gone before the drain: its samples carry the identity it had after exec."""
+    python = _interpreter("3.13")
+    source = CPUProfileSource(ProfilingConfig(frequency_hz=199), ProcessResolver())
+    announced = _announced_as(source)
+    source.open()
+    try:
+        process = _shell_then_python(python, "-c 'import time\nend = time.time() + 0.6\nwhile time.time() < end: pass'")
+        process.communicate(timeout=30)
+        profiles = [p for b in source.drain() for p in b.processes if p.process.pid == process.pid]
+    finally:
+        source.close()
+    assert announced.get(process.pid) not in (None, "python3.13"), announced  # as the shell (or the fork)
+    assert len(profiles) == 1
+    info = profiles[0].process
+    assert (info.executable_name, info.service_name) == ("python3.13", "python3.13"), info
+    assert info.executable_path == os.path.realpath(python)
+    assert sum(s.value for s in profiles[0].samples if s.thread_name == "python3.13") > 50
+
+
+@pytest.mark.root
+def test_a_program_that_maps_libpython_after_its_first_sample_gets_its_python_frames() -> None:
+    """The first look finds no interpreter (the program embeds CPython and dlopen()s libpython 300 ms in, as a loader
+    still mapping it would): the watch sees the process grow and looks again, no exec and no drain needed."""
+    python = Path(_interpreter("3.12"))
+    library = sorted(python.parent.parent.glob("lib/libpython3.12.so*"))
+    host = Path(__file__).parents[1] / "native" / "workloads" / "late_python"
+    assert library and host.exists(), "make -C tests/native builds late_python; pyenv's 3.12 is a shared build"
+    source = CPUProfileSource(ProfilingConfig(frequency_hz=199), ProcessResolver())
+    announced = _announced_as(source)
+    source.open()
+    process = subprocess.Popen([host, library[-1], WORKLOAD, "one", "30", str(UNIT), "warm"], stdin=subprocess.PIPE,
+                               stdout=subprocess.PIPE, text=True,
+                               env={**os.environ, "PYTHONHOME": str(python.parents[1])})
+    assert process.stdin is not None and process.stdout is not None
+    try:
+        pid = int(process.stdout.readline().split()[1])
+        assert announced.get(pid) == "late_python", announced  # looked at while it had no libpython
+        process.stdin.write("go\n")
+        process.stdin.flush()
+        deadline = time.monotonic() + 5
+        while not source.sampler.walks_python(pid):
+            assert time.monotonic() < deadline, f"pid {pid} was not registered for Python frames within 5 s"
+            time.sleep(0.02)
+        source.drain()
+        process.stdin.write("go\n")
+        process.stdin.flush()
+        assert process.stdout.readline().strip() == "done"
+        samples = [s for b in source.drain() for p in b.processes if p.process.pid == pid for s in p.samples
+                   if not WARM_UP & {f.function for f in s.frames}]
+    finally:
+        source.close()
+        process.kill()
+        process.wait()
+    _check_chain_and_split(samples, "3.12")
