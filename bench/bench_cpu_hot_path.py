@@ -82,6 +82,7 @@ class FeedSampler:
     """Hands the source prepared samples and Python stacks, as CPUSampler.drain()/python_stacks() would."""
 
     frequency_hz = 19
+    attached_ns = 0
 
     def __init__(self, samples: list[StackCount], python: dict[int, abi.PythonStack]) -> None:
         self.samples, self.python = samples, python

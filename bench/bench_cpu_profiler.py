@@ -215,6 +215,7 @@ def worst_case_throughput(count: int, depth: int) -> dict[str, float]:
 
     class FeedSampler:
         frequency_hz = 19
+        attached_ns = 0
 
         def open(self) -> None: ...
 

@@ -18,6 +18,7 @@ class FedSampler:
     """Stands in for the eBPF sampler: returns the samples it was given."""
 
     frequency_hz = 19
+    attached_ns = 0
 
     def __init__(self, samples: list[StackCount]) -> None:
         self.samples = samples
