@@ -18,12 +18,16 @@ from collections.abc import Sequence
 from otel_gpu.cpu.python import merge
 from otel_gpu.cuda import abi, builder
 from otel_gpu.cuda.symbols import NativeSymbolizer
-from otel_gpu.profiles.model import Frame
+from otel_gpu.profiles.model import Frame, FrameKind
 
 MAX_SAMPLE_STACKS = 8192  # (leaf, pid, stack) -> frames kept for samples (past it, kept afresh): a few MB at most
 
 # In otel_gpu_python_frame.first_line: the frame is the outermost its evaluation loop runs (otel_gpu_probes.h).
 PYTHON_ENTRY = 0x80000000
+# The root of a launching stack whose Python frames the library cut (as CPU samples' TRUNCATED_FRAME): its own root
+# is not there, and a flame graph must not show its innermost frames as a root of their own.
+PYTHON_TRUNCATED = Frame(f"[truncated: Python frames past the innermost {abi.MAX_PYTHON_FRAMES} not read]",
+                         FrameKind.PYTHON)
 
 
 class FrameStack(tuple[Frame, ...]):
@@ -68,6 +72,8 @@ class StackFrames:
         else:
             native = ()
         frames = merge(native, python_runs(stack.python))
+        if stack.flags & abi.STACK_FLAG_PYTHON_TRUNCATED:  # its outermost frames were not read: say so at the root
+            frames = (*frames, PYTHON_TRUNCATED)
         if not self._symbolizer.last_complete:
             return frames
         self._frames[key] = frames

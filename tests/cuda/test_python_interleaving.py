@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from otel_gpu.cuda.abi import KStackC, PythonFrame, Stack, decode_stack
-from otel_gpu.cuda.stacks import PYTHON_ENTRY, StackFrames, python_runs
+from otel_gpu.cuda.abi import STACK_FLAG_PYTHON, STACK_FLAG_PYTHON_TRUNCATED, KStackC, PythonFrame, Stack, decode_stack
+from otel_gpu.cuda.stacks import PYTHON_ENTRY, PYTHON_TRUNCATED, StackFrames, python_runs
 from otel_gpu.cuda.symbols import NativeSymbolizer, SharedSymbolizer
 from otel_gpu.profiles.model import Frame, FrameKind, Mapping
 from tests.cpu.test_python_frames import VERSIONS, WORKLOAD, _interpreter, _marker_lines
@@ -73,6 +73,11 @@ def test_launch_stacks_merge_like_cpu_samples() -> None:
     assert [f.function for f in short] == ["cuLaunchKernel", "at::launch", "A", "B", "<module>"]
     plain = StackFrames(symbolizer).frames(1, Stack(native=tuple(range(8))))
     assert plain == tuple(table.values())
+    cut = StackFrames(symbolizer).frames(1, Stack(native=tuple(range(8)), python=python[:2],
+                                                   flags=STACK_FLAG_PYTHON | STACK_FLAG_PYTHON_TRUNCATED))
+    assert [f.function for f in cut] == ["cuLaunchKernel", "at::launch", "A", "call_back", "B",
+                                         PYTHON_TRUNCATED.function]
+    assert PYTHON_TRUNCATED.function == "[truncated: Python frames past the innermost 64 not read]"
 
 
 @pytest.mark.root
