@@ -112,6 +112,8 @@ class Agent:
             trim_heap()  # what start-up freed (the kernel's BTF, relocations, the first symbol reads)
             self._loop(profilers, exporters)
             self._shutdown_deadline = time.monotonic() + SHUTDOWN_TIMEOUT_S
+        # after the last report and the flush, which are part of what the agent cost
+        _logger.info("otel-gpu cost: %s", self._cost.summary())
         return 0
 
     def _shutdown_left_s(self) -> float:
@@ -205,8 +207,7 @@ class Agent:
                 trim_heap()  # a report's encoding and symbol reads leave free heap pages behind
         _logger.info("otel-gpu stopping (a last report, then sending what is queued for at most %g s; a second "
                      "signal stops at once)", SHUTDOWN_TIMEOUT_S)
-        # before anything stops: every thread is still there to be named
-        _logger.info("otel-gpu cost: %s", self._cost.summary())
+        self._cost.stopping()  # before anything stops: every thread is still there to be read and named
         if self._cpu_sampler is not None:  # the unwinder's table builds would slow the last drain and the close
             self._cpu_sampler.stop_unwinding()
         for source in profilers:  # the last report holds every record a counter has counted
