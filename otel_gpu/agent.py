@@ -106,11 +106,14 @@ class Agent:
             on = {source: "on" if source in running else "off" for source in semconv.Source}
             _logger.info("otel-gpu running: gpu metrics %s, cpu profiling %s, gpu-time profiling %s; %s",
                          on[semconv.Source.NVML], on[semconv.Source.CPU_PROFILER], on[semconv.Source.GPU_TIME],
-                         self._destinations(pipeline.prometheus_address, {e.name for e in pipeline.exporters}))
+                         self._destinations(pipeline.prometheus_address, {e.name for e in pipeline.exporters},
+                                            profiling=bool(profilers)))
             self._cost.running()
             trim_heap()  # what start-up freed (the kernel's BTF, relocations, the first symbol reads)
             self._loop(profilers, exporters)
             self._shutdown_deadline = time.monotonic() + SHUTDOWN_TIMEOUT_S
+        # after the last report and the flush, which are part of what the agent cost
+        _logger.info("otel-gpu cost: %s", self._cost.summary())
         return 0
 
     def _shutdown_left_s(self) -> float:
@@ -204,8 +207,7 @@ class Agent:
                 trim_heap()  # a report's encoding and symbol reads leave free heap pages behind
         _logger.info("otel-gpu stopping (a last report, then sending what is queued for at most %g s; a second "
                      "signal stops at once)", SHUTDOWN_TIMEOUT_S)
-        # before anything stops: every thread is still there to be named
-        _logger.info("otel-gpu cost: %s", self._cost.summary())
+        self._cost.stopping()  # before anything stops: every thread is still there to be read and named
         if self._cpu_sampler is not None:  # the unwinder's table builds would slow the last drain and the close
             self._cpu_sampler.stop_unwinding()
         for source in profilers:  # the last report holds every record a counter has counted
@@ -251,10 +253,10 @@ class Agent:
                      else dataclasses.replace(p, process=info) for p in processes)
 
     def _destinations(self, prometheus_address: tuple[str, int] | None,
-                      metric_exporters: Collection[str] | None = None) -> str:
+                      metric_exporters: Collection[str] | None = None, *, profiling: bool = True) -> str:
         """Where each signal goes, for the start-up line; the Prometheus endpoint only when it really listens, and
         the metrics' local outputs as the pipeline has them (``metric_exporters``: its exporters' names; None: as
-        configured)."""
+        configured). Without a profile source running (``profiling`` false) profiles go nowhere: they are off."""
         config = self.config
         metrics = []
         if (target := config.otlp.metrics_target()) is not None:
@@ -273,6 +275,8 @@ class Agent:
                 parts.append(f"files in {config.output.dir}")
             if config.shows_console(kind) if local is None else "console" in local:
                 parts.append("terminal")
+        if not profiling:
+            return f"metrics -> {' + '.join(metrics) or 'nowhere'}; profiles -> off (no profile source runs)"
         line = f"metrics -> {' + '.join(metrics) or 'nowhere'}; profiles -> {' + '.join(profiles) or 'nowhere'}"
         if config.otlp.generic_endpoint_is_metrics_only() and not config.otlp.profiles_endpoint:
             line += (f" (the OTLP endpoint {config.otlp.endpoint} has a path, as a metrics backend's has, so it gets"

@@ -42,6 +42,7 @@ def _budget_percent(text: str) -> float:
 
 
 def _parser() -> argparse.ArgumentParser:
+    """The top-level parser; ``parser.commands`` maps each command's name to its own parser."""
     parser = argparse.ArgumentParser(prog="otel-gpu", description="OpenTelemetry-native GPU profiler and metrics agent",
                                      epilog=_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"otel-gpu {__version__}")
@@ -62,13 +63,16 @@ def _parser() -> argparse.ArgumentParser:
                         help="how much slower the workload may run while GPU time is profiled, in per cent "
                              "(0.01-100; default 2); the library sets its sampling to stay within it")
     inject.add_argument("workload", nargs=argparse.REMAINDER, help="the command to run")
+    parser.commands = {"run": run, "config": show, "inject": inject}  # type: ignore[attr-defined]
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     try:
-        args = parser.parse_args(argv)
+        args, unknown = parser.parse_known_args(argv)
+        if unknown:  # said by the command's parser, so the usage shown is that command's (its flags), exit 2
+            parser.commands.get(args.command, parser).error(f"unrecognized arguments: {' '.join(unknown)}")
     except SystemExit as exc:  # argparse exits 2 on unknown flags already; keep --help / --version at 0
         return int(exc.code or 0)
     if args.command is None:

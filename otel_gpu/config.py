@@ -30,6 +30,7 @@ _UNSUPPORTED_PROTOCOLS = (("http/json", "the OpenTelemetry Python SDK the agent 
                                         "exporter (http/protobuf goes to the same endpoint and port, 4318)"),)
 _COMPRESSIONS = ("none", "gzip")
 _LOG_LEVELS = ("debug", "info", "warning", "error")
+_LOG_LEVEL_ALIASES = (("warn", "warning"),)  # what other OpenTelemetry SDKs and most tools call it
 _TRISTATE = ("auto", "on", "off")
 _PYROSCOPE_APIS = ("otlp", "ingest")
 
@@ -297,6 +298,7 @@ class Option:
     repeatable: bool = False
     boolean: bool = False
     unsupported: tuple[tuple[str, str], ...] = ()  # (value, why it is refused): values users may rightly expect
+    aliases: tuple[tuple[str, str], ...] = ()  # (another name, the choice it means), e.g. warn -> warning
 
 
 def _bool(text: str) -> bool:
@@ -322,6 +324,17 @@ def _pairs(text: str) -> tuple[tuple[str, str], ...]:
             raise ValueError(f"{item!r} is not key=value")
         out.append((urllib.parse.unquote(key.strip()), urllib.parse.unquote(value.strip())))
     return tuple(out)
+
+
+# Characters a key or value of ``k1=v1,k2=v2`` cannot hold as they are: the separators, the escape itself, and
+# whitespace and control characters (an item is stripped when read, and a line break does not belong in YAML's
+# one-line form). Everything else, non-ASCII included, is printed as it is.
+_PAIR_UNSAFE = re.compile(r"[%,=\s\x00-\x1f\x7f]")
+
+
+def _quote_pair_part(text: str) -> str:
+    """``text`` percent-encoded where ``_pairs`` would read it otherwise (``,`` ``=`` ``%`` whitespace), UTF-8."""
+    return _PAIR_UNSAFE.sub(lambda m: urllib.parse.quote(m.group(0), safe=""), text)
 
 
 def _millis_to_s(text: str) -> float:
@@ -462,7 +475,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("duration_s", "--duration", "stop after this many seconds (0: run until interrupted)", float,
            env=("OTEL_GPU_DURATION",), check=_range(0, 10**9)),
     Option("log_level", "--log-level", "log level", str, env=("OTEL_GPU_LOG_LEVEL", "OTEL_LOG_LEVEL"),
-           choices=_LOG_LEVELS),
+           choices=_LOG_LEVELS, aliases=_LOG_LEVEL_ALIASES),
     Option("service_name", "--service-name", "service.name of the agent's own resource", str,
            env=("OTEL_SERVICE_NAME",)),
     Option("node_name", "--node-name", "Kubernetes node name (k8s.node.name; set it from the downward API)", str,
@@ -687,6 +700,8 @@ def load(args: argparse.Namespace | None = None, environ: Mapping[str, str] | No
             else:
                 problems.append(f"{origin}: {exc}{_allowed(option)}")
             continue
+        if option.choices and isinstance(value, str):
+            value = _choice(option, value)
         why = dict(option.unsupported).get(value) if isinstance(value, str) else None
         if why:
             problems.append(f"{origin}: {value!r} is not supported: {why}; set {' or '.join(option.env)} (or "
@@ -729,8 +744,8 @@ def _unknown_variables(environ: Mapping[str, str]) -> tuple[str, ...]:
     for name in sorted(environ):
         if not name.startswith("OTEL_GPU_") or name in known or name.startswith(_LIBRARY_DEBUG_PREFIX):
             continue
-        close = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.8)
-        hint = f"; did you mean {close[0]}?" if close else ""
+        close = _closest(name, sorted(known))
+        hint = f"; did you mean {close}?" if close else ""
         warnings.append(f"environment variable {name} is not an otel-gpu setting and is ignored{hint}")
     return tuple(warnings)
 
@@ -798,6 +813,13 @@ def _check(option: Option, value: Any) -> tuple[Any, str] | None:
     return None
 
 
+def _choice(option: Option, value: str) -> str:
+    """An enum value as its option's choices spell it: case-insensitive, as the OpenTelemetry specification asks of
+    enum variables (``GZIP``, ``HTTP/protobuf``, ``INFO``), with the option's aliases (``warn``) resolved."""
+    folded = value.strip().lower()
+    return dict(option.aliases).get(folded, folded)
+
+
 def _allowed(option: Option) -> str:
     if option.choices:
         return f" (allowed: {', '.join(repr(c) for c in option.choices if c) or 'any'})"
@@ -817,7 +839,7 @@ def _read_yaml(path: str, problems: list[str]) -> dict[str, tuple[Any, str]]:
     import yaml  # here, not at the top: a run without --config never needs it (about 1.3 MB)
 
     try:
-        data = yaml.safe_load(raw.decode("utf-8")) or {}
+        data = yaml.load(raw.decode("utf-8"), Loader=_unique_key_loader(yaml)) or {}
     except UnicodeDecodeError as exc:
         problems.append(f"flag --config: {path!r} is not UTF-8 text (byte {exc.start}: {exc.reason})")
         return {}
@@ -847,11 +869,39 @@ def _read_yaml(path: str, problems: list[str]) -> dict[str, tuple[Any, str]]:
                 problems.append(f"flag --config: {path!r} key {path_key!r} is a group of settings, a mapping of "
                                 f"some of {keys}; not a {type(value).__name__}")
             else:
-                known = ", ".join(sorted(_BY_PATH))
-                problems.append(f"flag --config: {path!r} has unknown key {path_key!r} (known keys: {known})")
+                close = _closest(path_key, sorted(_BY_PATH))
+                in_group = sorted(k for k in _BY_PATH if prefix and k.startswith(prefix)) or sorted(_BY_PATH)
+                hint = f"did you mean {close!r}?" if close else f"known keys: {', '.join(in_group)}"
+                problems.append(f"flag --config: {path!r} has unknown key {path_key!r} ({hint})")
 
     walk("", data)
     return out
+
+
+def _closest(name: str, known: Sequence[str]) -> str:
+    """The known name ``name`` most likely misspells, or "" when none is close (a typo, not another word)."""
+    close = difflib.get_close_matches(name, known, n=1, cutoff=0.8)
+    return close[0] if close else ""
+
+
+def _unique_key_loader(yaml: Any) -> type:
+    """PyYAML's safe loader, refusing a key given twice in one mapping (PyYAML keeps the last silently, so an edit
+    lower in the file would quietly undo one above it)."""
+
+    class UniqueKeyLoader(yaml.SafeLoader):  # type: ignore[misc, name-defined]
+        def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+            seen: dict[Any, Any] = {}
+            for key_node, _ in node.value:
+                if isinstance(key_node, yaml.ScalarNode) and key_node.tag != "tag:yaml.org,2002:merge":
+                    if key_node.value in seen:
+                        first = seen[key_node.value].start_mark.line + 1
+                        raise yaml.constructor.ConstructorError(
+                            None, None, f"key {key_node.value!r} is given twice (first at line {first}); keep one",
+                            key_node.start_mark)
+                    seen[key_node.value] = key_node
+            return super().construct_mapping(node, deep)
+
+    return UniqueKeyLoader
 
 
 def _build(parsed: Mapping[str, Any], config_file: str, warnings: tuple[str, ...] = ()) -> AgentConfig:
@@ -998,8 +1048,8 @@ def _render(value: Any, option: Option) -> Any:
             return ",".join(f"{k}={MASK}" for k, _ in value)
         return MASK
     value = redacted(value)
-    if isinstance(value, tuple) and value and isinstance(value[0], tuple):
-        return ",".join(f"{k}={v}" for k, v in value)
+    if isinstance(value, tuple) and value and isinstance(value[0], tuple):  # encoded as read: the same on load
+        return ",".join(f"{_quote_pair_part(k)}={_quote_pair_part(v)}" for k, v in value)
     if isinstance(value, tuple):
         return ",".join(str(v) for v in value)
     return value

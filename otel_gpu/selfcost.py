@@ -126,6 +126,7 @@ class CostMeter:
     running_monotonic: float = 0.0
     startup_cpu_s: float = 0.0
     running_threads: dict[str, float] | None = None
+    stopping_threads: dict[str, float] | None = None  # read as stopping began, while every thread still ran
 
     def running(self) -> None:
         """Start-up is over: what the sources cost from here is the steady cost."""
@@ -134,6 +135,12 @@ class CostMeter:
         self.startup_cpu_s = process_cpu_s()
         self.running_threads = thread_cpu_s()
 
+    def stopping(self) -> None:
+        """Stopping begins: read each thread's CPU now, so that threads the shutdown ends still show in
+        :meth:`summary`, which is best called once everything is sent (the last report and flush cost CPU too)."""
+        name_native_threads()
+        self.stopping_threads = thread_cpu_s()
+
     def summary(self) -> str:
         """``CPU-s in all, start-up, % of one core since start-up, peak MB, and each thread's CPU-s since start-up``,
         largest first (threads under 5 ms left out)."""
@@ -141,7 +148,10 @@ class CostMeter:
         total = process_cpu_s()
         since_s = max(now - self.running_monotonic, 1e-9)
         before = self.running_threads or {}
-        threads = sorted(((name, cpu - before.get(name, 0.0)) for name, cpu in thread_cpu_s().items()),
+        now_threads = dict(self.stopping_threads or {})
+        for name, cpu in thread_cpu_s().items():  # a thread still there has run since; one gone keeps its reading
+            now_threads[name] = max(cpu, now_threads.get(name, 0.0))
+        threads = sorted(((name, cpu - before.get(name, 0.0)) for name, cpu in now_threads.items()),
                          key=lambda item: -item[1])
         listed = ", ".join(f"{name} {cpu:.2f}" for name, cpu in threads if cpu >= 0.005) or "none"
         return (f"{total:.2f} CPU-s over {now - self.began_monotonic:.1f} s (start-up {self.startup_cpu_s:.2f} CPU-s; "

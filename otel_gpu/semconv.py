@@ -328,5 +328,16 @@ def prometheus_name(spec: MetricSpec) -> str:
     return base
 
 
+def victoria_metrics_name(spec: MetricSpec) -> str:
+    """The name VictoriaMetrics gives ``spec`` over OTLP with ``-opentelemetry.usePrometheusNaming``: the same as
+    ``prometheus_name``, except that every metric of unit ``1`` gets ``_ratio``, up-down counters too (Prometheus'
+    translation and the scrape endpoint give it to gauges only): ``hw_status_ratio``."""
+    if spec.unit != "1" or spec.instrument == "gauge":
+        return prometheus_name(spec)
+    base = spec.name.replace(".", "_")
+    base = base if base.endswith("_ratio") else f"{base}_ratio"
+    return base + ("_total" if spec.instrument == "counter" else "")
+
+
 _UNIT_SUFFIX: Final = {"By": "bytes", "W": "watts", "J": "joules", "Hz": "hertz", "Cel": "celsius", "s": "seconds",
                        "ns": "nanoseconds"}

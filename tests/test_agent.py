@@ -309,6 +309,35 @@ def test_a_generic_endpoint_with_a_path_is_a_metrics_backend_and_gets_no_profile
     assert "--otlp-profiles-endpoint or --pyroscope-url" in line
 
 
+def test_the_start_up_line_says_profiles_are_off_when_no_profile_source_runs(tmp_path: Path) -> None:
+    line = Agent(AgentConfig(output=OutputConfig(dir="out")))._destinations(None, profiling=False)
+    assert line == "metrics -> files in out + terminal; profiles -> off (no profile source runs)"
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    ran = subprocess.run(agent_command("run", "--duration", "0.5", "--no-cpu-profiling", "--no-gpu-time-profiling",
+                                       "--no-gpu-metrics", "--prometheus-port", "0", "--console", "off",
+                                       "--output-dir", str(tmp_path / "out")),
+                         capture_output=True, text=True, timeout=60, cwd=REPO, env=clean)
+    assert ran.returncode == 0, ran.stderr
+    assert f"metrics -> files in {tmp_path / 'out'}; profiles -> off (no profile source runs)" in ran.stderr, \
+        ran.stderr
+
+
+def test_the_cost_line_comes_after_the_last_export() -> None:
+    """Stopping's last report and flush are part of the agent's cost: the line is logged once they are over (here
+    after the last metrics export to a backend that is down has failed)."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    ran = subprocess.run(agent_command("run", "--duration", "0.5", "--no-cpu-profiling", "--no-gpu-time-profiling",
+                                       "--no-gpu-metrics", "--otlp-metrics-endpoint", "http://127.0.0.1:1",
+                                       "--otlp-timeout", "0.5", "--metric-export-interval", "60"),
+                         capture_output=True, text=True, timeout=60, cwd=REPO, env=clean)
+    assert ran.returncode == 0, ran.stderr
+    lines = ran.stderr.splitlines()
+    cost = [i for i, line in enumerate(lines) if "otel-gpu cost: " in line]
+    failing = [i for i, line in enumerate(lines) if "metrics export to otlp_grpc" in line and "is failing" in line]
+    assert len(cost) == 1 and failing and failing[-1] < cost[0], ran.stderr
+    assert "CPU-s by thread since start-up" in lines[cost[0]]
+
+
 @contextlib.contextmanager
 def _busy_process() -> Iterator[int]:
     busy = subprocess.Popen(["sh", "-c", "while :; do :; done"])

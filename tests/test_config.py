@@ -208,7 +208,8 @@ def test_url_secrets_are_masked_in_the_config_command_and_in_every_log_line(tmp_
                "0.2", "--otlp-timeout", "0.5", "--otlp-protocol", "http/protobuf", *urls)
     assert ran.returncode == 0, ran.stderr
     assert "SECRET" not in ran.stdout + ran.stderr, ran.stderr
-    assert "otel-gpu running" in ran.stderr and "?api_key=***" in ran.stderr and "?token=***" in ran.stderr
+    # no profile source runs, so the start-up line says profiles are off and names no Pyroscope URL
+    assert "otel-gpu running" in ran.stderr and "?api_key=***" in ran.stderr, ran.stderr
 
 
 @pytest.mark.parametrize("url", ["https://[::1", "http://127.0.0.1:notaport", "http://127.0.0.1:99999", "http://:4317"])
@@ -508,3 +509,82 @@ def test_the_gpu_time_source_attaches_the_named_copies_at_open(tmp_path: Path) -
     copy = tmp_path / "libotel_gpu_inject.so"
     source = GPUTimeSource(library_paths=[copy])
     assert source._probes._library_paths == [copy]  # what _attach_known attaches at open (test_attach_early)
+
+
+def test_percent_encoded_pairs_print_as_they_load_back(tmp_path: Path) -> None:
+    """A resource attribute holding ',', '=', '%', spaces or non-ASCII prints encoded, so the file loads back to it."""
+    environ = {"OTEL_RESOURCE_ATTRIBUTES": "x=%2C,y=a%3Db,pct=50%25,sp=%20two words%20,de=Grüße,k%3Dey=v,e="}
+    original = _load([], environ)
+    assert dict(original.resource_attributes) == {"x": ",", "y": "a=b", "pct": "50%", "sp": " two words ",
+                                                  "de": "Grüße", "k=ey": "v", "e": ""}
+    saved = tmp_path / "effective.yaml"
+    saved.write_text(config.effective_yaml(original))
+    loaded = _load(["--config", str(saved)])
+    assert loaded == dataclasses.replace(original, config_file=str(saved))
+    assert "resource_attributes: x=,,y=a=b" not in saved.read_text()  # the decoded form, which loads back as x=''
+    printed = _run("config", env=environ)
+    assert printed.returncode == 0, printed.stderr
+    assert yaml.safe_load(printed.stdout)["resource_attributes"] == config.effective(original)["resource_attributes"]
+
+
+@pytest.mark.parametrize(("variable", "value", "path", "expected"), [
+    ("OTEL_LOG_LEVEL", "warn", "log_level", "warning"),
+    ("OTEL_LOG_LEVEL", "WARN", "log_level", "warning"),
+    ("OTEL_LOG_LEVEL", "INFO", "log_level", "info"),
+    ("OTEL_GPU_LOG_LEVEL", "Debug", "log_level", "debug"),
+    ("OTEL_EXPORTER_OTLP_COMPRESSION", "GZIP", "otlp.compression", "gzip"),
+    ("OTEL_EXPORTER_OTLP_METRICS_COMPRESSION", "None", "otlp.metrics_compression", "none"),
+    ("OTEL_EXPORTER_OTLP_PROFILES_COMPRESSION", "Gzip", "otlp.profiles_compression", "gzip"),
+    ("OTEL_EXPORTER_OTLP_PROTOCOL", "HTTP/Protobuf", "otlp.protocol", "http/protobuf"),
+    ("OTEL_EXPORTER_OTLP_METRICS_PROTOCOL", "GRPC", "otlp.metrics_protocol", "grpc"),
+    ("OTEL_EXPORTER_OTLP_PROFILES_PROTOCOL", "gRPC", "otlp.profiles_protocol", "grpc"),
+    ("OTEL_GPU_OUTPUT_FILES", "ON", "output.files", "on"),
+    ("OTEL_GPU_OUTPUT_CONSOLE", "Off", "output.console", "off"),
+    ("OTEL_GPU_PYROSCOPE_API", "INGEST", "pyroscope.api", "ingest"),
+])
+def test_enum_variables_are_case_insensitive(variable: str, value: str, path: str, expected: str) -> None:
+    assert config._get(_load([], {variable: value}), path) == expected
+
+
+def test_enum_flags_and_keys_are_case_insensitive_and_warn_means_warning(tmp_path: Path) -> None:
+    assert _load(["--log-level", "warn", "--otlp-compression", "GZIP"]).log_level == "warning"
+    assert _load(["--config", _yaml(tmp_path, {"log_level": "WARN", "otlp": {"protocol": "HTTP/PROTOBUF"}})]) \
+        .otlp.protocol == "http/protobuf"
+    result = _run("config", env={"OTEL_LOG_LEVEL": "warn"})
+    assert result.returncode == 0, result.stderr
+    assert yaml.safe_load(result.stdout)["log_level"] == "warning"
+    refused = _run("run", "--duration", "0.1", env={"OTEL_EXPORTER_OTLP_PROTOCOL": "HTTP/JSON",
+                                                    "OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4318"})
+    assert refused.returncode == 2 and "'http/json' is not supported" in refused.stderr, refused.stderr
+
+
+def test_a_misspelled_yaml_key_is_named_with_the_closest_known_one(tmp_path: Path) -> None:
+    result = _run("config", "--config", _yaml(tmp_path, {"metrics": {"prometheus_prot": 9464}}))
+    assert result.returncode == 2, result.stderr
+    assert "unknown key 'metrics.prometheus_prot' (did you mean 'metrics.prometheus_port'?)" in result.stderr
+    assert "known keys" not in result.stderr and "otlp.endpoint" not in result.stderr, result.stderr
+    far = _run("config", "--config", _yaml(tmp_path, {"metrics": {"zzz": 1}}))
+    assert far.returncode == 2 and "known keys: metrics.export_interval_s," in far.stderr, far.stderr
+    assert "otlp.endpoint" not in far.stderr  # the keys of the group it is in, not all 60
+
+
+@pytest.mark.parametrize(("content", "key", "line"), [
+    ("metrics:\n  prometheus_port: 9464\n  prometheus_port: 9465\n", "prometheus_port", 3),
+    ("metrics:\n  prometheus_port: 9464\nlog_level: info\nmetrics:\n  export_interval_s: 5\n", "metrics", 4),
+])
+def test_a_key_given_twice_is_refused_naming_it(tmp_path: Path, content: str, key: str, line: int) -> None:
+    path = tmp_path / "agent.yaml"
+    path.write_text(content)
+    result = _run("config", "--config", str(path))
+    assert result.returncode == 2, result.stderr
+    assert f"at line {line}" in result.stderr and f"key {key!r} is given twice" in result.stderr, result.stderr
+    assert result.stdout == ""
+
+
+def test_an_unknown_flag_shows_the_commands_own_usage() -> None:
+    result = _run("run", "--bogus-flag")
+    assert result.returncode == 2
+    assert result.stderr.startswith("usage: otel-gpu run ") and "--otlp-endpoint" in result.stderr, result.stderr
+    assert "otel-gpu run: error: unrecognized arguments: --bogus-flag" in result.stderr
+    shown = _run("config", "--bogus-flag")
+    assert shown.returncode == 2 and shown.stderr.startswith("usage: otel-gpu config "), shown.stderr

@@ -60,3 +60,13 @@ def test_empty_or_missing_tables_are_filled_or_refused() -> None:
     assert generator.render(filled) == filled
     with pytest.raises(ValueError, match="config-table"):
         generator.render("no markers\n")
+
+
+def test_the_metric_table_gives_victoria_metrics_own_name_where_it_differs() -> None:
+    """VictoriaMetrics adds _ratio to up-down counters of unit 1 too: the table names both, so an alert written from
+    it finds the series on either backend."""
+    rows = {row.split(" | ")[0].strip("| `"): row for row in _between((REPO / "README.md").read_text(),
+                                                                      "metrics").splitlines()}
+    assert "`hw_status` (VictoriaMetrics: `hw_status_ratio`)" in rows["hw.status"]
+    assert "`otel_gpu_source_up` (VictoriaMetrics: `otel_gpu_source_up_ratio`)" in rows["otel_gpu.source.up"]
+    assert "VictoriaMetrics" not in rows["hw.gpu.utilization"]  # a gauge: the same name everywhere

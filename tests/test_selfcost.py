@@ -51,6 +51,22 @@ def test_each_live_thread_is_named() -> None:
         worker.join()
 
 
+def test_a_thread_that_ends_while_stopping_still_shows() -> None:
+    """The cost line is written after the shutdown, which ends the exporters' threads: their CPU, read as stopping
+    began, stays in it."""
+    meter = selfcost.CostMeter(time.monotonic())
+    meter.running()
+    worker = threading.Thread(target=_spin, args=(0.2,), name="cost-test-ending")
+    worker.start()
+    deadline = time.monotonic() + 30
+    while selfcost.thread_cpu_s().get("cost-test-ending", 0.0) < 0.1 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    meter.stopping()
+    worker.join()
+    assert "cost-test-ending" not in selfcost.thread_cpu_s()
+    assert "cost-test-ending 0." in meter.summary()
+
+
 def test_threads_carry_their_names_into_the_kernel() -> None:
     """``top -H`` and py-spy show which part of the agent runs: each thread's kernel name is its Python name less the
     shared prefix, cut to the kernel's 15 bytes."""

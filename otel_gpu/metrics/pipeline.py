@@ -49,6 +49,7 @@ _logger = logging.getLogger(__name__)
 
 SIGNAL = semconv.Signal.METRICS
 _SHUTDOWN_GRACE_S = 5.0
+SUPERSEDED_LOG_INTERVAL_S = 300.0  # at most one line this often while collections are dropped for a slow backend
 
 
 class CountingExporter(MetricExporter):
@@ -58,7 +59,9 @@ class CountingExporter(MetricExporter):
     ``export()`` only hands the collection over, so a backend that hangs or is down never delays the next
     collection. While one collection is being sent the next one waits; a newer one replaces a waiting one (the
     temporality is cumulative, so the newer holds everything the older did) and the replaced points are counted as
-    dropped (``superseded``).
+    dropped (``superseded``), with one log line at once and then at most one every
+    ``SUPERSEDED_LOG_INTERVAL_S`` (the SDK's exporter may still be retrying and succeed later, so no failure is
+    logged for it), and one when a send goes through again.
     """
 
     def __init__(self, inner: MetricExporter, name: str, destination: str,
@@ -73,19 +76,47 @@ class CountingExporter(MetricExporter):
         self._waiting: tuple[MetricsData, float] | None = None  # (collection, export timeout in ms)
         self._sending = False
         self._closed = False
+        self._superseded_points = 0  # dropped since the last line about it
+        self._superseded_since_send = 0  # dropped since the last send that went through
+        self._superseded_logged_at: float | None = None  # monotonic
         self._thread = threading.Thread(target=self._run, name=f"otel-gpu-metrics-{name}", daemon=True)
         self._thread.start()
 
     def export(self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: Any) -> MetricExportResult:
+        log: tuple[int, bool] | None = None
         with self._cond:
             if self._closed:
                 return MetricExportResult.FAILURE
             if self._waiting is not None:
-                selfmetrics.count(semconv.SELF_DROPPED.name, _count_points(self._waiting[0]),
+                dropped = _count_points(self._waiting[0])
+                selfmetrics.count(semconv.SELF_DROPPED.name, dropped,
                                   otel_gpu__reason=semconv.Reason.SUPERSEDED, otel_gpu__signal=SIGNAL)
+                log = self._superseded(dropped)
             self._waiting = (metrics_data, timeout_millis)
             self._cond.notify_all()
+        if log is not None:
+            self._log_superseded(*log)
         return MetricExportResult.SUCCESS
+
+    def _superseded(self, dropped: int) -> tuple[int, bool] | None:
+        """Count ``dropped`` superseded points (under the lock); (points to log, first line?) when a line is due:
+        at once, then at most every ``SUPERSEDED_LOG_INTERVAL_S``."""
+        now = time.monotonic()
+        self._superseded_points += dropped
+        self._superseded_since_send += dropped
+        if self._superseded_logged_at is not None and now - self._superseded_logged_at < SUPERSEDED_LOG_INTERVAL_S:
+            return None
+        due = (self._superseded_points, self._superseded_logged_at is None)
+        self._superseded_points, self._superseded_logged_at = 0, now
+        return due
+
+    def _log_superseded(self, points: int, first: bool) -> None:
+        _logger.warning("metrics export to %s (%s) %s: dropped %d points of older collections (%s in %s; the newest "
+                        "collection holds their values); logging again at most every %.0f s", self.name,
+                        self.destination,
+                        "has not finished before the next collection (the backend is slow or unreachable, or the "
+                        "exporter is retrying)" if first else "is still behind", points,
+                        semconv.Reason.SUPERSEDED, semconv.SELF_DROPPED.name, SUPERSEDED_LOG_INTERVAL_S)
 
     def force_flush(self, timeout_millis: float = 10_000) -> bool:
         """Wait until every collection handed over has been sent (or ``timeout_millis`` passes)."""
@@ -138,6 +169,14 @@ class CountingExporter(MetricExporter):
         except Exception as exc:  # noqa: BLE001 - export boundary: a raising exporter must not stop the thread
             result, reason = MetricExportResult.FAILURE, f"{type(exc).__name__}: {exc}"
         if result is MetricExportResult.SUCCESS:
+            with self._cond:
+                caught_up, self._superseded_since_send = self._superseded_since_send, 0
+                if caught_up:
+                    self._superseded_points, self._superseded_logged_at = 0, None
+            if caught_up:
+                _logger.info("metrics export to %s (%s) went through again; %d points of older collections were "
+                             "dropped meanwhile (%s)", self.name, self.destination, caught_up,
+                             semconv.Reason.SUPERSEDED)
             if self.failures_in_outage:
                 _logger.info("metrics export to %s (%s) recovered after %d failed exports", self.name,
                              self.destination, self.failures_in_outage)

@@ -70,6 +70,28 @@ def test_otlp_http_into_victoria_metrics(victoria_metrics: VictoriaMetrics) -> N
 
 
 @pytest.mark.backend
+def test_victoria_metrics_names_up_down_counters_of_unit_1_with_ratio(victoria_metrics: VictoriaMetrics) -> None:
+    """hw.status and otel_gpu.source.up (up-down counters of unit 1) get _ratio in VictoriaMetrics, as
+    ``semconv.victoria_metrics_name`` and the README say, where the scrape endpoint names them without it."""
+    config = AgentConfig(otlp=OTLPConfig(metrics_endpoint=victoria_metrics.otlp_metrics_url, protocol="http/protobuf"),
+                         metrics=MetricsConfig(export_interval_s=0.5), output=OutputConfig(files="off", console="off"))
+    pipeline = MetricsPipeline(config, Resource({"service.name": "backend-test", "host.name": "node-b"}))
+    try:
+        meter = pipeline.meter("test")
+        for spec in (semconv.GPU_STATUS, semconv.SELF_SOURCE_UP):
+            meter.create_up_down_counter(spec.name, unit=spec.unit).add(1, {"hw.state": "ok"})
+        expected = {semconv.victoria_metrics_name(semconv.GPU_STATUS),
+                    semconv.victoria_metrics_name(semconv.SELF_SOURCE_UP)}
+        assert expected == {"hw_status_ratio", "otel_gpu_source_up_ratio"}
+        names = wait_until(lambda: expected <= victoria_metrics.series_names() and victoria_metrics.series_names(),
+                           60, "the two series in VictoriaMetrics")
+        assert "hw_status" not in names and "otel_gpu_source_up" not in names
+        assert semconv.prometheus_name(semconv.GPU_STATUS) == "hw_status"  # what the scrape endpoint serves
+    finally:
+        pipeline.shutdown()
+
+
+@pytest.mark.backend
 def test_prometheus_scrapes_the_endpoint(prometheus_factory: Callable[[list[str]], Prometheus]) -> None:
     port = free_port()
     config = AgentConfig(metrics=MetricsConfig(export_interval_s=60, prometheus_port=port,

@@ -20,12 +20,12 @@ import grpc
 import pytest
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2, metrics_service_pb2_grpc
 from opentelemetry.proto.metrics.v1.metrics_pb2 import AggregationTemporality
-from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader, MetricExporter, MetricExportResult
 from opentelemetry.sdk.resources import Resource
 
 from otel_gpu import selfmetrics, semconv
 from otel_gpu.config import AgentConfig, MetricsConfig, OTLPConfig, OutputConfig
-from otel_gpu.metrics.pipeline import MetricsPipeline
+from otel_gpu.metrics.pipeline import CountingExporter, MetricsPipeline
 from tests.backends import free_port, http_get, wait_until
 from tests.metrics.gpu_readings import SimReadings
 
@@ -313,6 +313,61 @@ def test_collection_keeps_its_interval_while_an_export_hangs() -> None:
                        "collections that never went out counted as dropped")
         finally:
             pipeline.shutdown(timeout_s=1.0)
+
+
+class _HeldExporter(MetricExporter):
+    """Sends only once ``release`` is set, then succeeds: a backend that is down while the SDK's retries go on, and
+    is back before they give up."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.release = threading.Event()
+        self.sent = 0
+
+    def export(self, metrics_data: object, timeout_millis: float = 10_000, **kwargs: object) -> MetricExportResult:
+        self.release.wait(60)
+        self.sent += 1
+        return MetricExportResult.SUCCESS
+
+    def force_flush(self, timeout_millis: float = 10_000) -> bool:
+        return True
+
+    def shutdown(self, timeout_millis: float = 30_000, **kwargs: object) -> None:
+        self.release.set()
+
+
+def _collection() -> object:
+    from opentelemetry.sdk.metrics import MeterProvider
+
+    reader = InMemoryMetricReader()
+    MeterProvider(metric_readers=[reader]).get_meter("test").create_counter("test.points").add(1)
+    return reader.get_metrics_data()
+
+
+def test_points_dropped_for_a_slow_backend_are_logged_once_and_when_it_goes_through(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A short outage that the exporter's retries outlast fails no export, but collections handed over meanwhile
+    are dropped (superseded): one line says so at once, later ones only after the interval, one when it is over."""
+    caplog.set_level(logging.INFO, logger="otel_gpu.metrics.pipeline")
+    inner = _HeldExporter()
+    counting = CountingExporter(inner, "otlp_http", "http://backend:4318/v1/metrics")
+    try:
+        counting.export(_collection())  # type: ignore[arg-type]
+        wait_until(lambda: counting._sending, 30, "the first send under way")
+        for _ in range(4):  # one waits, three replace it
+            counting.export(_collection())  # type: ignore[arg-type]
+        assert selfmetrics.total(semconv.SELF_DROPPED.name, otel_gpu__reason="superseded") == 3
+        behind = [r for r in caplog.records if "dropped 1 points of older collections" in r.getMessage()]
+        assert len(behind) == 1 and behind[0].levelno == logging.WARNING, caplog.text
+        assert "slow or unreachable" in behind[0].getMessage() and "otel_gpu.dropped" in behind[0].getMessage()
+        inner.release.set()
+        assert counting.force_flush(30_000) and inner.sent == 2
+        through = [r.getMessage() for r in caplog.records if "went through again" in r.getMessage()]
+        assert through == ["metrics export to otlp_http (http://backend:4318/v1/metrics) went through again; 3 "
+                           "points of older collections were dropped meanwhile (superseded)"], caplog.text
+        assert not [r for r in caplog.records if "is failing" in r.getMessage() and "backend:4318" in r.getMessage()]
+    finally:
+        counting.shutdown(1000)
 
 
 def test_shutdown_with_a_hanging_backend_ends_within_its_timeout() -> None:
