@@ -179,11 +179,13 @@ def find_python(pid: int, proc_root: str = "/proc") -> PythonProcess | str | Non
             symbols, base, loops = _interpreter_symbols(f"{proc_root}/{pid}/root{path}")
         except (OSError, ValueError):  # gone, or a file named like libpython that is no ELF file: the next one
             continue
-        if "_PyRuntime" not in symbols or "PyCode_Type" not in symbols:
+        if "PyCode_Type" not in symbols:
             continue
-        bias = starts[path] - base
         match = _LIBRARY.search(path)
         version = (int(match.group(1)), int(match.group(2))) if match else (0, 0)
+        if "_PyRuntime" not in symbols:  # CPython before 3.7 has no runtime state to start from: named, not walked
+            return f"CPython {version[0]}.{version[1]}" if match else None
+        bias = starts[path] - base
         try:
             memory = ProcessMemory(pid, proc_root)
         except OSError:

@@ -403,10 +403,11 @@ def test_each_interpreter_is_found_with_its_version(name: str) -> None:
         process.wait()
 
 
-def test_an_unsupported_version_gets_one_frame_naming_it() -> None:
-    python = sorted(glob.glob(str(PYENV / "3.9.*/bin/python3.9")))
+@pytest.mark.parametrize("version", ["3.9", "3.6"])  # 3.6 has no _PyRuntime: it was taken for no Python at all
+def test_an_unsupported_version_gets_one_frame_naming_it(version: str) -> None:
+    python = sorted(glob.glob(str(PYENV / f"{version}.*/bin/python{version}")))
     if not python:
-        pytest.fail("pyenv's CPython 3.9 is not installed (scripts/install-system.sh)")
+        pytest.fail(f"pyenv's CPython {version} is not installed (scripts/install-system.sh)")
     process = subprocess.Popen([python[-1], str(WORKLOAD), "one", "1", "1"], stdin=subprocess.PIPE,
                                stdout=subprocess.PIPE, text=True)
     assert process.stdout is not None
@@ -415,7 +416,7 @@ def test_an_unsupported_version_gets_one_frame_naming_it() -> None:
         frames = PythonFrames()
         assert frames.discover(pid) is None
         merged = frames.merged(pid, (), None)
-        assert [f.function for f in merged] == ["[CPython 3.9: Python frames not supported]"]
+        assert [f.function for f in merged] == [f"[CPython {version}: Python frames not supported]"]
     finally:
         process.kill()
         process.wait()
