@@ -76,7 +76,12 @@ class ProcessCounters:
 class _Interval:
     covered_ns: int = 0
     elapsed_ns: int = 0
-    yielded_ns: int = 0  # time another CUPTI user held CUPTI in profiled processes (summed over processes)
+    # by pid: time the library stood aside in each process (another CUPTI user held CUPTI, or its CUDA graphs)
+    yielded_ns: dict[int, int] = field(default_factory=dict)
+
+    def add_yielded(self, pid: int, ns: int) -> None:
+        if ns > 0:
+            self.yielded_ns[pid] = self.yielded_ns.get(pid, 0) + ns
 
 
 class GPUTimeAccounting:
@@ -226,7 +231,7 @@ class GPUTimeAccounting:
         if window.aside_since_ns:  # the library steps aside now
             counters.aside_since_ns, counters.aside_counted_ns = window.aside_since_ns, 0
         elif window.yielded_ns > counters.yielded_ns:  # back: its total covers the whole stretch
-            self._interval.yielded_ns += max(0, window.yielded_ns - counters.yielded_ns - counters.aside_counted_ns)
+            self._interval.add_yielded(window.pid, window.yielded_ns - counters.yielded_ns - counters.aside_counted_ns)
             counters.aside_since_ns = counters.aside_counted_ns = 0
         counters.yielded_ns = window.yielded_ns
 
@@ -309,9 +314,10 @@ class GPUTimeAccounting:
         fraction = (self._interval.covered_ns / self._interval.elapsed_ns) if self._interval.elapsed_ns else 1.0
         start, duration = self._interval_start_ns, max(0, now_ns - self._interval_start_ns)
         self._count_aside(now_ns)
-        yielded = ((semconv.OTEL_GPU_GPU_TIME_YIELDED, self._interval.yielded_ns / 1e9),) \
-            if self._interval.yielded_ns else ()
-        gpu = self._gpu.build(start, duration, processes, fraction, yielded)
+        # stated per process: with several, a batch-wide total would not say whose time went unmeasured
+        yielded = {pid: ((semconv.OTEL_GPU_GPU_TIME_YIELDED, ns / 1e9),)
+                   for pid, ns in self._interval.yielded_ns.items()}
+        gpu = self._gpu.build(start, duration, processes, fraction, process_attributes=yielded)
         sync = self._sync.build(start, duration, processes, 1.0)
         self._interval = _Interval()
         self._interval_start_ns = now_ns
@@ -352,10 +358,10 @@ class GPUTimeAccounting:
         self._pending = still
 
     def _count_aside(self, now_ns: int) -> None:
-        for counters in self._counters.values():
+        for pid, counters in self._counters.items():
             if counters.aside_since_ns:
                 so_far = max(0, now_ns - counters.aside_since_ns)
-                self._interval.yielded_ns += max(0, so_far - counters.aside_counted_ns)
+                self._interval.add_yielded(pid, so_far - counters.aside_counted_ns)
                 counters.aside_counted_ns = max(so_far, counters.aside_counted_ns)
 
     def _count_bpf_drops(self, totals: Sequence[int]) -> None:
