@@ -44,6 +44,9 @@ MAX_HELD_SYNCS = 65536  # waits held for their collectives, all processes: past 
 SETTLE_LAG_NS = 1_000_000_000
 MAX_LEAVES = 4096  # leaf frames of GPU work kept by kernel, copy or set (past it, kept afresh)
 MAX_TAIL_PIECES = 4096  # a process's last window's work kept by thread, stack and kernel, for the time after it
+# exited processes whose counters wait for a metrics collection to read their last values (past it, oldest first go:
+# with no metrics reader at all, they would wait for ever)
+MAX_EXITED_COUNTERS = 4096
 
 
 @dataclass(slots=True)
@@ -109,6 +112,8 @@ class GPUTimeAccounting:
         self._processes: OrderedDict[int, ProcessInfo] = OrderedDict()
         self._counters: dict[int, ProcessCounters] = {}
         self._exited: list[int] = []
+        self._reads = 0  # times the counters were read (metrics collections)
+        self._exited_counters: OrderedDict[int, int] = OrderedDict()  # pid -> reads when its exit was noticed
         self._drops_seen = [0] * len(abi.DROP_REASONS)
         self._misses_seen = (0, 0)
         self._duplicates_seen = 0
@@ -143,6 +148,8 @@ class GPUTimeAccounting:
         """Note ``pid`` (its identity and mappings are read now, while it runs); returns its identity."""
         info = self._processes.get(pid)
         if info is None:
+            if self._exited_counters.pop(pid, None) is not None:  # the pid was reused: the old process's totals go
+                self._counters.pop(pid, None)
             info = self._resolver.info(pid) or ProcessInfo(pid=pid, executable_name="")
             self._processes[pid] = info
             self._stacks.remember(pid)
@@ -393,11 +400,19 @@ class GPUTimeAccounting:
             self._duplicates_seen = stats.launches_duplicate_id
 
     def _forget_exited(self) -> None:
-        """Drop the state of exited processes; their counters stay one more drain so metrics see the last values."""
-        for pid in self._exited:
-            self._counters.pop(pid, None)
+        """Drop the state of exited processes; their counters stay until the metrics have read them after the drain
+        that noticed the exit (a metrics interval may be longer than the profiling interval: read one drain later,
+        a short process's last values never reached the metrics), at most :data:`MAX_EXITED_COUNTERS` of them."""
+        for pid, reads in list(self._exited_counters.items()):
+            if self._reads > reads:
+                del self._exited_counters[pid]
+                self._counters.pop(pid, None)
         self._exited = [pid for pid in self._processes if not self._alive(pid)]
         for pid in self._exited:
+            if pid in self._counters:
+                self._exited_counters[pid] = self._reads
+            while len(self._exited_counters) > MAX_EXITED_COUNTERS:
+                self._counters.pop(self._exited_counters.popitem(last=False)[0], None)
             self._joiner.forget_process(pid)
             if self._graphs is not None:
                 self._graphs.forget_process(pid)  # already released: the drain ended every stretch first
@@ -410,7 +425,9 @@ class GPUTimeAccounting:
     # --- per-process -----------------------------------------------------------------------------------------------
 
     def process_counters(self) -> list[ProcessCounters]:
-        """Cumulative totals of every process seen (copies)."""
+        """Cumulative totals of every process seen (copies); an exited process's are forgotten at the first drain
+        after a call has read its last values (the metrics' collections call this)."""
+        self._reads += 1
         return [replace(c) for c in self._counters.values()]
 
     def dropped(self) -> dict[str, int]:

@@ -107,19 +107,37 @@ def test_the_time_after_the_last_window_is_stood_for_by_it() -> None:
     assert by_span(accounting.drain(now_ns=4_000)[0]) == {(0xA, False): 40 * 5, (0xB, True): 20 * 15}
 
 
-def test_an_exited_process_is_forgotten_after_one_more_drain() -> None:
+def test_an_exited_process_is_forgotten_once_the_metrics_read_its_last_values() -> None:
+    """--profiling-interval shorter than the metrics interval: drains come and go before a collection reads the
+    counters; an exited process's stay until one has (its state for profiles goes at once)."""
     alive = {10}
     accounting, symbolizer = _accounting(alive)
     accounting.handle(window(10, 1, covered_ns=10, elapsed_ns=10))
     accounting.handle(launch(10, 1, window=1, stack_=stack(0xA1)))
     accounting.handle(launch(10, 2, window=1, stack_=stack(0xA1)))
     assert accounting.unpaired(10) == (2, 0)
+    accounting.process_counters()  # a collection before the exit was noticed
     alive.clear()
     accounting.drain(now_ns=2_000)
     assert symbolizer.forgotten == [10] and accounting.unpaired(10) == (0, 0)
-    assert [c.info.pid for c in accounting.process_counters()] == [10]  # the metrics read its last values once more
-    accounting.drain(now_ns=3_000)
+    for now_ns in (3_000, 4_000, 5_000):  # profiling drains, no metrics collection in between
+        accounting.drain(now_ns=now_ns)
+    assert [c.info.pid for c in accounting.process_counters()] == [10]  # the collection reads its last values
+    accounting.drain(now_ns=6_000)
     assert accounting.process_counters() == []
+
+
+def test_exited_processes_kept_for_the_metrics_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    from otel_gpu.cuda import accounting as module
+
+    monkeypatch.setattr(module, "MAX_EXITED_COUNTERS", 2)
+    alive = {10, 11, 12}
+    accounting, _ = _accounting(alive)
+    for pid in (10, 11, 12):
+        accounting.handle(window(pid, 1, covered_ns=10, elapsed_ns=10))
+    alive.clear()
+    accounting.drain(now_ns=2_000)  # no metrics reader: the oldest goes past the bound
+    assert sorted(c.info.pid for c in accounting.process_counters()) == [11, 12]
 
 
 def test_losses_are_counted_once_each() -> None:
