@@ -47,6 +47,9 @@ MAX_TAIL_PIECES = 4096  # a process's last window's work kept by thread, stack a
 # exited processes whose counters wait for a metrics collection to read their last values (past it, oldest first go:
 # with no metrics reader at all, they would wait for ever)
 MAX_EXITED_COUNTERS = 4096
+# a process that sent records (its waits) but no sampling window for this long is named once in the log: its GPU time
+# goes unmeasured, and nothing else says so (a graph program's launch-rate looks alone take over 4 s)
+NO_WINDOW_NOTICE_NS = 10_000_000_000
 
 
 @dataclass(slots=True)
@@ -113,6 +116,8 @@ class GPUTimeAccounting:
         self._counters: dict[int, ProcessCounters] = {}
         self._exited: list[int] = []
         self._reads = 0  # times the counters were read (metrics collections)
+        self._first_drain_ns: dict[int, int] = {}  # pid -> the first drain that saw it (unix ns)
+        self._told: set[int] = set()  # pids already named in the log for going unmeasured
         self._exited_counters: OrderedDict[int, int] = OrderedDict()  # pid -> reads when its exit was noticed
         self._drops_seen = [0] * len(abi.DROP_REASONS)
         self._misses_seen = (0, 0)
@@ -237,6 +242,13 @@ class GPUTimeAccounting:
         While it is away, each drain counts the time so far; its next record's total settles the rest."""
         if window.aside_since_ns:  # the library steps aside now
             counters.aside_since_ns, counters.aside_counted_ns = window.aside_since_ns, 0
+            if window.pid not in self._told:
+                self._told.add(window.pid)
+                _logger.info("GPU-time: pid %d (%s): the injected library stepped aside (another tool of the program "
+                             "such as torch.profiler took CUPTI, or its CUDA graphs launch too often for CUPTI's "
+                             "lasting cost; its stderr says which): its GPU time is not measured until the library "
+                             "takes CUPTI back (the profiles state the seconds, %s)", window.pid,
+                             _name(counters.info), semconv.OTEL_GPU_GPU_TIME_YIELDED)
         elif window.yielded_ns > counters.yielded_ns:  # back: its total covers the whole stretch
             self._interval.add_yielded(window.pid, window.yielded_ns - counters.yielded_ns - counters.aside_counted_ns)
             counters.aside_since_ns = counters.aside_counted_ns = 0
@@ -331,8 +343,30 @@ class GPUTimeAccounting:
         if bpf_drops is not None:
             self._count_bpf_drops(bpf_drops)
         self._count_join_losses()
+        self._tell_unsampled(now_ns)
         self._forget_exited()
         return [gpu, sync]
+
+    def _tell_unsampled(self, now_ns: int) -> None:
+        """One log line per process that sent records but had no sampling window in its first
+        :data:`NO_WINDOW_NOTICE_NS`, or exited without one: none of its GPU time was measured. A process that sent
+        nothing (a forked child never touches CUDA) is not named."""
+        for pid, info in self._processes.items():
+            first = self._first_drain_ns.setdefault(pid, now_ns)
+            counters = self._counters.get(pid)
+            if pid in self._told or counters is None or counters.covered_ns:
+                continue
+            exited = not self._alive(pid)
+            if not exited and now_ns - first < NO_WINDOW_NOTICE_NS:
+                continue
+            self._told.add(pid)
+            when = "exited with" if exited else f"has had for {(now_ns - first) / 1e9:.0f} s"
+            _logger.info("GPU-time: pid %d (%s) %s no sampling window, so none of its GPU time was measured: a program "
+                         "that uses CUDA graphs gets none while the library looks at its launch rate (5 looks at least "
+                         "1 s apart, then it samples or stands aside; its stderr says which), nor does a process "
+                         "shorter than the library's first gap or one whose CUPTI another tool holds "
+                         "(OTEL_GPU_DEBUG_STATS=1 in its environment prints the library's state at exit)",
+                         pid, _name(info), when)
 
     def _end_graph_stretch(self) -> None:
         """Held graph work, weighted by replays over sampled replays of its exec in the interval; replays of execs
@@ -420,6 +454,8 @@ class GPUTimeAccounting:
             self._last_windows.pop(pid, None)
             self._waits.forget_process(pid)
             self._stacks.forget(pid)
+            self._first_drain_ns.pop(pid, None)
+            self._told.discard(pid)
             del self._processes[pid]
 
     # --- per-process -----------------------------------------------------------------------------------------------
@@ -448,3 +484,7 @@ class GPUTimeAccounting:
         if counters is None:
             counters = self._counters[pid] = ProcessCounters(self.remember_process(pid))
         return counters
+
+
+def _name(info: ProcessInfo) -> str:
+    return info.service_name or info.executable_name or "?"

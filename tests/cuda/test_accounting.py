@@ -179,3 +179,42 @@ def test_stacks_from_the_kernel_lose_the_tracing_libraries_frames() -> None:
     frames = StackFrames(InLibraries())
     assert [f.function for f in frames.frames(10, abi.Stack(native=(), kernel_native=(1, 2, 3)))] == ["fn_3"]
     assert [f.function for f in frames.frames(10, abi.Stack(native=(1, 2, 3)))] == ["fn_1", "fn_2", "fn_3"]
+
+
+def test_a_process_with_no_sampling_window_is_named_once(caplog: pytest.LogCaptureFixture) -> None:
+    """A short program that uses CUDA graphs gets no window while the library looks at its launch rate: its waits
+    come, its GPU time does not. One line per process says so, when it exits or after NO_WINDOW_NOTICE_NS; a
+    process that sent nothing (a forked child) and one that was sampled are not named."""
+    from otel_gpu.cuda.accounting import NO_WINDOW_NOTICE_NS
+
+    alive = {10, 11, 12, 13}
+    accounting, _ = _accounting(alive)
+    for pid in (10, 11):
+        accounting.handle(sync(pid, 1000))
+    accounting.remember_process(12)  # maps the library, sends nothing
+    accounting.handle(window(13, 1, covered_ns=100, elapsed_ns=1000))
+    with caplog.at_level("INFO", logger="otel_gpu.cuda.source"):
+        accounting.drain(now_ns=2_000)
+        assert not [r for r in caplog.records if "no sampling window" in r.getMessage()]
+        alive.discard(11)
+        accounting.drain(now_ns=3_000)
+        accounting.drain(now_ns=2_000 + NO_WINDOW_NOTICE_NS)
+        accounting.drain(now_ns=3_000 + NO_WINDOW_NOTICE_NS)
+    lines = [r.getMessage() for r in caplog.records if "no sampling window" in r.getMessage()]
+    assert len(lines) == 2, lines
+    assert lines[0].startswith("GPU-time: pid 11 (proc11) exited with no sampling window")
+    assert lines[1].startswith("GPU-time: pid 10 (proc10) has had for 10 s no sampling window")
+    assert "CUDA graphs" in lines[1]
+
+
+def test_the_library_stepping_aside_is_named_once_per_process(caplog: pytest.LogCaptureFixture) -> None:
+    accounting, _ = _accounting({10})
+    with caplog.at_level("INFO", logger="otel_gpu.cuda.source"):
+        accounting.handle(window(10, 1, covered_ns=100, elapsed_ns=1000))
+        accounting.handle(window(10, 2, covered_ns=100, elapsed_ns=1200, aside_since_ns=1_500))
+        accounting.handle(window(10, 3, covered_ns=150, elapsed_ns=1500, yielded_ns=500, yields=1))
+        accounting.handle(window(10, 4, covered_ns=150, elapsed_ns=1600, yielded_ns=500, yields=1,
+                                 aside_since_ns=2_500))
+        accounting.drain(now_ns=3_000)
+    lines = [r.getMessage() for r in caplog.records if "stepped aside" in r.getMessage()]
+    assert len(lines) == 1 and lines[0].startswith("GPU-time: pid 10 (proc10): the injected library stepped aside")
