@@ -343,13 +343,13 @@ class GPUTimeAccounting:
         if bpf_drops is not None:
             self._count_bpf_drops(bpf_drops)
         self._count_join_losses()
-        self._tell_unsampled(now_ns)
+        self._tell_unsampled(now_ns, final)
         self._forget_exited()
         return [gpu, sync]
 
-    def _tell_unsampled(self, now_ns: int) -> None:
+    def _tell_unsampled(self, now_ns: int, final: bool) -> None:
         """One log line per process that sent records but had no sampling window in its first
-        :data:`NO_WINDOW_NOTICE_NS`, or exited without one: none of its GPU time was measured. A process that sent
+        :data:`NO_WINDOW_NOTICE_NS`, or exited (or the agent stops) without one: none of its GPU time was measured. A process that sent
         nothing (a forked child never touches CUDA) is not named."""
         for pid, info in self._processes.items():
             first = self._first_drain_ns.setdefault(pid, now_ns)
@@ -357,7 +357,7 @@ class GPUTimeAccounting:
             if pid in self._told or counters is None or counters.covered_ns:
                 continue
             exited = not self._alive(pid)
-            if not exited and now_ns - first < NO_WINDOW_NOTICE_NS:
+            if not exited and not final and now_ns - first < NO_WINDOW_NOTICE_NS:
                 continue
             self._told.add(pid)
             when = "exited with" if exited else f"has had for {(now_ns - first) / 1e9:.0f} s"

@@ -207,6 +207,16 @@ def test_a_process_with_no_sampling_window_is_named_once(caplog: pytest.LogCaptu
     assert "CUDA graphs" in lines[1]
 
 
+def test_the_last_drain_names_a_process_still_without_a_window(caplog: pytest.LogCaptureFixture) -> None:
+    accounting, _ = _accounting({10})
+    accounting.handle(sync(10, 1000))
+    with caplog.at_level("INFO", logger="otel_gpu.cuda.source"):
+        accounting.drain(now_ns=2_000)
+        accounting.drain(now_ns=1_000_002_000, final=True)  # the agent stops 1 s later
+    lines = [r.getMessage() for r in caplog.records if "no sampling window" in r.getMessage()]
+    assert len(lines) == 1 and lines[0].startswith("GPU-time: pid 10 (proc10) has had for 1 s no sampling window")
+
+
 def test_the_library_stepping_aside_is_named_once_per_process(caplog: pytest.LogCaptureFixture) -> None:
     accounting, _ = _accounting({10})
     with caplog.at_level("INFO", logger="otel_gpu.cuda.source"):
