@@ -349,8 +349,8 @@ class GPUTimeAccounting:
 
     def _tell_unsampled(self, now_ns: int, final: bool) -> None:
         """One log line per process that sent records but had no sampling window in its first
-        :data:`NO_WINDOW_NOTICE_NS`, or exited (or the agent stops) without one: none of its GPU time was measured. A process that sent
-        nothing (a forked child never touches CUDA) is not named."""
+        :data:`NO_WINDOW_NOTICE_NS`, or exited (or the agent stops) without one: none of its GPU time was measured.
+        A process that sent nothing (a forked child never touches CUDA) is not named."""
         for pid, info in self._processes.items():
             first = self._first_drain_ns.setdefault(pid, now_ns)
             counters = self._counters.get(pid)
