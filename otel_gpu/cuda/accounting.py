@@ -77,6 +77,7 @@ class ProcessCounters:
     yielded_ns: int = 0  # the library's running total of time left to another CUPTI user (torch.profiler, ...)
     aside_since_ns: int = 0  # the library stepped aside then and is not back yet (CUPTI clock, unix ns), else 0
     aside_counted_ns: int = 0  # of that stretch, what drains have already counted as yielded
+    unmeasured_ns: int = 0  # time stood aside that the profiles have stated since the agent saw the process
 
 
 @dataclass(slots=True)
@@ -251,7 +252,7 @@ class GPUTimeAccounting:
                              "takes CUPTI back (the profiles state the seconds, %s)", window.pid,
                              _name(counters.info), semconv.OTEL_GPU_GPU_TIME_YIELDED)
         elif window.yielded_ns > counters.yielded_ns:  # back: its total covers the whole stretch
-            self._interval.add_yielded(window.pid, window.yielded_ns - counters.yielded_ns - counters.aside_counted_ns)
+            self._add_yielded(counters, window.yielded_ns - counters.yielded_ns - counters.aside_counted_ns)
             counters.aside_since_ns = counters.aside_counted_ns = 0
         counters.yielded_ns = window.yielded_ns
 
@@ -399,11 +400,16 @@ class GPUTimeAccounting:
                 still.append((work, age + 1))
         self._pending = still
 
+    def _add_yielded(self, counters: ProcessCounters, ns: int) -> None:
+        if ns > 0:
+            self._interval.add_yielded(counters.info.pid, ns)
+            counters.unmeasured_ns += ns
+
     def _count_aside(self, now_ns: int) -> None:
-        for pid, counters in self._counters.items():
+        for counters in self._counters.values():
             if counters.aside_since_ns:
                 so_far = max(0, now_ns - counters.aside_since_ns)
-                self._interval.add_yielded(pid, so_far - counters.aside_counted_ns)
+                self._add_yielded(counters, so_far - counters.aside_counted_ns)
                 counters.aside_counted_ns = max(so_far, counters.aside_counted_ns)
 
     def _count_bpf_drops(self, totals: Sequence[int]) -> None:

@@ -127,6 +127,8 @@ def test_time_while_the_library_is_still_aside_is_stated_at_each_drain(proc: Pat
     source.handle(window(10, 3, covered_ns=50, elapsed_ns=500, yielded_ns=10 * 10**9, yields=1))  # back after 10 s
     gpu, _ = source.drain()
     assert _yielded(gpu)[10] == pytest.approx(10.0 - first - second, abs=1e-6)
+    # the per-process metric counts the same seconds, cumulatively
+    assert source.process_counters()[0].unmeasured_ns == pytest.approx(10 * 10**9, abs=1000)
 
 
 def test_work_of_an_open_window_waits_for_it_then_settles(proc: Path) -> None:
