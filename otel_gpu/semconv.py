@@ -172,7 +172,12 @@ GPU_PROCESS_KERNEL_TIME = MetricSpec("nvidia.gpu.process.kernel.time", "counter"
                                      "GPU execution time of the process's kernels, copies and sets (re-weighted)")
 GPU_PROCESS_SYNC_WAIT_TIME = MetricSpec("nvidia.gpu.process.sync_wait.time", "counter", "s",
                                         "Time the process's threads spent blocked waiting on the GPU (re-weighted)")
-GPU_TIME_METRICS: Final = (GPU_PROCESS_KERNEL_LAUNCHES, GPU_PROCESS_KERNEL_TIME, GPU_PROCESS_SYNC_WAIT_TIME)
+# per process like the three above, but a statement about the measurement, not the GPU: the profile attribute's name
+GPU_TIME_YIELDED = MetricSpec("otel_gpu.gpu_time.yielded", "counter", "s",
+                              "Time the process's GPU time was not measured: the injected library stood aside for "
+                              "another CUPTI user (torch.profiler, ...) or for its CUDA graphs")
+GPU_TIME_METRICS: Final = (GPU_PROCESS_KERNEL_LAUNCHES, GPU_PROCESS_KERNEL_TIME, GPU_PROCESS_SYNC_WAIT_TIME,
+                           GPU_TIME_YIELDED)
 
 # --- the agent's own health ----------------------------------------------------------------------------------------
 SELF_COLLECTION_DURATION = MetricSpec("otel_gpu.collection.duration", "gauge", "s",

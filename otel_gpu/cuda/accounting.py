@@ -44,6 +44,13 @@ MAX_HELD_SYNCS = 65536  # waits held for their collectives, all processes: past 
 SETTLE_LAG_NS = 1_000_000_000
 MAX_LEAVES = 4096  # leaf frames of GPU work kept by kernel, copy or set (past it, kept afresh)
 MAX_TAIL_PIECES = 4096  # a process's last window's work kept by thread, stack and kernel, for the time after it
+# exited processes whose counters wait for a metrics collection to read their last values (past it, oldest first go:
+# with no metrics reader at all, they would wait for ever)
+MAX_EXITED_COUNTERS = 4096
+# a process that sent records (its waits) but no sampling window for this long is named once in the log: its GPU time
+# goes unmeasured, and nothing else says so. Longer than the library's gaps between windows at a small budget (their
+# mean was 6.6 s at 0.3 % sampled, each 0.5-1.5x the mean) and than a graph program's five looks at its launch rate.
+NO_WINDOW_NOTICE_NS = 30_000_000_000
 
 
 @dataclass(slots=True)
@@ -70,13 +77,19 @@ class ProcessCounters:
     yielded_ns: int = 0  # the library's running total of time left to another CUPTI user (torch.profiler, ...)
     aside_since_ns: int = 0  # the library stepped aside then and is not back yet (CUPTI clock, unix ns), else 0
     aside_counted_ns: int = 0  # of that stretch, what drains have already counted as yielded
+    unmeasured_ns: int = 0  # time stood aside that the profiles have stated since the agent saw the process
 
 
 @dataclass(slots=True)
 class _Interval:
     covered_ns: int = 0
     elapsed_ns: int = 0
-    yielded_ns: int = 0  # time another CUPTI user held CUPTI in profiled processes (summed over processes)
+    # by pid: time the library stood aside in each process (another CUPTI user held CUPTI, or its CUDA graphs)
+    yielded_ns: dict[int, int] = field(default_factory=dict)
+
+    def add_yielded(self, pid: int, ns: int) -> None:
+        if ns > 0:
+            self.yielded_ns[pid] = self.yielded_ns.get(pid, 0) + ns
 
 
 class GPUTimeAccounting:
@@ -104,6 +117,10 @@ class GPUTimeAccounting:
         self._processes: OrderedDict[int, ProcessInfo] = OrderedDict()
         self._counters: dict[int, ProcessCounters] = {}
         self._exited: list[int] = []
+        self._reads = 0  # times the counters were read (metrics collections)
+        self._first_drain_ns: dict[int, int] = {}  # pid -> the first drain that saw it (unix ns)
+        self._told: set[int] = set()  # pids already named in the log for going unmeasured
+        self._exited_counters: OrderedDict[int, int] = OrderedDict()  # pid -> reads when its exit was noticed
         self._drops_seen = [0] * len(abi.DROP_REASONS)
         self._misses_seen = (0, 0)
         self._duplicates_seen = 0
@@ -138,6 +155,8 @@ class GPUTimeAccounting:
         """Note ``pid`` (its identity and mappings are read now, while it runs); returns its identity."""
         info = self._processes.get(pid)
         if info is None:
+            if self._exited_counters.pop(pid, None) is not None:  # the pid was reused: the old process's totals go
+                self._counters.pop(pid, None)
             info = self._resolver.info(pid) or ProcessInfo(pid=pid, executable_name="")
             self._processes[pid] = info
             self._stacks.remember(pid)
@@ -225,8 +244,15 @@ class GPUTimeAccounting:
         While it is away, each drain counts the time so far; its next record's total settles the rest."""
         if window.aside_since_ns:  # the library steps aside now
             counters.aside_since_ns, counters.aside_counted_ns = window.aside_since_ns, 0
+            if window.pid not in self._told:
+                self._told.add(window.pid)
+                _logger.info("GPU-time: pid %d (%s): the injected library stepped aside (another tool of the program "
+                             "such as torch.profiler took CUPTI, or its CUDA graphs launch too often for CUPTI's "
+                             "lasting cost; its stderr says which): its GPU time is not measured until the library "
+                             "takes CUPTI back (the profiles state the seconds, %s)", window.pid,
+                             _name(counters.info), semconv.OTEL_GPU_GPU_TIME_YIELDED)
         elif window.yielded_ns > counters.yielded_ns:  # back: its total covers the whole stretch
-            self._interval.yielded_ns += max(0, window.yielded_ns - counters.yielded_ns - counters.aside_counted_ns)
+            self._add_yielded(counters, window.yielded_ns - counters.yielded_ns - counters.aside_counted_ns)
             counters.aside_since_ns = counters.aside_counted_ns = 0
         counters.yielded_ns = window.yielded_ns
 
@@ -309,17 +335,40 @@ class GPUTimeAccounting:
         fraction = (self._interval.covered_ns / self._interval.elapsed_ns) if self._interval.elapsed_ns else 1.0
         start, duration = self._interval_start_ns, max(0, now_ns - self._interval_start_ns)
         self._count_aside(now_ns)
-        yielded = ((semconv.OTEL_GPU_GPU_TIME_YIELDED, self._interval.yielded_ns / 1e9),) \
-            if self._interval.yielded_ns else ()
-        gpu = self._gpu.build(start, duration, processes, fraction, yielded)
+        # stated per process: with several, a batch-wide total would not say whose time went unmeasured
+        yielded = {pid: ((semconv.OTEL_GPU_GPU_TIME_YIELDED, ns / 1e9),)
+                   for pid, ns in self._interval.yielded_ns.items()}
+        gpu = self._gpu.build(start, duration, processes, fraction, process_attributes=yielded)
         sync = self._sync.build(start, duration, processes, 1.0)
         self._interval = _Interval()
         self._interval_start_ns = now_ns
         if bpf_drops is not None:
             self._count_bpf_drops(bpf_drops)
         self._count_join_losses()
+        self._tell_unsampled(now_ns, final)
         self._forget_exited()
         return [gpu, sync]
+
+    def _tell_unsampled(self, now_ns: int, final: bool) -> None:
+        """One log line per process that sent records but had no sampling window in its first
+        :data:`NO_WINDOW_NOTICE_NS`, or exited (or the agent stops) without one: none of its GPU time was measured.
+        A process that sent nothing (a forked child never touches CUDA) is not named."""
+        for pid, info in self._processes.items():
+            first = self._first_drain_ns.setdefault(pid, now_ns)
+            counters = self._counters.get(pid)
+            if pid in self._told or counters is None or counters.covered_ns:
+                continue
+            exited = not self._alive(pid)
+            if not exited and not final and now_ns - first < NO_WINDOW_NOTICE_NS:
+                continue
+            self._told.add(pid)
+            when = "exited with" if exited else f"has had for {(now_ns - first) / 1e9:.0f} s"
+            _logger.info("GPU-time: pid %d (%s) %s no sampling window, so none of its GPU time was measured: windows "
+                         "open seconds apart at a small overhead budget (a process shorter than the first gap gets "
+                         "none), a program that uses CUDA graphs gets none while the library looks at its launch rate "
+                         "(5 looks at least 1 s apart, then it samples or stands aside; its stderr says which), nor "
+                         "does one whose CUPTI another tool holds (OTEL_GPU_DEBUG_STATS=1 in its environment prints "
+                         "the library's state at exit)", pid, _name(info), when)
 
     def _end_graph_stretch(self) -> None:
         """Held graph work, weighted by replays over sampled replays of its exec in the interval; replays of execs
@@ -351,11 +400,16 @@ class GPUTimeAccounting:
                 still.append((work, age + 1))
         self._pending = still
 
+    def _add_yielded(self, counters: ProcessCounters, ns: int) -> None:
+        if ns > 0:
+            self._interval.add_yielded(counters.info.pid, ns)
+            counters.unmeasured_ns += ns
+
     def _count_aside(self, now_ns: int) -> None:
         for counters in self._counters.values():
             if counters.aside_since_ns:
                 so_far = max(0, now_ns - counters.aside_since_ns)
-                self._interval.yielded_ns += max(0, so_far - counters.aside_counted_ns)
+                self._add_yielded(counters, so_far - counters.aside_counted_ns)
                 counters.aside_counted_ns = max(so_far, counters.aside_counted_ns)
 
     def _count_bpf_drops(self, totals: Sequence[int]) -> None:
@@ -387,11 +441,19 @@ class GPUTimeAccounting:
             self._duplicates_seen = stats.launches_duplicate_id
 
     def _forget_exited(self) -> None:
-        """Drop the state of exited processes; their counters stay one more drain so metrics see the last values."""
-        for pid in self._exited:
-            self._counters.pop(pid, None)
+        """Drop the state of exited processes; their counters stay until the metrics have read them after the drain
+        that noticed the exit (a metrics interval may be longer than the profiling interval: read one drain later,
+        a short process's last values never reached the metrics), at most :data:`MAX_EXITED_COUNTERS` of them."""
+        for pid, reads in list(self._exited_counters.items()):
+            if self._reads > reads:
+                del self._exited_counters[pid]
+                self._counters.pop(pid, None)
         self._exited = [pid for pid in self._processes if not self._alive(pid)]
         for pid in self._exited:
+            if pid in self._counters:
+                self._exited_counters[pid] = self._reads
+            while len(self._exited_counters) > MAX_EXITED_COUNTERS:
+                self._counters.pop(self._exited_counters.popitem(last=False)[0], None)
             self._joiner.forget_process(pid)
             if self._graphs is not None:
                 self._graphs.forget_process(pid)  # already released: the drain ended every stretch first
@@ -399,12 +461,16 @@ class GPUTimeAccounting:
             self._last_windows.pop(pid, None)
             self._waits.forget_process(pid)
             self._stacks.forget(pid)
+            self._first_drain_ns.pop(pid, None)
+            self._told.discard(pid)
             del self._processes[pid]
 
     # --- per-process -----------------------------------------------------------------------------------------------
 
     def process_counters(self) -> list[ProcessCounters]:
-        """Cumulative totals of every process seen (copies)."""
+        """Cumulative totals of every process seen (copies); an exited process's are forgotten at the first drain
+        after a call has read its last values (the metrics' collections call this)."""
+        self._reads += 1
         return [replace(c) for c in self._counters.values()]
 
     def dropped(self) -> dict[str, int]:
@@ -425,3 +491,7 @@ class GPUTimeAccounting:
         if counters is None:
             counters = self._counters[pid] = ProcessCounters(self.remember_process(pid))
         return counters
+
+
+def _name(info: ProcessInfo) -> str:
+    return info.service_name or info.executable_name or "?"

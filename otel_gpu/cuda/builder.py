@@ -139,22 +139,26 @@ class ProfileAccumulator:
 
     def build(self, start_unix_nano: int, duration_nano: int, processes: Mapping[int, ProcessInfo],
               sampling_fraction: float = 1.0,
-              attributes: tuple[tuple[str, str | int | float], ...] = ()) -> ProfileBatch:
+              attributes: tuple[tuple[str, str | int | float], ...] = (),
+              process_attributes: Mapping[int, tuple[tuple[str, str | int | float], ...]] | None = None
+              ) -> ProfileBatch:
         """The batch of everything added (values rounded to integers), then start over.
 
         ``processes`` names each pid; a pid missing there gets a bare ProcessInfo with its pid.
+        ``process_attributes``: profile attributes by pid; a pid that has some is in the batch even with no samples.
         """
+        stated = process_attributes or {}
         profiles = []
-        for pid in sorted(self._values):
+        for pid in sorted(self._values.keys() | stated.keys()):
             samples = tuple(
                 Sample(tuple(frames), round(value), thread_id, thread_name, attributes, trace_id, span_id)
                 for (frames, thread_id, thread_name, attributes, trace_id, span_id), value
-                in sorted(self._values[pid].items(), key=lambda item: -item[1])
+                in sorted(self._values.get(pid, {}).items(), key=lambda item: -item[1])
                 if round(value) > 0
             )
-            if samples:
+            if samples or stated.get(pid):
                 info = processes.get(pid) or ProcessInfo(pid=pid, executable_name="")
-                profiles.append(ProcessProfile(info, samples))
+                profiles.append(ProcessProfile(info, samples, stated.get(pid, ())))
         self._values.clear()
         return ProfileBatch(self.profile_type, start_unix_nano, duration_nano, tuple(profiles),
                             sampling_fraction=sampling_fraction, attributes=attributes)

@@ -225,8 +225,8 @@ class GPUTimeProbes:
             known = self._attached.get((library.device, library.inode))
             if known is not None and not known.pid:  # a file attached up front, now seen in a process: say so once
                 self._attached[(library.device, library.inode)] = library
-                _logger.info("GPU-time profiling attached to %s (first seen in pid %d; its probes were placed before)",
-                             library.path, library.pid)
+                _logger.info("GPU-time profiling: pid %d loaded %s, whose probes were in place already (attached when "
+                             "the agent started): it is profiled from its start", library.pid, library.path)
                 continue
             if not self._attach(library):
                 continue

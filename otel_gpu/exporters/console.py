@@ -11,7 +11,7 @@ from typing import TextIO
 
 from otel_gpu import semconv
 from otel_gpu.profiles.insights import straggler_line
-from otel_gpu.profiles.model import ProfileBatch, Sample
+from otel_gpu.profiles.model import ProcessProfile, ProfileBatch, Sample
 
 _STACK_DEPTH = 6  # frames shown per stack, leaf first
 
@@ -23,10 +23,7 @@ def summarize(batch: ProfileBatch, top_n: int = 10, width: int = 120, explain_yi
     rows: dict[tuple[int, str, tuple[str, ...]], int] = {}
     total = 0
     for process in batch.processes:
-        name = process.process.service_name or process.process.executable_name
-        rank = dict(process.process.ranks).get(semconv.DISTRIBUTED_RANK)
-        if rank is not None:  # ranks of a distributed job are told apart by rank, not by pid
-            name += f" rank {rank}"
+        name = _process_name(process)
         for sample in process.samples:
             key = (process.process.pid, name, _names(sample))
             rows[key] = rows.get(key, 0) + sample.value
@@ -36,11 +33,11 @@ def summarize(batch: ProfileBatch, top_n: int = 10, width: int = 120, explain_yi
     over = f"== {title} over {batch.duration_nano / 1e9:.1f} s:"
     if not rows:
         return f"{over} nothing recorded" + _yield_note(batch, explain_yield)
-    processes = len(batch.processes)
+    processes = sum(1 for process in batch.processes if process.samples)
     header = (f"{over} {processes} process{'es' if processes != 1 else ''}, {batch.sample_count} stacks, "
               f"total {_value(total, batch)} {unit}")
     if batch.sampling_fraction < 1.0:
-        header += f" (estimated from {_fraction(batch.sampling_fraction)} of events)"
+        header += f" (estimated: {_fraction(batch.sampling_fraction)} of the time sampled)"
     header += _yield_note(batch, explain_yield)
     value_heading = "TIME ms" if unit == "ms" else unit.upper()
     lines = [header, f"{'SHARE':>6} {value_heading:>10} PROCESS[PID] STACK (leaf <- callers)"]
@@ -50,6 +47,14 @@ def summarize(batch: ProfileBatch, top_n: int = 10, width: int = 120, explain_yi
         line = f"{share:5.1f}% {_value(value, batch):>10} {name}[{pid}] {stack}"
         lines.append(line if len(line) <= width else line[: width - 3] + "...")
     return "\n".join(lines)
+
+
+def _process_name(process: ProcessProfile) -> str:
+    name = process.process.service_name or process.process.executable_name
+    rank = dict(process.process.ranks).get(semconv.DISTRIBUTED_RANK)
+    if rank is not None:  # ranks of a distributed job are told apart by rank, not by pid
+        name += f" rank {rank}"
+    return name
 
 
 def _names(sample: Sample) -> tuple[str, ...]:
@@ -73,11 +78,21 @@ def _value(value: int, batch: ProfileBatch) -> str:
     return str(value)
 
 
+def _yielded(batch: ProfileBatch) -> list[tuple[str, float]]:
+    """(process[pid], seconds) of each process whose GPU time went unmeasured in the interval."""
+    out = []
+    for process in batch.processes:
+        seconds = process.attribute(semconv.OTEL_GPU_GPU_TIME_YIELDED)
+        if isinstance(seconds, (int, float)) and seconds > 0:
+            out.append((f"{_process_name(process)}[{process.process.pid}]", float(seconds)))
+    return out
+
+
 def _yield_note(batch: ProfileBatch, explain: bool) -> str:
-    yielded = dict(batch.attributes).get(semconv.OTEL_GPU_GPU_TIME_YIELDED)
+    yielded = _yielded(batch)
     if not yielded:
         return ""
-    note = f"; not measured for {yielded:.1f} s"
+    note = "; not measured for " + ", ".join(f"{seconds:.1f} s in {name}" for name, seconds in yielded)
     if explain:
         note += (" while another tool (torch.profiler, ...) held CUPTI or the library stood aside for a program's"
                  " CUDA graphs")
@@ -125,7 +140,7 @@ class ConsoleProfileExporter:
             return False
         stream = self._stream or sys.stdout
         with self._lock:
-            yielded = bool(dict(batch.attributes).get(semconv.OTEL_GPU_GPU_TIME_YIELDED))
+            yielded = bool(_yielded(batch))
             empty = not any(process.samples for process in batch.processes) and not yielded
             if empty and batch.type.sample_type in self._quiet:
                 return True

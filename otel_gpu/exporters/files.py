@@ -6,7 +6,8 @@ other files in the folder (metrics, anything else) are never touched. Writing is
 on the caller's thread; a file is written under a temporary name and renamed, so readers never see half a file,
 and a write that fails (a full disk) removes its temporary file.
 
-Insight lines (:mod:`otel_gpu.profiles.insights`: the straggler rank of a distributed job) are appended to
+Insight lines (:mod:`otel_gpu.profiles.insights`: the straggler rank of a distributed job, the GPU time not
+measured in each process) are appended to
 ``summary.txt`` in the folder, one per interval that has one, after the UTC time of the interval's start; the file
 is moved to ``summary.txt.1`` (replacing the one before) once it holds ``MAX_SUMMARY_BYTES``.
 """
@@ -21,7 +22,7 @@ import time
 from pathlib import Path
 
 from otel_gpu import selfmetrics, semconv
-from otel_gpu.profiles.insights import straggler_line
+from otel_gpu.profiles.insights import straggler_line, unmeasured_line
 from otel_gpu.profiles.model import ProfileBatch
 from otel_gpu.profiles.pprof import encode_pprof
 
@@ -95,9 +96,9 @@ class FilesProfileExporter:
         self._closed = True
 
     def _summarize(self, batch: ProfileBatch) -> None:
-        """Append the batch's insight line, if any, to the summary file (raises OSError)."""
-        insight = straggler_line(batch)
-        if not insight:
+        """Append the batch's insight lines, if any, to the summary file (raises OSError)."""
+        lines = [line for line in (straggler_line(batch), unmeasured_line(batch)) if line]
+        if not lines:
             return
         summary = self.directory / SUMMARY
         with contextlib.suppress(FileNotFoundError):
@@ -105,7 +106,7 @@ class FilesProfileExporter:
                 os.replace(summary, summary.with_name(SUMMARY + ".1"))
         stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(batch.start_unix_nano / 1e9))
         with open(summary, "a", encoding="utf-8") as out:
-            out.write(f"{stamp} {insight}\n")
+            out.writelines(f"{stamp} {line}\n" for line in lines)
 
     def _clean_up(self) -> None:
         """Remove the oldest profile files until the folder is within both bounds."""

@@ -61,6 +61,8 @@ class PyroscopeIngestExporter(QueuedProfileExporter):
         from_s = batch.start_unix_nano // 1_000_000_000
         until_s = max(from_s + 1, (batch.start_unix_nano + batch.duration_nano) // 1_000_000_000)
         for process in batch.processes:
+            if not process.samples:  # only attributes (GPU time not measured): /ingest keeps no profile comments
+                continue
             single = dataclasses.replace(batch, processes=(process,))
             query = urllib.parse.urlencode({"name": ingest_name(process.process.service_name
                                                                 or process.process.executable_name,

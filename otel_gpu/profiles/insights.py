@@ -103,3 +103,19 @@ def straggler_line(waits: ProfileBatch) -> str:
             f"{others} waited a median {found.others_median_ns / 1e9:.2f} s in {found.collective} at {found.site}, "
             f"rank {found.rank} {found.wait_ns / 1e9:.2f} s (named when at most {STRAGGLER_MAX_RATIO:g}x the "
             f"others' median and {STRAGGLER_MIN_EXCESS:.0%} of the {found.interval_ns / 1e9:.1f} s interval less)")
+
+
+def unmeasured_line(batch: ProfileBatch) -> str:
+    """``GPU time not measured: 3.2 s in python[4242], ...`` when the injected library stood aside in some process
+    over the interval (its profile attribute ``otel_gpu.gpu_time.yielded``), else ""."""
+    parts = []
+    for process in batch.processes:
+        seconds = process.attribute(semconv.OTEL_GPU_GPU_TIME_YIELDED)
+        if isinstance(seconds, (int, float)) and seconds > 0:
+            name = process.process.service_name or process.process.executable_name
+            parts.append(f"{float(seconds):.1f} s in {name}[{process.process.pid}]")
+    if not parts:
+        return ""
+    return (f"GPU time not measured: {', '.join(parts)} (another tool such as torch.profiler held CUPTI, or the "
+            "library stood aside for the program's CUDA graphs)")
+

@@ -106,10 +106,19 @@ class Sample:
 
 @dataclass(frozen=True, slots=True)
 class ProcessProfile:
-    """Every sample of one process over one reporting interval."""
+    """Every sample of one process over one reporting interval, and what its profile states beside them.
+
+    ``attributes`` are the process's profile attributes as (key, value) pairs, e.g. the seconds its GPU time went
+    unmeasured (``otel_gpu.gpu_time.yielded``); a process may have them and no samples.
+    """
 
     process: ProcessInfo
     samples: tuple[Sample, ...]
+    attributes: tuple[tuple[str, str | int | float], ...] = ()
+
+    def attribute(self, key: str) -> str | int | float | None:
+        """The value of the profile attribute ``key``, None when absent."""
+        return next((value for name, value in self.attributes if name == key), None)
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,7 +9,8 @@ Grafana Pyroscope >= 1.20 and the Collector >= 0.148 read it:
   ``process.executable.name``/``.path``, ``container.id``, ``k8s.pod.uid``, ``service.name``), then the node's
   (``host.name``, ``k8s.node.name``, ...: :attr:`ProfileBatch.node`), so two nodes' pid 1 stay apart;
 - one ``Profile`` per process: one ``sample_type``, ``period_type``/``period``, time and duration, the batch's
-  sampling fraction and attributes as profile attributes;
+  sampling fraction and attributes, then the process's own (:attr:`ProcessProfile.attributes`: the GPU time not
+  measured, ``otel_gpu.gpu_time.yielded``), as profile attributes;
 - one aggregated value per sample; sample attributes ``thread.id``, ``thread.name`` and :attr:`Sample.attributes`;
   trace links through the link table; location attribute ``profile.frame.type``; mapping attribute
   ``process.executable.build_id.gnu``.
@@ -80,6 +81,7 @@ def _fill_profile(profile: pb.Profile, batch: ProfileBatch, process: ProcessProf
     profile.time_unix_nano = batch.start_unix_nano
     profile.duration_nano = batch.duration_nano
     profile.attribute_indices.extend(profile_attributes)
+    profile.attribute_indices.extend(builder.attribute(key, value) for key, value in process.attributes)
     for sample in process.samples:
         _add_sample(profile.samples.add(), sample, builder)
 

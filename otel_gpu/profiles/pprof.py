@@ -12,7 +12,8 @@ Labels: ``pid`` and ``thread_id`` (numbers), ``thread_name`` and the process's i
 and ``rank`` (its ``distributed.rank``) (strings), ``trace_id``/``span_id`` (strings, as Pyroscope reads them), the
 node's ``host_name`` and ``k8s_node_name`` (strings, from :attr:`ProfileBatch.node`; a pprof file has no resource,
 and Pyroscope's /ingest keeps str labels as series labels) and every :attr:`Sample.attributes` pair (int -> num
-label, str -> str label).
+label, str -> str label). Comments state the sampling fraction and each process's profile attributes (the GPU time
+not measured); the main executable's mapping comes first.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from otel_gpu.profiles.model import Frame, FrameKind, Mapping, ProcessProfile, P
 # perftools.profiles.Profile field numbers
 _P_SAMPLE_TYPE, _P_SAMPLE, _P_MAPPING, _P_LOCATION, _P_FUNCTION, _P_STRING = 1, 2, 3, 4, 5, 6
 _NODE_LABELS = (semconv.HOST_NAME, semconv.K8S_NODE_NAME)  # not all of the node's attributes: Pyroscope allows 30
-_P_TIME_NANOS, _P_DURATION_NANOS, _P_PERIOD_TYPE, _P_PERIOD, _P_DEFAULT_SAMPLE_TYPE = 9, 10, 11, 12, 14
+_P_TIME_NANOS, _P_DURATION_NANOS, _P_PERIOD_TYPE, _P_PERIOD, _P_COMMENT, _P_DEFAULT_SAMPLE_TYPE = 9, 10, 11, 12, 13, 14
 
 
 def encode_pprof(batch: ProfileBatch, compress_level: int = 6) -> bytes:
@@ -46,6 +47,25 @@ def sample_types(batch: ProfileBatch) -> list[tuple[str, str]]:
     if _is_count(batch):
         return [(kind.sample_type, kind.sample_unit), (kind.period_type, kind.period_unit)]
     return [(kind.sample_type, kind.sample_unit)]
+
+
+def comments(batch: ProfileBatch) -> list[str]:
+    """What the profile states beside its samples (``go tool pprof -comments``): the sampling fraction of an
+    estimate, and the seconds each process's GPU time was not measured."""
+    out = []
+    if batch.sampling_fraction < 1.0 and batch.sample_count:
+        out.append(f"{semconv.OTEL_GPU_SAMPLING_FRACTION}={batch.sampling_fraction:.6g}: values re-weighted from the "
+                   f"{batch.sampling_fraction * 100:.3g}% of the time sampled")
+    for process in batch.processes:
+        for key, value in process.attributes:
+            if key == semconv.OTEL_GPU_GPU_TIME_YIELDED:
+                name = process.process.service_name or process.process.executable_name
+                out.append(f"{key}={float(value):.3f} s in pid {process.process.pid} ({name}): GPU time not "
+                           "measured (another tool such as torch.profiler held CUPTI, or the library stood aside "
+                           "for the program's CUDA graphs)")
+            else:
+                out.append(f"{key}={value} in pid {process.process.pid}")
+    return out
 
 
 def _is_count(batch: ProfileBatch) -> bool:
@@ -130,7 +150,10 @@ class _PprofBuilder:
             for sample in process.samples:
                 out.data(_P_SAMPLE, self._sample(process, sample, len(types)))
         mappings = _Writer()
-        for mapping, mapping_id in self.mappings.items():
+        # the main executable's mapping first: readers name the profile after mapping[0] (`File:` in pprof -top);
+        # ids stay as the locations have them
+        executables = {p.process.executable_path for p in batch.processes if p.process.executable_path}
+        for mapping, mapping_id in sorted(self.mappings.items(), key=lambda item: item[0].path not in executables):
             mappings.data(_P_MAPPING, self._mapping(mapping, mapping_id))
         out.buf += mappings.buf + self.locations_out.buf + self.functions_out.buf
         out.uint(_P_TIME_NANOS, batch.start_unix_nano)
@@ -138,6 +161,7 @@ class _PprofBuilder:
         if batch.type.period_type:
             out.data(_P_PERIOD_TYPE, self._value_type(batch.type.period_type, batch.type.period_unit))
         out.uint(_P_PERIOD, batch.type.period)
+        out.packed(_P_COMMENT, [self.s(text) for text in comments(batch)])
         out.uint(_P_DEFAULT_SAMPLE_TYPE, self.s(types[-1][0]))
         # the string table goes last: every index is known by now
         strings = _Writer()

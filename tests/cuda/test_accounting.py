@@ -107,19 +107,37 @@ def test_the_time_after_the_last_window_is_stood_for_by_it() -> None:
     assert by_span(accounting.drain(now_ns=4_000)[0]) == {(0xA, False): 40 * 5, (0xB, True): 20 * 15}
 
 
-def test_an_exited_process_is_forgotten_after_one_more_drain() -> None:
+def test_an_exited_process_is_forgotten_once_the_metrics_read_its_last_values() -> None:
+    """--profiling-interval shorter than the metrics interval: drains come and go before a collection reads the
+    counters; an exited process's stay until one has (its state for profiles goes at once)."""
     alive = {10}
     accounting, symbolizer = _accounting(alive)
     accounting.handle(window(10, 1, covered_ns=10, elapsed_ns=10))
     accounting.handle(launch(10, 1, window=1, stack_=stack(0xA1)))
     accounting.handle(launch(10, 2, window=1, stack_=stack(0xA1)))
     assert accounting.unpaired(10) == (2, 0)
+    accounting.process_counters()  # a collection before the exit was noticed
     alive.clear()
     accounting.drain(now_ns=2_000)
     assert symbolizer.forgotten == [10] and accounting.unpaired(10) == (0, 0)
-    assert [c.info.pid for c in accounting.process_counters()] == [10]  # the metrics read its last values once more
-    accounting.drain(now_ns=3_000)
+    for now_ns in (3_000, 4_000, 5_000):  # profiling drains, no metrics collection in between
+        accounting.drain(now_ns=now_ns)
+    assert [c.info.pid for c in accounting.process_counters()] == [10]  # the collection reads its last values
+    accounting.drain(now_ns=6_000)
     assert accounting.process_counters() == []
+
+
+def test_exited_processes_kept_for_the_metrics_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    from otel_gpu.cuda import accounting as module
+
+    monkeypatch.setattr(module, "MAX_EXITED_COUNTERS", 2)
+    alive = {10, 11, 12}
+    accounting, _ = _accounting(alive)
+    for pid in (10, 11, 12):
+        accounting.handle(window(pid, 1, covered_ns=10, elapsed_ns=10))
+    alive.clear()
+    accounting.drain(now_ns=2_000)  # no metrics reader: the oldest goes past the bound
+    assert sorted(c.info.pid for c in accounting.process_counters()) == [11, 12]
 
 
 def test_losses_are_counted_once_each() -> None:
@@ -161,3 +179,53 @@ def test_stacks_from_the_kernel_lose_the_tracing_libraries_frames() -> None:
     frames = StackFrames(InLibraries())
     assert [f.function for f in frames.frames(10, abi.Stack(native=(), kernel_native=(1, 2, 3)))] == ["fn_3"]
     assert [f.function for f in frames.frames(10, abi.Stack(native=(1, 2, 3)))] == ["fn_1", "fn_2", "fn_3"]
+
+
+def test_a_process_with_no_sampling_window_is_named_once(caplog: pytest.LogCaptureFixture) -> None:
+    """A short program that uses CUDA graphs gets no window while the library looks at its launch rate: its waits
+    come, its GPU time does not. One line per process says so, when it exits or after NO_WINDOW_NOTICE_NS; a
+    process that sent nothing (a forked child) and one that was sampled are not named."""
+    from otel_gpu.cuda.accounting import NO_WINDOW_NOTICE_NS
+
+    alive = {10, 11, 12, 13}
+    accounting, _ = _accounting(alive)
+    for pid in (10, 11):
+        accounting.handle(sync(pid, 1000))
+    accounting.remember_process(12)  # maps the library, sends nothing
+    accounting.handle(window(13, 1, covered_ns=100, elapsed_ns=1000))
+    with caplog.at_level("INFO", logger="otel_gpu.cuda.source"):
+        accounting.drain(now_ns=2_000)
+        assert not [r for r in caplog.records if "no sampling window" in r.getMessage()]
+        alive.discard(11)
+        accounting.drain(now_ns=3_000)
+        accounting.drain(now_ns=2_000 + NO_WINDOW_NOTICE_NS)
+        accounting.drain(now_ns=3_000 + NO_WINDOW_NOTICE_NS)
+    lines = [r.getMessage() for r in caplog.records if "no sampling window" in r.getMessage()]
+    assert len(lines) == 2, lines
+    assert lines[0].startswith("GPU-time: pid 11 (proc11) exited with no sampling window")
+    assert lines[1].startswith(f"GPU-time: pid 10 (proc10) has had for {NO_WINDOW_NOTICE_NS // 10**9} s no sampling "
+                               "window")
+    assert "CUDA graphs" in lines[1]
+
+
+def test_the_last_drain_names_a_process_still_without_a_window(caplog: pytest.LogCaptureFixture) -> None:
+    accounting, _ = _accounting({10})
+    accounting.handle(sync(10, 1000))
+    with caplog.at_level("INFO", logger="otel_gpu.cuda.source"):
+        accounting.drain(now_ns=2_000)
+        accounting.drain(now_ns=1_000_002_000, final=True)  # the agent stops 1 s later
+    lines = [r.getMessage() for r in caplog.records if "no sampling window" in r.getMessage()]
+    assert len(lines) == 1 and lines[0].startswith("GPU-time: pid 10 (proc10) has had for 1 s no sampling window")
+
+
+def test_the_library_stepping_aside_is_named_once_per_process(caplog: pytest.LogCaptureFixture) -> None:
+    accounting, _ = _accounting({10})
+    with caplog.at_level("INFO", logger="otel_gpu.cuda.source"):
+        accounting.handle(window(10, 1, covered_ns=100, elapsed_ns=1000))
+        accounting.handle(window(10, 2, covered_ns=100, elapsed_ns=1200, aside_since_ns=1_500))
+        accounting.handle(window(10, 3, covered_ns=150, elapsed_ns=1500, yielded_ns=500, yields=1))
+        accounting.handle(window(10, 4, covered_ns=150, elapsed_ns=1600, yielded_ns=500, yields=1,
+                                 aside_since_ns=2_500))
+        accounting.drain(now_ns=3_000)
+    lines = [r.getMessage() for r in caplog.records if "stepped aside" in r.getMessage()]
+    assert len(lines) == 1 and lines[0].startswith("GPU-time: pid 10 (proc10): the injected library stepped aside")

@@ -147,7 +147,8 @@ def test_a_process_already_running_with_the_packaged_library_is_named_not_waited
         workload.communicate()
     try:
         text = caplog.text
-        assert f"first seen in pid {workload.pid}" in text and "is waiting" not in text, text
+        assert f"pid {workload.pid} loaded {LIBRARY}, whose probes were in place already" in text, text
+        assert "is waiting" not in text, text
         assert {library.pid for library in probes.attached_libraries} == {workload.pid}
         assert probes.late_attaches == 0  # its probes were in place from its start
     finally:

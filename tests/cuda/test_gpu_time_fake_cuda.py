@@ -266,3 +266,34 @@ def test_python_workload_shows_python_frames(tmp_path: Path) -> None:
         assert all(f.kind == FrameKind.PYTHON for f in native_after)
     sync = [s for p in waits.processes for s in p.samples if s.frames[0].function == "[cuStreamSynchronize]"]
     assert sync and all("sync_point" in [f.function for f in s.frames] for s in sync)
+
+
+def test_an_interval_spent_aside_names_the_process_and_its_time(tmp_path: Path) -> None:
+    """The program's own CUPTI user (the fake profiler, as torch.profiler) holds CUPTI over a whole interval: no GPU
+    time is measured, and the gpu_time batch still names the process with the seconds not measured (a batch with no
+    processes is dropped by the agent before any exporter)."""
+    _need(LIBRARY, FAKES / "libcupti.so", FAKES / "libcuda.so.1", FAKES / "workload", FAKES / "libfake_profiler.so")
+    from otel_gpu import semconv
+
+    env = dict(os.environ, CUDA_INJECTION64_PATH=str(LIBRARY), OTEL_GPU_CUPTI_PATH=str(FAKES / "libcupti.so"),
+               FAKE_CUDA_SCHEDULE=str(tmp_path / "schedule.txt"), OTEL_GPU_OVERHEAD_BUDGET="0.05")
+    source = GPUTimeSource(rescan_interval_s=0.05, full_rescan_s=0.05)
+    source.open()
+    try:
+        workload = subprocess.Popen([str(FAKES / "workload"), "--steps", "1200", "--graph-every", "0",
+                                     "--profiler-lib", str(FAKES / "libfake_profiler.so"), "--profile-at", "0",
+                                     "--profile-steps", "100000"], env=env, stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, text=True)
+        time.sleep(1.0)
+        source.drain()  # what came before the profiler's session
+        _, stderr = workload.communicate(timeout=120)
+        assert workload.returncode == 0, stderr
+        time.sleep(0.3)
+        gpu = source.drain()[0]
+    finally:
+        source.close()
+    ours = [p for p in gpu.processes if p.process.pid == workload.pid]
+    assert len(ours) == 1, f"the process is not in the batch: {gpu.processes}; {stderr[-500:]}"
+    assert ours[0].samples == ()
+    yielded = ours[0].attribute(semconv.OTEL_GPU_GPU_TIME_YIELDED)
+    assert isinstance(yielded, float) and yielded > 0.2, (yielded, stderr[-500:])

@@ -77,6 +77,12 @@ def test_weighted_totals_per_stack(proc: Path) -> None:
     assert counters[10].launches == 30
 
 
+def _yielded(batch: ProfileBatch) -> dict[int, float]:
+    """Seconds not measured by pid, as each process's profile states them."""
+    return {p.process.pid: float(value) for p in batch.processes
+            if (value := p.attribute(semconv.OTEL_GPU_GPU_TIME_YIELDED)) is not None}
+
+
 def test_time_left_to_another_cupti_user_is_stated_in_the_profile(proc: Path) -> None:
     source, _ = _source(proc)
     source.handle(window(10, 1, covered_ns=100, elapsed_ns=1000))
@@ -84,11 +90,26 @@ def test_time_left_to_another_cupti_user_is_stated_in_the_profile(proc: Path) ->
     source.handle(launch(10, 1, window=2))
     source.handle(kernel(10, 1, 500))
     gpu, _ = source.drain()
-    assert dict(gpu.attributes) == {semconv.OTEL_GPU_GPU_TIME_YIELDED: 2.5}
+    assert _yielded(gpu) == {10: 2.5} and gpu.attributes == ()
     assert _totals(gpu) and sum(_totals(gpu).values()) == 500 * 10  # the restarted totals: weight 500 / 50
     source.handle(window(10, 3, covered_ns=100, elapsed_ns=1000, yielded_ns=2_500_000_000, yields=1))
     gpu, _ = source.drain()
-    assert gpu.attributes == ()  # nothing yielded in this interval
+    assert _yielded(gpu) == {}  # nothing yielded in this interval
+
+
+def test_a_process_aside_for_a_whole_interval_is_in_the_batch_with_its_own_time(proc: Path) -> None:
+    """No samples at all in an interval the library spent aside: the process is still in the gpu_time batch (the agent
+    drops a batch with no processes), stating its own time; another process's time is not summed into it."""
+    (proc / "12").mkdir()
+    source, _ = _source(proc)
+    source.handle(window(10, 1, covered_ns=100, elapsed_ns=1000))
+    source.handle(window(12, 1, covered_ns=100, elapsed_ns=1000))
+    source.handle(window(10, 2, covered_ns=100, elapsed_ns=1000, yielded_ns=4 * 10**9, yields=1))
+    source.handle(window(12, 2, covered_ns=100, elapsed_ns=1000, yielded_ns=1 * 10**9, yields=1))
+    gpu, _ = source.drain()
+    assert [p.process.pid for p in gpu.processes] == [10, 12]
+    assert all(p.samples == () for p in gpu.processes)
+    assert _yielded(gpu) == {10: 4.0, 12: 1.0}
 
 
 def test_time_while_the_library_is_still_aside_is_stated_at_each_drain(proc: Path) -> None:
@@ -98,14 +119,16 @@ def test_time_while_the_library_is_still_aside_is_stated_at_each_drain(proc: Pat
     source.handle(window(10, 1, covered_ns=100, elapsed_ns=1000))
     source.handle(window(10, 2, covered_ns=100, elapsed_ns=1200, aside_since_ns=time.time_ns() - 3 * 10**9))
     gpu, _ = source.drain()
-    first = dict(gpu.attributes)[semconv.OTEL_GPU_GPU_TIME_YIELDED]
+    first = _yielded(gpu)[10]
     assert 3.0 <= first < 4.0
     gpu, _ = source.drain()
-    second = dict(gpu.attributes).get(semconv.OTEL_GPU_GPU_TIME_YIELDED, 0.0)
+    second = _yielded(gpu).get(10, 0.0)
     assert second < 1.0
     source.handle(window(10, 3, covered_ns=50, elapsed_ns=500, yielded_ns=10 * 10**9, yields=1))  # back after 10 s
     gpu, _ = source.drain()
-    assert dict(gpu.attributes)[semconv.OTEL_GPU_GPU_TIME_YIELDED] == pytest.approx(10.0 - first - second, abs=1e-6)
+    assert _yielded(gpu)[10] == pytest.approx(10.0 - first - second, abs=1e-6)
+    # the per-process metric counts the same seconds, cumulatively
+    assert source.process_counters()[0].unmeasured_ns == pytest.approx(10 * 10**9, abs=1000)
 
 
 def test_work_of_an_open_window_waits_for_it_then_settles(proc: Path) -> None:

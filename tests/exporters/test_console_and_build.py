@@ -38,7 +38,7 @@ def test_summary_lists_top_stacks_by_value_under_column_headings() -> None:
 def test_summary_of_gpu_time_states_the_sampling_fraction_and_unit() -> None:
     text = summarize(batches.gpu_batch())
     assert text.splitlines()[0] == ("== gpu_time over 10.0 s: 1 process, 2 stacks, total 4.0 ms "
-                                    "(estimated from 25% of events)")
+                                    "(estimated: 25% of the time sampled)")
     assert "(nanoseconds)" not in text and "TIME ms" in text.splitlines()[1]
     assert "75.0%" in text and "gemm_kernel(float*, int) <- hot_loop <- main" in text
 
@@ -47,10 +47,10 @@ def test_a_small_sampling_fraction_is_not_rounded_away() -> None:
     def header(fraction: float) -> str:
         return summarize(dataclasses.replace(batches.gpu_batch(), sampling_fraction=fraction)).splitlines()[0]
 
-    assert "(estimated from 1.9% of events)" in header(0.019)
-    assert "(estimated from 0.19% of events)" in header(0.0019)
-    assert "(estimated from 0.0012% of events)" in header(0.0000123)
-    assert "(estimated from 50% of events)" in header(0.5)
+    assert "(estimated: 1.9% of the time sampled)" in header(0.019)
+    assert "(estimated: 0.19% of the time sampled)" in header(0.0019)
+    assert "(estimated: 0.0012% of the time sampled)" in header(0.0000123)
+    assert "(estimated: 50% of the time sampled)" in header(0.5)
     assert "estimated" not in header(1.0)
 
 
@@ -66,18 +66,35 @@ def test_an_empty_batch_is_one_line_printed_once_until_samples_return() -> None:
     assert text.count("== gpu_time") == 1 and text.count("hot_loop") == 2
 
 
+def _yielded(batch, seconds: float):  # type: ignore[no-untyped-def]
+    return dataclasses.replace(batch, processes=tuple(
+        dataclasses.replace(p, attributes=((semconv.OTEL_GPU_GPU_TIME_YIELDED, seconds),)) for p in batch.processes))
+
+
 def test_summary_of_gpu_time_states_the_time_another_tool_held_cupti() -> None:
-    batch = dataclasses.replace(batches.gpu_batch(), attributes=((semconv.OTEL_GPU_GPU_TIME_YIELDED, 12.5),))
-    assert "not measured for 12.5 s while another tool" in summarize(batch).splitlines()[0]
+    batch = _yielded(batches.gpu_batch(), 12.5)
+    assert "not measured for 12.5 s in checkout[4242] while another tool" in summarize(batch).splitlines()[0]
     assert "not measured" not in summarize(batches.gpu_batch())
-    # the exporter explains why once; later intervals state only the seconds
+    # the exporter explains why once; later intervals state only the seconds, with no samples too
     stream = io.StringIO()
     exporter = ConsoleProfileExporter(stream)
     exporter.export(batch)
-    exporter.export(dataclasses.replace(batch, processes=()))
+    unmeasured = dataclasses.replace(batch, processes=tuple(
+        dataclasses.replace(p, samples=()) for p in batch.processes))
+    exporter.export(unmeasured)
     headers = [line for line in stream.getvalue().splitlines() if line.startswith("==")]
     assert len(headers) == 2 and "while another tool" in headers[0]
-    assert headers[1] == "== gpu_time over 10.0 s: nothing recorded; not measured for 12.5 s"
+    assert headers[1] == "== gpu_time over 10.0 s: nothing recorded; not measured for 12.5 s in checkout[4242]"
+
+
+def test_summary_names_each_process_whose_gpu_time_went_unmeasured() -> None:
+    from otel_gpu.profiles.model import ProcessProfile
+
+    gpu = batches.gpu_batch()
+    other = ProcessProfile(batches.OTHER, (), ((semconv.OTEL_GPU_GPU_TIME_YIELDED, 4.0),))
+    header = summarize(dataclasses.replace(gpu, processes=(*gpu.processes, other))).splitlines()[0]
+    assert header.startswith("== gpu_time over 10.0 s: 1 process, 2 stacks")  # other has no samples
+    assert "not measured for 4.0 s in other[77]" in header
 
 
 def test_console_exporter_writes_to_its_stream() -> None:

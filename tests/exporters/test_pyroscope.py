@@ -74,3 +74,20 @@ def test_ingest_api_posts_one_pprof_per_process() -> None:
 def test_ingest_name_is_sanitized() -> None:
     assert ingest_name("my service/1", "") == "my_service_1"
     assert ingest_name("", "abc") == "unknown_service{container_id=abc}"
+
+
+def test_ingest_sends_no_profile_for_a_process_with_no_samples() -> None:
+    """A process whose GPU time went unmeasured for the whole interval has only its profile attributes, which
+    /ingest does not keep: nothing is sent for it."""
+    import dataclasses
+
+    from otel_gpu.profiles.model import ProcessProfile
+
+    gpu = batches.gpu_batch()
+    other = ProcessProfile(batches.OTHER, (), (("otel_gpu.gpu_time.yielded", 1.5),))
+    exporter = PyroscopeIngestExporter("http://127.0.0.1:9", backoff=FAST)
+    try:
+        payloads = exporter.payloads(dataclasses.replace(gpu, processes=(*gpu.processes, other)))
+    finally:
+        exporter.shutdown(0.1)
+    assert len(payloads) == 1 and "checkout" in payloads[0].context["query"]

@@ -47,6 +47,7 @@ _MESSAGES: dict[str, list[tuple[str, int, int, int, str]]] = {
                 ("duration_nanos", 10, _F.TYPE_INT64, _F.LABEL_OPTIONAL, ""),
                 ("period_type", 11, _F.TYPE_MESSAGE, _F.LABEL_OPTIONAL, "ValueType"),
                 ("period", 12, _F.TYPE_INT64, _F.LABEL_OPTIONAL, ""),
+                ("comment", 13, _F.TYPE_INT64, _F.LABEL_REPEATED, ""),
                 ("default_sample_type", 14, _F.TYPE_INT64, _F.LABEL_OPTIONAL, "")],
 }
 

@@ -91,3 +91,18 @@ def test_the_terminal_and_the_summary_file_carry_the_line(tmp_path: Path) -> Non
     assert files.export(batch) and files.export(_waits(_rank(0, 1), _rank(1, 1))) and files.export(batch)
     lines = (tmp_path / SUMMARY).read_text().splitlines()
     assert lines == [f"1970-01-01T00:00:00Z {straggler_line(batch)}"] * 2  # one per interval that has one
+
+
+def test_the_summary_file_states_the_gpu_time_not_measured(tmp_path: Path) -> None:
+    import dataclasses
+
+    from otel_gpu.profiles.insights import unmeasured_line
+    from tests.profiles import batches
+
+    gpu = batches.gpu_batch()
+    other = ProcessProfile(batches.OTHER, (), (("otel_gpu.gpu_time.yielded", 4.0),))
+    batch = dataclasses.replace(gpu, processes=(*gpu.processes, other))
+    assert unmeasured_line(gpu) == ""
+    assert unmeasured_line(batch).startswith("GPU time not measured: 4.0 s in other[77] (another tool")
+    FilesProfileExporter(str(tmp_path)).export(batch)
+    assert (tmp_path / SUMMARY).read_text().splitlines()[0].endswith(unmeasured_line(batch))

@@ -147,6 +147,19 @@ def test_gpu_batch_is_filed_as_gpu_time_with_cuda_attributes() -> None:
         "_Z11gemm_kernelPfi"
 
 
+def test_each_process_profile_states_its_own_time_not_measured() -> None:
+    from otel_gpu.profiles.model import ProcessProfile
+
+    gpu = batches.gpu_batch()
+    worker = dataclasses.replace(gpu.processes[0], attributes=(("otel_gpu.gpu_time.yielded", 3.25),))
+    other = ProcessProfile(batches.OTHER, (), (("otel_gpu.gpu_time.yielded", 1.5),))
+    request = _decoded(dataclasses.replace(gpu, processes=(worker, other)))
+    yielded = [_attributes(request, r.scope_profiles[0].profiles[0].attribute_indices)["otel_gpu.gpu_time.yielded"]
+               for r in request.resource_profiles]
+    assert yielded == [3.25, 1.5]
+    assert len(request.resource_profiles[1].scope_profiles[0].profiles[0].samples) == 0
+
+
 def test_checker_catches_what_pyroscope_rejects() -> None:
     """The rule checker is itself able to fail: break a valid request in the ways Pyroscope rejects."""
     request = _decoded(batches.cpu_batch())

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from otel_gpu import semconv
 from otel_gpu.profiles.model import Frame, FrameKind, ProcessProfile, Sample
 from otel_gpu.profiles.pprof import encode_pprof, encode_pprof_raw
 from tests.gotool import go_binary, needs_go, pprof_top
@@ -137,3 +138,49 @@ def test_go_tool_pprof_shows_python_names_in_angle_brackets(tmp_path: Path) -> N
     output, rows = pprof_top([path], tmp_path)
     assert {name: flat for name, (flat, _) in rows.items()} == {
         "<module>": 100.0, "<lambda>": 200.0, "<listcomp>": 300.0, "Outer.<locals>.inner": 400.0, "work": 500.0}, output
+
+
+def _unmeasured_batch():  # type: ignore[no-untyped-def]
+    """The gpu batch, with 3.25 s of the worker's GPU time and 1.5 s of another process's (no samples) unmeasured."""
+    gpu = batches.gpu_batch()
+    worker = dataclasses.replace(gpu.processes[0], attributes=((semconv.OTEL_GPU_GPU_TIME_YIELDED, 3.25),))
+    other = ProcessProfile(batches.OTHER, (), ((semconv.OTEL_GPU_GPU_TIME_YIELDED, 1.5),))
+    return dataclasses.replace(gpu, processes=(worker, other))
+
+
+def test_comments_state_the_sampling_fraction_and_the_time_not_measured_per_process() -> None:
+    profile = pprof_proto.decode(encode_pprof(_unmeasured_batch()))
+    comments = [profile.string_table[index] for index in profile.comment]
+    assert comments[0].startswith("otel_gpu.sampling_fraction=0.25: values re-weighted from the 25% of the time")
+    assert comments[1].startswith("otel_gpu.gpu_time.yielded=3.250 s in pid 4242 (checkout): GPU time not measured")
+    assert comments[2].startswith("otel_gpu.gpu_time.yielded=1.500 s in pid 77 (other)")
+    assert pprof_proto.decode(encode_pprof(batches.cpu_batch())).comment == []  # nothing to state
+
+
+def test_the_main_executable_is_the_first_mapping() -> None:
+    """Readers name a profile after mapping[0] (`File:` in pprof -top): the GPU time's first native frame below the
+    kernel is libcuda's, so the first mapping used is a library's."""
+    gpu = batches.gpu_batch()
+    lib = Frame("cuLaunchKernel", address=0x7F0000001000, mapping=batches.LIBC)
+    worker = gpu.processes[0]
+    samples = tuple(dataclasses.replace(s, frames=(s.frames[0], lib, *s.frames[1:])) for s in worker.samples)
+    profile = pprof_proto.decode(encode_pprof(dataclasses.replace(gpu, processes=(
+        dataclasses.replace(worker, samples=samples),))))
+    strings = profile.string_table
+    assert [strings[m.filename] for m in profile.mapping] == ["/usr/bin/worker", "/usr/lib/x86_64-linux-gnu/libc.so.6"]
+    by_id = {m.id: strings[m.filename] for m in profile.mapping}
+    by_function = {strings[f.name]: f.id for f in profile.function}
+    culaunch = next(loc for loc in profile.location if loc.line[0].function_id == by_function["cuLaunchKernel"])
+    assert by_id[culaunch.mapping_id].endswith("libc.so.6")  # the ids still say which mapping each location is in
+
+
+@pytest.mark.backend
+@needs_go
+def test_go_tool_pprof_shows_the_comments(tmp_path: Path) -> None:
+    path = tmp_path / "gpu.pb.gz"
+    path.write_bytes(encode_pprof(_unmeasured_batch()))
+    comments = subprocess.run([str(go_binary()), "tool", "pprof", "-comments", str(path)], capture_output=True,
+                              text=True, timeout=120, check=True, env={"HOME": str(tmp_path), "PATH": "/usr/bin:/bin"})
+    assert "otel_gpu.gpu_time.yielded=1.500 s in pid 77" in comments.stdout, comments.stderr
+    output, _ = pprof_top([path], tmp_path)
+    assert "File: worker" in output
