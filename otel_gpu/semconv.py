@@ -265,6 +265,9 @@ class Reason(_StrEnum):
     PYTHON_TRUNCATED = "python_truncated"  # Python stack deeper than the walker's bound: outermost frames cut
     PYTHON_STACKS_FULL = "python_stacks_full"  # the BPF map of Python stacks refused one: its frames lost
     PYTHON_CODE_UNREADABLE = "python_code_unreadable"  # a code object could not be read: that frame left out
+    # a new Python stack's code objects not read while its process ran (python_events ring full, or the agent's
+    # share for reading them early used up): read at the drain, so a process gone by then loses those frames
+    PYTHON_READ_LATE = "python_read_late"
     PYTHON_UNSUPPORTED = "python_unsupported"  # a CPython version without a layout: native frames only
     PROCESS_GONE = "process_gone"  # the process exited before its identity was read
     # source errors: native unwinding (a user stack walked from .eh_frame tables stopped early)

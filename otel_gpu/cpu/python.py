@@ -7,7 +7,10 @@ from ``Py_Version`` (3.11+) or the file's name (3.10). Offsets come from ``_Py_D
 ``_PyRuntime`` on 3.13 (the layout of that struct is the one thing this module knows of 3.13), else from the one
 table of layouts, ``otel_gpu/cuda/native/python_layouts.h``, shared with the injected library. Code objects are read
 through ``/proc/PID/mem``, type-checked against ``PyCode_Type``, and cached per (pid, address) within a bound: a
-frame whose code object cannot be read or is not one is dropped rather than named wrongly.
+frame whose code object cannot be read or is not one is dropped rather than named wrongly. They are read as soon as
+the walker stores a new stack (:meth:`PythonFrames.read_new_stacks`, from the sampler's event thread), so a process
+that exits before the drain keeps its frames: the drain finds them cached, and what was read while the process ran
+stands once its memory is gone.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import logging
 import os
 import re
 import struct
+import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -289,7 +293,9 @@ class CodeReader:
     """Names, files and lines of one process's code objects, read from its memory and cached within a bound.
 
     A cached code object is checked once per drain (:meth:`new_drain`) with one small read: a code object freed and
-    another allocated at its address must not keep the old name."""
+    another allocated at its address must not keep the old name. Once the process's memory can no longer be read (it
+    exited), the cached code objects stand: they were read while it ran. Hold :attr:`lock` around every call: the
+    sampler's event thread reads new stacks' code objects while a drain may be reading the same process's."""
 
     def __init__(self, process: PythonProcess, proc_root: str = "/proc") -> None:
         self.process = process
@@ -301,6 +307,7 @@ class CodeReader:
         # a stack's bytes in use -> its runs; emptied whenever a code object read before reads differently
         self._runs: dict[bytes, tuple[tuple[Frame, ...], ...]] = {}
         self.read_errors = 0
+        self.lock = threading.Lock()
 
     def new_drain(self) -> None:
         self._checked.clear()
@@ -372,15 +379,16 @@ class CodeReader:
             self._runs.clear()
         try:
             memory = ProcessMemory(self.process.pid, self._proc_root)
-        except OSError:
-            self.read_errors += len(addresses)
+        except OSError:  # gone: what was read while it ran stands
+            self._checked.update(addresses)
+            self.read_errors += sum(1 for address in set(addresses) if self._cache.get(address) is None)
             return
         try:
             for address in dict.fromkeys(addresses):
                 self._checked.add(address)
                 cached = self._cache.get(address)
-                if cached is not None and cached.identity == self._identity(memory, address):
-                    continue
+                if cached is not None and cached.identity == (self._identity(memory, address) or cached.identity):
+                    continue  # the same code object, or memory that reads empty (an exited process not yet reaped)
                 for frame in self._frames.pop(address, {}).values():
                     self._lines.pop((address, frame.line), None)
                 code = self._read_code(memory, address)
@@ -575,8 +583,21 @@ class PythonFrames:
 
     def new_drain(self) -> None:
         """Cached code objects get checked again (once) from now on."""
-        for reader in self._readers.values():
-            reader.new_drain()
+        for reader in list(self._readers.values()):
+            with reader.lock:
+                reader.new_drain()
+
+    def read_new_stacks(self, pid: int, stacks: Iterable[abi.PythonStack]) -> None:
+        """Reads the code objects of stacks the walker just stored for the first time (those not checked since the
+        drain began), so that the drain finds them cached even when the process has exited by then. Read errors are
+        left for the drain, which tries again and counts them."""
+        reader = self._readers.get(pid)
+        if reader is None:
+            return
+        with reader.lock:
+            errors = reader.read_errors
+            reader.prepare(stacks)
+            reader.read_errors = errors
 
     def merged(self, pid: int, native: tuple[Frame, ...], stack: abi.PythonStack | None) -> tuple[Frame, ...]:
         """The user frames of one sample, leaf first, with its Python frames merged in."""
@@ -589,9 +610,10 @@ class PythonFrames:
         reader = self._readers.get(pid)
         if reader is None or not stacks:
             return {}
-        before = reader.read_errors
-        reader.prepare(stacks.values())
-        runs = {stack_id: reader.runs(stack) for stack_id, stack in stacks.items()}
+        with reader.lock:
+            before = reader.read_errors
+            reader.prepare(stacks.values())
+            runs = {stack_id: reader.runs(stack) for stack_id, stack in stacks.items()}
         if reader.read_errors > before:
             selfmetrics.count(semconv.SELF_ERRORS.name, reader.read_errors - before,
                               otel_gpu__source=semconv.Source.CPU_PROFILER,

@@ -11,7 +11,10 @@ the stack map comes whole through a second ring buffer (polled by the same threa
 User stacks walked from unwind tables (``programs/native_unwind.h``) are counted the same way, their frames kept in
 ``unwound_stacks{0,1}`` under ids from ``abi.UNWOUND_ID_BASE`` up.
 Processes registered with :meth:`CPUSampler.register_python` also get their Python stack walked at each sample
-(``programs/python_frames.h``); :meth:`CPUSampler.python_stacks` reads those by the id each sample carries.
+(``programs/python_frames.h``); :meth:`CPUSampler.python_stacks` reads those by the id each sample carries. Each stack
+the walker stores for the first time is announced through a third ring buffer (``python_events``, without waking the
+thread: it is read at the thread's next poll), so its code objects can be read while the process still lives
+(``on_new_python_stacks``).
 """
 
 from __future__ import annotations
@@ -45,6 +48,8 @@ _EVENT_POLL_MS = 250  # only bounds how fast close() stops the thread: a new rec
 _STACK = struct.Struct(f"<{abi.MAX_STACK_DEPTH}Q")
 _EFAULT = -errno_codes.EFAULT
 _SPAN_TABLE_RECHECK_S = 10.0  # a process may load the span context library after its first sample
+_PYTHON_EVENT = struct.Struct("<I4xQ")  # abi.PythonStackEvent: pid, stack_id
+_PYTHON_PENDING_MAX = 4096  # new Python stacks held between two polls; more are read at the drain only
 # 16 MiB of kernel memory at 8 bytes a row, all of it in the agent's RSS from the start (the array is mmap-ed whole:
 # RssFile grows by the map's size at open, docs/benchmarks.md): a table at MAX_FRAME_BYTES (~1.5 M rows) beside
 # libpython's, libc's and the other hit files'; cold tables are evicted for hit ones, and building one again costs
@@ -83,7 +88,8 @@ class CPUSampler:
 
     def __init__(self, frequency_hz: int, pids: Iterable[int] = (), exclude_tgid: int = 0,
                  on_new_process: Callable[[int, str], None] | None = None,
-                 on_tick: Callable[[], float | None] | None = None, btf_path: str = BTF_PATH,
+                 on_tick: Callable[[], float | None] | None = None,
+                 on_new_python_stacks: Callable[[dict[int, list[int]]], None] | None = None, btf_path: str = BTF_PATH,
                  object_path: str | os.PathLike[str] | None = None, raw_only: bool = False,
                  cpus: list[int] | None = None, native_unwind: bool = True,
                  unwind_rows: int = DEFAULT_UNWIND_ROWS, unwound_stacks: int = DEFAULT_UNWOUND_STACKS,
@@ -91,7 +97,8 @@ class CPUSampler:
                  unwind_eager_frame_bytes: int = EAGER_FRAME_BYTES) -> None:
         """``on_new_process(pid, comm)`` and ``on_tick()`` run on the event thread: the first at a process's first
         sample, the second after every poll (at least every 250 ms); it returns the seconds until it wants to run
-        again (None: no sooner than that).
+        again (None: no sooner than that). ``on_new_python_stacks({pid: [stack id, ...]})`` runs there too, after a
+        poll that found Python stacks the walker stored for the first time (ids for :meth:`python_stacks`).
         ``raw_only`` sends every sample whole through the ring buffer instead of aggregating in the kernel
         (for comparing the two designs; the aggregated default is cheaper, see bench/bench_cpu_profiler.py).
         ``cpus`` defaults to every online CPU. ``native_unwind`` off: frame pointers only (the comparison path).
@@ -122,6 +129,9 @@ class CPUSampler:
         self.exclude_tgid = exclude_tgid
         self._on_new_process = on_new_process
         self._on_tick = on_tick
+        self._on_new_python_stacks = on_new_python_stacks
+        self._python_pending: dict[int, list[int]] = {}  # pid -> new stack ids since the last poll (event thread)
+        self._python_pending_count = 0
         self._btf_path = btf_path
         self._object_path = Path(object_path) if object_path else program_path(PROGRAM)
         self._bpf: BPFObject | None = None
@@ -159,7 +169,8 @@ class CPUSampler:
                                                hits=self._bpf.map("unwind_file_hits"),
                                                remap=self._bpf.map("unwind_remap"),
                                                eager_frame_bytes=self.unwind_eager_frame_bytes)
-            ring = self._bpf.ring_buffer("process_events", self._handle_event, {"raw_samples": self._handle_raw})
+            ring = self._bpf.ring_buffer("process_events", self._handle_event, {"raw_samples": self._handle_raw,
+                                                                                "python_events": self._handle_python})
             self.attached_ns = time.time_ns()  # samples are taken from here on (the first profile starts here)
             self.cpus = self._bpf.attach_perf_event("on_cpu_sample", self.frequency_hz, cpus=self._cpus)
         except BPFError as exc:
@@ -399,7 +410,8 @@ class CPUSampler:
                               otel_gpu__reason=semconv.Reason.STACK_ERROR)
         python_errors = ((semconv.Reason.PYTHON_NO_THREAD, delta[abi.CPUStat.PYTHON_NO_THREAD]),
                          (semconv.Reason.PYTHON_TRUNCATED, delta[abi.CPUStat.PYTHON_TRUNCATED]),
-                         (semconv.Reason.PYTHON_STACKS_FULL, delta[abi.CPUStat.PYTHON_STACKS_FULL]))
+                         (semconv.Reason.PYTHON_STACKS_FULL, delta[abi.CPUStat.PYTHON_STACKS_FULL]),
+                         (semconv.Reason.PYTHON_READ_LATE, delta[abi.CPUStat.PYTHON_EVENTS_FULL]))
         for reason, amount in python_errors:
             if amount:
                 selfmetrics.count(semconv.SELF_ERRORS.name, amount, otel_gpu__source=SOURCE, otel_gpu__reason=reason)
@@ -452,12 +464,31 @@ class CPUSampler:
         with self._raw_lock:
             self._raw.append(sample)
 
+    def _handle_python(self, data: bytes) -> None:
+        if self._on_new_python_stacks is None:
+            return
+        if self._python_pending_count >= _PYTHON_PENDING_MAX:
+            selfmetrics.count(semconv.SELF_ERRORS.name, otel_gpu__source=SOURCE,
+                              otel_gpu__reason=semconv.Reason.PYTHON_READ_LATE)
+            return
+        pid, stack_id = _PYTHON_EVENT.unpack_from(data)
+        self._python_pending.setdefault(pid, []).append(stack_id)
+        self._python_pending_count += 1
+
+    def _hand_over_python(self) -> None:
+        if not self._python_pending or self._on_new_python_stacks is None:
+            return
+        pending, self._python_pending, self._python_pending_count = self._python_pending, {}, 0
+        self._on_new_python_stacks(pending)
+
     def _poll_events(self, ring) -> None:  # type: ignore[no-untyped-def]
         failures = 0
         wait_ms = _EVENT_POLL_MS
         while not self._stop.is_set():
             try:
                 ring.poll(wait_ms)
+                ring.consume()  # python_events: its records wake no one, each poll picks them up
+                self._hand_over_python()
             except BPFError as exc:  # loop boundary: keep polling, count, log once
                 failures += 1
                 selfmetrics.count(semconv.SELF_ERRORS.name, otel_gpu__source=SOURCE,

@@ -10,6 +10,8 @@ their executable and container; when even that is missing, the thread name recor
 A first sample can come before the process execs (a shell's fork, a wrapper script) or before the loader has mapped
 libpython: the :class:`ProcessWatch` checks each process again over its first seconds, and an exec makes it looked at
 again whole (identity, selection, mappings, native unwinding, Python), as does an exec a drain notices later.
+The code objects of each Python stack are read when the walker first stores it (on the same thread, within a share of
+one core), so a short job that exits before the drain keeps its Python frames.
 """
 
 from __future__ import annotations
@@ -46,6 +48,12 @@ SYMBOLIZE_WHEN_STOPPING_S = 0.5
 # keeps starting new binaries, that reading is what would otherwise grow without bound (symbolize/allowance.py).
 SYMBOL_READ_SHARE = READ_SHARE
 SYMBOL_READ_BURST_S = READ_BURST_S
+# Reading new Python stacks' code objects while their processes run may take this share of one core on average, after
+# a burst at start; past it they are read at the drain as before (counted as python_read_late), which costs a process
+# that exits before the drain those frames. A stack costs ~10-20 us when its code objects are cached already (a map
+# lookup and the walk of its addresses), ~30 us more for each code object read.
+PYTHON_EARLY_SHARE = 0.002
+PYTHON_EARLY_BURST_S = 0.5
 
 
 class CPUProfileSource:
@@ -65,7 +73,8 @@ class CPUProfileSource:
         self._comms_lock = threading.Lock()
         self._sampler = sampler or CPUSampler(config.frequency_hz, pids=self._selection.pids,
                                               exclude_tgid=0 if config.include_self else os.getpid(),
-                                              on_new_process=self._on_new_process, on_tick=self._on_tick)
+                                              on_new_process=self._on_new_process, on_tick=self._on_tick,
+                                              on_new_python_stacks=self._on_new_python_stacks)
         self._python = PythonFrames()
         self._watch = ProcessWatch()
         # one look at a time: the event thread looks at new and watched processes, a drain at those that exec'd
@@ -73,6 +82,7 @@ class CPUProfileSource:
         self._started_ns = 0
         self._stopping = False
         self._allowance = allowance or ReadAllowance(SYMBOL_READ_SHARE, SYMBOL_READ_BURST_S, time.monotonic())
+        self._python_early = ReadAllowance(PYTHON_EARLY_SHARE, PYTHON_EARLY_BURST_S, time.monotonic())
 
     @property
     def sampler(self) -> CPUSampler:
@@ -179,6 +189,28 @@ class CPUProfileSource:
                      "checking new processes again failed (%s: %s); their first look stands",
                      type(exc).__name__, exc)
             return self._watch.next_in_s(time.monotonic())
+
+    def _on_new_python_stacks(self, ids_by_pid: dict[int, list[int]]) -> None:
+        """From the sampler's event thread: reads the code objects of stacks the walker just stored, while their
+        processes still run; within PYTHON_EARLY_SHARE of one core (CPU time of this thread), the rest at the drain."""
+        available_s = self._python_early.available_s(time.monotonic())
+        started_s = time.thread_time()
+        late = 0
+        try:
+            for pid, ids in ids_by_pid.items():
+                if time.thread_time() - started_s >= available_s:
+                    late += len(ids)
+                    continue
+                self._python.read_new_stacks(pid, self._sampler.python_stacks(ids).values())
+        except Exception as exc:  # noqa: BLE001 - the event thread's loop boundary: the drain reads them instead
+            once(_logger, logging.WARNING, f"python-early-{type(exc).__name__}",
+                 "reading new Python stacks' code objects failed (%s: %s); the drain reads them",
+                 type(exc).__name__, exc)
+        finally:
+            self._python_early.spend(time.thread_time() - started_s)
+        if late:
+            selfmetrics.count(semconv.SELF_ERRORS.name, late, otel_gpu__source=SOURCE,
+                              otel_gpu__reason=semconv.Reason.PYTHON_READ_LATE)
 
     def _look_after_exec(self, pid: int) -> None:
         self._sampler.register_unwinding(pid)  # the tables of the new image's files

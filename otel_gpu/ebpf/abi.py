@@ -46,9 +46,10 @@ class CPUStat(enum.IntEnum):
     UNWIND_TRUNCATED = 18
     UNWIND_NO_REGS = 19
     UNWIND_BAD_FP = 20
+    PYTHON_EVENTS_FULL = 21
 
 
-STAT_COUNT = 21
+STAT_COUNT = 22
 PYTHON_NO_OFFSET = 0xFFFF
 MAX_PYTHON_DEPTH = 128
 PYTHON_ENTRY_WORDS = MAX_PYTHON_DEPTH // 64
@@ -146,6 +147,16 @@ class ProcessEvent(ctypes.Structure):
         ("tid", ctypes.c_uint32),
         ("time_ns", ctypes.c_uint64),
         ("comm", ctypes.c_char * COMM_LEN),
+    ]
+
+
+class PythonStackEvent(ctypes.Structure):
+    """struct otel_gpu_python_stack_event."""
+
+    _fields_ = [
+        ("pid", ctypes.c_uint32),
+        ("reserved", ctypes.c_uint32),
+        ("stack_id", ctypes.c_uint64),
     ]
 
 

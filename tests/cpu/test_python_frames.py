@@ -614,3 +614,37 @@ def test_a_program_that_maps_libpython_after_its_first_sample_gets_its_python_fr
         process.kill()
         process.wait()
     _check_chain_and_split(samples, "3.12")
+
+
+@pytest.mark.root
+@pytest.mark.parametrize("name", ["3.11", "3.12", "3.13"])
+def test_a_python_process_that_exits_before_the_first_drain_keeps_its_python_frames(name: str) -> None:
+    """A short job (~1.5 s of py_chain.py's rounds) starts after the agent and exits before any drain: its code
+    objects are read while it runs (when the walker first stores each of its stacks), so the drain after its exit
+    names its Python frames rather than leaving the interpreter's native ones."""
+    source = CPUProfileSource(ProfilingConfig(frequency_hz=199), ProcessResolver())
+    source.open()
+    try:
+        process = subprocess.Popen([_interpreter(name), str(WORKLOAD), "one", "40", str(UNIT)], stdin=subprocess.PIPE,
+                                   stdout=subprocess.PIPE, text=True)
+        out, _ = process.communicate("go\n", timeout=60)  # the rounds, then "done", then stdin's end: it exits
+        assert out.split()[-1:] == ["done"], out
+        started = time.monotonic()
+        profiles = [p for b in source.drain() for p in b.processes if p.process.pid == process.pid]
+        assert time.monotonic() - started < 30
+    finally:
+        source.close()
+    samples = [s for p in profiles for s in p.samples]
+    total = sum(s.value for s in samples)
+    chains = Counter(tuple(f.function for f in _python_chain(s)) for s in samples)
+    with_rounds = sum(s.value for s in samples if "run_rounds" in [f.function for f in _python_chain(s)])
+    assert total > 150, total
+    # only its start-up (before it was registered, ~15 ms after Python appeared) and its imports lack the chain
+    assert with_rounds / total > 0.6, (with_rounds, total, chains.most_common(5))
+    leaves: Counter[str] = Counter()
+    for sample in samples:
+        if _python_chain(sample):
+            leaves[_python_chain(sample)[-1].function] += sample.value
+    assert leaves["loop"] > 0.5 * total, leaves
+    files = {f.filename for s in samples for f in _python_chain(s) if f.function in ("run_rounds", "heavy", "light")}
+    assert files == {str(WORKLOAD)}, files

@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from otel_gpu.cpu.python import (TRUNCATED_FRAME, CodeReader, PythonProcess, _line_310, _line_311, find_python,
-                                 load_layouts, merge)
+from otel_gpu import selfmetrics, semconv
+from otel_gpu.cpu.python import (TRUNCATED_FRAME, CodeReader, PythonFrames, PythonProcess, _line_310, _line_311,
+                                 find_python, load_layouts, merge)
 from otel_gpu.ebpf import abi
 from otel_gpu.profiles.model import Frame, FrameKind, Mapping
 
@@ -300,3 +301,37 @@ def test_an_interpreter_file_is_read_once_for_all_its_processes(monkeypatch: pyt
         for p in sleeping:
             p.kill()
             p.wait()
+
+
+@pytest.mark.parametrize("end", ["reaped", "zombie"])
+def test_code_objects_read_while_a_process_ran_name_its_frames_after_it_exits(tmp_path: Path, end: str) -> None:
+    """read_new_stacks (the sampler's event thread, at a stack's first sight) fills the cache; once the process is gone
+    (no /proc/PID: reaped; a mem file that reads nothing: a zombie) the drain names the frames from it, and counts as
+    unreadable only the code objects it never read."""
+    pid = os.getpid()
+    root = tmp_path / "proc"
+    root.mkdir()
+    (root / str(pid)).symlink_to(f"/proc/{pid}")  # this process, as long as the link is there
+    frames = PythonFrames(str(root))
+    assert frames.discover(pid) is not None
+
+    def early() -> None: ...
+
+    def never_read() -> None: ...
+
+    stack = abi.PythonStack(depth=1)
+    stack.code[0] = id(early.__code__)
+    unread = abi.PythonStack(depth=1)
+    unread.code[0] = id(never_read.__code__)
+    frames.read_new_stacks(pid, [stack])
+    (root / str(pid)).unlink()
+    if end == "zombie":
+        (root / str(pid)).mkdir()
+        (root / str(pid) / "mem").write_bytes(b"")
+    frames.new_drain()
+    selfmetrics.reset()
+    runs = frames.runs_of(pid, {1: stack, 2: unread})
+    assert [f.function for run in runs[1] for f in run] == [early.__code__.co_qualname]
+    assert runs[1][0][0].filename == __file__ and runs[1][0][0].line == early.__code__.co_firstlineno
+    assert runs[2] == ()  # its one frame unreadable
+    assert selfmetrics.total(semconv.SELF_ERRORS.name, otel_gpu__reason=semconv.Reason.PYTHON_CODE_UNREADABLE) == 1

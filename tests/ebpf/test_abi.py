@@ -34,6 +34,7 @@ STRUCTS: dict[str, type[ctypes.Structure]] = {
     "otel_gpu_sample_key": ebpf_abi.SampleKey,
     "otel_gpu_sample_value": ebpf_abi.SampleValue,
     "otel_gpu_process_event": ebpf_abi.ProcessEvent,
+    "otel_gpu_python_stack_event": ebpf_abi.PythonStackEvent,
     "otel_gpu_raw_sample": ebpf_abi.RawSample,
     "otel_gpu_control": ebpf_abi.Control,
     "otel_gpu_python_proc": ebpf_abi.PythonProc,

@@ -43,7 +43,8 @@ enum otel_gpu_cpu_stat {
     OTEL_GPU_STAT_UNWIND_NO_REGS = 19,    /* the user registers could not be read */
     OTEL_GPU_STAT_UNWIND_BAD_FP = 20,     /* no table for the pc and rbp is no frame pointer (below rsp or far
                                            * above it), or the caller it gave is in no mapping: garbage */
-    OTEL_GPU_STAT_COUNT = 21,
+    OTEL_GPU_STAT_PYTHON_EVENTS_FULL = 21, /* python_events was full: a new Python stack is read at the drain only */
+    OTEL_GPU_STAT_COUNT = 22,
 };
 
 /* native_unwind.h's maps, written by otel_gpu/unwind/: one rule per pc range of a file (rows of every file in
@@ -126,6 +127,15 @@ struct otel_gpu_process_event {
     __u32 tid;
     __u64 time_ns; /* bpf_ktime_get_ns() */
     char comm[OTEL_GPU_COMM_LEN];
+};
+
+/* Sent through the python_events ring buffer when a Python stack is first stored in python_stacks, so user space can
+ * read its code objects while the process still lives (a short job may exit before the next drain). Sent without a
+ * wakeup: the agent picks these up at its next poll (every 250 ms at most), so they cost no thread wakeups. */
+struct otel_gpu_python_stack_event {
+    __u32 pid; /* tgid */
+    __u32 reserved;
+    __u64 stack_id; /* key in python_stacks */
 };
 
 /* A whole sample with its stacks (bpf_get_stack), sent through the raw_samples ring buffer instead of the counts

@@ -10,7 +10,8 @@
  * fsbase rather than the kernel tid, because the tid CPython records is the one of the process's pid namespace --
  * then walks that thread's frames (code object address, instruction offset), innermost first. Nothing depends on
  * the GIL: a thread that released it keeps its thread state and frame chain. The stack is stored in python_stacks
- * under a hash of (tgid, frames) that goes into the sample's key; user space reads the code objects. Each frame
+ * under a hash of (tgid, frames) that goes into the sample's key; user space reads the code objects, of a stack
+ * stored for the first time as soon as python_events tells it (a short job may be gone by the drain). Each frame
  * that is the first an evaluation loop ran is marked (entries), so user space can interleave the Python frames
  * with the native ones: Python -> C extension -> Python callback.
  */
@@ -46,6 +47,13 @@ struct {
     __type(key, __u32);
     __type(value, struct otel_gpu_python_stack);
 } python_scratch SEC(".maps");
+
+/* New stacks (struct otel_gpu_python_stack_event, 24 bytes with the record header): 64 KiB hold ~2700, far more than
+ * the samples of one poll period of a node. */
+struct {
+    __uint(type, BPF_MAP_TYPE_RINGBUF);
+    __uint(max_entries, 64 * 1024);
+} python_events SEC(".maps");
 
 static __always_inline __u64 read_pointer(__u64 address) {
     __u64 value = 0;
@@ -173,8 +181,15 @@ static __always_inline __u64 python_stack(__u32 pid) {
         hash = mix(hash, walk.entries[i]);
     }
     hash |= 1; /* never 0, which means "no Python stack" */
-    if (!bpf_map_lookup_elem(&python_stacks, &hash) && bpf_map_update_elem(&python_stacks, &hash, stack, BPF_ANY))
-        bump(OTEL_GPU_STAT_PYTHON_STACKS_FULL);
+    if (!bpf_map_lookup_elem(&python_stacks, &hash)) { /* first sight of this stack */
+        if (bpf_map_update_elem(&python_stacks, &hash, stack, BPF_ANY)) {
+            bump(OTEL_GPU_STAT_PYTHON_STACKS_FULL);
+        } else {
+            struct otel_gpu_python_stack_event event = {.pid = pid, .stack_id = hash};
+            if (bpf_ringbuf_output(&python_events, &event, sizeof(event), BPF_RB_NO_WAKEUP))
+                bump(OTEL_GPU_STAT_PYTHON_EVENTS_FULL);
+        }
+    }
     bump(OTEL_GPU_STAT_PYTHON_SAMPLES);
     if (stack->flags & OTEL_GPU_PYTHON_TRUNCATED)
         bump(OTEL_GPU_STAT_PYTHON_TRUNCATED);
