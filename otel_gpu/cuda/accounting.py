@@ -55,8 +55,9 @@ NO_WINDOW_NOTICE_NS = 30_000_000_000
 
 @dataclass(slots=True)
 class _LastWindow:
-    """A process's newest window's work by thread, stack and kernel: one piece of each (outside any span: the time
-    after the window ran in other spans) and their time, for the time after the process's last window."""
+    """A process's newest window's work by thread, stack, kernel and span: one piece of each and their time, for the
+    time after the process's last window (in the spans of that window's work, as a window's weight puts the time
+    before it in the spans its launches ran in)."""
 
     window_id: int
     pieces: dict[tuple[object, ...], tuple[GPUWork, int]] = field(default_factory=dict)
@@ -281,13 +282,14 @@ class GPUTimeAccounting:
             last = self._last_windows[launch.pid] = _LastWindow(launch.window_id)
         elif launch.window_id < last.window_id or activity.duration_ns <= 0:
             return
-        key = (launch.tid, launch.stack, activity.kind, activity.name, activity.bytes, activity.copy_kind,
-               activity.src_kind, activity.dst_kind, activity.device_id, activity.stream_id, activity.graph_id)
+        key = (launch.tid, launch.stack, launch.trace_id, launch.span_id, activity.kind, activity.name, activity.bytes,
+               activity.copy_kind, activity.src_kind, activity.dst_kind, activity.device_id, activity.stream_id,
+               activity.graph_id)
         piece = last.pieces.get(key)
         if piece is not None:
             last.pieces[key] = (piece[0], piece[1] + activity.duration_ns)
         elif len(last.pieces) < MAX_TAIL_PIECES:
-            last.pieces[key] = (GPUWork(replace(launch, trace_id="", span_id=""), activity), activity.duration_ns)
+            last.pieces[key] = (work, activity.duration_ns)
 
     def _add_tail(self, pid: int, window_id: int, weight: float) -> None:
         """The time after ``pid``'s last window, at ``weight`` more of that window's work (its work still to come

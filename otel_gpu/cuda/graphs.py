@@ -9,10 +9,10 @@ replay of exec ``e`` then stands for ``replays(e) / sampled(e)`` replays: the re
 sampled graph launches of ``e`` in its windows. The work of the sampled replays is held, unweighted, until the
 stretch ends; their stacks keep their shares of it. An exec replayed in a stretch with no sampled replay (a graph
 replayed seldom, or after the process's last window: the library's record at exit counts those replays) is weighted
-by its last sampled stretch: that stretch's work per sampled replay, by stack and kernel, times the replays (an exec
-replays the same kernels each time). One never sampled adds its count to :attr:`GraphReplayWeights.unsampled` and no
-time. Execs the library's table had no room for (``graph_other_replays``) are not listed and keep the window weights,
-as do eager launches.
+by its last sampled stretch: that stretch's work per sampled replay, by stack, kernel and span, times the replays
+(an exec replays the same kernels each time). One never sampled adds its count to :attr:`GraphReplayWeights.unsampled`
+and no time. Execs the library's table had no room for (``graph_other_replays``) are not listed and keep the window
+weights, as do eager launches.
 
 Stretches end at window records: a window's record comes after every launch sampled in it has returned (the library
 waits for them before it closes the window), so the replays counted up to it include every sampled one. Work that
@@ -22,7 +22,7 @@ arrives after its stretch ended (a GPU queue that lags) takes the weight its str
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from otel_gpu.cuda.abi import LAUNCH_GRAPH, Launch, Window
 from otel_gpu.cuda.join import GPUWork
@@ -150,10 +150,11 @@ class GraphReplayWeights:
 
     @staticmethod
     def _remember_per_replay(proc: _ProcessGraphs) -> None:
-        """Each sampled exec's held work as time per replay, by stack and kernel (its span left out: later replays
-        run in other spans), over the replays whose work has come (a sampled replay's work may come after the
-        stretch ended); an exec whose replays hold more than MAX_CARRIED_PIECES pieces keeps none."""
-        pieces: dict[tuple[object, ...], GPUWork] = {}  # (exec, thread, stack, kernel) -> one piece of its work
+        """Each sampled exec's held work as time per replay, by stack, kernel and span (as a window's weight puts the
+        time it stands for in the spans its launches ran in), over the replays whose work has come (a sampled
+        replay's work may come after the stretch ended); an exec whose replays hold more than MAX_CARRIED_PIECES
+        pieces keeps none."""
+        pieces: dict[tuple[object, ...], GPUWork] = {}  # (exec, thread, stack, span, kernel) -> one piece of its work
         totals: Counter[tuple[object, ...]] = Counter()  # the same -> its time in the stretch
         kept: Counter[int] = Counter()  # exec -> its pieces
         replays: dict[int, set[int]] = {}  # exec -> the sampled replays whose work has come (correlation ids)
@@ -164,14 +165,14 @@ class GraphReplayWeights:
             if exec_ not in proc.stretch.sampled or exec_ in too_many or activity.duration_ns <= 0:
                 continue
             replays.setdefault(exec_, set()).add(launch.correlation_id)
-            key = (exec_, launch.tid, launch.stack, activity.kind, activity.name, activity.device_id,
-                   activity.stream_id, activity.graph_id, activity.bytes)
+            key = (exec_, launch.tid, launch.stack, launch.trace_id, launch.span_id, activity.kind, activity.name,
+                   activity.device_id, activity.stream_id, activity.graph_id, activity.bytes)
             if key not in pieces:
                 if kept[exec_] == MAX_CARRIED_PIECES:
                     too_many.add(exec_)
                     continue
                 kept[exec_] += 1
-                pieces[key] = GPUWork(replace(launch, trace_id="", span_id=""), activity)
+                pieces[key] = work
             totals[key] += activity.duration_ns
         fresh: dict[int, list[tuple[GPUWork, float]]] = {}
         for key, work in pieces.items():

@@ -81,7 +81,7 @@ def test_counters_add_up_weighted_launches_times_and_coverage() -> None:
 
 def test_the_time_after_the_last_window_is_stood_for_by_it() -> None:
     """A process exits between windows: the library's record of the totals at exit gives the time since the last
-    window to that window's work, by thread, stack and kernel, outside any span; its work still to come takes it too."""
+    window to that window's work, by thread, stack, kernel and span; its work still to come takes it too."""
     accounting, _ = _accounting({10})
 
     def spanned(corr: int, pc: int) -> abi.Launch:
@@ -104,7 +104,7 @@ def test_the_time_after_the_last_window_is_stood_for_by_it() -> None:
     assert by_span(accounting.drain(now_ns=3_000)[0]) == {(0xA, True): 400}
     accounting.handle(window(10, 3, covered_ns=200, elapsed_ns=2500))  # at exit: 500 ns after a 100 ns window
     accounting.handle(kernel(10, 3, 20, name="relu"))
-    assert by_span(accounting.drain(now_ns=4_000)[0]) == {(0xA, False): 40 * 5, (0xB, True): 20 * 15}
+    assert by_span(accounting.drain(now_ns=4_000)[0]) == {(0xA, True): 40 * 5, (0xB, True): 20 * 15}
 
 
 def test_an_exited_process_is_forgotten_once_the_metrics_read_its_last_values() -> None:

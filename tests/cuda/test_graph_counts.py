@@ -117,7 +117,7 @@ def _kernel_totals(batch: object) -> dict[str, float]:
 
 def test_replays_after_the_last_sampled_window_take_its_time_per_replay() -> None:
     """Replays in a stretch with no sampled one (after the process's last window: the library's record at exit counts
-    them; or a graph replayed seldom) weigh their exec's last sampled replays, by stack and kernel, outside any span."""
+    them; or a graph replayed seldom) weigh their exec's last sampled replays, by stack, kernel and span."""
     selfmetrics.reset()
     acc = _accounting()
     acc.handle(replace(_graph(1, 1, pc=0x1111), trace_id="ab" * 16, span_id="cd" * 8))
@@ -131,7 +131,7 @@ def test_replays_after_the_last_sampled_window_take_its_time_per_replay() -> Non
     gpu, _ = acc.drain(now_ns=6_000)
     assert _kernel_totals(gpu) == pytest.approx({"node0": 15 * 200, "node1": 15 * 200, "node2": 15 * 300})
     assert _total(gpu, 0x1111) == _total(gpu) == pytest.approx(15 * 700)
-    assert all(not s.trace_id and not s.span_id for p in gpu.processes for s in p.samples)
+    assert {(s.trace_id, s.span_id) for p in gpu.processes for s in p.samples} == {("ab" * 16, "cd" * 8), ("", "")}
     assert acc.graph_replays_not_sampled == 0
     assert selfmetrics.total(semconv.SELF_DROPPED.name,
                              otel_gpu__reason=semconv.Reason.GRAPH_REPLAYS_NOT_SAMPLED) == 0
