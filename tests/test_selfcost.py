@@ -56,12 +56,19 @@ def test_a_thread_that_ends_while_stopping_still_shows() -> None:
     began, stays in it."""
     meter = selfcost.CostMeter(time.monotonic())
     meter.running()
-    worker = threading.Thread(target=_spin, args=(0.2,), name="cost-test-ending")
+    release = threading.Event()
+
+    def work_then_wait() -> None:
+        _spin(0.1)
+        release.wait(30)  # ends only once stopping began (a loaded machine must not end it before)
+
+    worker = threading.Thread(target=work_then_wait, name="cost-test-ending")
     worker.start()
     deadline = time.monotonic() + 30
     while selfcost.thread_cpu_s().get("cost-test-ending", 0.0) < 0.1 and time.monotonic() < deadline:
         time.sleep(0.02)
     meter.stopping()
+    release.set()
     worker.join()
     assert "cost-test-ending" not in selfcost.thread_cpu_s()
     assert "cost-test-ending 0." in meter.summary()
