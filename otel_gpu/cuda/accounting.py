@@ -282,9 +282,7 @@ class GPUTimeAccounting:
             last = self._last_windows[launch.pid] = _LastWindow(launch.window_id)
         elif launch.window_id < last.window_id or activity.duration_ns <= 0:
             return
-        key = (launch.tid, launch.stack, launch.trace_id, launch.span_id, activity.kind, activity.name, activity.bytes,
-               activity.copy_kind, activity.src_kind, activity.dst_kind, activity.device_id, activity.stream_id,
-               activity.graph_id)
+        key = work.sample_key()
         piece = last.pieces.get(key)
         if piece is not None:
             last.pieces[key] = (piece[0], piece[1] + activity.duration_ns)

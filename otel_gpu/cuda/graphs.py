@@ -165,8 +165,7 @@ class GraphReplayWeights:
             if exec_ not in proc.stretch.sampled or exec_ in too_many or activity.duration_ns <= 0:
                 continue
             replays.setdefault(exec_, set()).add(launch.correlation_id)
-            key = (exec_, launch.tid, launch.stack, launch.trace_id, launch.span_id, activity.kind, activity.name,
-                   activity.device_id, activity.stream_id, activity.graph_id, activity.bytes)
+            key = (exec_, *work.sample_key())
             if key not in pieces:
                 if kept[exec_] == MAX_CARRIED_PIECES:
                     too_many.add(exec_)

@@ -25,6 +25,14 @@ class GPUWork:
     launch: Launch
     activity: Activity
 
+    def sample_key(self) -> tuple[object, ...]:
+        """What makes its sample in a profile: thread, stack, span and the work's leaf and attributes. Pieces of
+        work with one key add up to one sample, so one of them with their summed time stands for all."""
+        launch, activity = self.launch, self.activity
+        return (launch.tid, launch.stack, launch.trace_id, launch.span_id, activity.kind, activity.name,
+                activity.bytes, activity.copy_kind, activity.src_kind, activity.dst_kind, activity.device_id,
+                activity.stream_id, activity.graph_id)
+
 
 @dataclass(slots=True)
 class JoinStats:
