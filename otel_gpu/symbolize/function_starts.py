@@ -16,15 +16,14 @@ import struct
 from array import array
 from collections.abc import Callable
 
+from otel_gpu.unwind.dwarf import FIXED_POINTERS, U32, CfiError, read_cie
+
 _Read = Callable[[int, int], bytes]
 _OffsetOf = Callable[[int], int | None]  # link-time address -> file offset
 
-_U32 = struct.Struct("<I")
 _ENTRY = struct.Struct("<ii")  # (initial location, FDE address), each relative to .eh_frame_hdr (array "i" pairs)
 _DATAREL_SDATA4 = 0x3B  # the table encoding every linker writes
 _OMIT = 0xFF
-# DW_EH_PE value formats of a fixed size (the low nibble of an encoding): absptr, udata2/4/8, sdata2/4/8
-_FIXED_SIZES = {0x00: 8, 0x02: 2, 0x03: 4, 0x04: 8, 0x0A: 2, 0x0B: 4, 0x0C: 8}
 _SLICE_ENTRIES = 512  # a range of the table this small is read at once (4 KiB) and searched in memory
 _MAX_CIE_BYTES = 256  # a CIE's header, augmentation included; longer ones are not read
 _MAX_CIES = 64  # CIE encodings remembered per file (libraries have one to a few)
@@ -44,8 +43,8 @@ class FunctionStarts:
         header = read(offset, 4) if offset is not None else b""
         if len(header) < 4 or header[0] != 1 or header[3] != _DATAREL_SDATA4:
             raise ValueError("no .eh_frame_hdr search table")
-        pointer_size = _FIXED_SIZES.get(header[1] & 0x0F) if header[1] != _OMIT else 0
-        count_size = _FIXED_SIZES.get(header[2] & 0x0F)
+        pointer_size = _fixed_size(header[1]) if header[1] != _OMIT else 0
+        count_size = _fixed_size(header[2])
         if pointer_size is None or count_size not in (4, 8):
             raise ValueError(f".eh_frame_hdr encodings {header[1]:#x}, {header[2]:#x}")
         assert offset is not None
@@ -103,39 +102,19 @@ class FunctionStarts:
         return int.from_bytes(found, "little") if len(found) == size else None
 
 
-def _uleb(data: bytes, pos: int) -> int:
-    """The position after the ULEB128 (or SLEB128) number at ``pos``."""
-    while data[pos] & 0x80:
-        pos += 1
-    return pos + 1
+def _fixed_size(encoding: int) -> int | None:
+    """The size of a DW_EH_PE pointer of a fixed size (the low nibble of ``encoding``), None for LEB128 forms."""
+    fixed = FIXED_POINTERS.get(encoding & 0x0F)
+    return fixed.size if fixed is not None else None
 
 
 def _pc_size(cie: bytes) -> int | None:
     """The byte size of the pc fields of FDEs whose CIE is ``cie`` (its 'R' augmentation; 8 without one), None when
     the CIE is not one this reader understands."""
     try:
-        if _U32.unpack_from(cie, 4)[0] != 0:  # a CIE's id is 0 in .eh_frame
+        if U32.unpack_from(cie, 4)[0] != 0:  # a CIE's id is 0 in .eh_frame
             return None
-        version = cie[8]
-        end = cie.index(b"\0", 9)
-        augmentation = cie[9:end]
-        if not augmentation.startswith(b"z"):
-            return 8 if augmentation == b"" else None
-        pos = _uleb(cie, _uleb(cie, end + 1))  # code alignment, data alignment
-        pos = pos + 1 if version == 1 else _uleb(cie, pos)  # return-address register
-        pos = _uleb(cie, pos)  # augmentation length
-        for letter in augmentation[1:]:
-            if letter == ord("R"):
-                return _FIXED_SIZES.get(cie[pos] & 0x0F)
-            if letter == ord("P"):
-                size = _FIXED_SIZES.get(cie[pos] & 0x0F)
-                if size is None:
-                    return None
-                pos += 1 + size
-            elif letter == ord("L"):
-                pos += 1
-            elif letter not in b"SB":
-                return None
-        return 8
-    except (IndexError, ValueError, struct.error):
+        encoding = read_cie(cie, 8, min(len(cie), 4 + U32.unpack_from(cie, 0)[0]), True).fde_encoding
+    except (CfiError, IndexError, ValueError, struct.error):
         return None
+    return _fixed_size(encoding)

@@ -19,6 +19,7 @@ from array import array
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
+from otel_gpu.unwind.dwarf import U16, U32, U64, Cie, CfiError, pointer, read_cie, sleb, uleb
 from otel_gpu.unwind.table import (CFA_OFFSETS, KIND_END, KIND_NONE, KIND_RBP, KIND_RSP, KIND_UNSUPPORTED,
                                    RBP_OFFSETS, UnwindTable, pack_rule)
 
@@ -36,19 +37,7 @@ OFFSET = 1  # saved at CFA + offset
 UNDEFINED = 2  # for the return address: the outermost frame
 OTHER = 3  # in another register, val_offset, an expression: not followed
 
-_U16 = struct.Struct("<H")
-_I16 = struct.Struct("<h")
-_U32 = struct.Struct("<I")
-_I32 = struct.Struct("<i")
-_U64 = struct.Struct("<Q")
-_I64 = struct.Struct("<q")
-# DW_EH_PE value formats of a fixed size: absptr, udata2/4/8, sdata2/4/8 (uleb128 0x01 and sleb128 0x09 aside)
-_FIXED_POINTERS = {0x00: _U64, 0x02: _U16, 0x03: _U32, 0x04: _U64, 0x0A: _I16, 0x0B: _I32, 0x0C: _I64}
 _MAX_STATE_STACK = 64  # remember_state nesting; deeper is corrupt
-
-
-class CfiError(ValueError):
-    """Call frame information this interpreter cannot read."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,116 +63,6 @@ class Fde:
     rows: list[Row]
 
 
-@dataclass(slots=True)
-class _Cie:
-    code_align: int
-    data_align: int
-    ra_reg: int
-    fde_encoding: int
-    lsda_encoding: int
-    has_augmentation_data: bool
-    initial: bytes
-    address_size: int
-
-
-def _uleb(data: bytes, pos: int) -> tuple[int, int]:
-    result = 0
-    shift = 0
-    while True:
-        byte = data[pos]
-        pos += 1
-        result |= (byte & 0x7F) << shift
-        if byte < 0x80:
-            return result, pos
-        shift += 7
-        if shift > 70:
-            raise CfiError("LEB128 too long")
-
-
-def _sleb(data: bytes, pos: int) -> tuple[int, int]:
-    result = 0
-    shift = 0
-    while True:
-        byte = data[pos]
-        pos += 1
-        result |= (byte & 0x7F) << shift
-        shift += 7
-        if byte < 0x80:
-            if byte & 0x40:
-                result -= 1 << shift
-            return result, pos
-        if shift > 70:
-            raise CfiError("LEB128 too long")
-
-
-def _pointer(data: bytes, pos: int, encoding: int, section_vaddr: int) -> tuple[int, int]:
-    """Decode a DW_EH_PE-encoded pointer at ``pos``; returns (value, next position)."""
-    if encoding == 0xFF:
-        return 0, pos
-    form = encoding & 0x0F
-    start = pos
-    if form == 0x01:
-        value, pos = _uleb(data, pos)
-    elif form == 0x09:
-        value, pos = _sleb(data, pos)
-    elif form in _FIXED_POINTERS:
-        fixed = _FIXED_POINTERS[form]
-        value = fixed.unpack_from(data, pos)[0]
-        pos += fixed.size
-    else:
-        raise CfiError(f"pointer encoding {encoding:#x}")
-    application = encoding & 0x70
-    if application == 0x10:  # pcrel
-        value += section_vaddr + start
-    elif application not in (0x00,):  # textrel/datarel/funcrel/aligned: not used for FDE ranges on x86-64
-        raise CfiError(f"pointer application {encoding:#x}")
-    return value & 0xFFFFFFFFFFFFFFFF, pos
-
-
-def _read_cie(data: bytes, pos: int, end: int, is_eh: bool) -> _Cie:
-    version = data[pos]
-    pos += 1
-    nul = data.index(b"\0", pos, end)
-    augmentation = data[pos:nul].decode("ascii", "replace")
-    pos = nul + 1
-    address_size = 8
-    if not is_eh and version >= 4:
-        address_size = data[pos]
-        pos += 2  # address_size, segment_selector_size
-    code_align, pos = _uleb(data, pos)
-    data_align, pos = _sleb(data, pos)
-    if version == 1:
-        ra_reg = data[pos]
-        pos += 1
-    else:
-        ra_reg, pos = _uleb(data, pos)
-    fde_encoding = 0x00  # absolute 8-byte addresses unless the augmentation says otherwise
-    lsda_encoding = 0xFF
-    has_aug = augmentation.startswith("z")
-    if has_aug:
-        aug_len, pos = _uleb(data, pos)
-        aug_end = pos + aug_len
-        for letter in augmentation[1:]:
-            if letter == "R":
-                fde_encoding = data[pos]
-                pos += 1
-            elif letter == "L":
-                lsda_encoding = data[pos]
-                pos += 1
-            elif letter == "P":
-                personality_encoding = data[pos]
-                pos += 1
-                _, pos = _pointer(data, pos, personality_encoding & 0x7F, 0)
-            elif letter in "SB":
-                continue
-            else:
-                break
-        pos = aug_end
-    elif augmentation not in ("",):
-        raise CfiError(f"CIE augmentation {augmentation!r}")
-    return _Cie(code_align, data_align, ra_reg, fde_encoding, lsda_encoding, has_aug, data[pos:end], address_size)
-
-
 class _State:
     __slots__ = ("cfa_kind", "cfa_reg", "cfa_offset", "rbp", "ra")
 
@@ -204,7 +83,7 @@ class _State:
         return Row(pc, self.cfa_kind, self.cfa_reg, self.cfa_offset, self.rbp[0], self.rbp[1], self.ra[0], self.ra[1])
 
 
-def _execute(code: bytes, cie: _Cie, state: _State, initial: _State | None, pc: int, rows: list[Row],
+def _execute(code: bytes, cie: Cie, state: _State, initial: _State | None, pc: int, rows: list[Row],
              section_vaddr: int) -> int:
     """Run CFA instructions from ``state`` at ``pc``; appends a row each time the location advances (the row of the
     rules before the advance). ``initial`` is the CIE's state (what DW_CFA_restore goes back to); ``section_vaddr``
@@ -246,40 +125,40 @@ def _execute(code: bytes, cie: _Cie, state: _State, initial: _State | None, pc: 
         if high == 0x40:  # advance_loc
             advance(pc + low * code_align)
         elif high == 0x80:  # offset
-            value, pos = _uleb(code, pos)
+            value, pos = uleb(code, pos)
             set_reg(low, (OFFSET, value * data_align))
         elif high == 0xC0:  # restore
             restore(low)
         elif op == 0x00:  # nop
             continue
         elif op == 0x01:  # set_loc
-            new_pc, pos = _pointer(code, pos, cie.fde_encoding, section_vaddr)
+            new_pc, pos = pointer(code, pos, cie.fde_encoding, section_vaddr)
             advance(new_pc)
         elif op == 0x02:
             advance(pc + code[pos] * code_align)
             pos += 1
         elif op == 0x03:
-            advance(pc + _U16.unpack_from(code, pos)[0] * code_align)
+            advance(pc + U16.unpack_from(code, pos)[0] * code_align)
             pos += 2
         elif op == 0x04:
-            advance(pc + _U32.unpack_from(code, pos)[0] * code_align)
+            advance(pc + U32.unpack_from(code, pos)[0] * code_align)
             pos += 4
         elif op == 0x05:  # offset_extended
-            reg, pos = _uleb(code, pos)
-            value, pos = _uleb(code, pos)
+            reg, pos = uleb(code, pos)
+            value, pos = uleb(code, pos)
             set_reg(reg, (OFFSET, value * data_align))
         elif op == 0x06:  # restore_extended
-            reg, pos = _uleb(code, pos)
+            reg, pos = uleb(code, pos)
             restore(reg)
         elif op == 0x07:  # undefined
-            reg, pos = _uleb(code, pos)
+            reg, pos = uleb(code, pos)
             set_reg(reg, (UNDEFINED, 0) if reg == ra_reg else (SAME, 0))
         elif op == 0x08:  # same_value
-            reg, pos = _uleb(code, pos)
+            reg, pos = uleb(code, pos)
             set_reg(reg, (SAME, 0))
         elif op == 0x09:  # register
-            reg, pos = _uleb(code, pos)
-            _, pos = _uleb(code, pos)
+            reg, pos = uleb(code, pos)
+            _, pos = uleb(code, pos)
             set_reg(reg, (OTHER, 0))
         elif op == 0x0A:  # remember_state
             if len(stack) >= _MAX_STATE_STACK:
@@ -293,49 +172,49 @@ def _execute(code: bytes, cie: _Cie, state: _State, initial: _State | None, pc: 
             state.cfa_kind, state.cfa_reg, state.cfa_offset = saved.cfa_kind, saved.cfa_reg, saved.cfa_offset
             state.rbp, state.ra = saved.rbp, saved.ra
         elif op == 0x0C:  # def_cfa
-            state.cfa_reg, pos = _uleb(code, pos)
-            state.cfa_offset, pos = _uleb(code, pos)
+            state.cfa_reg, pos = uleb(code, pos)
+            state.cfa_offset, pos = uleb(code, pos)
             state.cfa_kind = CFA_REG
         elif op == 0x0D:  # def_cfa_register
-            state.cfa_reg, pos = _uleb(code, pos)
+            state.cfa_reg, pos = uleb(code, pos)
             state.cfa_kind = CFA_REG
         elif op == 0x0E:  # def_cfa_offset
-            state.cfa_offset, pos = _uleb(code, pos)
+            state.cfa_offset, pos = uleb(code, pos)
         elif op == 0x0F:  # def_cfa_expression
-            length, pos = _uleb(code, pos)
+            length, pos = uleb(code, pos)
             pos += length
             state.cfa_kind = CFA_EXPR
         elif op == 0x10:  # expression
-            reg, pos = _uleb(code, pos)
-            length, pos = _uleb(code, pos)
+            reg, pos = uleb(code, pos)
+            length, pos = uleb(code, pos)
             pos += length
             set_reg(reg, (OTHER, 0))
         elif op == 0x11:  # offset_extended_sf
-            reg, pos = _uleb(code, pos)
-            value, pos = _sleb(code, pos)
+            reg, pos = uleb(code, pos)
+            value, pos = sleb(code, pos)
             set_reg(reg, (OFFSET, value * data_align))
         elif op == 0x12:  # def_cfa_sf
-            state.cfa_reg, pos = _uleb(code, pos)
-            value, pos = _sleb(code, pos)
+            state.cfa_reg, pos = uleb(code, pos)
+            value, pos = sleb(code, pos)
             state.cfa_offset = value * data_align
             state.cfa_kind = CFA_REG
         elif op == 0x13:  # def_cfa_offset_sf
-            value, pos = _sleb(code, pos)
+            value, pos = sleb(code, pos)
             state.cfa_offset = value * data_align
         elif op in (0x14, 0x15):  # val_offset(_sf)
-            reg, pos = _uleb(code, pos)
-            _, pos = (_uleb if op == 0x14 else _sleb)(code, pos)
+            reg, pos = uleb(code, pos)
+            _, pos = (uleb if op == 0x14 else sleb)(code, pos)
             set_reg(reg, (OTHER, 0))
         elif op == 0x16:  # val_expression
-            reg, pos = _uleb(code, pos)
-            length, pos = _uleb(code, pos)
+            reg, pos = uleb(code, pos)
+            length, pos = uleb(code, pos)
             pos += length
             set_reg(reg, (OTHER, 0))
         elif op == 0x2E:  # GNU_args_size
-            _, pos = _uleb(code, pos)
+            _, pos = uleb(code, pos)
         elif op == 0x2F:  # GNU_negative_offset_extended
-            reg, pos = _uleb(code, pos)
-            value, pos = _uleb(code, pos)
+            reg, pos = uleb(code, pos)
+            value, pos = uleb(code, pos)
             set_reg(reg, (OFFSET, -value * data_align))
         else:
             raise CfiError(f"CFA opcode {op:#x}")
@@ -346,12 +225,12 @@ def parse_frames(data: bytes, section_vaddr: int, is_eh: bool) -> Iterator[Fde]:
     """Every FDE of an ``.eh_frame`` (``is_eh``) or ``.debug_frame`` section loaded at ``section_vaddr``.
 
     A corrupt FDE is skipped; a corrupt length ends the walk."""
-    cies: dict[int, _Cie | None] = {}
+    cies: dict[int, Cie | None] = {}
     pos = 0
     size = len(data)
     while pos + 4 <= size:
         start = pos
-        length = _U32.unpack_from(data, pos)[0]
+        length = U32.unpack_from(data, pos)[0]
         pos += 4
         if length == 0:
             if is_eh:
@@ -361,7 +240,7 @@ def parse_frames(data: bytes, section_vaddr: int, is_eh: bool) -> Iterator[Fde]:
         if length == 0xFFFFFFFF:
             if pos + 8 > size:
                 break
-            length = _U64.unpack_from(data, pos)[0]
+            length = U64.unpack_from(data, pos)[0]
             pos += 8
             offset_size = 8
         end = pos + length
@@ -370,12 +249,12 @@ def parse_frames(data: bytes, section_vaddr: int, is_eh: bool) -> Iterator[Fde]:
         id_pos = pos
         if pos + offset_size > size:
             break  # the id runs past the section: as corrupt as a length that does
-        cie_id = (_U32 if offset_size == 4 else _U64).unpack_from(data, pos)[0]
+        cie_id = (U32 if offset_size == 4 else U64).unpack_from(data, pos)[0]
         pos += offset_size
         is_cie = cie_id == 0 if is_eh else cie_id in (0xFFFFFFFF, 0xFFFFFFFFFFFFFFFF)
         if is_cie:
             try:
-                cies[start] = _read_cie(data, pos, end, is_eh)
+                cies[start] = read_cie(data, pos, end, is_eh)
             except (CfiError, IndexError, ValueError, struct.error):
                 cies[start] = None
             pos = end
@@ -399,31 +278,31 @@ def parse_frames(data: bytes, section_vaddr: int, is_eh: bool) -> Iterator[Fde]:
             yield fde
 
 
-def _cie_at(data: bytes, at: int, is_eh: bool) -> _Cie | None:
+def _cie_at(data: bytes, at: int, is_eh: bool) -> Cie | None:
     try:
-        length = _U32.unpack_from(data, at)[0]
+        length = U32.unpack_from(data, at)[0]
         pos = at + 4
         offset_size = 4
         if length == 0xFFFFFFFF:
-            length = _U64.unpack_from(data, pos)[0]
+            length = U64.unpack_from(data, pos)[0]
             pos += 8
             offset_size = 8
         end = min(pos + length, len(data))
-        return _read_cie(data, pos + offset_size, end, is_eh)
+        return read_cie(data, pos + offset_size, end, is_eh)
     except (CfiError, IndexError, ValueError, struct.error):
         return None
 
 
-def _read_fde(data: bytes, pos: int, end: int, cie: _Cie, section_vaddr: int, is_eh: bool) -> Fde | None:
+def _read_fde(data: bytes, pos: int, end: int, cie: Cie, section_vaddr: int, is_eh: bool) -> Fde | None:
     if is_eh:
-        start, pos = _pointer(data, pos, cie.fde_encoding, section_vaddr)
-        span, pos = _pointer(data, pos, cie.fde_encoding & 0x0F, 0)
+        start, pos = pointer(data, pos, cie.fde_encoding, section_vaddr)
+        span, pos = pointer(data, pos, cie.fde_encoding & 0x0F, 0)
     else:
-        start = _U64.unpack_from(data, pos)[0]
-        span = _U64.unpack_from(data, pos + 8)[0]
+        start = U64.unpack_from(data, pos)[0]
+        span = U64.unpack_from(data, pos + 8)[0]
         pos += 16
     if cie.has_augmentation_data:
-        aug_len, pos = _uleb(data, pos)
+        aug_len, pos = uleb(data, pos)
         pos += aug_len
     if span == 0 or start == 0 or start + span > 0xFFFFFFFFFFFFFFFF:
         return None  # a discarded function (start 0 in .debug_frame, or a zero-length FDE), or past the address space
