@@ -103,22 +103,23 @@ def run_injected(command: Sequence[str], environ: Mapping[str, str] | None = Non
         err.write(f"otel-gpu: cannot run {argv[0]}: {exc.strerror or exc}\n")
         return 127 if isinstance(exc, FileNotFoundError) else 126
     with _forwarding_signals(process):
-        code = process.wait()
+        code = _wait_forwarding(process)
     return 128 - code if code < 0 else code
 
 
 FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 
 
+_SI_KERNEL = 0x80  # si_code of a signal the kernel sent: a terminal's ^C, ^\\ and hang-up to its foreground group
+
+
 @contextlib.contextmanager
 def _forwarding_signals(process: subprocess.Popen[bytes]) -> Iterator[None]:
     """While the workload runs, the signals a job runner sends (``docker stop``, Kubernetes, Slurm, systemd: TERM;
     a terminal: INT, QUIT; HUP, USR1, USR2) go to it, and this process waits for it to finish and exits with its
-    status. A terminal's INT reaches the workload too (same process group): it is not sent a second time."""
+    status. These handlers forward what arrives outside :func:`_wait_forwarding` (which takes the signals itself)."""
 
     def forward(signum: int, _frame: object) -> None:
-        if signum == signal.SIGINT and _same_foreground_group():
-            return
         with contextlib.suppress(ProcessLookupError):
             process.send_signal(signum)
 
@@ -128,6 +129,25 @@ def _forwarding_signals(process: subprocess.Popen[bytes]) -> Iterator[None]:
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
+
+
+def _wait_forwarding(process: subprocess.Popen[bytes]) -> int:
+    """Wait for the workload, forwarding every signal of :data:`FORWARDED_SIGNALS` sent to this process, except those
+    the terminal sent to its whole foreground group while this process is in it: the workload got that one too."""
+    watched = {*FORWARDED_SIGNALS, signal.SIGCHLD}
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, watched)
+    try:
+        while process.poll() is None:  # a SIGCHLD after this is held pending until sigwaitinfo takes it
+            info = signal.sigwaitinfo(watched)
+            if info.si_signo == signal.SIGCHLD:
+                continue
+            if info.si_code == _SI_KERNEL and _same_foreground_group():
+                continue
+            with contextlib.suppress(ProcessLookupError):
+                process.send_signal(info.si_signo)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+    return process.returncode
 
 
 def _same_foreground_group() -> bool:

@@ -3,12 +3,15 @@
 
 from __future__ import annotations
 
+import fcntl
 import io
 import os
+import pty
 import shutil
 import signal
 import subprocess
 import sys
+import termios
 from pathlib import Path
 
 import pytest
@@ -253,3 +256,47 @@ def test_inject_forwards_a_job_runners_signals_to_the_workload_and_exits_with_it
     finally:
         if wrapper.poll() is None:
             os.killpg(wrapper.pid, signal.SIGKILL)
+
+
+_COUNTING_INTS = """
+import signal, sys, time
+seen = []
+signal.signal(signal.SIGINT, lambda n, _f: seen.append(time.monotonic()))
+print("ready", flush=True)
+deadline = time.monotonic() + 30
+while not seen and time.monotonic() < deadline:
+    time.sleep(0.01)
+time.sleep(1.0)  # a second copy of the same signal would come within this
+sys.exit(40 + len(seen))
+"""
+
+
+def _in_its_own_terminal() -> None:
+    """preexec_fn: the new session's controlling terminal is the pty on stdin, so its group is the foreground one."""
+    fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+
+@pytest.mark.parametrize("how", ["kill", "terminal"])
+def test_inject_in_a_terminals_foreground_delivers_an_interrupt_once(how: str) -> None:
+    """In a terminal's foreground group (`docker run -it`, an interactive shell) a ^C reaches the wrapper and the
+    workload both, so the wrapper must not send it again; but a `kill -INT` (`docker kill --signal=INT`) reaches the
+    wrapper alone and was dropped: the workload never stopped."""
+    master, slave = pty.openpty()
+    try:
+        wrapper = subprocess.Popen([sys.executable, "-m", "otel_gpu", "inject", "--", sys.executable, "-c",
+                                    _COUNTING_INTS], stdin=slave, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                   text=True, start_new_session=True,
+                                   preexec_fn=_in_its_own_terminal)
+        try:
+            assert wrapper.stdout is not None and wrapper.stdout.readline() == "ready\n"
+            if how == "kill":
+                wrapper.send_signal(signal.SIGINT)
+            else:
+                os.write(master, b"\x03")  # the terminal's intr character: SIGINT to its foreground group
+            assert wrapper.wait(timeout=30) == 41
+        finally:
+            if wrapper.poll() is None:
+                os.killpg(wrapper.pid, signal.SIGKILL)
+    finally:
+        os.close(master)
+        os.close(slave)
