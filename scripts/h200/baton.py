@@ -85,7 +85,8 @@ MODE_SETUP: dict[str, tuple[str | None, dict[str, str]]] = {
     "X": ("agent", {"OTEL_GPU_DEBUG_NO_WINDOWS": "1"}),  # subscribed with wait callbacks, never a window
     "X0": ("agent", {"OTEL_GPU_DEBUG_NO_WINDOWS": "1", "OTEL_GPU_DEBUG_NO_WAITS": "1"}),  # subscribed only
     "F": ("agent", {"OTEL_GPU_DEBUG_NO_WINDOWS": "1", "OTEL_GPU_DEBUG_NO_WAITS": "1", "OTEL_GPU_DEBUG_FINALIZE": "1"}),
-    "S": ("agent", {"OTEL_GPU_CUDA_GRAPHS": "sample"}),  # graph programs sampled whatever CUPTI's lasting cost
+    "S": ("agent", {"OTEL_GPU_CUDA_GRAPHS": "sample"}),
+    "T": ("agent", {"OTEL_GPU_DEBUG_CHARGE_TAKE": "1"}),  # the takes of CUPTI after finalizes charged to the budget  # graph programs sampled whatever CUPTI's lasting cost
 }
 MODES = tuple(os.environ.get("BATON_MODES", "P,E,N,I").split(","))
 
@@ -199,8 +200,9 @@ def main(argv: list[str]) -> int:
     for mode in MODES:
         for k in range(per):
             if MODE_SETUP[mode][0] == "agent":
-                text = (work / f"{mode}{k}.err").read_text().strip().splitlines()
-                lines.append(f"- {mode}{k}: {' | '.join(text[-3:]) if text else '(nothing on stderr)'}")
+                text = [ln for ln in (work / f"{mode}{k}.err").read_text().strip().splitlines()
+                        if "stats" in ln and "graphs:" not in ln and "GOT slots" not in ln]
+                lines.append(f"- {mode}{k}: {' | '.join(text) if text else '(nothing on stderr)'}")
     lines.append(f"- agent stderr tail: {' | '.join((work / 'agent.err').read_text().strip().splitlines()[-3:])}")
     write_report(out, lines)
     return 0

@@ -48,6 +48,7 @@ static _Atomic int dirty;              /* activity kinds were on since CUPTI was
 static _Atomic uint64_t finalizes, finalize_ns; /* how often, and how long the API exits spent in cuptiFinalize */
 static uint64_t asked_ns;              /* controller: monotonic, when the finalize was asked for */
 static uint64_t retakes, retake_ns;    /* controller: subscriptions taken (attach, after each finalize), total time */
+static uint64_t subscribed_ns;         /* controller: of retake_ns, the takes that subscribed (after a finalize) */
 
 /* Moves from the state the caller decided on; 0 when the event does not apply or another thread moved first. */
 static int move(enum hold_event event, enum hold_state from)
@@ -147,7 +148,8 @@ int hold_take(void)
     uint64_t t0 = monotonic_ns();
     if (hold_aside()) /* another tool stepped in while the controller's lock was let go (rescan): not ours to take */
         return -1;
-    if (!hold_holding()) {
+    int subscribing = !hold_holding();
+    if (subscribing) {
         if (subscribe() != 0)
             return -1;
         move(HOLD_SUBSCRIBED, HOLD_FREE);
@@ -162,8 +164,11 @@ int hold_take(void)
         log_once("some blocking-call callbacks could not be enabled");
     if (cbids_enable_graph_watch(1) != 0)
         log_once("some CUDA graph callbacks could not be enabled");
+    uint64_t took = monotonic_ns() - t0;
     retakes++;
-    retake_ns += monotonic_ns() - t0;
+    retake_ns += took;
+    if (subscribing && retakes > 1) /* not the first take at attach */
+        subscribed_ns += took;
     return 0;
 }
 
@@ -243,6 +248,11 @@ uint64_t hold_finalize_ns(void)
     return atomic_load(&finalize_ns);
 }
 
+uint64_t hold_retake_ns(void)
+{
+    return subscribed_ns;
+}
+
 static double mean_us(uint64_t total_ns, uint64_t count)
 {
     return count ? (double)total_ns / 1e3 / (double)count : 0.0;
@@ -252,8 +262,9 @@ void hold_print_stats(void)
 {
     uint64_t count = atomic_load(&finalizes);
     fprintf(stderr, "otel-gpu: stats CUPTI finalized %llu times (%.0f us each in an API exit), taken %llu times "
-            "(%.0f us each)\n", (unsigned long long)count, mean_us(atomic_load(&finalize_ns), count),
-            (unsigned long long)retakes, mean_us(retake_ns, retakes));
+            "(%.0f us each; %.0f ms in all after finalizes)\n", (unsigned long long)count,
+            mean_us(atomic_load(&finalize_ns), count), (unsigned long long)retakes, mean_us(retake_ns, retakes),
+            (double)subscribed_ns / 1e6);
     fprintf(stderr, "otel-gpu: stats CUDA graph calls %llu, graphs in use %d (CUPTI %s finalized since)\n",
             (unsigned long long)atomic_load(&graph_calls), atomic_load(&graphs_seen),
             may_finalize() ? "still" : "no longer");

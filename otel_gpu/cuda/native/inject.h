@@ -67,6 +67,7 @@ struct inject_settings {
     int cupti_finalize;        /* CUPTI is finalized after each window (OTEL_GPU_CUPTI_FINALIZE=0: never) */
     int finalize_with_graphs;  /* OTEL_GPU_DEBUG_FINALIZE_WITH_GRAPHS=1: finalize even once graphs are in use (the
                                 * crash-prone behaviour, kept as a control for scripts/h200/do_no_harm.py) */
+    int charge_take;           /* OTEL_GPU_DEBUG_CHARGE_TAKE=1: diagnostics, charge the takes after finalizes (hold.c) */
     int sample_graphs;         /* OTEL_GPU_CUDA_GRAPHS=sample: keep sampling once graphs are in use whatever it costs */
     double graph_residue_ns;   /* what each launch is assumed to keep paying once the activity kinds were on (window.c;
                                 * OTEL_GPU_DEBUG_GRAPH_RESIDUE_NS sets it for tests) */
@@ -134,6 +135,7 @@ void hold_mark_dirty(void);          /* an activity kind goes on: launches pay u
 int hold_dirty(void);
 int hold_graphs_seen(void);
 uint64_t hold_finalize_ns(void);     /* total time API exits spent in cuptiFinalize */
+uint64_t hold_retake_ns(void);       /* total time the controller spent taking CUPTI again after a finalize */
 void hold_print_stats(void);         /* OTEL_GPU_DEBUG_STATS lines on finalizes and graphs */
 /* The API side, any thread: */
 int hold_graph_use(void);            /* a graph call's entry; 1 when CUPTI was finalized here (record nothing) */
