@@ -156,6 +156,7 @@ def diagnose(records: list[abi.Record], lines: list[str], nodes: int | None = 60
             lines.append(f"- eager kernel records' time: {tail(joined)}; in a window's first 1 ms "
                          f"{tail(first_in_window(eager_launches, eager_ns, windows, True))}, after it "
                          f"{tail(first_in_window(eager_launches, eager_ns, windows, False))}")
+    eager_weighting(eager_launches, eager_ns, windows, lines)
     ratios = graph_ratios(launches, by_corr, windows)
     if ratios is not None:
         by_counts, by_windows, replays, sampled = ratios
@@ -203,6 +204,38 @@ def first_in_window(launches: list[abi.Launch], launch_ns: list[int], windows: l
     return out
 
 
+def eager_weighting(launches: list[abi.Launch], launch_ns: list[int], windows: list[abi.Window],
+                    lines: list[str]) -> None:
+    """Where the eager side's weighted total comes from: launches and kernel time summed with each window's weight,
+    against the same windows' total weight spread evenly over their launches, and the heaviest windows' shares."""
+    weights = WindowWeights()
+    weight = {w.window_id: weights.add(w)[0] for w in windows}
+    covered = {w.window_id: w.covered_ns for w in windows}
+    per_window: dict[int, list[float]] = defaultdict(lambda: [0.0, 0.0])
+    for launch, ns in zip(launches, launch_ns, strict=True):
+        per_window[launch.window_id][0] += 1
+        per_window[launch.window_id][1] += ns
+    known = [wid for wid in per_window if wid in weight]
+    if not known:
+        return
+    count = sum(per_window[w][0] for w in known)
+    time_ns = sum(per_window[w][1] for w in known)
+    weighted_count = sum(per_window[w][0] * weight[w] for w in known)
+    weighted_ns = sum(per_window[w][1] * weight[w] for w in known)
+    # each window's weight x its length = the time it stands for; spread evenly: the launch rate of all windows
+    stands_for = sum(weight[w] * covered[w] for w in weight)
+    even = stands_for / sum(covered.values()) if sum(covered.values()) else 0.0
+    heaviest = sorted(known, key=lambda w: per_window[w][1] * weight[w], reverse=True)[:3]
+    first = min(weight)
+    lines.append(f"- eager weighting: {count:.0f} sampled launches, {time_ns / 1e6:.1f} ms of kernels in {len(known)} "
+                 f"windows; weighted by window {weighted_count:,.0f} launches, {weighted_ns / 1e6:.1f} ms; the same "
+                 f"windows' total weight spread evenly (x{even:.1f}): {count * even:,.0f} launches, "
+                 f"{time_ns * even / 1e6:.1f} ms; first window (id {first}) weight {weight[first]:.1f} "
+                 f"({per_window[first][0]:.0f} launches); heaviest windows' shares of the weighted time: "
+                 + ", ".join(f"{per_window[w][1] * weight[w] / weighted_ns:.3f} (weight {weight[w]:.1f}, "
+                             f"{per_window[w][0]:.0f} launches)" for w in heaviest))
+
+
 def graph_ratios(launches: list[abi.Launch], by_corr: dict[int, list[abi.Activity]],
                  windows: list[abi.Window]) -> tuple[float, float, int, int] | None:
     """(replayed / eager with graph work weighted by replay counts, the same weighted by windows, replays counted,
@@ -248,6 +281,8 @@ def ratio_interval(launches: list[abi.Launch], by_corr: dict[int, list[abi.Activ
         eager = sum(r[1] for r in sample)
         if eager:
             ratios.append(sum(r[0] for r in sample) / eager)
+    if not ratios:
+        return None
     ratios.sort()
     return ratios[int(0.025 * len(ratios))], ratios[int(0.975 * len(ratios)) - 1], len(rows)
 

@@ -54,6 +54,9 @@ def test_the_diagnosis_counts_each_graph_launchs_kernel_records(graphs) -> None:
     assert "720 with a graph id" in text
     # the eager kernels' time as a distribution (a mean above the median on the H200: where the tail is)
     assert "eager kernel records' time: n 720, mean 1.90 us, p50 1.90, p90 1.90" in text
+    # equal windows: the weighted eager total is the evenly spread one
+    assert "weighted by window 72,000 launches, 136.8 ms; the same windows' total weight spread evenly (x100.0): " \
+        "72,000 launches, 136.8 ms" in text
 
 
 def test_the_spread_is_exact_for_equal_windows_and_wide_for_clustered_work(graphs) -> None:  # type: ignore[no-untyped-def]
