@@ -364,6 +364,25 @@ def test_monitors_scrape_the_prometheus_port() -> None:
     assert done.returncode != 0 and "metrics.prometheusPort" in done.stderr
 
 
+def test_local_files_fit_the_output_volume() -> None:
+    """Without a backend the agent writes its files to the output emptyDir: the profile files' cap the chart passes,
+    metrics.jsonl with its rotated copy and summary.txt with its copy must stay under the volume's size limit, or
+    the kubelet evicts the pod."""
+    from otel_gpu.exporters.files import MAX_SUMMARY_BYTES
+    from otel_gpu.metrics.files import DEFAULT_MAX_FILE_BYTES
+
+    for limit_mib in (None, 256, 4096):
+        objects = render([] if limit_mib is None else [f"localFilesSizeLimitMiB={limit_mib}"])
+        (daemonset,) = by_kind(objects, "DaemonSet")
+        (output,) = [v for v in daemonset["spec"]["template"]["spec"]["volumes"] if v["name"] == "output"]
+        size_limit = output["emptyDir"]["sizeLimit"]
+        assert size_limit == f"{limit_mib or 1024}Mi"
+        profile_bytes = int(env_of(agent(objects))["OTEL_GPU_OUTPUT_MAX_PROFILE_BYTES"])
+        assert profile_bytes > 0
+        assert profile_bytes + 2 * DEFAULT_MAX_FILE_BYTES + 2 * MAX_SUMMARY_BYTES < int(size_limit[:-2]) << 20, \
+            size_limit
+
+
 def test_priority_and_runtime_class() -> None:
     objects = render(TOGGLES["priority-class"])
     (priority,) = by_kind(objects, "PriorityClass")
@@ -395,6 +414,7 @@ def test_dashboards_become_configmaps_with_the_sidecar_label(dashboards_dir: Pat
     "securityContext.capabilities={CAP_BPF}",
     "logLevel=verbose",
     "localFiles=maybe",
+    "localFilesSizeLimitMiB=128",
     "nvidia.driverCapabilities=utility;compute",
     "injection.hostPath=relative/path",
     "image.pullPolicy=Sometimes",
@@ -493,6 +513,7 @@ def test_the_agent_accepts_the_chart_environment(tmp_path: Path) -> None:
         assert loaded[toggle].warnings == (), f"{toggle}: {loaded[toggle].warnings}"
         assert loaded[toggle].node_name == "gpu-node-7"
     assert loaded["defaults"].write_files and not loaded["defaults"].show_console
+    assert loaded["defaults"].output.max_profile_bytes == (1024 - 192) << 20  # localFilesSizeLimitMiB less the rest
     otlp = loaded["otlp"]
     assert otlp.otlp.profiles_target() == ("grpc", "https://collector.observability:4317")
     assert otlp.otlp.headers_for("profiles") == {"Authorization": "Bearer abc", "X-Scope-OrgID": "team-a"}
