@@ -383,6 +383,28 @@ def test_local_files_fit_the_output_volume() -> None:
             size_limit
 
 
+# peak RSS with every source on under a CUDA torch load on the H200 (docs/benchmarks.md), before native unwinding
+MEASURED_PEAK_BYTES = 110 * 10**6
+
+
+def test_the_memory_limit_holds_the_measured_peak_and_every_bounded_part() -> None:
+    """The measured peak plus what was not in that run: the unwinder's table cache, its unwind_rows BPF map (8 bytes
+    a row, charged to the pod) and the retry queues of the profile backends, full while they are down. Each
+    backend keeps its own queue, so the chart shares profiling.retryQueueMiB between them."""
+    from otel_gpu.cpu.sampler import DEFAULT_UNWIND_ROWS
+    from otel_gpu.unwind.table import _CACHE_BYTES
+
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    limit = values["resources"]["limits"]["memory"]
+    assert limit.endswith("Mi")
+    for sets, backends in (([], 0), (TOGGLES["otlp"], 1), (TOGGLES["pyroscope"], 1),
+                           (TOGGLES["otlp"] + TOGGLES["pyroscope"], 2)):
+        queue_bytes = int(env_of(agent(render(sets)))["OTEL_GPU_OUTPUT_QUEUE_MAX_BYTES"])
+        assert queue_bytes * max(1, backends) == values["profiling"]["retryQueueMiB"] << 20
+        worst = MEASURED_PEAK_BYTES + _CACHE_BYTES + 8 * DEFAULT_UNWIND_ROWS + backends * queue_bytes
+        assert worst < int(limit[:-2]) << 20, (sets, worst)
+
+
 def test_priority_and_runtime_class() -> None:
     objects = render(TOGGLES["priority-class"])
     (priority,) = by_kind(objects, "PriorityClass")
@@ -410,6 +432,7 @@ def test_dashboards_become_configmaps_with_the_sidecar_label(dashboards_dir: Pat
     "pyroscope.api=push",
     "metrics.prometheusPort=70000",
     "profiling.frequencyHz=0",
+    "profiling.retryQueueMiB=0",
     "securityContext.privileged=yes",
     "securityContext.capabilities={CAP_BPF}",
     "logLevel=verbose",
@@ -519,6 +542,7 @@ def test_the_agent_accepts_the_chart_environment(tmp_path: Path) -> None:
     assert otlp.otlp.headers_for("profiles") == {"Authorization": "Bearer abc", "X-Scope-OrgID": "team-a"}
     assert dict(otlp.resource_attributes) == {"deployment.environment": "prod", "k8s.cluster.name": "gpu-east"}
     assert not otlp.write_files
+    assert otlp.output.queue_max_bytes == 32 << 20  # profiling.retryQueueMiB, one profile backend
     assert loaded["otlp-existing-secret"].otlp.headers_for("metrics") == {"Authorization": "Basic dXNlcjpwdw=="}
     assert loaded["otlp-existing-secret"].otlp.metrics_target() == ("http/protobuf", "http://collector:4318/v1/metrics")
     pyroscope = loaded["pyroscope"].pyroscope
