@@ -315,14 +315,32 @@ def test_both_monitors_at_once_are_refused() -> None:
     assert done.returncode != 0 and "scrape every agent twice" in done.stderr, done.stderr
 
 
-def test_notes_say_when_the_image_has_no_registry() -> None:
-    def notes(*sets: str) -> str:
-        done = helm("install", "gpu", str(CHART), "--dry-run=client", *set_args(list(sets)), check=False)
-        assert done.returncode == 0, done.stderr
-        return done.stdout.split("NOTES:", 1)[1]
+def notes(*sets: str) -> str:
+    """What ``helm install`` prints after the objects (NOTES.txt) for these --set arguments."""
+    done = helm("install", "gpu", str(CHART), "--dry-run=client", *set_args(list(sets)), check=False)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.split("NOTES:", 1)[1]
 
+
+def test_notes_say_when_the_image_has_no_registry() -> None:
     assert "No image is published" in notes()
     assert "No image is published" not in notes("image.repository=registry.example/otel-gpu")
+
+
+def test_notes_say_which_nodes_and_what_the_namespace_needs() -> None:
+    """The default affinity keeps the agent to GPU nodes whether or not a nodeSelector narrows them further."""
+    default = notes()
+    assert "on GPU nodes\n(those the affinity selects: by default nodes labelled nvidia.com/gpu.present=true" in default
+    assert "pod-security.kubernetes.io/enforce=privileged" in default
+    assert 'on GPU nodes matching nodeSelector {"a":"b"}\n' in notes("string:nodeSelector.a=b")
+    alone = notes("string:nodeSelector.a=b", "affinity=null")
+    assert 'on nodes matching nodeSelector {"a":"b"} (no affinity)' in alone and "GPU nodes" not in alone
+
+
+def test_notes_show_the_workload_snippet_only_when_gpu_time_is_profiled() -> None:
+    assert "CUDA_INJECTION64_PATH" in notes()
+    assert "CUDA_INJECTION64_PATH" not in notes("profiling.gpuTime=false")
+    assert "CUDA_INJECTION64_PATH" not in notes("injection.enabled=false")
 
 
 def test_mutual_tls_files_come_from_the_ca_secret() -> None:
