@@ -343,6 +343,13 @@ def test_notes_show_the_workload_snippet_only_when_gpu_time_is_profiled() -> Non
     assert "CUDA_INJECTION64_PATH" not in notes("injection.enabled=false")
 
 
+def test_notes_say_the_flame_graphs_need_pyroscope_over_otlp() -> None:
+    assert "flame graphs stay empty" in notes("pyroscope.url=http://p:4040", "pyroscope.api=ingest")
+    assert "flame graphs stay empty" not in notes("pyroscope.url=http://p:4040")
+    assert "flame graphs stay empty" not in notes("pyroscope.url=http://p:4040", "pyroscope.api=ingest",
+                                                  "dashboards.enabled=false")
+
+
 def test_mutual_tls_files_come_from_the_ca_secret() -> None:
     env = env_of(agent(render(["otlp.tls.caSecret=collector-tls", "otlp.tls.clientKeyKey=tls.key",
                                "otlp.tls.clientCertificateKey=tls.crt"])))
