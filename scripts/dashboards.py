@@ -13,9 +13,10 @@ suffixes (``semconv.prometheus_name``), which all three dashboards expect and ev
 - OTLP into Prometheus 3 (its default ``UnderscoreEscapingWithSuffixes``) or Mimir (with
   ``-distributor.otel-metric-suffixes-enabled=true``): the same translation rules (not run here).
 
-One name differs between them: hw.status, an up-down counter of unit 1, is ``hw_status`` when scraped and through
-Prometheus' own translation (``_ratio`` only for gauges) but ``hw_status_ratio`` in VictoriaMetrics, so its queries
-match ``__name__=~"hw_status(_ratio)?"``.
+Two names differ between them: hw.status and otel_gpu.source.up, up-down counters of unit 1, are ``hw_status`` and
+``otel_gpu_source_up`` when scraped and through Prometheus' own translation (``_ratio`` only for gauges) but
+``hw_status_ratio`` and ``otel_gpu_source_up_ratio`` in VictoriaMetrics, so their queries match
+``__name__=~"hw_status(_ratio)?"`` and ``__name__=~"otel_gpu_source_up(_ratio)?"``.
 
 Labels: ``k8s_cluster_name``, ``host_name`` (the node), ``hw_id`` (GPU UUID), ``k8s_namespace_name`` /
 ``k8s_pod_name``. Through the gateway Collector (collector-config/) all of them are on every series (its transform
@@ -53,6 +54,7 @@ POD_GPU = POD + ', hw_id=~"$gpu"'
 
 # hw.status (an up-down counter of unit 1): Prometheus and Mimir name it hw_status, VictoriaMetrics hw_status_ratio
 STATUS = '__name__=~"hw_status(_ratio)?"'
+SOURCE_UP = '__name__=~"otel_gpu_source_up(_ratio)?"'  # otel_gpu.source.up: the same rule
 # every GPU sends its memory size: the variables list GPUs, nodes and clusters from it
 INVENTORY = "hw_gpu_memory_limit_bytes"
 
@@ -171,12 +173,12 @@ def _build(uid: str, title: str, description: str, items: Iterable[tuple], tags:
     for variable in variables(**variable_kinds):
         builder = builder.with_variable(variable)
     layout = Layout()
-    for item in items:
+    for panel_id, item in enumerate(items, start=1):  # Grafana wants an id, unique in the dashboard, on every panel
         if isinstance(item, str):
-            builder = builder.with_row(layout.row(item))
+            builder = builder.with_row(layout.row(item).id(panel_id))
         else:
             panel, w, *h = item
-            builder = builder.with_panel(layout.place(panel, w, *h))
+            builder = builder.with_panel(layout.place(panel, w, *h).id(panel_id))
     return json.loads(json.dumps(builder.build(), cls=JSONEncoder))
 
 
@@ -229,9 +231,40 @@ def fleet() -> dict[str, object]:
                 q(f"sum by (k8s_namespace_name, k8s_pod_name) "
                   f"(nvidia_gpu_process_sm_utilization_ratio{{{POD_GPU}}})",
                   "{{k8s_namespace_name}}/{{k8s_pod_name}}"), stack=True), 12),
+        "Agent health",
+        (series("Sources running", "none",
+                q(f"sum by (otel_gpu_source) ({{{SOURCE_UP}, {NODE}}})", "{{otel_gpu_source}}"),
+                description="Agents on which each source runs (otel_gpu.source.up); a source is off where the "
+                            "configuration turns it off or it could not start (the agent's log says why)"), 8),
+        (series("Collection duration", "s",
+                q(f"max by (host_name, otel_gpu_source) (otel_gpu_collection_duration_seconds{{{NODE}}})",
+                  "{{host_name}} {{otel_gpu_source}}"),
+                description="Wall time of each source's last collection (for NVML, the slowest GPU)"), 8),
+        (series("CPU samples", "ops",
+                q(f"sum by (host_name) (rate(otel_gpu_profiling_samples_total{{{NODE}}}[$__rate_interval]))",
+                  "{{host_name}}"),
+                description="CPU stack samples per second taken by each agent's eBPF sampler"), 8),
+        (series("Dropped", "short",
+                q(f"sum by (otel_gpu_signal, otel_gpu_reason) "
+                  f"(increase(otel_gpu_dropped_total{{{NODE}}}[$__rate_interval]))",
+                  "{{otel_gpu_signal}} {{otel_gpu_reason}}"),
+                description="Data the agents had to drop per interval, by signal and reason (queue_full: a "
+                            "backend was down longer than the retry queue holds; README.md lists the reasons)"), 8),
+        (series("Export failures", "short",
+                q(f"sum by (otel_gpu_exporter, otel_gpu_signal) "
+                  f"(increase(otel_gpu_export_failures_total{{{NODE}}}[$__rate_interval]))",
+                  "{{otel_gpu_exporter}} {{otel_gpu_signal}}"),
+                description="Failed export attempts per interval, by exporter and signal (retried ones count too)"),
+         8),
+        (series("Source errors", "short",
+                q(f"sum by (otel_gpu_source, otel_gpu_reason) "
+                  f"(increase(otel_gpu_source_errors_total{{{NODE}}}[$__rate_interval]))",
+                  "{{otel_gpu_source}} {{otel_gpu_reason}}"),
+                description="Errors reading a source per interval, by source and reason"), 8),
     ]
     return _build("otel-gpu-fleet", "otel-gpu / Fleet", "GPUs across clusters and nodes: state, idle-but-allocated "
-                  "GPUs, utilization and memory by node, namespace and pod", items, ["fleet"])
+                  "GPUs, utilization and memory by node, namespace and pod, and the agents' own health", items,
+                  ["fleet"])
 
 
 def gpu() -> dict[str, object]:
@@ -283,6 +316,18 @@ def gpu() -> dict[str, object]:
                  "Last time of each XID code per GPU (counts are in the XID errors panel)"), 12),
         (listing("GPU state", q(f"{{{STATUS}, {GPU}}} == 1", instant=True),
                  description="The current hw.state of each GPU"), 12),
+        "NVLink",
+        (series("NVLink throughput", "Bps",
+                q(f"sum by (hw_id, network_io_direction) "
+                  f"(rate(nvidia_gpu_nvlink_io_bytes_total{{{GPU}}}[$__rate_interval]))",
+                  "{{hw_id}} {{network_io_direction}}"),
+                description="Data bytes per second over all of each GPU's active links (no series without NVLink)"),
+         12),
+        (series("NVLink errors", "short",
+                q(f"sum by (hw_id, error_type) (increase(nvidia_gpu_nvlink_errors_total{{{GPU}}}[$__rate_interval]))",
+                  "{{hw_id}} {{error_type}}"),
+                description="Data-link errors per interval over all of each GPU's links: replay, recovery, "
+                            "crc_flit, crc_data"), 12),
         "Processes",
         (listing("Processes on the GPU",
                  q(f"sum by (hw_id, process_pid, process_executable_name, k8s_namespace_name, k8s_pod_name, "
@@ -291,7 +336,7 @@ def gpu() -> dict[str, object]:
                  "scraped, only the pod uid is there)"), 24),
     ]
     return _build("otel-gpu-gpu", "otel-gpu / GPU", "One GPU in detail: utilization and Hopper activities, memory, "
-                  "power, temperature, clocks, throttle reasons, PCIe, XIDs and errors", items, ["gpu-detail"],
+                  "power, temperature, clocks, throttle reasons, PCIe, XIDs and errors, NVLink", items, ["gpu-detail"],
                   pods=False)
 
 
@@ -309,14 +354,22 @@ def workloads() -> dict[str, object]:
         (series("Kernel time", "percentunit",
                 q(f"sum by ({by}) (rate(nvidia_gpu_process_kernel_time_seconds_total{{{POD}}}[$__rate_interval]))",
                   legend), stack=True,
-                description="GPU seconds per second of kernels, copies and sets (estimated from sampled windows)"), 8),
+                description="GPU seconds per second of kernels, copies and sets (estimated from sampled windows, "
+                            "not over the time in 'GPU time not measured')"), 6),
+        (series("GPU time not measured (yielded)", "percentunit",
+                q(f"sum by ({by}) (rate(otel_gpu_gpu_time_yielded_seconds_total{{{POD}}}[$__rate_interval]))",
+                  legend),
+                description="Seconds per second the process's GPU time was not measured: the injected library "
+                            "stood aside for another CUPTI user (torch.profiler, ...) or for the program's CUDA "
+                            "graphs (otel_gpu.gpu_time.yielded); kernel time and the GPU-time flame graph leave "
+                            "that time out"), 6),
         (series("Launches", "ops",
                 q(f"sum by ({by}) (rate(nvidia_gpu_process_kernel_launches_total{{{POD}}}[$__rate_interval]))",
-                  legend)), 8),
+                  legend)), 6),
         (series("Sync-wait time", "percentunit",
                 q(f"sum by ({by}) (rate(nvidia_gpu_process_sync_wait_time_seconds_total{{{POD}}}[$__rate_interval]))",
                   legend),
-                description="Seconds per second the process's threads were blocked waiting on the GPU"), 8),
+                description="Seconds per second the process's threads were blocked waiting on the GPU"), 6),
         "Flame graphs (Pyroscope)",
         *((flame_graph(title, type_id), 24, 14) for title, type_id in PROFILE_TYPES.items()),
     ]

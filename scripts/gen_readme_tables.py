@@ -34,7 +34,7 @@ def config_table() -> str:
 
 def metric_table() -> str:
     rows = ["| OpenTelemetry name | instrument | unit | Prometheus name | meaning |", "|---|---|---|---|---|"]
-    for spec in semconv.GPU_METRICS + semconv.GPU_TIME_METRICS + semconv.SELF_METRICS:
+    for spec in semconv.GPU_METRICS + semconv.NVLINK_METRICS + semconv.GPU_TIME_METRICS + semconv.SELF_METRICS:
         name, vm_name = semconv.prometheus_name(spec), semconv.victoria_metrics_name(spec)
         shown = f"`{name}`" + (f" (VictoriaMetrics: `{vm_name}`)" if vm_name != name else "")
         rows.append(f"| `{spec.name}` | {spec.instrument} | `{spec.unit}` | {shown} | {spec.description} |")

@@ -46,7 +46,7 @@ def test_the_configuration_table_lists_every_flag_and_variable_and_the_metric_ta
         for name in option.env:
             assert f"`{name}`" in row, (option.flag, name)
     metrics = _between(text, "metrics")
-    for spec in semconv.GPU_METRICS + semconv.GPU_TIME_METRICS + semconv.SELF_METRICS:
+    for spec in semconv.GPU_METRICS + semconv.NVLINK_METRICS + semconv.GPU_TIME_METRICS + semconv.SELF_METRICS:
         assert f"| `{spec.name}` |" in metrics, spec.name
 
 

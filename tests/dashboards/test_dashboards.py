@@ -1,10 +1,11 @@
 # SPDX-License-Identifier: Apache-2.0
 """The Grafana dashboards (scripts/dashboards.py -> helm/otel-gpu/dashboards/*.json) against real data.
 
-The agent's own instruments (register_gpu_instruments, register_gpu_time_instruments) read a fake 2-GPU node with
-processes in two pods, export OTLP/HTTP through a stand-in for the gateway Collector (tests/dashboards/gateway.py)
-into a real VictoriaMetrics. Every variable query must list values; every query of every panel, with the
-variables filled in (all values, and the first value of each), must return data.
+The agent's own instruments (register_gpu_instruments, register_gpu_time_instruments, and the pipeline's
+self-metrics) read a fake 2-GPU node with processes in two pods and a few health readings, export OTLP/HTTP
+through a stand-in for the gateway Collector (tests/dashboards/gateway.py) into a real VictoriaMetrics. Every
+variable query must list values; every query of every panel, with the variables filled in (all values, and the
+first value of each), must return data.
 """
 
 from __future__ import annotations
@@ -22,11 +23,12 @@ from typing import Any
 import pytest
 from opentelemetry.sdk.resources import Resource
 
+from otel_gpu import selfmetrics, semconv
 from otel_gpu.config import AgentConfig, MetricsConfig, OTLPConfig, OutputConfig
 from otel_gpu.cuda.instruments import METER_NAME as CUDA_METER
 from otel_gpu.cuda.instruments import register_gpu_time_instruments
 from otel_gpu.cuda.source import ProcessCounters
-from otel_gpu.gpu.model import GPUInfo, GPUSnapshot, ProcessUsage, XIDErrors
+from otel_gpu.gpu.model import GPUInfo, GPUSnapshot, NVLinkReading, ProcessUsage, XIDErrors
 from otel_gpu.metrics.gpu_instruments import register_gpu_instruments
 from otel_gpu.metrics.pipeline import MetricsPipeline
 from otel_gpu.procfs import ProcessInfo
@@ -86,7 +88,10 @@ class FakeNode:
             performance_state=(8, 0)[info.index], ecc_corrected_errors=3, ecc_uncorrected_errors=0,
             pcie_replay_errors=1, sm_activity=(0.01, 0.65)[info.index], sm_occupancy=(0.0, 0.4)[info.index],
             tensor_activity=(0.0, 0.3)[info.index], dram_activity=(0.0, 0.35)[info.index],
-            processes=(PROCESSES[info.index],)) for info in GPUS)
+            processes=(PROCESSES[info.index],),
+            nvlinks=tuple(NVLinkReading(link, transmit_bytes=int(2e9 * (1 + elapsed)),
+                                        receive_bytes=int(3e9 * (1 + elapsed)), errors=(("replay", 2), ("crc_flit", 0)))
+                          for link in range(2))) for info in GPUS)
 
     def xid_errors(self) -> tuple[XIDErrors, ...]:
         return tuple(XIDErrors(info, 79 if info.index else 13, 1 + info.index, self.started) for info in GPUS)
@@ -98,8 +103,22 @@ class FakeNode:
             info = ProcessInfo(pid=usage.pid, executable_name=usage.executable_name,
                                container_id=usage.container_id, pod_uid=usage.pod_uid)
             out.append(ProcessCounters(info, launches=1000.0 * (1 + elapsed), kernel_time_ns=3e8 * (1 + elapsed),
-                                       sync_wait_ns=1e8 * (1 + elapsed)))
+                                       sync_wait_ns=1e8 * (1 + elapsed), unmeasured_ns=int(5e7 * (1 + elapsed))))
         return out
+
+
+def record_agent_health() -> None:
+    """The agent's own readings (otel_gpu.*) as its sources and exporters record them; selfmetrics.reset() after."""
+    for source in (semconv.Source.NVML, semconv.Source.CPU_PROFILER, semconv.Source.GPU_TIME):
+        selfmetrics.set_gauge(semconv.SELF_SOURCE_UP.name, 1, otel_gpu__source=source)
+        selfmetrics.set_gauge(semconv.SELF_COLLECTION_DURATION.name, 0.02, otel_gpu__source=source)
+    selfmetrics.count(semconv.SELF_PROFILE_SAMPLES.name, 190, otel_gpu__source=semconv.Source.CPU_PROFILER)
+    selfmetrics.count(semconv.SELF_DROPPED.name, 3, otel_gpu__reason=semconv.Reason.QUEUE_FULL,
+                      otel_gpu__signal=semconv.Signal.PROFILES)
+    selfmetrics.count(semconv.SELF_EXPORT_FAILURES.name, otel_gpu__exporter="otlp_grpc",
+                      otel_gpu__signal=semconv.Signal.PROFILES)
+    selfmetrics.count(semconv.SELF_ERRORS.name, otel_gpu__source=semconv.Source.SYMBOLIZER,
+                      otel_gpu__reason=semconv.Reason.NO_SYMBOL)
 
 
 def panels(board: dict[str, Any]) -> Iterator[dict[str, Any]]:
@@ -167,6 +186,7 @@ def fed_backend(victoria_metrics: VictoriaMetrics) -> Iterator[VictoriaMetrics]:
     node = FakeNode()
     register_gpu_instruments(pipeline.meter("otel_gpu.gpu"), node)
     register_gpu_time_instruments(pipeline.meter(CUDA_METER), node)
+    record_agent_health()
     try:
         deadline = time.monotonic() + 30
         while gateway.forwarded < 6 and time.monotonic() < deadline:  # enough points for rate() over 1m
@@ -176,6 +196,7 @@ def fed_backend(victoria_metrics: VictoriaMetrics) -> Iterator[VictoriaMetrics]:
     finally:
         pipeline.shutdown()
         gateway.close()
+        selfmetrics.reset()
 
 
 def _empty_queries(backend: VictoriaMetrics, first_only: bool) -> list[str]:
@@ -261,20 +282,36 @@ def test_committed_json_is_what_the_generator_builds(tmp_path: Path) -> None:
     assert dashboards.main(["--check"]) == 0
 
 
-def test_dashboards_use_only_metrics_the_agent_emits() -> None:
-    from otel_gpu import semconv
+# emitted but on no panel: the memory panels show usage against the limit instead
+NOT_ON_A_PANEL = {semconv.GPU_MEMORY_UTILIZATION}
 
-    known = {semconv.prometheus_name(spec) for spec in (*semconv.GPU_METRICS, *semconv.GPU_TIME_METRICS,
-                                                        *semconv.SELF_METRICS)}
+
+def test_dashboards_use_only_metrics_the_agent_emits() -> None:
+    """Every name a query uses is one the agent emits, and every metric the agent emits is on some panel."""
+    specs = (*semconv.GPU_METRICS, *semconv.NVLINK_METRICS, *semconv.GPU_TIME_METRICS, *semconv.SELF_METRICS)
+    known = {semconv.prometheus_name(spec) for spec in specs}
     used = set()
+    shown = set()
     for _, _, expr in prometheus_queries():
         used |= set(re.findall(r"\b([a-z][a-z0-9_]*)\{", expr))
         for pattern in re.findall(r'__name__=~"([^"]+)"', expr):
-            assert any(re.fullmatch(pattern, name) for name in known), pattern
+            matched = {name for name in known if re.fullmatch(pattern, name)}
+            assert matched, pattern
             used.add(pattern)
+            shown |= matched
     assert len(used) >= 25
     names = {name for name in used if "(" not in name}
     assert names <= known, sorted(names - known)
+    shown |= names
+    missing = known - shown - {semconv.prometheus_name(spec) for spec in NOT_ON_A_PANEL}
+    assert not missing, f"emitted but on no panel: {sorted(missing)}"
+
+
+def test_every_panel_has_an_id_of_its_own() -> None:
+    for board in (build() for build in dashboards.DASHBOARDS.values()):
+        ids = [panel.get("id") for panel in panels(board)]
+        assert all(isinstance(i, int) and i > 0 for i in ids), (board["uid"], ids)
+        assert len(set(ids)) == len(ids), (board["uid"], ids)
 
 
 def test_every_variable_is_present() -> None:

@@ -20,6 +20,7 @@ import pytest
 import yaml
 from opentelemetry.sdk.resources import Resource
 
+from otel_gpu import selfmetrics
 from otel_gpu.config import AgentConfig, MetricsConfig, OutputConfig
 from otel_gpu.cuda.instruments import METER_NAME as CUDA_METER
 from otel_gpu.cuda.instruments import register_gpu_time_instruments
@@ -36,6 +37,7 @@ from tests.dashboards.test_dashboards import (
     panels,
     prometheus_queries,
     query_variables,
+    record_agent_health,
 )
 from tests.deploy.test_chart import HELM, by_kind, render
 
@@ -81,6 +83,7 @@ def scraped(prometheus_factory: Callable[[list[str]], Prometheus]) -> Iterator[P
     node = FakeNode()
     register_gpu_instruments(pipeline.meter("otel_gpu.gpu"), node)
     register_gpu_time_instruments(pipeline.meter(CUDA_METER), node)
+    record_agent_health()
     try:
         server = prometheus_factory([])
         server.stop()
@@ -94,6 +97,7 @@ def scraped(prometheus_factory: Callable[[list[str]], Prometheus]) -> Iterator[P
         yield server
     finally:
         pipeline.shutdown()
+        selfmetrics.reset()
 
 
 def resolve(server: Prometheus, board: dict[str, Any], first_only: bool) -> tuple[dict[str, list[str]], set[str]]:

@@ -315,14 +315,39 @@ def test_both_monitors_at_once_are_refused() -> None:
     assert done.returncode != 0 and "scrape every agent twice" in done.stderr, done.stderr
 
 
-def test_notes_say_when_the_image_has_no_registry() -> None:
-    def notes(*sets: str) -> str:
-        done = helm("install", "gpu", str(CHART), "--dry-run=client", *set_args(list(sets)), check=False)
-        assert done.returncode == 0, done.stderr
-        return done.stdout.split("NOTES:", 1)[1]
+def notes(*sets: str) -> str:
+    """What ``helm install`` prints after the objects (NOTES.txt) for these --set arguments."""
+    done = helm("install", "gpu", str(CHART), "--dry-run=client", *set_args(list(sets)), check=False)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.split("NOTES:", 1)[1]
 
+
+def test_notes_say_when_the_image_has_no_registry() -> None:
     assert "No image is published" in notes()
     assert "No image is published" not in notes("image.repository=registry.example/otel-gpu")
+
+
+def test_notes_say_which_nodes_and_what_the_namespace_needs() -> None:
+    """The default affinity keeps the agent to GPU nodes whether or not a nodeSelector narrows them further."""
+    default = notes()
+    assert "on GPU nodes\n(those the affinity selects: by default nodes labelled nvidia.com/gpu.present=true" in default
+    assert "pod-security.kubernetes.io/enforce=privileged" in default
+    assert 'on GPU nodes matching nodeSelector {"a":"b"}\n' in notes("string:nodeSelector.a=b")
+    alone = notes("string:nodeSelector.a=b", "affinity=null")
+    assert 'on nodes matching nodeSelector {"a":"b"} (no affinity)' in alone and "GPU nodes" not in alone
+
+
+def test_notes_show_the_workload_snippet_only_when_gpu_time_is_profiled() -> None:
+    assert "CUDA_INJECTION64_PATH" in notes()
+    assert "CUDA_INJECTION64_PATH" not in notes("profiling.gpuTime=false")
+    assert "CUDA_INJECTION64_PATH" not in notes("injection.enabled=false")
+
+
+def test_notes_say_the_flame_graphs_need_pyroscope_over_otlp() -> None:
+    assert "flame graphs stay empty" in notes("pyroscope.url=http://p:4040", "pyroscope.api=ingest")
+    assert "flame graphs stay empty" not in notes("pyroscope.url=http://p:4040")
+    assert "flame graphs stay empty" not in notes("pyroscope.url=http://p:4040", "pyroscope.api=ingest",
+                                                  "dashboards.enabled=false")
 
 
 def test_mutual_tls_files_come_from_the_ca_secret() -> None:
@@ -364,6 +389,47 @@ def test_monitors_scrape_the_prometheus_port() -> None:
     assert done.returncode != 0 and "metrics.prometheusPort" in done.stderr
 
 
+def test_local_files_fit_the_output_volume() -> None:
+    """Without a backend the agent writes its files to the output emptyDir: the profile files' cap the chart passes,
+    metrics.jsonl with its rotated copy and summary.txt with its copy must stay under the volume's size limit, or
+    the kubelet evicts the pod."""
+    from otel_gpu.exporters.files import MAX_SUMMARY_BYTES
+    from otel_gpu.metrics.files import DEFAULT_MAX_FILE_BYTES
+
+    for limit_mib in (None, 256, 4096):
+        objects = render([] if limit_mib is None else [f"localFilesSizeLimitMiB={limit_mib}"])
+        (daemonset,) = by_kind(objects, "DaemonSet")
+        (output,) = [v for v in daemonset["spec"]["template"]["spec"]["volumes"] if v["name"] == "output"]
+        size_limit = output["emptyDir"]["sizeLimit"]
+        assert size_limit == f"{limit_mib or 1024}Mi"
+        profile_bytes = int(env_of(agent(objects))["OTEL_GPU_OUTPUT_MAX_PROFILE_BYTES"])
+        assert profile_bytes > 0
+        assert profile_bytes + 2 * DEFAULT_MAX_FILE_BYTES + 2 * MAX_SUMMARY_BYTES < int(size_limit[:-2]) << 20, \
+            size_limit
+
+
+# peak RSS with every source on under a CUDA torch load on the H200 (docs/benchmarks.md), before native unwinding
+MEASURED_PEAK_BYTES = 110 * 10**6
+
+
+def test_the_memory_limit_holds_the_measured_peak_and_every_bounded_part() -> None:
+    """The measured peak plus what was not in that run: the unwinder's table cache, its unwind_rows BPF map (8 bytes
+    a row, charged to the pod) and the retry queues of the profile backends, full while they are down. Each
+    backend keeps its own queue, so the chart shares profiling.retryQueueMiB between them."""
+    from otel_gpu.cpu.sampler import DEFAULT_UNWIND_ROWS
+    from otel_gpu.unwind.table import _CACHE_BYTES
+
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    limit = values["resources"]["limits"]["memory"]
+    assert limit.endswith("Mi")
+    for sets, backends in (([], 0), (TOGGLES["otlp"], 1), (TOGGLES["pyroscope"], 1),
+                           (TOGGLES["otlp"] + TOGGLES["pyroscope"], 2)):
+        queue_bytes = int(env_of(agent(render(sets)))["OTEL_GPU_OUTPUT_QUEUE_MAX_BYTES"])
+        assert queue_bytes * max(1, backends) == values["profiling"]["retryQueueMiB"] << 20
+        worst = MEASURED_PEAK_BYTES + _CACHE_BYTES + 8 * DEFAULT_UNWIND_ROWS + backends * queue_bytes
+        assert worst < int(limit[:-2]) << 20, (sets, worst)
+
+
 def test_priority_and_runtime_class() -> None:
     objects = render(TOGGLES["priority-class"])
     (priority,) = by_kind(objects, "PriorityClass")
@@ -391,10 +457,12 @@ def test_dashboards_become_configmaps_with_the_sidecar_label(dashboards_dir: Pat
     "pyroscope.api=push",
     "metrics.prometheusPort=70000",
     "profiling.frequencyHz=0",
+    "profiling.retryQueueMiB=0",
     "securityContext.privileged=yes",
     "securityContext.capabilities={CAP_BPF}",
     "logLevel=verbose",
     "localFiles=maybe",
+    "localFilesSizeLimitMiB=128",
     "nvidia.driverCapabilities=utility;compute",
     "injection.hostPath=relative/path",
     "image.pullPolicy=Sometimes",
@@ -493,11 +561,13 @@ def test_the_agent_accepts_the_chart_environment(tmp_path: Path) -> None:
         assert loaded[toggle].warnings == (), f"{toggle}: {loaded[toggle].warnings}"
         assert loaded[toggle].node_name == "gpu-node-7"
     assert loaded["defaults"].write_files and not loaded["defaults"].show_console
+    assert loaded["defaults"].output.max_profile_bytes == (1024 - 192) << 20  # localFilesSizeLimitMiB less the rest
     otlp = loaded["otlp"]
     assert otlp.otlp.profiles_target() == ("grpc", "https://collector.observability:4317")
     assert otlp.otlp.headers_for("profiles") == {"Authorization": "Bearer abc", "X-Scope-OrgID": "team-a"}
     assert dict(otlp.resource_attributes) == {"deployment.environment": "prod", "k8s.cluster.name": "gpu-east"}
     assert not otlp.write_files
+    assert otlp.output.queue_max_bytes == 32 << 20  # profiling.retryQueueMiB, one profile backend
     assert loaded["otlp-existing-secret"].otlp.headers_for("metrics") == {"Authorization": "Basic dXNlcjpwdw=="}
     assert loaded["otlp-existing-secret"].otlp.metrics_target() == ("http/protobuf", "http://collector:4318/v1/metrics")
     pyroscope = loaded["pyroscope"].pyroscope
