@@ -7,8 +7,10 @@ the newest data. Every drop is counted in ``otel_gpu.dropped`` (``otel_gpu.reaso
 ``too_large``, ``rejected``, ``shutdown``) and every failed attempt in ``otel_gpu.export.failures``.
 An outage is logged once when it starts and once when it ends, never per attempt. The backoff belongs to the
 outage, not to a payload: evicting the payload being retried neither resets it nor lets the next one go out early.
-Refusals are logged the same way: the first with its reason (and a new reason at once), then at most one line a
-``REFUSAL_LOG_INTERVAL_S`` with the count, and one when the backend accepts again.
+Any answer ends the outage, a refusal too (the backend is reachable): the next failure starts a new one from the
+first backoff step. Refusals are logged like outages: the first with its reason (and a new reason at once), then at
+most one line a ``REFUSAL_LOG_INTERVAL_S`` with the count, and one when the backend accepts again; they are counted
+apart from the outage's drops.
 """
 
 from __future__ import annotations
@@ -170,7 +172,8 @@ class RetryQueue:
         self._drop(1, semconv.Reason.QUEUE_FULL)
 
     def _drop(self, count: int, reason: semconv.Reason) -> None:
-        self._outage_dropped += count
+        if reason is not semconv.Reason.REJECTED:  # refusals are counted and logged apart from outages
+            self._outage_dropped += count
         selfmetrics.count(semconv.SELF_DROPPED.name, count, otel_gpu__reason=reason, otel_gpu__signal=self._signal,
                           otel_gpu__exporter=self.name)
 
@@ -216,6 +219,7 @@ class RetryQueue:
             if payload.abandoned:
                 return  # already dropped and counted (queue full, or shutdown gave up on it)
             if result.outcome is Outcome.FAIL:
+                self._reachable()  # a refusal is an answer: whatever outage there was is over
                 with self._cond:
                     self._drop(1, semconv.Reason.REJECTED)
                 self._refused(result.detail)
@@ -272,9 +276,14 @@ class RetryQueue:
         self._refusal_reason, self._refusals_unlogged, self._refusal_logged_at = kind, 0, now
 
     def _recovered(self) -> None:
+        """The backend took a payload: a spell of refusals and an outage end."""
         if self._refusals:
             _logger.info("%s: the backend accepts payloads again after refusing %d", self.name, self._refusals)
             self._refusal_reason, self._refusals, self._refusals_unlogged = "", 0, 0
+        self._reachable()
+
+    def _reachable(self) -> None:
+        """The backend answered (took or refused a payload): end the outage, if any, and its backoff."""
         with self._cond:
             dropped, self._outage_dropped = self._outage_dropped, 0
         if self._outage_failures:
