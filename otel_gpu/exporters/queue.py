@@ -10,7 +10,8 @@ outage, not to a payload: evicting the payload being retried neither resets it n
 Any answer ends the outage, a refusal too (the backend is reachable): the next failure starts a new one from the
 first backoff step. Refusals are logged like outages: the first with its reason (and a new reason at once), then at
 most one line a ``REFUSAL_LOG_INTERVAL_S`` with the count, and one when the backend accepts again; they are counted
-apart from the outage's drops.
+apart from the outage's drops. Payloads larger than the whole queue are logged the same way: the first at once,
+then at most one line a ``REFUSAL_LOG_INTERVAL_S`` with the count.
 """
 
 from __future__ import annotations
@@ -103,6 +104,8 @@ class RetryQueue:
         self._refusals = 0  # refusals since the backend last accepted
         self._refusals_unlogged = 0  # of those, refusals not yet in a log line
         self._refusal_logged_at = 0.0  # monotonic time of the last refusal line
+        self._too_large_unlogged = 0  # payloads larger than the whole queue not yet in a log line
+        self._too_large_logged_at: float | None = None  # monotonic time of the last line about them
         self.sent = 0  # payloads delivered (for tests and logs)
         self._thread = threading.Thread(target=self._run, name=f"otel-gpu-export-{name}", daemon=True)
         self._thread.start()
@@ -127,8 +130,7 @@ class RetryQueue:
                 return False
             if size > self._max_bytes:
                 self._drop(1, semconv.Reason.TOO_LARGE)
-                _logger.warning("%s: dropped a %d-byte payload larger than the whole queue (%d bytes; raise "
-                                "--queue-max-bytes)", self.name, size, self._max_bytes)
+                self._log_too_large(size)
                 return False
             while self._bytes + size > self._max_bytes:
                 self._evict_oldest()
@@ -170,6 +172,23 @@ class RetryQueue:
         else:
             self._bytes -= self._waiting.popleft().size_bytes
         self._drop(1, semconv.Reason.QUEUE_FULL)
+
+    def _log_too_large(self, size: int) -> None:
+        """Inside the lock: the first payload larger than the queue at once, later ones at most once a
+        REFUSAL_LOG_INTERVAL_S, counted (every profile is too large for a tiny queue: not a line each interval)."""
+        self._too_large_unlogged += 1
+        now = time.monotonic()
+        if self._too_large_logged_at is None:
+            _logger.warning("%s: dropped a %d-byte payload larger than the whole queue (%d bytes; raise "
+                            "--queue-max-bytes); more are logged at most every %g s", self.name, size,
+                            self._max_bytes, REFUSAL_LOG_INTERVAL_S)
+        elif now - self._too_large_logged_at >= REFUSAL_LOG_INTERVAL_S:
+            _logger.warning("%s: dropped %d more payloads larger than the whole queue in %.0f s (the last %d bytes; "
+                            "the queue holds %d; raise --queue-max-bytes)", self.name, self._too_large_unlogged,
+                            now - self._too_large_logged_at, size, self._max_bytes)
+        else:
+            return
+        self._too_large_unlogged, self._too_large_logged_at = 0, now
 
     def _drop(self, count: int, reason: semconv.Reason) -> None:
         if reason is not semconv.Reason.REJECTED:  # refusals are counted and logged apart from outages

@@ -264,3 +264,26 @@ def test_a_refusal_ends_the_outage_and_its_backoff(caplog: pytest.LogCaptureFixt
     assert lines.index(reachable[0]) < next(i for i, line in enumerate(lines) if "refused a payload" in line)
     assert len([line for line in lines if "backend unavailable" in line]) == 2, lines
     assert _dropped("rejected") == 1
+
+
+def test_payloads_larger_than_the_queue_are_logged_once_then_counted(caplog: pytest.LogCaptureFixture,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    from otel_gpu.exporters import queue as queue_module
+
+    clock = [1000.0]
+    monkeypatch.setattr(queue_module.time, "monotonic", lambda: clock[0])
+    caplog.set_level(logging.INFO, logger="otel_gpu.exporters.queue")
+    queue = RetryQueue("t", FakeBackend().send, max_bytes=100, backoff=FAST)
+    try:
+        for _ in range(5):
+            assert not queue.put(Payload(b"x" * 101))
+        lines = [r.getMessage() for r in caplog.records if "larger than the whole queue" in r.getMessage()]
+        assert len(lines) == 1 and "dropped a 101-byte payload" in lines[0], lines
+        clock[0] += queue_module.REFUSAL_LOG_INTERVAL_S
+        assert not queue.put(Payload(b"x" * 150))
+        lines = [r.getMessage() for r in caplog.records if "larger than the whole queue" in r.getMessage()]
+        assert len(lines) == 2 and "dropped 5 more payloads larger than the whole queue in 300 s" in lines[1], lines
+        assert "the last 150 bytes" in lines[1]
+    finally:
+        queue.shutdown(1.0)
+    assert _dropped("too_large") == 6
