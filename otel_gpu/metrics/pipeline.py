@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import socket
 import sys
 import threading
 import time
@@ -40,6 +39,7 @@ from opentelemetry.sdk.resources import Resource
 
 from otel_gpu import selfmetrics, semconv
 from otel_gpu.config import AgentConfig, OTLPConfig
+from otel_gpu.exporters.diagnosis import address, probe
 from otel_gpu.metrics import CUMULATIVE_EVERYWHERE, _stale
 from otel_gpu.metrics.console import ConsoleTableExporter
 from otel_gpu.metrics.files import JsonLinesMetricExporter
@@ -203,30 +203,18 @@ def _count_points(metrics_data: MetricsData) -> int:
 
 
 def diagnose_connection(url: str, protocol: str, timeout_s: float) -> str:
-    """Why ``url`` gave no successful answer, in words: refused, unknown host, silent, or up but not speaking OTLP.
+    """Why ``url`` gave no successful answer, in words: refused, unknown host, silent, closing connections at once,
+    answering in another protocol (:func:`otel_gpu.exporters.diagnosis.probe`), or up but not answering as OTLP.
 
-    One TCP connection attempt (at most 2 s), made once per outage on the exporter's thread; the SDK's exporters
-    report only "failure"."""
-    parsed = urllib.parse.urlparse(url if "://" in url else f"//{url}")
-    host = parsed.hostname or ""
-    try:
-        port = parsed.port or (443 if parsed.scheme == "https" else 80)
-    except ValueError:
-        return f"{url} has no usable port"
-    probe_s = min(timeout_s, 2.0)
-    try:
-        with socket.create_connection((host, port), timeout=probe_s):
-            pass
-    except ConnectionRefusedError:
-        return f"connection refused by {host}:{port}: nothing listens there"
-    except socket.gaierror as exc:
-        return f"cannot resolve the host name {host!r}: {exc.strerror or exc}"
-    except TimeoutError:
-        return f"no answer from {host}:{port} within {probe_s:g} s"
-    except OSError as exc:
-        return f"cannot connect to {host}:{port}: {exc.strerror or exc}"
-    return (f"{host}:{port} takes connections but gave no successful answer within {timeout_s:g} s; check that it "
-            f"takes OTLP {protocol}")
+    One TCP connection attempt (at most 2 s), made on the exporter's thread; the SDK's exporters report only
+    "failure"."""
+    expects = f"OTLP {protocol}"
+    found = probe(url, expects, grpc=protocol == "gRPC", connect_s=min(timeout_s, 2.0))
+    if found:
+        return found
+    host, port = address(url)
+    return f"{host}:{port} takes connections but gave no successful answer within {timeout_s:g} s; check that it " \
+           f"takes {expects}"
 
 
 def build_otlp_exporter(otlp: OTLPConfig) -> tuple[MetricExporter, str, str] | None:
