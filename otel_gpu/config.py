@@ -24,6 +24,9 @@ from typing import Any
 EXIT_CONFIG_ERROR = 2
 MAX_CONFIG_FILE_BYTES = 1 << 20  # a configuration file is a page of YAML; /dev/zero or a log file is a mistake
 PID_MAX = 1 << 22  # PID_MAX_LIMIT: no process id on Linux is larger
+# the profile queue must hold at least one interval's payloads (KBs on a quiet node, far more on a busy one); a
+# smaller one drops every payload as larger than the whole queue
+QUEUE_MIN_BYTES = 1 << 20
 
 _PROTOCOLS = ("grpc", "http/protobuf")
 _UNSUPPORTED_PROTOCOLS = (("http/json", "the OpenTelemetry Python SDK the agent exports with has no OTLP/JSON "
@@ -598,7 +601,7 @@ OPTIONS: tuple[Option, ...] = (
            str, env=("OTEL_GPU_OUTPUT_CONSOLE",), choices=_TRISTATE),
     Option("output.queue_max_bytes", "--queue-max-bytes",
            "bytes of encoded profiles kept for retry while a backend is down", int,
-           env=("OTEL_GPU_OUTPUT_QUEUE_MAX_BYTES",), check=_range(1024, 2**40)),
+           env=("OTEL_GPU_OUTPUT_QUEUE_MAX_BYTES",), check=_range(QUEUE_MIN_BYTES, 2**40)),
     Option("output.max_profile_files", "--max-profile-files",
            "most profile files (*.pb.gz) kept in the output folder; the oldest are removed first", int,
            env=("OTEL_GPU_OUTPUT_MAX_PROFILE_FILES",), check=_range(1, 10**7)),

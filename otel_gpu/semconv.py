@@ -242,6 +242,7 @@ class Reason(_StrEnum):
     SHUTDOWN = "shutdown"  # still queued when stopping's time ran out
     ENCODE_ERROR = "encode_error"
     WRITE_ERROR = "write_error"  # a local file could not be written
+    DISK_FULL = "disk_full"  # an older local profile file removed to make room for a new one on a full disk
     EXPORT_FAILED = "export_failed"  # a metrics export failed
     SUPERSEDED = "superseded"  # a newer collection replaced it while the previous one was still being sent
     NO_DESTINATION = "no_destination"  # every destination of the signal was turned off (--local-files/--console off)

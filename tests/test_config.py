@@ -441,10 +441,10 @@ def test_the_agent_sends_both_signals_to_schemeless_grpc_endpoints_in_plaintext(
     profiles = GrpcProfilesReceiver().start()
     busy = subprocess.Popen(["sh", "-c", "while :; do :; done"])  # something to profile every interval
     try:
-        ran = _run("run", "--duration", "5", "--pid", str(busy.pid), "--no-gpu-metrics", "--no-gpu-time-profiling", "--console", "off",
-                   "--local-files", "off", "--metric-export-interval", "0.5", "--profiling-interval", "1",
-                   "--otlp-metrics-endpoint", f"127.0.0.1:{port}", "--otlp-profiles-endpoint",
-                   f"127.0.0.1:{profiles.port}", "--otlp-insecure")
+        ran = _run("run", "--duration", "5", "--pid", str(busy.pid), "--no-gpu-metrics", "--no-gpu-time-profiling",
+                   "--console", "off", "--local-files", "off", "--metric-export-interval", "0.5",
+                   "--profiling-interval", "1", "--otlp-metrics-endpoint", f"127.0.0.1:{port}",
+                   "--otlp-profiles-endpoint", f"127.0.0.1:{profiles.port}", "--otlp-insecure")
         assert ran.returncode == 0, ran.stderr[-3000:]
         assert metrics.names(), ran.stderr[-3000:]
         assert profiles.wait_for(1, timeout_s=5), ran.stderr[-3000:]
@@ -458,7 +458,8 @@ def test_the_agent_sends_both_signals_to_schemeless_grpc_endpoints_in_plaintext(
 @pytest.mark.parametrize(("argv", "environ", "expected"), [
     (["--pid", "abc"], {}, "flag --pid: 'abc' is not a whole number"),
     ([], {"OTEL_GPU_PROFILING_PIDS": "1 2"}, "'1 2' is not a whole number (in '1 2', a comma-separated list)"),
-    (["--queue-max-bytes", "-1"], {}, "must be between 1024 and 1099511627776"),
+    (["--queue-max-bytes", "-1"], {}, "must be between 1048576 and 1099511627776"),
+    (["--queue-max-bytes", "65536"], {}, "flag --queue-max-bytes: 65536 must be between 1048576 and 1099511627776"),
     (["--otlp-metrics-timeout", "-1"], {}, "must be 0 (unset) or between 0.001 and 3600"),
     (["--profiling-interval", "x"], {}, "flag --profiling-interval: 'x' is not a number"),
 ])

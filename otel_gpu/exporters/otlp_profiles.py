@@ -3,8 +3,8 @@
 
 Retryable outcomes follow the OTLP specification: gRPC ``CANCELLED``, ``DEADLINE_EXCEEDED``,
 ``RESOURCE_EXHAUSTED``, ``ABORTED``, ``OUT_OF_RANGE``, ``UNAVAILABLE``, ``DATA_LOSS``; HTTP 429, 502, 503, 504 and
-connection errors. Anything else is a permanent refusal of that payload. A partial success (rejected profiles) is
-logged once and counted.
+connection errors. Anything else is a permanent refusal of that payload, and so is an answer that is not HTTP/1 (a
+gRPC port sends an HTTP/2 frame back). A partial success (rejected profiles) is logged once and counted.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from opentelemetry.proto.collector.profiles.v1development.profiles_service_pb2 i
 from otel_gpu import __version__, selfmetrics, semconv
 from otel_gpu._log import once
 from otel_gpu.exporters.base import QueuedProfileExporter
+from otel_gpu.exporters.diagnosis import GRPC_PORT_HINT, describe_exception, escaped
 from otel_gpu.exporters.queue import (
     Backoff,
     Outcome,
@@ -110,9 +111,12 @@ class HttpPoster:
     """POSTs one body to one URL; maps the answer to a :class:`SendResult`. Shared by OTLP/HTTP and Pyroscope."""
 
     def __init__(self, headers: Mapping[str, str] | None = None, *, certificate: str = "", client_key: str = "",
-                 client_certificate: str = "", timeout_s: float = 10.0) -> None:
+                 client_certificate: str = "", timeout_s: float = 10.0, expects: str = "OTLP/HTTP",
+                 hint: str = GRPC_PORT_HINT) -> None:
+        """``expects`` and ``hint`` word a server that answers in another protocol (what to check)."""
         self._headers = {"User-Agent": USER_AGENT, **(headers or {})}
         self._timeout_s = timeout_s
+        self._expects, self._hint = expects, hint
         self._ssl = ssl.create_default_context(cafile=certificate or None)
         if client_certificate:  # mutual TLS
             self._ssl.load_cert_chain(client_certificate, client_key or None)
@@ -130,8 +134,11 @@ class HttpPoster:
                 return SendResult(Outcome.RETRY, detail, _retry_after_s(exc.headers.get("Retry-After"))), b""
             return SendResult(Outcome.FAIL, detail), b""
         except (urllib.error.URLError, http.client.HTTPException, OSError) as exc:
-            reason = getattr(exc, "reason", exc)
-            return SendResult(Outcome.RETRY, f"{url}: {reason}"), b""
+            detail = describe_exception(exc, url, expects=self._expects, hint=self._hint, timeout_s=self._timeout_s)
+            # an answer that is no HTTP/1 status line will not become one: a refusal (RemoteDisconnected, a subclass,
+            # is a connection closed without an answer, retried)
+            refused = isinstance(exc, http.client.BadStatusLine) and not isinstance(exc, http.client.RemoteDisconnected)
+            return SendResult(Outcome.FAIL if refused else Outcome.RETRY, detail), b""
 
 
 def describe_error_body(body: bytes, content_type: str = "", limit: int = 200) -> str:
@@ -150,10 +157,8 @@ def describe_error_body(body: bytes, content_type: str = "", limit: int = 200) -
             name = code_pb2.Code.Name(status.code) if status.code in code_pb2.Code.values() else "code"
             message = status.message[:limit] if status.message else "(no message)"
             return f"{name} ({status.code}): {message}"
-    text = body[:limit].decode("utf-8", "replace")
-    printable = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text).strip()
     more = f" ... ({len(body)} bytes)" if len(body) > limit else ""
-    return (printable or "(empty body)") + more
+    return (escaped(body[:limit].decode("utf-8", "replace"), limit) or "(empty body)") + more
 
 
 def _retry_after_s(value: str | None) -> float:
@@ -169,11 +174,12 @@ class OTLPHttpProfileExporter(QueuedProfileExporter):
     def __init__(self, url: str, *, headers: Mapping[str, str] | None = None, certificate: str = "",
                  client_key: str = "", client_certificate: str = "", compression: str = "none",
                  timeout_s: float = 10.0, queue_max_bytes: int = 64 << 20, backoff: Backoff | None = None,
-                 name: str = "otlp_http") -> None:
+                 name: str = "otlp_http", hint: str = GRPC_PORT_HINT) -> None:
+        """``hint``: what to check when ``url`` answers in another protocol than HTTP/1."""
         self.url = url
         self._gzip = compression == "gzip"
         self._poster = HttpPoster(headers, certificate=certificate, client_key=client_key,
-                                  client_certificate=client_certificate, timeout_s=timeout_s)
+                                  client_certificate=client_certificate, timeout_s=timeout_s, hint=hint)
         super().__init__(name, queue_max_bytes, backoff)
 
     def payloads(self, batch: ProfileBatch) -> list[Payload]:

@@ -24,6 +24,7 @@ from otel_gpu.profiles.pprof import encode_pprof
 TENANT_HEADER = "X-Scope-OrgID"
 INGEST_PATH = "/ingest"
 SPY_NAME = "otel-gpu"
+PYROSCOPE_URL_HINT = "is --pyroscope-url the server's HTTP port, 4040 by default?"
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.\-]")
 
 
@@ -44,7 +45,8 @@ def pyroscope_otlp_exporter(url: str, *, headers: Mapping[str, str], timeout_s: 
     """OTLP/HTTP profiles to Pyroscope's own receiver (same wire as a Collector)."""
     return OTLPHttpProfileExporter(url.rstrip("/") + HTTP_PATH, headers=headers, timeout_s=timeout_s,
                                    compression="gzip",  # Pyroscope's own receiver, not OTEL_EXPORTER_OTLP_*: as ever
-                                   queue_max_bytes=queue_max_bytes, backoff=backoff, name="pyroscope_otlp")
+                                   queue_max_bytes=queue_max_bytes, backoff=backoff, name="pyroscope_otlp",
+                                   hint=PYROSCOPE_URL_HINT)
 
 
 class PyroscopeIngestExporter(QueuedProfileExporter):
@@ -53,7 +55,7 @@ class PyroscopeIngestExporter(QueuedProfileExporter):
     def __init__(self, url: str, *, headers: Mapping[str, str] | None = None, timeout_s: float = 10.0,
                  queue_max_bytes: int = 64 << 20, backoff: Backoff | None = None) -> None:
         self.url = url.rstrip("/") + INGEST_PATH
-        self._poster = HttpPoster(headers, timeout_s=timeout_s)
+        self._poster = HttpPoster(headers, timeout_s=timeout_s, expects="HTTP", hint=PYROSCOPE_URL_HINT)
         super().__init__("pyroscope_ingest", queue_max_bytes, backoff)
 
     def payloads(self, batch: ProfileBatch) -> list[Payload]:

@@ -7,8 +7,11 @@ the newest data. Every drop is counted in ``otel_gpu.dropped`` (``otel_gpu.reaso
 ``too_large``, ``rejected``, ``shutdown``) and every failed attempt in ``otel_gpu.export.failures``.
 An outage is logged once when it starts and once when it ends, never per attempt. The backoff belongs to the
 outage, not to a payload: evicting the payload being retried neither resets it nor lets the next one go out early.
-Refusals are logged the same way: the first with its reason (and a new reason at once), then at most one line a
-``REFUSAL_LOG_INTERVAL_S`` with the count, and one when the backend accepts again.
+Any answer ends the outage, a refusal too (the backend is reachable): the next failure starts a new one from the
+first backoff step. Refusals are logged like outages: the first with its reason (and a new reason at once), then at
+most one line a ``REFUSAL_LOG_INTERVAL_S`` with the count, and one when the backend accepts again; they are counted
+apart from the outage's drops. Payloads larger than the whole queue are logged the same way: the first at once,
+then at most one line a ``REFUSAL_LOG_INTERVAL_S`` with the count.
 """
 
 from __future__ import annotations
@@ -101,6 +104,8 @@ class RetryQueue:
         self._refusals = 0  # refusals since the backend last accepted
         self._refusals_unlogged = 0  # of those, refusals not yet in a log line
         self._refusal_logged_at = 0.0  # monotonic time of the last refusal line
+        self._too_large_unlogged = 0  # payloads larger than the whole queue not yet in a log line
+        self._too_large_logged_at: float | None = None  # monotonic time of the last line about them
         self.sent = 0  # payloads delivered (for tests and logs)
         self._thread = threading.Thread(target=self._run, name=f"otel-gpu-export-{name}", daemon=True)
         self._thread.start()
@@ -125,8 +130,7 @@ class RetryQueue:
                 return False
             if size > self._max_bytes:
                 self._drop(1, semconv.Reason.TOO_LARGE)
-                _logger.warning("%s: dropped a %d-byte payload larger than the whole queue (%d bytes; raise "
-                                "--queue-max-bytes)", self.name, size, self._max_bytes)
+                self._log_too_large(size)
                 return False
             while self._bytes + size > self._max_bytes:
                 self._evict_oldest()
@@ -169,8 +173,26 @@ class RetryQueue:
             self._bytes -= self._waiting.popleft().size_bytes
         self._drop(1, semconv.Reason.QUEUE_FULL)
 
+    def _log_too_large(self, size: int) -> None:
+        """Inside the lock: the first payload larger than the queue at once, later ones at most once a
+        REFUSAL_LOG_INTERVAL_S, counted (every profile is too large for a tiny queue: not a line each interval)."""
+        self._too_large_unlogged += 1
+        now = time.monotonic()
+        if self._too_large_logged_at is None:
+            _logger.warning("%s: dropped a %d-byte payload larger than the whole queue (%d bytes; raise "
+                            "--queue-max-bytes); more are logged at most every %g s", self.name, size,
+                            self._max_bytes, REFUSAL_LOG_INTERVAL_S)
+        elif now - self._too_large_logged_at >= REFUSAL_LOG_INTERVAL_S:
+            _logger.warning("%s: dropped %d more payloads larger than the whole queue in %.0f s (the last %d bytes; "
+                            "the queue holds %d; raise --queue-max-bytes)", self.name, self._too_large_unlogged,
+                            now - self._too_large_logged_at, size, self._max_bytes)
+        else:
+            return
+        self._too_large_unlogged, self._too_large_logged_at = 0, now
+
     def _drop(self, count: int, reason: semconv.Reason) -> None:
-        self._outage_dropped += count
+        if reason is not semconv.Reason.REJECTED:  # refusals are counted and logged apart from outages
+            self._outage_dropped += count
         selfmetrics.count(semconv.SELF_DROPPED.name, count, otel_gpu__reason=reason, otel_gpu__signal=self._signal,
                           otel_gpu__exporter=self.name)
 
@@ -216,6 +238,7 @@ class RetryQueue:
             if payload.abandoned:
                 return  # already dropped and counted (queue full, or shutdown gave up on it)
             if result.outcome is Outcome.FAIL:
+                self._reachable()  # a refusal is an answer: whatever outage there was is over
                 with self._cond:
                     self._drop(1, semconv.Reason.REJECTED)
                 self._refused(result.detail)
@@ -272,9 +295,14 @@ class RetryQueue:
         self._refusal_reason, self._refusals_unlogged, self._refusal_logged_at = kind, 0, now
 
     def _recovered(self) -> None:
+        """The backend took a payload: a spell of refusals and an outage end."""
         if self._refusals:
             _logger.info("%s: the backend accepts payloads again after refusing %d", self.name, self._refusals)
             self._refusal_reason, self._refusals, self._refusals_unlogged = "", 0, 0
+        self._reachable()
+
+    def _reachable(self) -> None:
+        """The backend answered (took or refused a payload): end the outage, if any, and its backoff."""
         with self._cond:
             dropped, self._outage_dropped = self._outage_dropped, 0
         if self._outage_failures:

@@ -8,16 +8,17 @@
 
 Every push exporter is wrapped in :class:`CountingExporter`, which sends on a thread of its own (collection never
 waits on an export), turns results into self-metrics (``otel_gpu.export.failures``, ``otel_gpu.dropped``) and logs
-one line when a destination starts failing, saying why (refused, unknown host, no answer), and one when it
-recovers. Temporality is cumulative for every instrument kind, so a backend that comes back simply continues the
-series. Exporters are built from explicit arguments taken from the config object.
+one line when a destination starts failing, saying why (refused, unknown host, no answer, closed without an answer,
+the backend's own error answer), one at once when the reason changes, the same reason at most every
+``FAILURE_LOG_INTERVAL_S``, and one when it recovers. Temporality is cumulative for every instrument kind, so a
+backend that comes back simply continues the series. Exporters are built from explicit arguments taken from the
+config object.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-import socket
 import sys
 import threading
 import time
@@ -40,6 +41,7 @@ from opentelemetry.sdk.resources import Resource
 
 from otel_gpu import selfmetrics, semconv
 from otel_gpu.config import AgentConfig, OTLPConfig
+from otel_gpu.exporters.diagnosis import address, describe_exception, escaped, probe
 from otel_gpu.metrics import CUMULATIVE_EVERYWHERE, _stale
 from otel_gpu.metrics.console import ConsoleTableExporter
 from otel_gpu.metrics.files import JsonLinesMetricExporter
@@ -50,28 +52,41 @@ _logger = logging.getLogger(__name__)
 SIGNAL = semconv.Signal.METRICS
 _SHUTDOWN_GRACE_S = 5.0
 SUPERSEDED_LOG_INTERVAL_S = 300.0  # at most one line this often while collections are dropped for a slow backend
+FAILURE_LOG_INTERVAL_S = 300.0  # at most one line this often while exports keep failing for the same reason
 
 
 class CountingExporter(MetricExporter):
-    """Wraps a push exporter: sends on a thread of its own, counts failures and dropped points, logs once per
-    outage, never raises.
+    """Wraps a push exporter: sends on a thread of its own, counts failures and dropped points, logs when an outage
+    starts, when its reason changes and when it ends (the same reason again at most every
+    ``FAILURE_LOG_INTERVAL_S``), never raises.
 
     ``export()`` only hands the collection over, so a backend that hangs or is down never delays the next
     collection. While one collection is being sent the next one waits; a newer one replaces a waiting one (the
     temporality is cumulative, so the newer holds everything the older did) and the replaced points are counted as
     dropped (``superseded``), with one log line at once and then at most one every
     ``SUPERSEDED_LOG_INTERVAL_S`` (the SDK's exporter may still be retrying and succeed later, so no failure is
-    logged for it), and one when a send goes through again.
+    logged for it), and one when a send goes through again. The first such line says what is known of why the send
+    has not finished (it comes before the failure, which the SDK's exporter reports only once its retries end).
+
+    Why a send failed: the inner exporter's ``last_error`` (the backend's error answer or the connection error, in
+    words) when it has one, else what ``probe`` finds at the address (refused, unknown host, closed at once:
+    "" when nothing), else ``no_answer``. A ``last_error`` marked ``last_error_transport`` (a gRPC UNAVAILABLE)
+    gives way to what the probe finds. A probe is one TCP connection (at most 2.2 s) on the sender's thread, or on a
+    thread of its own for the superseded line, made for each failed export the exporter has no words for.
     """
 
-    def __init__(self, inner: MetricExporter, name: str, destination: str,
-                 diagnose: Callable[[], str] | None = None) -> None:
+    def __init__(self, inner: MetricExporter, name: str, destination: str, probe: Callable[[], str] | None = None,
+                 no_answer: str = "the exporter reported a failure") -> None:
         super().__init__(preferred_temporality=CUMULATIVE_EVERYWHERE)
         self.inner = inner
         self.name = name
         self.destination = destination
         self.failures_in_outage = 0
-        self._diagnose = diagnose or (lambda: "the exporter reported a failure")
+        self._probe = probe
+        self._no_answer = no_answer
+        self._failure_kind = ""  # the kind of reason of the last failure line
+        self._failure_logged_at = 0.0  # monotonic time of the last failure line
+        self._failures_unlogged = 0  # failed exports since the last failure line
         self._cond = threading.Condition()
         self._waiting: tuple[MetricsData, float] | None = None  # (collection, export timeout in ms)
         self._sending = False
@@ -95,7 +110,13 @@ class CountingExporter(MetricExporter):
             self._waiting = (metrics_data, timeout_millis)
             self._cond.notify_all()
         if log is not None:
-            self._log_superseded(*log)
+            points, first = log
+            if first and self._probe is not None and not self._known_reason():
+                # the probe takes up to 2 s: not on the collecting thread
+                threading.Thread(target=self._log_superseded, args=(points, first), daemon=True,
+                                 name=f"otel-gpu-metrics-{self.name}-probe").start()
+            else:
+                self._log_superseded(points, first)
         return MetricExportResult.SUCCESS
 
     def _superseded(self, dropped: int) -> tuple[int, bool] | None:
@@ -111,12 +132,32 @@ class CountingExporter(MetricExporter):
         return due
 
     def _log_superseded(self, points: int, first: bool) -> None:
+        if first:
+            cause = self._reason(finished=False) or "the backend is slow or unreachable, or the exporter is retrying"
+            state = f"has not finished before the next collection ({cause})"
+        else:
+            state = "is still behind"
         _logger.warning("metrics export to %s (%s) %s: dropped %d points of older collections (%s in %s; the newest "
                         "collection holds their values); logging again at most every %.0f s", self.name,
-                        self.destination,
-                        "has not finished before the next collection (the backend is slow or unreachable, or the "
-                        "exporter is retrying)" if first else "is still behind", points,
-                        semconv.Reason.SUPERSEDED, semconv.SELF_DROPPED.name, SUPERSEDED_LOG_INTERVAL_S)
+                        self.destination, state, points, semconv.Reason.SUPERSEDED, semconv.SELF_DROPPED.name,
+                        SUPERSEDED_LOG_INTERVAL_S)
+
+    def _known_reason(self) -> str:
+        """The inner exporter's words for its last failed attempt, unless they give way to a probe ("" then)."""
+        if getattr(self.inner, "last_error_transport", False):
+            return ""
+        return str(getattr(self.inner, "last_error", "") or "")
+
+    def _reason(self, finished: bool) -> str:
+        """Why the send failed (``finished``) or has not finished yet: "" when nothing is known of the latter."""
+        known = self._known_reason()
+        if known:
+            return known
+        transport = str(getattr(self.inner, "last_error", "") or "")  # the probe may say more
+        if finished and self._closed:
+            return transport or "cancelled at shutdown"  # no probe: shutdown is waiting
+        found = self._probe() if self._probe is not None else ""
+        return found or transport or ("" if not finished else self._no_answer)
 
     def force_flush(self, timeout_millis: float = 10_000) -> bool:
         """Wait until every collection handed over has been sent (or ``timeout_millis`` passes)."""
@@ -165,7 +206,6 @@ class CountingExporter(MetricExporter):
         reason = ""
         try:
             result = self.inner.export(metrics_data, timeout_millis=timeout_millis)
-            reason = getattr(self.inner, "last_error", "")
         except Exception as exc:  # noqa: BLE001 - export boundary: a raising exporter must not stop the thread
             result, reason = MetricExportResult.FAILURE, f"{type(exc).__name__}: {exc}"
         if result is MetricExportResult.SUCCESS:
@@ -181,18 +221,35 @@ class CountingExporter(MetricExporter):
                 _logger.info("metrics export to %s (%s) recovered after %d failed exports", self.name,
                              self.destination, self.failures_in_outage)
                 self.failures_in_outage = 0
+                self._failure_kind, self._failures_unlogged = "", 0
             return
         self.failures_in_outage += 1
+        self._failures_unlogged += 1
         selfmetrics.count(semconv.SELF_EXPORT_FAILURES.name, otel_gpu__exporter=self.name, otel_gpu__signal=SIGNAL)
         selfmetrics.count(semconv.SELF_DROPPED.name, _count_points(metrics_data),
                           otel_gpu__reason=semconv.Reason.EXPORT_FAILED,
                           otel_gpu__signal=SIGNAL)
+        self._log_failure(reason or self._reason(finished=True))
+
+    def _log_failure(self, reason: str) -> None:
+        """The first failure of an outage and each new kind of reason at once, the same kind again at most every
+        FAILURE_LOG_INTERVAL_S with the count."""
+        kind = reason.split(": ", 1)[0]  # "HTTP 500 from URL", "connection refused by HOST:PORT": details differ
+        now = time.monotonic()
         if self.failures_in_outage == 1:
-            if not reason:
-                reason = "cancelled at shutdown" if self._closed else self._diagnose()
-            _logger.warning("metrics export to %s (%s) is failing (%s); counting failures in %s and logging again "
-                            "when it recovers", self.name, self.destination, reason,
-                            semconv.SELF_EXPORT_FAILURES.name)
+            _logger.warning("metrics export to %s (%s) is failing (%s); counting failures in %s, logging a new reason "
+                            "at once, the same one again at most every %.0f s, and when it recovers", self.name,
+                            self.destination, reason, semconv.SELF_EXPORT_FAILURES.name, FAILURE_LOG_INTERVAL_S)
+        elif kind != self._failure_kind:
+            _logger.warning("metrics export to %s (%s) is failing for another reason now (%s); %d failed exports so "
+                            "far", self.name, self.destination, reason, self.failures_in_outage)
+        elif now - self._failure_logged_at >= FAILURE_LOG_INTERVAL_S:
+            _logger.warning("metrics export to %s (%s) is still failing (%s): %d more failed exports in %.0f s",
+                            self.name, self.destination, reason, self._failures_unlogged,
+                            now - self._failure_logged_at)
+        else:
+            return
+        self._failure_kind, self._failure_logged_at, self._failures_unlogged = kind, now, 0
 
 
 def _count_points(metrics_data: MetricsData) -> int:
@@ -202,31 +259,12 @@ def _count_points(metrics_data: MetricsData) -> int:
                for metric in scope_metrics.metrics)
 
 
-def diagnose_connection(url: str, protocol: str, timeout_s: float) -> str:
-    """Why ``url`` gave no successful answer, in words: refused, unknown host, silent, or up but not speaking OTLP.
-
-    One TCP connection attempt (at most 2 s), made once per outage on the exporter's thread; the SDK's exporters
-    report only "failure"."""
-    parsed = urllib.parse.urlparse(url if "://" in url else f"//{url}")
-    host = parsed.hostname or ""
-    try:
-        port = parsed.port or (443 if parsed.scheme == "https" else 80)
-    except ValueError:
-        return f"{url} has no usable port"
-    probe_s = min(timeout_s, 2.0)
-    try:
-        with socket.create_connection((host, port), timeout=probe_s):
-            pass
-    except ConnectionRefusedError:
-        return f"connection refused by {host}:{port}: nothing listens there"
-    except socket.gaierror as exc:
-        return f"cannot resolve the host name {host!r}: {exc.strerror or exc}"
-    except TimeoutError:
-        return f"no answer from {host}:{port} within {probe_s:g} s"
-    except OSError as exc:
-        return f"cannot connect to {host}:{port}: {exc.strerror or exc}"
-    return (f"{host}:{port} takes connections but gave no successful answer within {timeout_s:g} s; check that it "
-            f"takes OTLP {protocol}")
+def no_answer(url: str, protocol: str, timeout_s: float) -> str:
+    """The reason given for a failed export when the exporter has no words for it and a probe of ``url`` connects
+    (:func:`otel_gpu.exporters.diagnosis.probe`): up, but no successful answer."""
+    host, port = address(url)
+    return f"{host}:{port} takes connections but gave no successful answer within {timeout_s:g} s; check that it " \
+           f"takes OTLP {protocol}"
 
 
 def build_otlp_exporter(otlp: OTLPConfig) -> tuple[MetricExporter, str, str] | None:
@@ -238,7 +276,6 @@ def build_otlp_exporter(otlp: OTLPConfig) -> tuple[MetricExporter, str, str] | N
     url, headers = settings.url, dict(settings.headers)
     if settings.protocol == "grpc":
         import grpc
-        from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter as GRPCExporter
 
         scheme = urllib.parse.urlparse(url).scheme
         insecure = scheme == "http" or (settings.insecure and scheme != "https")
@@ -257,7 +294,7 @@ def build_otlp_exporter(otlp: OTLPConfig) -> tuple[MetricExporter, str, str] | N
             credentials = grpc.ssl_channel_credentials(root_certificates=root, private_key=key,
                                                        certificate_chain=chain)
         compression = grpc.Compression.Gzip if settings.compression == "gzip" else grpc.Compression.NoCompression
-        exporter: MetricExporter = GRPCExporter(
+        exporter: MetricExporter = _grpc_exporter_class()(
             endpoint=url, insecure=insecure, credentials=credentials,
             headers={key.lower(): value for key, value in headers.items()},  # gRPC metadata keys are lowercase
             timeout=settings.timeout_s,
@@ -275,8 +312,10 @@ def build_otlp_exporter(otlp: OTLPConfig) -> tuple[MetricExporter, str, str] | N
 
 def _http_exporter_class() -> type[MetricExporter]:
     """The SDK's OTLP/HTTP metric exporter, which also keeps the backend's last error answer in words
-    (``last_error``: a ``google.rpc.Status`` decoded, see ``describe_error_body``); the SDK logs only the HTTP
-    reason phrase. The answer is read by a response hook of the exporter's own ``requests`` session."""
+    (``last_error``: a ``google.rpc.Status`` decoded, see ``describe_error_body``, or why the connection gave no
+    answer, see ``describe_exception``); the SDK logs only the HTTP reason phrase and reports only "failure". The
+    answer is read by a response hook of the exporter's own ``requests`` session, which also sees what a request
+    raises."""
     import requests
     from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
 
@@ -286,17 +325,34 @@ def _http_exporter_class() -> type[MetricExporter]:
         """requests replaces a session's CA file with REQUESTS_CA_BUNDLE or CURL_CA_BUNDLE when either is set (as
         in many images), which would ignore --otlp-certificate; the session's own setting wins here."""
 
+        def __init__(self, on_error: Callable[[Exception, str, float], None]) -> None:
+            super().__init__()
+            self._on_error = on_error
+
         def merge_environment_settings(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
             settings: dict[str, Any] = super().merge_environment_settings(*args, **kwargs)
             settings["verify"] = self.verify
             return settings
 
+        def request(self, method: str, url: str, *args: Any, **kwargs: Any) -> requests.Response:  # type: ignore[override]
+            try:
+                return super().request(method, url, *args, **kwargs)
+            except Exception as exc:  # recorded and raised on: the SDK's transport turns it into a failed result
+                timeout = kwargs.get("timeout")
+                self._on_error(exc, url, float(timeout) if isinstance(timeout, (int, float)) else 0.0)
+                raise
+
     class ExplainingHTTPMetricExporter(OTLPMetricExporter):
         def __init__(self, **kwargs: Any) -> None:
             self.last_error = ""
-            session = OwnTrustSession()
+            self._timeout_s = float(kwargs.get("timeout") or 10.0)
+            session = OwnTrustSession(self._record_error)
             session.hooks["response"].append(self._record)
             super().__init__(session=session, **kwargs)
+
+        def _record_error(self, exc: Exception, url: str, timeout_s: float) -> None:
+            self.last_error = describe_exception(exc, url, expects="OTLP HTTP/protobuf",
+                                                 timeout_s=timeout_s or self._timeout_s)
 
         def _record(self, response: requests.Response, *args: Any, **kwargs: Any) -> None:
             if response.status_code >= 400:
@@ -309,6 +365,48 @@ def _http_exporter_class() -> type[MetricExporter]:
             return super().export(metrics_data, timeout_millis=timeout_millis, **kwargs)
 
     return ExplainingHTTPMetricExporter
+
+
+def _grpc_exporter_class() -> type[MetricExporter]:
+    """The SDK's OTLP/gRPC metric exporter, which also keeps the backend's last error status in words
+    (``last_error``: ``gRPC CODE from URL: details``; ``last_error_transport`` when it is UNAVAILABLE or
+    DEADLINE_EXCEEDED, where a probe of the address says more); the SDK reports only "failure". The status is read
+    by a wrapper of the exporter's stub, made again whenever the SDK makes a new channel."""
+    import grpc
+    from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
+
+    transport_codes = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+
+    class ExplainingGRPCMetricExporter(OTLPMetricExporter):
+        def __init__(self, **kwargs: Any) -> None:
+            self.last_error = ""
+            self.last_error_transport = False
+            self._url = str(kwargs.get("endpoint", ""))
+            super().__init__(**kwargs)
+
+        def _initialize_channel_and_stub(self) -> None:
+            super()._initialize_channel_and_stub()
+            stub, exporter = self._client, self
+
+            class RecordingStub:
+                def Export(self, *args: Any, **kwargs: Any) -> Any:  # noqa: N802 - the gRPC method's name
+                    try:
+                        return stub.Export(*args, **kwargs)
+                    except grpc.RpcError as exc:
+                        code = exc.code() if hasattr(exc, "code") else grpc.StatusCode.UNKNOWN
+                        details = exc.details() if hasattr(exc, "details") else str(exc)
+                        exporter.last_error = f"gRPC {code.name} from {exporter._url}: {escaped(details or '')}"
+                        exporter.last_error_transport = code in transport_codes
+                        raise
+
+            self._client = RecordingStub()
+
+        def export(self, metrics_data: MetricsData, timeout_millis: float = 10_000,
+                   **kwargs: Any) -> MetricExportResult:
+            self.last_error, self.last_error_transport = "", False
+            return super().export(metrics_data, timeout_millis=timeout_millis, **kwargs)
+
+    return ExplainingGRPCMetricExporter
 
 
 class MetricsPipeline:
@@ -358,7 +456,10 @@ class MetricsPipeline:
             exporter, name, url = built
             protocol = "gRPC" if name == "otlp_grpc" else "HTTP/protobuf"
             self.exporters.append(CountingExporter(
-                exporter, name, url, lambda: diagnose_connection(url, protocol, self._timeout_s)))
+                exporter, name, url,
+                probe=lambda: probe(url, f"OTLP {protocol}", grpc=name == "otlp_grpc",
+                                    connect_s=min(self._timeout_s, 2.0)),
+                no_answer=no_answer(url, protocol, self._timeout_s)))
         for counting in self.exporters:
             readers.append(PeriodicExportingMetricReader(counting, export_interval_millis=interval_ms,
                                                          export_timeout_millis=timeout_ms))

@@ -166,3 +166,29 @@ class HttpReceiver:
     def wait_for(self, count: int, timeout_s: float = 30.0) -> bool:
         with self._cond:
             return self._cond.wait_for(lambda: len(self.requests) >= count, timeout_s)
+
+
+class ClosingServer:
+    """A port on 127.0.0.1 whose server takes each connection and closes it at once, without an answer (a proxy
+    with nothing behind it)."""
+
+    def __init__(self) -> None:
+        self._socket = socket.socket()
+        self._socket.bind(("127.0.0.1", 0))
+        self._socket.listen(64)
+        self.port = int(self._socket.getsockname()[1])
+        self.connections = 0
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                connection, _ = self._socket.accept()
+            except OSError:
+                return  # stopped
+            self.connections += 1
+            connection.close()
+
+    def stop(self) -> None:
+        self._socket.shutdown(socket.SHUT_RDWR)
+        self._socket.close()

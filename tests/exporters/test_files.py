@@ -7,6 +7,8 @@ import dataclasses
 import os
 from pathlib import Path
 
+import pytest
+
 from otel_gpu import selfmetrics, semconv
 from otel_gpu.exporters import FilesProfileExporter
 from otel_gpu.exporters.files import profile_file_name
@@ -73,19 +75,41 @@ def _check_unwritable(directory: Path) -> None:
     assert selfmetrics.total(semconv.SELF_EXPORT_FAILURES.name, otel_gpu__exporter="files") == 2
 
 
-def test_a_full_disk_leaves_no_temporary_files(tmp_path: Path) -> None:
-    """A real tmpfs of two pages: the third file finds no space (a small file takes a page)."""
+def test_a_full_disk_makes_room_by_removing_the_oldest_profile_files_only(tmp_path: Path,
+                                                                       caplog: pytest.LogCaptureFixture) -> None:
+    """A real tmpfs of three pages, one taken by a file that is not the agent's: from the third profile on, each
+    finds no space; the oldest profile file goes (counted, logged once) and the new one is written, no .tmp debris."""
     selfmetrics.reset()
-    with small_tmpfs(tmp_path / "full", 2 * 4096) as folder:
+    with small_tmpfs(tmp_path / "full", 3 * 4096) as folder:
+        (folder / "metrics.jsonl").write_text("not ours\n")
         exporter = FilesProfileExporter(str(folder))
-        results = [exporter.export(_batch_at(i)) for i in range(5)]
-        assert results == [True, True, False, False, False]
+        results = []
+        for i in range(5):
+            results.append(exporter.export(_batch_at(i)))
+            newest = folder / profile_file_name(_batch_at(i), i + 1)
+            if newest.exists():
+                os.utime(newest, ns=(i * 10**9, i * 10**9))  # distinct, ordered mtimes whatever the clock resolution
+        assert results == [True] * 5
         written = sorted(p.name for p in folder.iterdir())
-        assert written == [profile_file_name(_batch_at(i), i + 1) for i in range(2)]  # no .tmp debris
-        assert selfmetrics.total(semconv.SELF_DROPPED.name, otel_gpu__reason="write_error") == 3
-        (folder / written[0]).unlink()  # space again: files are written as before
-        assert exporter.export(_batch_at(5)) is True
-        assert profile_file_name(_batch_at(5), 6) in {p.name for p in folder.iterdir()}
+        assert written == ["metrics.jsonl", *(profile_file_name(_batch_at(i), i + 1) for i in (3, 4))]
+        assert selfmetrics.total(semconv.SELF_DROPPED.name, otel_gpu__reason="disk_full") == 3
+        assert selfmetrics.total(semconv.SELF_DROPPED.name, otel_gpu__reason="write_error") == 0
+    full = [r.getMessage() for r in caplog.records if "is full" in r.getMessage()]
+    assert len(full) == 1 and "removed the 1 oldest profile files to write new ones" in full[0], full
+
+
+def test_a_disk_full_of_other_files_drops_the_profile_and_touches_none_of_them(tmp_path: Path) -> None:
+    selfmetrics.reset()
+    with small_tmpfs(tmp_path / "full", 4096) as folder:
+        (folder / "profile-not-ours.txt").write_bytes(b"x" * 4096)
+        exporter = FilesProfileExporter(str(folder))
+        assert exporter.export(_batch_at(0)) is False
+        assert [p.name for p in folder.iterdir()] == ["profile-not-ours.txt"]  # nor a temporary file
+        assert selfmetrics.total(semconv.SELF_DROPPED.name, otel_gpu__reason="write_error") == 1
+        assert selfmetrics.total(semconv.SELF_DROPPED.name, otel_gpu__reason="disk_full") == 0
+        (folder / "profile-not-ours.txt").unlink()  # space again: files are written as before
+        assert exporter.export(_batch_at(1)) is True
+        assert [p.name for p in folder.iterdir()] == [profile_file_name(_batch_at(1), 2)]
 
 
 def test_a_read_only_folder_is_counted_and_writing_resumes_when_it_is_writable(tmp_path: Path) -> None:

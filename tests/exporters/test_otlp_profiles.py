@@ -17,7 +17,13 @@ from otel_gpu import selfmetrics, semconv
 from otel_gpu.exporters import OTLPGrpcProfileExporter, OTLPHttpProfileExporter
 from otel_gpu.exporters.queue import Backoff
 from otel_gpu.profiles.otlp import encode_otlp
-from tests.exporters.receivers import GrpcProfilesReceiver, HttpReceiver, free_port, self_signed_certificate
+from tests.exporters.receivers import (
+    ClosingServer,
+    GrpcProfilesReceiver,
+    HttpReceiver,
+    free_port,
+    self_signed_certificate,
+)
 from tests.profiles import batches
 from tests.profiles.pyroscope_rules import profile_type_ids
 
@@ -205,6 +211,40 @@ def test_http_error_bodies_are_logged_in_words(body: bytes, content_type: str, e
     refused = [r.getMessage() for r in caplog.records if "refused a payload" in r.getMessage()]
     assert len(refused) == 1 and expected.replace("{port}", str(receiver.port)) in refused[0], refused
     assert len(refused[0]) < 400  # an excerpt, not the whole body
+
+
+
+def test_http_to_a_grpc_port_is_a_refusal_that_names_the_protocol(caplog: pytest.LogCaptureFixture) -> None:
+    """A gRPC server answers an HTTP/1 request with an HTTP/2 frame (NULs and all): no bytes of it in the log, a line
+    that says what to change, and a refusal (dropped, counted, logged once), not an outage retried for ever."""
+    receiver = GrpcProfilesReceiver().start()
+    exporter = OTLPHttpProfileExporter(f"http://127.0.0.1:{receiver.port}/v1development/profiles", backoff=FAST)
+    try:
+        exporter.export(batches.cpu_batch())
+        exporter.export(batches.gpu_batch())
+        assert _eventually(lambda: _dropped("rejected") == 2)
+    finally:
+        exporter.shutdown(5.0)
+        receiver.stop()
+    lines = [r.getMessage() for r in caplog.records if r.name == "otel_gpu.exporters.queue"]
+    assert lines == [f"otlp_http: the backend refused a payload (127.0.0.1:{receiver.port} answers, but not as "
+                     "OTLP/HTTP (a gRPC port? try --otlp-protocol grpc)); dropped it; the same refusal is logged "
+                     "again at most every 300 s"], lines
+    assert _failures("otlp_http") == 2
+
+
+def test_http_to_a_server_that_closes_connections_is_retried_and_says_so(caplog: pytest.LogCaptureFixture) -> None:
+    server = ClosingServer()
+    exporter = OTLPHttpProfileExporter(f"http://127.0.0.1:{server.port}/v1development/profiles", backoff=FAST)
+    try:
+        exporter.export(batches.cpu_batch())
+        assert _eventually(lambda: _failures("otlp_http") >= 2)  # retried
+    finally:
+        exporter.shutdown(0.0)
+        server.stop()
+    lines = [r.getMessage() for r in caplog.records if "backend unavailable" in r.getMessage()]
+    assert len(lines) == 1 and (f"(127.0.0.1:{server.port} takes connections but closes them without an answer; "
+                                "check that it takes OTLP/HTTP)") in lines[0], lines
 
 
 def test_http_backend_down_then_up() -> None:

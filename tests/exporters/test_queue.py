@@ -228,3 +228,62 @@ def test_a_backend_that_keeps_refusing_is_logged_once_then_counted(caplog: pytes
     finally:
         queue.shutdown(5.0)
     assert _dropped("rejected") == 8
+
+
+def test_a_refusal_ends_the_outage_and_its_backoff(caplog: pytest.LogCaptureFixture) -> None:
+    """A refusal is an answer: the backend is reachable. The next failure starts a new outage from the first backoff
+    step (not 2^5 steps on), and the refused payload is not counted among the outage's drops."""
+    attempts: list[int] = []
+
+    class RecordingBackoff(Backoff):
+        def delay_s(self, attempt: int, rng: random.Random) -> float:
+            attempts.append(attempt)
+            return 0.01
+
+    answers = [SendResult(Outcome.RETRY, "connection refused")] * 5 + [SendResult(Outcome.FAIL, "HTTP 400: bad")] + [
+        SendResult(Outcome.RETRY, "connection refused"), SendResult(Outcome.OK)]
+    done = threading.Event()
+
+    def send(payload: Payload) -> SendResult:
+        answer = answers.pop(0)
+        if not answers:
+            done.set()
+        return answer
+
+    caplog.set_level(logging.INFO, logger="otel_gpu.exporters.queue")
+    queue = RetryQueue("t", send, max_bytes=1000, backoff=RecordingBackoff())
+    queue.put(Payload(b"refused"))
+    queue.put(Payload(b"delivered"))
+    assert done.wait(10)
+    queue.shutdown(5.0)
+    assert attempts == [0, 1, 2, 3, 4, 0], attempts
+    lines = [r.getMessage() for r in caplog.records if r.name == "otel_gpu.exporters.queue"]
+    reachable = [line for line in lines if "reachable again" in line]
+    assert reachable == ["t: backend reachable again after 5 failed attempts; 0 payloads dropped meanwhile",
+                         "t: backend reachable again after 1 failed attempts; 0 payloads dropped meanwhile"], lines
+    assert lines.index(reachable[0]) < next(i for i, line in enumerate(lines) if "refused a payload" in line)
+    assert len([line for line in lines if "backend unavailable" in line]) == 2, lines
+    assert _dropped("rejected") == 1
+
+
+def test_payloads_larger_than_the_queue_are_logged_once_then_counted(caplog: pytest.LogCaptureFixture,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    from otel_gpu.exporters import queue as queue_module
+
+    clock = [1000.0]
+    monkeypatch.setattr(queue_module.time, "monotonic", lambda: clock[0])
+    caplog.set_level(logging.INFO, logger="otel_gpu.exporters.queue")
+    queue = RetryQueue("t", FakeBackend().send, max_bytes=100, backoff=FAST)
+    try:
+        for _ in range(5):
+            assert not queue.put(Payload(b"x" * 101))
+        lines = [r.getMessage() for r in caplog.records if "larger than the whole queue" in r.getMessage()]
+        assert len(lines) == 1 and "dropped a 101-byte payload" in lines[0], lines
+        clock[0] += queue_module.REFUSAL_LOG_INTERVAL_S
+        assert not queue.put(Payload(b"x" * 150))
+        lines = [r.getMessage() for r in caplog.records if "larger than the whole queue" in r.getMessage()]
+        assert len(lines) == 2 and "dropped 5 more payloads larger than the whole queue in 300 s" in lines[1], lines
+        assert "the last 150 bytes" in lines[1]
+    finally:
+        queue.shutdown(1.0)
+    assert _dropped("too_large") == 6

@@ -299,6 +299,138 @@ def test_a_refused_connection_is_reported_as_refused(protocol: str, caplog: pyte
     assert f"connection refused by 127.0.0.1:{port}" in failing[0], failing[0]
 
 
+@pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])
+def test_the_first_line_of_an_outage_says_why(protocol: str, caplog: pytest.LogCaptureFixture) -> None:
+    """The SDK's exporter retries within its timeout (5 s here) and reports the failure only then; collections
+    superseded meanwhile are logged first, and that line says why the send has not finished."""
+    caplog.set_level(logging.WARNING, logger="otel_gpu.metrics.pipeline")
+    port = free_port()  # nothing listens: every connection is refused
+    config = AgentConfig(otlp=OTLPConfig(endpoint=f"http://127.0.0.1:{port}", protocol=protocol, timeout_s=5),
+                         metrics=MetricsConfig(export_interval_s=0.2), output=QUIET)
+    pipeline = MetricsPipeline(config, RESOURCE)
+    SimReadings(pipeline.meter("otel_gpu.gpu"), gpus=1)
+    try:
+        lines = wait_until(lambda: [r.getMessage() for r in caplog.records if r.name == "otel_gpu.metrics.pipeline"
+                                    and f"(http://127.0.0.1:{port}" in r.getMessage()], 30, "a line about the export")
+    finally:
+        pipeline.shutdown(timeout_s=1.0)
+    assert "has not finished before the next collection" in lines[0], lines
+    assert f"(connection refused by 127.0.0.1:{port}: nothing listens there)" in lines[0], lines
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])
+def test_a_server_that_closes_connections_at_once_is_reported_so(protocol: str,
+                                                                 caplog: pytest.LogCaptureFixture) -> None:
+    from tests.exporters.receivers import ClosingServer
+
+    caplog.set_level(logging.WARNING, logger="otel_gpu.metrics.pipeline")
+    server = ClosingServer()
+    config = AgentConfig(otlp=OTLPConfig(endpoint=f"http://127.0.0.1:{server.port}", protocol=protocol,
+                                         timeout_s=0.5), metrics=MetricsConfig(export_interval_s=0.2), output=QUIET)
+    pipeline = MetricsPipeline(config, RESOURCE)
+    SimReadings(pipeline.meter("otel_gpu.gpu"), gpus=1)
+    try:
+        failing = wait_until(lambda: [r.getMessage() for r in caplog.records if "is failing" in r.getMessage()
+                                      and f"(http://127.0.0.1:{server.port}" in r.getMessage()], 30,
+                             "the line that says the export fails")
+    finally:
+        pipeline.shutdown(timeout_s=1.0)
+        server.stop()
+    expects = "OTLP gRPC" if protocol == "grpc" else "OTLP HTTP/protobuf"
+    assert (f"(127.0.0.1:{server.port} takes connections but closes them without an answer; check that it takes "
+            f"{expects})") in failing[0], failing
+
+
+def test_a_grpc_backend_s_status_is_logged_in_words_and_a_new_one_at_once(caplog: pytest.LogCaptureFixture) -> None:
+    """INVALID_ARGUMENT three times, then UNAVAILABLE from a server that is up (a Collector's memory limiter): the
+    status and its message, not a guess from a probe; the second reason in a line of its own."""
+    caplog.set_level(logging.WARNING, logger="otel_gpu.metrics.pipeline")
+
+    class Refusing(metrics_service_pb2_grpc.MetricsServiceServicer):
+        calls = 0
+
+        def Export(self, request, context):  # type: ignore[no-untyped-def]  # noqa: N802 - gRPC method name
+            Refusing.calls += 1
+            if Refusing.calls <= 3:
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, "bad \x00 metric")
+            context.abort(grpc.StatusCode.UNAVAILABLE, "data refused due to high memory usage")
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+    metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(Refusing(), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    pipeline = MetricsPipeline(_grpc_config(port, timeout_s=0.5), RESOURCE)
+    SimReadings(pipeline.meter("otel_gpu.gpu"), gpus=1)
+    try:
+        def failing_lines() -> list[str]:
+            return [r.getMessage() for r in caplog.records if "is failing" in r.getMessage()
+                    and f"127.0.0.1:{port}" in r.getMessage()]
+
+        wait_until(lambda: len(failing_lines()) >= 2, 30, "two failure lines")
+        failing = failing_lines()
+    finally:
+        pipeline.shutdown(timeout_s=1.0)
+        server.stop(0)
+    address = f"http://127.0.0.1:{port}"
+    assert f"is failing (gRPC INVALID_ARGUMENT from {address}: bad \\x00 metric)" in failing[0], failing
+    assert (f"is failing for another reason now (gRPC UNAVAILABLE from {address}: data refused due to high memory "
+            "usage); 4 failed exports so far") in failing[1], failing
+
+
+class _FailingExporter(MetricExporter):
+    """Fails every export, each for the next reason of ``reasons`` (``last_error``, as the OTLP exporters keep it)."""
+
+    def __init__(self, reasons: list[str]) -> None:
+        super().__init__()
+        self.reasons = reasons
+        self.last_error = ""
+
+    def export(self, metrics_data: object, timeout_millis: float = 10_000, **kwargs: object) -> MetricExportResult:
+        self.last_error = self.reasons.pop(0)
+        return MetricExportResult.FAILURE
+
+    def force_flush(self, timeout_millis: float = 10_000) -> bool:
+        return True
+
+    def shutdown(self, timeout_millis: float = 30_000, **kwargs: object) -> None:
+        pass
+
+
+def test_a_new_reason_is_logged_at_once_the_same_one_at_most_every_interval(
+        caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    from otel_gpu.metrics import pipeline as pipeline_module
+
+    clock = [1000.0]
+    monkeypatch.setattr(pipeline_module.time, "monotonic", lambda: clock[0])
+    caplog.set_level(logging.INFO, logger="otel_gpu.metrics.pipeline")
+    url = "http://backend:4318/v1/metrics"
+    reasons = [f"HTTP 500 from {url}: try {i}" for i in range(3)] + [f"HTTP 413 from {url}: too big {i}"
+                                                                      for i in range(3)]
+    counting = CountingExporter(_FailingExporter(reasons), "otlp_http", url)
+
+    def send(count: int) -> list[str]:
+        for _ in range(count):
+            counting.export(_collection())  # type: ignore[arg-type]
+            assert counting.force_flush(10_000)
+        return [r.getMessage() for r in caplog.records if "is" in r.getMessage() and "failing" in r.getMessage()]
+
+    try:
+        lines = send(3)
+        assert len(lines) == 1 and f"is failing (HTTP 500 from {url}: try 0)" in lines[0], lines
+        lines = send(1)
+        assert len(lines) == 2 and f"is failing for another reason now (HTTP 413 from {url}: too big 0); 4 failed " \
+                                   "exports so far" in lines[1], lines
+        lines = send(1)
+        assert len(lines) == 2, lines  # the same reason within the interval: counted only
+        clock[0] += pipeline_module.FAILURE_LOG_INTERVAL_S
+        lines = send(1)
+        assert len(lines) == 3 and f"is still failing (HTTP 413 from {url}: too big 2): 2 more failed exports in " \
+                                   "300 s" in lines[2], lines
+    finally:
+        counting.shutdown(1000)
+    assert selfmetrics.total(semconv.SELF_EXPORT_FAILURES.name, otel_gpu__exporter="otlp_http") == 6
+
+
 def test_collection_keeps_its_interval_while_an_export_hangs() -> None:
     with _silent_backend() as port:
         pipeline = MetricsPipeline(_grpc_config(port, timeout_s=600), RESOURCE)
