@@ -86,7 +86,7 @@ MODE_SETUP: dict[str, tuple[str | None, dict[str, str]]] = {
     "X0": ("agent", {"OTEL_GPU_DEBUG_NO_WINDOWS": "1", "OTEL_GPU_DEBUG_NO_WAITS": "1"}),  # subscribed only
     "F": ("agent", {"OTEL_GPU_DEBUG_NO_WINDOWS": "1", "OTEL_GPU_DEBUG_NO_WAITS": "1", "OTEL_GPU_DEBUG_FINALIZE": "1"}),
     "S": ("agent", {"OTEL_GPU_CUDA_GRAPHS": "sample"}),
-    "T": ("agent", {"OTEL_GPU_DEBUG_CHARGE_TAKE": "1"}),  # the takes of CUPTI after finalizes charged to the budget  # graph programs sampled whatever CUPTI's lasting cost
+    "U": ("agent", {"OTEL_GPU_DEBUG_CHARGE_TAKE": "0"}),  # the takes of CUPTI after finalizes left out of the budget  # graph programs sampled whatever CUPTI's lasting cost
 }
 MODES = tuple(os.environ.get("BATON_MODES", "P,E,N,I").split(","))
 

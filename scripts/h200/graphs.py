@@ -209,13 +209,16 @@ def eager_weighting(launches: list[abi.Launch], launch_ns: list[int], windows: l
     """Where the eager side's weighted total comes from: launches and kernel time summed with each window's weight,
     against the same windows' total weight spread evenly over their launches, and the heaviest windows' shares."""
     weights = WindowWeights()
-    weight = {w.window_id: weights.add(w)[0] for w in windows}
-    covered = {w.window_id: w.covered_ns for w in windows}
+    added = {w.window_id: weights.add(w) for w in windows}  # (weight, covered, elapsed), each since the last window
+    weight = {wid: w for wid, (w, _, _) in added.items()}
+    covered = {wid: c for wid, (_, c, _) in added.items() if c}
+    since = {wid: e - c for wid, (_, c, e) in added.items() if c}
+    opened = {w.window_id: w.start_ns for w in windows}
     per_window: dict[int, list[float]] = defaultdict(lambda: [0.0, 0.0])
     for launch, ns in zip(launches, launch_ns, strict=True):
         per_window[launch.window_id][0] += 1
         per_window[launch.window_id][1] += ns
-    known = [wid for wid in per_window if wid in weight]
+    known = [wid for wid in per_window if wid in covered]
     if not known:
         return
     count = sum(per_window[w][0] for w in known)
@@ -233,7 +236,15 @@ def eager_weighting(launches: list[abi.Launch], launch_ns: list[int], windows: l
                  f"{time_ns * even / 1e6:.1f} ms; first window (id {first}) weight {weight[first]:.1f} "
                  f"({per_window[first][0]:.0f} launches); heaviest windows' shares of the weighted time: "
                  + ", ".join(f"{per_window[w][1] * weight[w] / weighted_ns:.3f} (weight {weight[w]:.1f}, "
-                             f"{per_window[w][0]:.0f} launches)" for w in heaviest))
+                             f"{per_window[w][0]:.0f} launches in {covered[w] / 1e6:.2f} ms, the gap before it "
+                             f"{since.get(w, 0) / 1e6:.1f} ms, opened at +{(opened[w] - opened[first]) / 1e9:.2f} s)"
+                             for w in heaviest))
+    gaps = sorted(since.values())
+    if gaps:
+        lines.append(f"- gaps between windows: median {gaps[len(gaps) // 2] / 1e6:.1f} ms, p99 "
+                     f"{gaps[int(0.99 * (len(gaps) - 1))] / 1e6:.1f} ms, max {gaps[-1] / 1e6:.1f} ms; windows "
+                     f"shorter than half the median length: "
+                     f"{sum(1 for c in covered.values() if c < 0.5 * sorted(covered.values())[len(covered) // 2])}")
 
 
 def graph_ratios(launches: list[abi.Launch], by_corr: dict[int, list[abi.Activity]],

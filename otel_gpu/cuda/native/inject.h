@@ -67,7 +67,7 @@ struct inject_settings {
     int cupti_finalize;        /* CUPTI is finalized after each window (OTEL_GPU_CUPTI_FINALIZE=0: never) */
     int finalize_with_graphs;  /* OTEL_GPU_DEBUG_FINALIZE_WITH_GRAPHS=1: finalize even once graphs are in use (the
                                 * crash-prone behaviour, kept as a control for scripts/h200/do_no_harm.py) */
-    int charge_take;           /* OTEL_GPU_DEBUG_CHARGE_TAKE=1: diagnostics, charge the takes after finalizes (hold.c) */
+    int charge_take;           /* the takes after finalizes are charged to the budget (OTEL_GPU_DEBUG_CHARGE_TAKE=0: not) */
     int sample_graphs;         /* OTEL_GPU_CUDA_GRAPHS=sample: keep sampling once graphs are in use whatever it costs */
     double graph_residue_ns;   /* what each launch is assumed to keep paying once the activity kinds were on (window.c;
                                 * OTEL_GPU_DEBUG_GRAPH_RESIDUE_NS sets it for tests) */
