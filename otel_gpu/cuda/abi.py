@@ -236,7 +236,7 @@ class Launch:
     graph_exec: int
     stack: Stack
     trace_id: str = ""  # hex, "" outside any span
-    span_id: str = ""
+    span_id: str = ""  # hex: the active span's local root (docs/span-context.md), "" outside any span
 
 
 @dataclass(slots=True)
@@ -276,7 +276,7 @@ class Sync:
     weight: int
     stack: Stack
     trace_id: str = ""  # hex, "" outside any span
-    span_id: str = ""
+    span_id: str = ""  # hex: the active span's local root (docs/span-context.md), "" outside any span
 
     @property
     def blocked_ns(self) -> int:
@@ -327,8 +327,8 @@ class DecodeError(ValueError):
 
 _EVENT = struct.Struct("<IIIIQ16s")
 _KSTACK_HEAD = struct.Struct("<iI")
-_LAUNCH_HEAD = struct.Struct("<IIIiQQQ16s8s8x")
-_SYNC_HEAD = struct.Struct("<IIiIQQQ16s8s8x")
+_LAUNCH_HEAD = struct.Struct("<IIIiQQQ16s8s8s")
+_SYNC_HEAD = struct.Struct("<IIiIQQQ16s8s8s")
 _STACK_HEAD = struct.Struct("<IIII")
 _PYTHON_FRAME = struct.Struct("<IIII")
 _ACTIVITY_HEAD = struct.Struct("<IIQQIIIIQBBB")
@@ -365,11 +365,12 @@ _NAMES: dict[bytes, str] = {}
 _NAMES_SIZE = 4096
 
 
-def _span_ids(trace_id: bytes, span_id: bytes) -> tuple[str, str]:
-    """Hex trace and span ids, both "" when the record was taken outside any span."""
+def _span_ids(trace_id: bytes, span_id: bytes, local_root_span_id: bytes) -> tuple[str, str]:
+    """Hex trace id and the span id samples are labelled with: the local root of the active span (what Grafana's
+    traces-to-profiles selects by, docs/span-context.md), else the active span; both "" outside any span."""
     if span_id == _NO_SPAN:
         return "", ""
-    return trace_id.hex(), span_id.hex()
+    return trace_id.hex(), (span_id if local_root_span_id == _NO_SPAN else local_root_span_id).hex()
 
 
 def _name(raw: bytes) -> str:
@@ -449,16 +450,16 @@ def decode_event(data: bytes) -> Record:
         offset = _EVENT_SIZE + _KSTACK_SIZE
         if kind == EVENT_LAUNCH:
             buf = _padded(data[offset:offset + min(payload_len, _LAUNCH_SIZE)], _LAUNCH_HEAD.size)
-            (version, launch_kind, corr, cbid, window_id, timestamp_ns, graph_exec, trace_id,
-             span_id) = _LAUNCH_HEAD_UNPACK(buf)
+            (version, launch_kind, corr, cbid, window_id, timestamp_ns, graph_exec, trace_id, span_id,
+             root_id) = _LAUNCH_HEAD_UNPACK(buf)
             _check_version(version, "launch")
             return Launch(pid, tid, _name(raw_comm), launch_kind, corr, cbid, window_id, timestamp_ns, graph_exec,
-                          _stack_from(buf, _LAUNCH_HEAD.size, kstack), *_span_ids(trace_id, span_id))
+                          _stack_from(buf, _LAUNCH_HEAD.size, kstack), *_span_ids(trace_id, span_id, root_id))
         buf = _padded(data[offset:offset + min(payload_len, _SYNC_SIZE)], _SYNC_HEAD.size)
-        version, sync_kind, cbid, _, start_ns, end_ns, weight, trace_id, span_id = _SYNC_HEAD_UNPACK(buf)
+        version, sync_kind, cbid, _, start_ns, end_ns, weight, trace_id, span_id, root_id = _SYNC_HEAD_UNPACK(buf)
         _check_version(version, "sync")
         return Sync(pid, tid, _name(raw_comm), sync_kind, cbid, start_ns, end_ns, max(weight, 1),
-                    _stack_from(buf, _SYNC_HEAD.size, kstack), *_span_ids(trace_id, span_id))
+                    _stack_from(buf, _SYNC_HEAD.size, kstack), *_span_ids(trace_id, span_id, root_id))
     if kind == EVENT_ACTIVITY:
         buf = _padded(data[_EVENT_SIZE:_EVENT_SIZE + min(payload_len, _ACTIVITY_SIZE)], _ACTIVITY_NAME_OFFSET)
         (activity_kind, corr, start_ns, end_ns, device, stream, graph, name_len, nbytes, copy_kind, src_kind,

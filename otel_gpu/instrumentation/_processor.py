@@ -68,15 +68,18 @@ C_HOOKS = _hooks is not None and _FAST_FIELDS and _FAST_ATTRIBUTES
 
 class _ThreadState:
     """What the processor keeps per thread: its slot writer and device mask, its local root (as an int and as its
-    bytes), its tid, the last trace id (as an int and as its bytes)."""
+    bytes), the local roots open on it, whether it publishes nothing for now (`dark`: more than one root is open), its
+    tid, the last trace id (as an int and as its bytes)."""
 
-    __slots__ = ("writer", "devices", "root", "root_bytes", "tid", "trace_id", "trace_bytes")
+    __slots__ = ("writer", "devices", "root", "root_bytes", "roots", "dark", "tid", "trace_id", "trace_bytes")
 
     def __init__(self, writer: SlotWriter | None) -> None:
         self.writer = writer
         self.devices = writer.devices if writer is not None else None
         self.root = 0
         self.root_bytes = NO_ROOT
+        self.roots: list[int] = []
+        self.dark = False
         self.tid = threading.get_native_id()
         self.trace_id = 0
         self.trace_bytes = NO_TRACE
@@ -89,8 +92,9 @@ class SpanContextProcessor(SpanProcessor):
     pyroscope-otel sets it), `process.pid` and `thread.id`: what the agent's profiles are keyed by; and, when they end,
     `cuda.sampled_devices`: the devices of the launches the injected CUDA library sampled on their thread while they
     ran (absent when it sampled none). Assumes spans on a thread nest and end on the thread that started them, as
-    `start_as_current_span` gives; ending a local root clears the thread's record even if another trace's span
-    encloses it.
+    `start_as_current_span` gives. While more than one local root is open on a thread (asyncio tasks each in a trace
+    of their own, a root started inside another) the thread publishes nothing: which one runs is not known here. When
+    they are down to one, its spans publish again from their next start or end.
 
     Where `_hooks.abi3.so` is built and the SDK's internals are the known ones, the instance's on_start, _on_ending and
     on_end are that extension's, which do what the methods below do; elsewhere the methods run.
@@ -138,12 +142,22 @@ class SpanContextProcessor(SpanProcessor):
         context, parent = _context_and_parent(span)
         trace_id, span_id, _ = _ids(context)
         if parent is None or _ids(parent)[2]:  # no parent, or a remote one: a local root
-            state.root = span_id
-            root_bytes = state.root_bytes = span_id.to_bytes(8, "big")
+            roots = state.roots
+            roots.append(span_id)
+            root_bytes = span_id.to_bytes(8, "big")
             self._set_root_attributes(span, state.tid, root_bytes.hex())
             devices = state.devices
             if devices is not None:
                 devices[0] = 0  # the injected library notes this root's sampled launches from here on
+            if len(roots) > 1:  # another local root is open here: which one a sample is in is not known
+                state.dark = True
+                state.root, state.root_bytes = 0, NO_ROOT
+                if state.writer is not None:
+                    state.writer.write(NO_TRACE, 0, NO_ROOT)
+                return
+            state.root, state.root_bytes = span_id, root_bytes
+        elif state.dark:
+            return
         else:
             root_bytes = state.root_bytes
         writer = state.writer
@@ -223,11 +237,26 @@ class SpanContextProcessor(SpanProcessor):
         writer = state.writer
         if writer is None:
             return
-        parent = _context_and_parent(span)[1]
+        context, parent = _context_and_parent(span)
         trace_id, span_id, is_remote = _ids(parent) if parent is not None else (0, 0, True)
-        if is_remote:  # a local root ended (no parent, or a remote one): the thread is in no span now
-            state.root, state.root_bytes = 0, NO_ROOT
+        if is_remote:  # a local root ended (no parent, or a remote one)
+            roots = state.roots
+            ended = _ids(context)[1]
+            if ended in roots:
+                roots.remove(ended)
+            if len(roots) == 1:  # down to one: its spans publish again from their next start or end
+                state.root = roots[0]
+                state.root_bytes = state.root.to_bytes(8, "big")
+                if state.devices is not None and state.dark:
+                    state.devices[0] = 0  # it gets the devices of launches made while it is alone again
+            elif not roots:  # the thread is in no span now
+                state.root, state.root_bytes = 0, NO_ROOT
+            else:
+                return  # still more than one: nothing published
+            state.dark = False
             writer.write(NO_TRACE, 0, NO_ROOT)
+        elif state.dark:
+            return
         elif trace_id == state.trace_id:
             writer.write(state.trace_bytes, span_id, state.root_bytes)
         else:  # spans of two traces interleaved on this thread

@@ -92,7 +92,8 @@ class Sample:
 
     ``value`` is in the profile type's unit (sample count for CPU, nanoseconds for GPU time).
     ``attributes`` are extra sample attributes as (key, value) pairs, e.g. ``("cuda.device", 0)``.
-    ``trace_id``/``span_id`` are hex strings when the sample is linked to a trace, else "".
+    ``trace_id``/``span_id`` are hex strings when the sample is linked to a trace, else "": ``span_id`` names the local
+    root of the span the sample was taken in (the span with ``pyroscope.profile.id``, docs/span-context.md).
     """
 
     frames: tuple[Frame, ...]

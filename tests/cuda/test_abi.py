@@ -41,6 +41,20 @@ def test_decode_launch_with_python_frames_and_short_payload() -> None:
     assert record.stack.python == (abi.PythonFrame("model.forward", "/srv/model.py", 42, 40),)
 
 
+@pytest.mark.parametrize(("root", "labelled"), [(b"\x0c" * 8, "0c" * 8), (bytes(8), "0b" * 8)])
+def test_launch_and_sync_records_are_labelled_with_the_local_root_else_the_active_span(root: bytes,
+                                                                                      labelled: str) -> None:
+    span = abi.SpanC.from_buffer_copy(b"\x0a" * 16 + b"\x0b" * 8 + root)  # trace, active span, local root
+    launch = abi.LaunchC(abi_version=abi.ABI_VERSION, kind=abi.LAUNCH_KERNEL, span=span)
+    sync = abi.SyncC(abi_version=abi.ABI_VERSION, kind=abi.SYNC_STREAM, cbid=126, end_ns=1, weight=1, span=span)
+    for kind, rec in ((abi.EVENT_LAUNCH, launch), (abi.EVENT_SYNC, sync)):
+        record = abi.decode_event(_event(kind, 10, 11, bytes(rec), abi.KStackC()))
+        assert (record.trace_id, record.span_id) == ("0a" * 16, labelled)  # type: ignore[union-attr]
+    none = abi.decode_event(_event(abi.EVENT_LAUNCH, 10, 11, bytes(abi.LaunchC(abi_version=abi.ABI_VERSION)),
+                                   abi.KStackC()))
+    assert (none.trace_id, none.span_id) == ("", "")  # type: ignore[union-attr]
+
+
 @pytest.mark.parametrize("cut", ["head", "native", "python", "strings"])
 def test_a_record_cut_short_decodes_as_its_zero_padded_struct(cut: str) -> None:
     """Bytes a record does not carry read as zero, wherever it ends (a short or damaged record)."""

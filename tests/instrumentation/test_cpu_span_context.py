@@ -1,5 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The real BPF sampler reads an instrumented process's span context: samples inside a span carry its ids."""
+"""The real BPF sampler reads an instrumented process's span context: samples inside a span carry the
+trace id and the id of its local root (the span with pyroscope.profile.id)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ WORKLOAD = Path(__file__).parent / "cpu_span_workload.py"
 
 
 @pytest.mark.root
-def test_cpu_samples_inside_a_span_carry_its_ids_and_none_outside() -> None:
+def test_cpu_samples_inside_a_child_span_carry_its_local_root_and_none_outside() -> None:
     process = subprocess.Popen([sys.executable, str(WORKLOAD)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                text=True)
     assert process.stdin is not None and process.stdout is not None
@@ -43,16 +44,17 @@ def test_cpu_samples_inside_a_span_carry_its_ids_and_none_outside() -> None:
         process.kill()
     spans = {}
     for line in process.stdout.read().splitlines():
-        _, name, span_id, tid = line.split()
-        spans[span_id] = (name, int(tid))
-    assert {name for name, _ in spans.values()} == {"busy-a", "busy-b"}
+        _, name, span_id, tid, profile_id = line.split()
+        spans[span_id] = (name, int(tid), profile_id)
+    assert {name for name, _, _ in spans.values()} == {"busy-a", "busy-b", "child-a", "child-b"}
     inside = [s for s in samples if s.span_id]
     outside = [s for s in samples if not s.span_id]
-    for s in inside:
-        assert s.span_id in spans and spans[s.span_id][1] == s.tid, s  # the span of the very thread sampled
+    for s in inside:  # all taken in a child, all labelled with its local root: the span Grafana selects by
+        name, tid, profile_id = spans[s.span_id]
+        assert name.startswith("busy-") and profile_id == s.span_id and tid == s.tid, s
         assert len(s.trace_id) == 32
     assert {spans[s.span_id][0] for s in inside} == {"busy-a", "busy-b"}
-    worker_tids = {tid for _, tid in spans.values()}
+    worker_tids = {tid for _, tid, _ in spans.values()}
     in_span = sum(s.count for s in inside)
     out_of_span = sum(s.count for s in outside if s.tid in worker_tids)
     assert in_span > 20 and out_of_span > 20, (in_span, out_of_span)

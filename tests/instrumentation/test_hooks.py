@@ -137,6 +137,7 @@ def _scenario(c_hooks: bool) -> list[Any]:
             record("other provider's root ended")
             _mask(table).value |= 1 << 5
         record("interrupting root ended")
+        _mask(table).value |= 1 << 4
     record("root ended")
     with tracer.start_as_current_span("launches"):
         with tracer.start_as_current_span("launching child"):
@@ -181,8 +182,11 @@ def test_both_paths_publish_the_same_records_and_set_the_same_attributes() -> No
     names = {entry[0]: entry[1] for entry in python if len(entry) == 3}
     # the scenario reaches what it means to compare
     assert ("cuda.sampled_devices", (0, 1)) in names["launches"]
-    assert ("cuda.sampled_devices", (5,)) in names["another trace's root"]
-    assert "cuda.sampled_devices" not in dict(names["root"])  # interrupted by another trace's root
+    records = {entry[0]: entry[1] for entry in python if len(entry) == 2}
+    assert records["interrupting root"]["span_id"] == 0  # two local roots open: nothing published
+    assert records["interrupting root ended"]["span_id"] == 0  # nor before the remaining root's next span event
+    assert "cuda.sampled_devices" not in dict(names["another trace's root"])
+    assert ("cuda.sampled_devices", (4,)) in names["root"]  # only launches made once it was alone again
 
 
 @pytest.mark.both_paths

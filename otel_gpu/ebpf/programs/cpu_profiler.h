@@ -111,8 +111,8 @@ struct otel_gpu_sample_key {
     __s32 user_stack_id;   /* id in the generation's stack map, < 0 when there is none (error code) */
     __s32 kernel_stack_id; /* id in the generation's stack map, < 0 when the sample was taken in user mode */
     __u64 python_stack_id; /* key in python_stacks, 0 when the thread runs no Python code (python_frames.h) */
-    __u8 trace_id[16];     /* the span the thread was in (span_context.h), all zero outside one */
-    __u8 span_id[8];
+    __u8 trace_id[16];     /* the trace the thread was in (span_context.h), all zero outside one */
+    __u8 span_id[8];       /* the local root of its active span (span_context.h: otel_gpu_span_ids) */
 };
 
 struct otel_gpu_sample_value {

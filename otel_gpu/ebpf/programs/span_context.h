@@ -18,7 +18,9 @@
 #define OTEL_GPU_SPAN_HEADER 16
 #define OTEL_GPU_SPAN_SLOT_SIZE 40
 
-/* The trace and span a sample was taken in; all zero outside any span. */
+/* The trace a sample was taken in and the span it is labelled with: the local root of the thread's active span (the
+ * span that carries pyroscope.profile.id, which Grafana's traces-to-profiles selects samples by), or the active span
+ * itself where the thread knows no local root (a child whose root is on another thread). All zero outside any span. */
 struct otel_gpu_span_ids {
     __u8 trace_id[16];
     __u8 span_id[8];
@@ -56,7 +58,12 @@ static __always_inline void read_span_ids(__u32 pid, __u32 tid, struct otel_gpu_
         if (slot.seq & 1) /* interrupted while writing its slot: no span rather than a torn one */
             return;
         __builtin_memcpy(out->trace_id, slot.trace_id, sizeof(out->trace_id));
-        __builtin_memcpy(out->span_id, slot.span_id, sizeof(out->span_id));
+        __u64 root;
+        __builtin_memcpy(&root, slot.local_root_span_id, sizeof(root));
+        if (root)
+            __builtin_memcpy(out->span_id, slot.local_root_span_id, sizeof(out->span_id));
+        else
+            __builtin_memcpy(out->span_id, slot.span_id, sizeof(out->span_id));
         return;
     }
 }

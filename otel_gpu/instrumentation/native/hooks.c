@@ -29,7 +29,9 @@ typedef struct {
     PyObject_HEAD
     struct otel_gpu_span_slot *slot; /* NULL: no free slot, so this thread publishes nothing */
     volatile uint64_t *devices;      /* the slot's device mask, set by the injected CUDA library */
-    uint64_t root;                   /* the thread's local root span id, 0 outside one */
+    uint64_t root;                   /* the thread's local root span id, 0 outside one or while dark */
+    PyObject *roots;                 /* the local roots open on this thread: a list of their span ids (ints) */
+    int dark;                        /* more than one local root is open: the thread publishes nothing */
     PyObject *trace;                 /* the last trace id started on this thread (an int), and its two halves: */
     uint64_t trace_hi, trace_lo;     /* converted once per trace, not per span */
     PyObject *tid;                   /* the thread's kernel tid, the thread.id attribute */
@@ -59,6 +61,7 @@ static void state_dealloc(PyObject *self) {
     State *st = (State *)self;
     Py_XDECREF(st->trace);
     Py_XDECREF(st->tid);
+    Py_XDECREF(st->roots);
     PyTypeObject *tp = Py_TYPE(self);
     ((freefunc)PyType_GetSlot(tp, Py_tp_free))(self);
     Py_DECREF(tp);
@@ -75,10 +78,12 @@ static State *new_state(Hooks *self) {
     st->slot = self->claim();
     st->devices = st->slot ? (uint64_t *)self->devices + (st->slot - (struct otel_gpu_span_slot *)self->slots) : NULL;
     st->root = 0;
+    st->roots = PyList_New(0);
+    st->dark = 0;
     st->trace = PyLong_FromLong(0);
     st->trace_hi = st->trace_lo = 0;
     st->tid = PyLong_FromLong(syscall(SYS_gettid));
-    if (!st->trace || !st->tid) {
+    if (!st->roots || !st->trace || !st->tid) {
         Py_DECREF(st);
         return NULL;
     }
@@ -272,11 +277,20 @@ static PyObject *hooks_on_start(Hooks *self, PyObject *const *args, Py_ssize_t n
         goto out;
     uint64_t root = local_root ? span_id : st->root; /* read before the SDK's code runs, as the Python hook does */
     if (local_root) {
-        st->root = span_id;
-        if (set_root_attributes(self, st, span, span_id) < 0)
+        if (PyList_Append(st->roots, span_obj) < 0 || set_root_attributes(self, st, span, span_id) < 0)
             goto out;
         if (st->devices)
             *st->devices = 0; /* the injected library notes this root's sampled launches from here on */
+        if (PyList_Size(st->roots) > 1) { /* another local root is open here: which one a sample is in is unknown */
+            st->dark = 1;
+            st->root = 0;
+            if (st->slot)
+                otel_gpu_span_slot_write(st->slot, 0, 0, 0, 0);
+            goto done;
+        }
+        st->root = span_id;
+    } else if (st->dark) {
+        goto done;
     }
     if (st->slot) {
         int same = trace == st->trace ? 1 : PyObject_RichCompareBool(trace, st->trace, Py_EQ);
@@ -293,6 +307,7 @@ static PyObject *hooks_on_start(Hooks *self, PyObject *const *args, Py_ssize_t n
         }
         otel_gpu_span_slot_write(st->slot, st->trace_hi, st->trace_lo, span_id, root);
     }
+done:
     Py_INCREF(Py_None);
     result = Py_None;
 out:
@@ -389,6 +404,20 @@ fail:
     return NULL;
 }
 
+/* The ended local root out of the thread's open ones (the first entry with its id; none if it started elsewhere). */
+static int forget_root(State *st, PyObject *span) {
+    PyObject *context = PyObject_GetAttr(span, s_context);
+    PyObject *span_obj = context ? PyTuple_GetItem(context, 1) : NULL;
+    uint64_t ended = 0, id;
+    int rc = span_obj ? u64(span_obj, &ended) : -1;
+    Py_XDECREF(context);
+    for (Py_ssize_t i = 0, n = PyList_Size(st->roots); rc == 0 && i < n; i++) {
+        if ((rc = u64(PyList_GetItem(st->roots, i), &id)) == 0 && id == ended)
+            return PyList_SetSlice(st->roots, i, i + 1, NULL);
+    }
+    return rc;
+}
+
 static PyObject *hooks_on_end(Hooks *self, PyObject *span) {
     State *st = thread_state(self, 1);
     if (!st)
@@ -407,9 +436,24 @@ static PyObject *hooks_on_end(Hooks *self, PyObject *span) {
         if (!remote || !trace || !span_obj || (is_remote = PyObject_IsTrue(remote)) < 0)
             goto out;
     }
-    if (is_remote) { /* a local root ended (no parent, or a remote one): the thread is in no span now */
-        st->root = 0;
+    if (is_remote) { /* a local root ended (no parent, or a remote one) */
+        if (forget_root(st, span) < 0)
+            goto out;
+        Py_ssize_t open = PyList_Size(st->roots);
+        if (open == 1) { /* down to one: its spans publish again from their next start or end */
+            if (u64(PyList_GetItem(st->roots, 0), &st->root) < 0)
+                goto out;
+            if (st->dark && st->devices)
+                *st->devices = 0; /* it gets the devices of launches made while it is alone again */
+        } else if (open == 0) { /* the thread is in no span now */
+            st->root = 0;
+        } else { /* still more than one: nothing published */
+            goto done;
+        }
+        st->dark = 0;
         otel_gpu_span_slot_write(st->slot, 0, 0, 0, 0);
+    } else if (st->dark) {
+        goto done;
     } else {
         uint64_t span_id, hi = st->trace_hi, lo = st->trace_lo;
         if (u64(span_obj, &span_id) < 0)
@@ -419,6 +463,7 @@ static PyObject *hooks_on_end(Hooks *self, PyObject *span) {
             goto out;
         otel_gpu_span_slot_write(st->slot, hi, lo, span_id, st->root);
     }
+done:
     Py_INCREF(Py_None);
     result = Py_None;
 out:
