@@ -40,10 +40,13 @@ MAX_SERVICE_NAME_CHARS = 256  # a longer OTEL_SERVICE_NAME is cut here
 MAX_RESOURCE_ATTRIBUTES_BYTES = 16 << 10  # of OTEL_RESOURCE_ATTRIBUTES, searched for service.name
 _READ_CHUNK_BYTES = 64 << 10
 
-# 64 hex digits: docker, containerd (cri-containerd-<id>.scope, /<id>), cri-o (crio-<id>.scope), podman (libpod-<id>)
-_CONTAINER_RE = re.compile(r"(?:^|[/-])([0-9a-f]{64})(?:\.scope)?(?:/|$)")
-# kubepods/burstable/pod<uid>/... (cgroupfs) or kubepods-burstable-pod<uid_with_underscores>.slice (systemd)
-_POD_RE = re.compile(r"pod([0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12})")
+# 64 hex digits: docker, containerd (cri-containerd-<id>.scope, /<id>), cri-o (crio-<id>.scope), podman (libpod-<id>);
+# not crio-conmon-<id>.scope or libpod-conmon-<id>.scope: conmon, the runtime's monitor, runs on the host, outside it
+_CONTAINER_RE = re.compile(r"(?:^|[/-])(?<!conmon-)([0-9a-f]{64})(?:\.scope)?(?:/|$)")
+# a whole path segment: kubepods/burstable/pod<uid>/... (cgroupfs) or kubepods-burstable-pod<uid_underscored>.slice
+# (systemd); a static pod's uid is its manifest's hash, 32 hex digits without dashes, and is reported as it is
+_POD_RE = re.compile(r"(?:/|-)pod([0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12}"
+                     r"|[0-9a-f]{32})(?:\.slice)?(?:/|$)")
 _SERVICE_NAME_PREFIX = b"OTEL_SERVICE_NAME="
 _RESOURCE_ATTRIBUTES_PREFIX = b"OTEL_RESOURCE_ATTRIBUTES="
 

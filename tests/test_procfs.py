@@ -150,6 +150,30 @@ def test_parse_cgroup_finds_container_and_pod() -> None:
     assert procfs.parse_cgroup("0::/" + "a" * 65 + "\n") == ("", "")  # 65 hex digits are no container id
 
 
+STATIC_UID = "0123456789abcdef0123456789abcdef"  # a static pod's uid: the hash of its manifest, no dashes
+UID = "1a2b3c4d-0000-1111-2222-333344445555"
+
+
+@pytest.mark.parametrize(("path", "found"), [
+    (f"/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{STATIC_UID}.slice/crio-{'ab' * 32}.scope",
+     ("ab" * 32, STATIC_UID)),
+    (f"/kubepods/burstable/pod{STATIC_UID}/{'ab' * 32}", ("ab" * 32, STATIC_UID)),
+    (f"/kubepods/pod{UID}/{'ab' * 32}", ("ab" * 32, UID)),
+    (f"/kubepods.slice/kubepods-pod{UID.replace('-', '_')}.slice", ("", UID)),
+    # "pod" inside a name, or a uid followed by more of a name, is no pod segment
+    (f"/data/mypod{UID}dir/x", ("", "")),
+    (f"/data/mypod{UID}/x", ("", "")),
+    (f"/kubepods/burstable/pod{UID}x/y", ("", "")),
+    # conmon, the runtime's monitor on the host, is named after its container but is not in it
+    (f"/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{UID.replace('-', '_')}.slice"
+     f"/crio-conmon-{'cd' * 32}.scope", ("", UID)),
+    (f"/machine.slice/libpod-conmon-{'cd' * 32}.scope", ("", "")),
+    (f"/machine.slice/libpod-{'cd' * 32}.scope/container", ("cd" * 32, "")),
+])
+def test_parse_cgroup_pod_segments_static_pods_and_conmon(path: str, found: tuple[str, str]) -> None:
+    assert procfs.parse_cgroup(f"0::{path}\n") == found
+
+
 def test_an_executable_path_that_is_not_utf8_is_exported_readable(tmp_path: Path) -> None:
     """A file name may hold any byte but "/" and NUL; the path as os.readlink gives it (lone surrogates for bytes that
     are not UTF-8) made the OTLP encoder raise for the whole batch."""
