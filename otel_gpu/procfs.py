@@ -209,6 +209,13 @@ def _resource_attribute(attributes: bytes, key: bytes) -> bytes:
     return found
 
 
+def _wants_names(info: ProcessInfo, names: PodNameLookup | None) -> bool:
+    """Whether the k8s names of ``info`` are still to be looked up: it is in a pod and the pod (or its container,
+    when it has one) is not named yet."""
+    return names is not None and bool(info.pod_uid) and (
+        not info.k8s_pod_name or (bool(info.container_id) and not info.k8s_container_name))
+
+
 def _text(data: bytes) -> str:
     """/proc text as str: names are bytes chosen by the process (any encoding), never an error."""
     return data.decode(errors="replace")
@@ -238,7 +245,7 @@ class ProcessResolver:
         if cached is not None:
             with self._lock:
                 self._cache.move_to_end(pid)
-            if self._names is None or not cached.pod_uid or cached.k8s_pod_name:
+            if not _wants_names(cached, self._names):
                 return cached
         info = cached or self._read(pid, start)
         if info is None:
@@ -254,8 +261,10 @@ class ProcessResolver:
     def with_names(self, info: ProcessInfo) -> ProcessInfo:
         """``info`` with its pod's k8s names when --k8s-names knows them now (from the last list: never waits on the
         API); ``info`` itself when it has them, has no pod, or the lookup is off. Sources that keep an identity from a
-        process's first record use it again before they report, since a new pod is named by a later list."""
-        if self._names is None or not info.pod_uid or info.k8s_pod_name:
+        process's first record use it again before they report, since a new pod is named by a later list. Looked up
+        again while the container is unnamed: a restarted container, or the main one after the init ones, has an id
+        that a list of its pod may not have yet."""
+        if not _wants_names(info, self._names):
             return info
         names = self._names.lookup(info.pod_uid, info.container_id)
         if names is None:
