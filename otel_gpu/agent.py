@@ -53,7 +53,7 @@ class Agent:
         self._stop = threading.Event()
         self._k8s_names = K8sNames(config.k8s.api_url, config.node_name, config.k8s.service_account_dir,
                                    ttl_s=config.k8s.names_ttl_s) if config.k8s.names else None
-        self._resolver = ProcessResolver(names=self._k8s_names)
+        self._resolver = ProcessResolver(names=self._k8s_names, command_args=config.profiling.command_args)
         self._selection = ProcessSelection(config.profiling)  # one selection for every profile source
         self._symbolizer: Symbolizer | None = None
         # one ration of symbol-table reading for every source that symbolizes (symbolize/allowance.py)

@@ -5,7 +5,8 @@ Off by default: where a Collector runs, its k8sattributes processor does this. W
 the pods of this node only (``GET /api/v1/pods?fieldSelector=spec.nodeName=<node>``) every ``ttl_s`` with the pod's
 service-account token (read again for each list: projected tokens rotate) over TLS checked against the service
 account's ``ca.crt``. :meth:`K8sNames.lookup` only reads the last list, so a drain never waits on the API. A pod uid
-the last list lacks (a pod newer than it) asks for an early list, at most every :data:`MIN_RELIST_S`.
+the last list lacks (a pod newer than it), or a container id it lacks in a pod it has (a restarted container, the main
+container after the init ones; once per container), asks for an early list, at most every :data:`MIN_RELIST_S`.
 
 Names from a list older than ``3 * ttl_s`` are dropped rather than kept stale. A failing API gives one log line per
 outage (saying why), one when it answers again, and ``otel_gpu.source.errors{otel_gpu.source=k8s}`` per failed list.
@@ -27,9 +28,10 @@ from otel_gpu import selfmetrics, semconv
 _logger = logging.getLogger(__name__)
 
 SOURCE = semconv.Source.K8S
-MIN_RELIST_S = 5.0  # an unknown pod uid lists again at most this often
+MIN_RELIST_S = 5.0  # an unknown pod uid or container id lists again at most this often
 MAX_LIST_BYTES = 64 << 20  # a node's pods (110 by default, a few KiB each) are far below this
 STALE_AFTER_TTLS = 3
+MAX_EARLY_LISTED = 4096  # container ids remembered as having asked for their early list
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +84,8 @@ class K8sNames:
         self._timeout_s = timeout_s
         self._listing: _Listing | None = None
         self._last_attempt_s = float("-inf")
+        self._early_listed: dict[str, None] = {}  # container ids that asked for an early list (oldest first)
+        self._early_lock = threading.Lock()
         self._failing = False
         self._wake = threading.Event()
         self._stopped = threading.Event()
@@ -107,18 +111,28 @@ class K8sNames:
             self._thread.join(timeout=1.0)  # a daemon thread: a list stuck in the API never holds up the exit
 
     def lookup(self, pod_uid: str, container_id: str = "") -> PodNames | None:
-        """The names of ``pod_uid`` (and of ``container_id`` in it) from the last list, or None when unknown."""
+        """The names of ``pod_uid`` (and of ``container_id`` in it) from the last list, or None when the pod is unknown;
+        a container the list lacks has the name "" until a later list has it."""
         if not pod_uid:
             return None
         listing = self._listing  # one reference read: the refresh thread swaps whole listings
         if listing is not None and time.monotonic() - listing.monotonic_s > STALE_AFTER_TTLS * self.ttl_s:
             listing = None
         pod = listing.pods.get(pod_uid) if listing is not None else None
+        container_name = listing.containers.get(container_id) if listing is not None and container_id else None
+        # newer than the list: list again, early; a container once only (a pod's sandbox, which no list names, must
+        # not keep the API listed every few seconds: later lists, each ttl_s, still name the others)
+        unknown_container = bool(container_id) and container_name is None and container_id not in self._early_listed
+        if (pod is None or unknown_container) and time.monotonic() - self._last_attempt_s >= MIN_RELIST_S:
+            self._wake.set()
+            if pod is not None:
+                with self._early_lock:  # lookups come from several sources' threads
+                    if len(self._early_listed) >= MAX_EARLY_LISTED:
+                        self._early_listed.pop(next(iter(self._early_listed)))
+                    self._early_listed[container_id] = None
         if pod is None:
-            if time.monotonic() - self._last_attempt_s >= MIN_RELIST_S:
-                self._wake.set()
             return None
-        return PodNames(pod[0], pod[1], listing.containers.get(container_id, "") if listing is not None else "")
+        return PodNames(pod[0], pod[1], container_name or "")
 
     def refresh(self) -> bool:
         """One list of this node's pods, on the calling thread; False (counted and logged once) when it failed."""

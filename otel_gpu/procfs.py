@@ -38,12 +38,30 @@ MAX_CGROUP_BYTES = 64 << 10  # one line per hierarchy, each path at most PATH_MA
 MAX_ENVIRON_BYTES = 1 << 20  # limited by the stack (a quarter of RLIMIT_STACK: 2 MiB by default), rarely over 64 KiB
 MAX_SERVICE_NAME_CHARS = 256  # a longer OTEL_SERVICE_NAME is cut here
 MAX_RESOURCE_ATTRIBUTES_BYTES = 16 << 10  # of OTEL_RESOURCE_ATTRIBUTES, searched for service.name
+MAX_CMDLINE_BYTES = 16 << 10  # of /proc/PID/cmdline: the arguments kept below fit in far less
+MAX_COMMAND_ARGS = 64  # process.command_args keeps the executable and at most this many arguments after it
+MAX_COMMAND_ARG_CHARS = 256  # each cut here
 _READ_CHUNK_BYTES = 64 << 10
 
-# 64 hex digits: docker, containerd (cri-containerd-<id>.scope, /<id>), cri-o (crio-<id>.scope), podman (libpod-<id>)
-_CONTAINER_RE = re.compile(r"(?:^|[/-])([0-9a-f]{64})(?:\.scope)?(?:/|$)")
-# kubepods/burstable/pod<uid>/... (cgroupfs) or kubepods-burstable-pod<uid_with_underscores>.slice (systemd)
-_POD_RE = re.compile(r"pod([0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12})")
+# 64 hex digits: docker, containerd (cri-containerd-<id>.scope, /<id>), cri-o (crio-<id>.scope), podman (libpod-<id>);
+# not crio-conmon-<id>.scope or libpod-conmon-<id>.scope: conmon, the runtime's monitor, runs on the host, outside it
+_CONTAINER_RE = re.compile(r"(?:^|[/-])(?<!conmon-)([0-9a-f]{64})(?:\.scope)?(?:/|$)")
+# a whole path segment: kubepods/burstable/pod<uid>/... (cgroupfs) or kubepods-burstable-pod<uid_underscored>.slice
+# (systemd); a static pod's uid is its manifest's hash, 32 hex digits without dashes, and is reported as it is
+_POD_RE = re.compile(r"(?:/|-)pod([0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12}"
+                     r"|[0-9a-f]{32})(?:\.slice)?(?:/|$)")
+# an argument that names a secret (--password=x, -token x, api_key=x): its value is left out of process.command_args
+_SECRET_ARG_RE = re.compile(r"(?i)^(-{0,2}[\w.-]*(?:token|key|secret|pass|pwd|auth|credential|session|jwt|bearer)"
+                            r"[\w.-]*)(=.*)?$")
+_MASK = "***"
+# interpreters whose service.name, without OTEL_SERVICE_NAME, is their script's or module's (python train.py: train)
+_PYTHON_RE = re.compile(r"^python(?:[23](?:\.\d+)?)?[dmtu]*$")
+_PYTHON_VALUE_OPTIONS = frozenset({"-W", "-X", "-Q", "--check-hash-based-pycs"})  # their value is the next argument
+_NODE_VALUE_OPTIONS = frozenset({"-r", "--require", "--import", "--loader", "--experimental-loader", "--env-file",
+                                 "--conditions", "-C", "--inspect-port", "--title"})
+_JAVA_VALUE_OPTIONS = frozenset({"-cp", "-classpath", "--class-path", "-p", "--module-path", "--add-modules",
+                                 "--add-opens", "--add-exports", "--add-reads", "--patch-module",
+                                 "--upgrade-module-path", "--limit-modules", "--enable-native-access"})
 _SERVICE_NAME_PREFIX = b"OTEL_SERVICE_NAME="
 _RESOURCE_ATTRIBUTES_PREFIX = b"OTEL_RESOURCE_ATTRIBUTES="
 
@@ -60,6 +78,9 @@ class ProcessInfo:
     service_name: str = ""
     start_time_ticks: int = 0
     ranks: tuple[tuple[str, int], ...] = ()  # distributed.rank, ... when a launcher set them (otel_gpu/ranks.py)
+    # process.command_args: argv as /proc/PID/cmdline has it, capped, values of secret-named arguments masked;
+    # () when --no-process-command-args
+    command_args: tuple[str, ...] = ()
     # from the API server when --k8s-names is on (k8s.K8sNames), "" otherwise
     k8s_pod_name: str = ""
     k8s_namespace_name: str = ""
@@ -68,7 +89,8 @@ class ProcessInfo:
 
 def identity_attributes(info: ProcessInfo) -> list[tuple[str, str | int]]:
     """The process's identity as OTel attributes, the same on every signal (GPU metrics per process, CPU, gpu_time
-    and sync_wait profiles): service.name (the process's own, else its executable's name), process.pid, then
+    and sync_wait profiles): service.name (the process's own, else its script's or module's for an interpreter,
+    else its executable's name), process.pid, then
     process.executable.name, container.id, k8s.pod.uid, the k8s names and the distributed.* ranks where known. The
     node's (host.name, k8s.node.name) come from the agent's resource."""
     service = info.service_name or info.executable_name
@@ -168,6 +190,72 @@ def parse_cgroup(text: str) -> tuple[str, str]:
     return container_id, pod_uid
 
 
+def parse_command_args(cmdline: bytes) -> tuple[str, ...]:
+    """argv from the NUL-separated text of /proc/PID/cmdline: at most :data:`MAX_COMMAND_ARGS` arguments after the
+    executable, each cut to :data:`MAX_COMMAND_ARG_CHARS` characters, the value of an argument named like a secret
+    (``--password=x``, ``--token x``, ``API_KEY=x``) masked as ``***``."""
+    parts = cmdline.split(b"\0", MAX_COMMAND_ARGS + 1)[:MAX_COMMAND_ARGS + 1]
+    if parts and not parts[-1]:
+        parts.pop()  # the NUL that ends the last argument
+    args: list[str] = []
+    mask_next = False
+    for part in parts:
+        arg = _text(part[:4 * MAX_COMMAND_ARG_CHARS])[:MAX_COMMAND_ARG_CHARS]
+        if mask_next and not arg.startswith("-"):
+            args.append(_MASK)
+            mask_next = False
+            continue
+        match = _SECRET_ARG_RE.match(arg) if args else None  # not the executable's own name
+        mask_next = bool(match) and match is not None and match.group(2) is None and arg.startswith("-")
+        args.append(f"{match.group(1)}={_MASK}" if match and match.group(2) is not None else arg)
+    return tuple(args)
+
+
+def script_service_name(executable_name: str, args: tuple[str, ...]) -> str:
+    """The service.name of an interpreter's process from what it runs: its script (``python train.py``: ``train``),
+    its module (``python -m pkg.serve``: ``pkg.serve``), its jar, module or main class (java), else "" (not an
+    interpreter, code given inline as with ``python -c``, or nothing to run)."""
+    if _PYTHON_RE.match(executable_name):
+        return _runs(args[1:], _PYTHON_VALUE_OPTIONS, module="-m", inline=("-c", "-"), suffixes=(".py", ".pyc", ".pyz"))
+    if executable_name in ("node", "nodejs", "bun"):
+        return _runs(args[1:], _NODE_VALUE_OPTIONS, inline=("-e", "--eval", "-p", "--print", "-"),
+                     suffixes=(".js", ".mjs", ".cjs", ".ts"))
+    if executable_name == "java":
+        rest = iter(args[1:])
+        for arg in rest:
+            if arg == "-jar":
+                return os.path.basename(next(rest, "")).removesuffix(".jar")
+            if arg in ("-m", "--module"):
+                return next(rest, "").partition("/")[0]
+            if not arg.startswith("-"):
+                return arg  # the main class
+            if arg in _JAVA_VALUE_OPTIONS:
+                next(rest, None)
+    return ""
+
+
+def _runs(args: tuple[str, ...], value_options: frozenset[str], *, module: str = "", inline: tuple[str, ...] = (),
+          suffixes: tuple[str, ...]) -> str:
+    """What an interpreter's arguments (after its own name) say it runs: the value of the ``module`` option, else
+    the first argument that is not an option (a path: its file name less ``suffixes``); "" at an option in
+    ``inline`` (code given on the command line or on stdin) or when there is none."""
+    rest = iter(args)
+    for arg in rest:
+        if arg in inline:
+            return ""
+        if module and arg == module:
+            return next(rest, "")
+        if arg.startswith("-"):
+            if arg in value_options:
+                next(rest, None)
+            continue
+        name = os.path.basename(arg)
+        for suffix in suffixes:
+            name = name.removesuffix(suffix)
+        return "" if name == "__main__" else name
+    return ""
+
+
 def parse_service_name(environ: bytes) -> str:
     """The process's own ``service.name`` from the NUL-separated text of /proc/PID/environ, as the OpenTelemetry SDK
     in that process would set it: ``OTEL_SERVICE_NAME``, else ``service.name`` in ``OTEL_RESOURCE_ATTRIBUTES``
@@ -206,6 +294,13 @@ def _resource_attribute(attributes: bytes, key: bytes) -> bytes:
     return found
 
 
+def _wants_names(info: ProcessInfo, names: PodNameLookup | None) -> bool:
+    """Whether the k8s names of ``info`` are still to be looked up: it is in a pod and the pod (or its container,
+    when it has one) is not named yet."""
+    return names is not None and bool(info.pod_uid) and (
+        not info.k8s_pod_name or (bool(info.container_id) and not info.k8s_container_name))
+
+
 def _text(data: bytes) -> str:
     """/proc text as str: names are bytes chosen by the process (any encoding), never an error."""
     return data.decode(errors="replace")
@@ -215,9 +310,11 @@ class ProcessResolver:
     """Resolves pids to :class:`ProcessInfo`, cached per (pid, start time) so reused pids are not confused, and read
     again when the process runs another executable (an exec keeps the pid and start time, and changes the rest)."""
 
-    def __init__(self, proc_root: str = "/proc", max_entries: int = 8192, names: PodNameLookup | None = None) -> None:
+    def __init__(self, proc_root: str = "/proc", max_entries: int = 8192, names: PodNameLookup | None = None, *,
+                 command_args: bool = True) -> None:
         self._root = Path(proc_root)
         self._names = names
+        self._command_args = command_args  # keep process.command_args (the service.name from a script is kept anyway)
         self._max = max_entries
         self._cache: OrderedDict[int, ProcessInfo] = OrderedDict()
         self._lock = threading.Lock()
@@ -235,7 +332,7 @@ class ProcessResolver:
         if cached is not None:
             with self._lock:
                 self._cache.move_to_end(pid)
-            if self._names is None or not cached.pod_uid or cached.k8s_pod_name:
+            if not _wants_names(cached, self._names):
                 return cached
         info = cached or self._read(pid, start)
         if info is None:
@@ -251,8 +348,10 @@ class ProcessResolver:
     def with_names(self, info: ProcessInfo) -> ProcessInfo:
         """``info`` with its pod's k8s names when --k8s-names knows them now (from the last list: never waits on the
         API); ``info`` itself when it has them, has no pod, or the lookup is off. Sources that keep an identity from a
-        process's first record use it again before they report, since a new pod is named by a later list."""
-        if self._names is None or not info.pod_uid or info.k8s_pod_name:
+        process's first record use it again before they report, since a new pod is named by a later list. Looked up
+        again while the container is unnamed: a restarted container, or the main one after the init ones, has an id
+        that a list of its pod may not have yet."""
+        if not _wants_names(info, self._names):
             return info
         names = self._names.lookup(info.pod_uid, info.container_id)
         if names is None:
@@ -290,10 +389,14 @@ class ProcessResolver:
         cgroup = self._capped(base / "cgroup", MAX_CGROUP_BYTES, semconv.Reason.CGROUP_TOO_LARGE)
         container_id, pod_uid = parse_cgroup(_text(cgroup))
         environ = self._capped(base / "environ", MAX_ENVIRON_BYTES, semconv.Reason.ENVIRON_TOO_LARGE)
-        service = parse_service_name(environ) or name
+        try:
+            args = parse_command_args(read_capped(base / "cmdline", MAX_CMDLINE_BYTES)[0])
+        except OSError:
+            args = ()
+        service = parse_service_name(environ) or script_service_name(name, args) or name
         return ProcessInfo(pid=pid, executable_name=name, executable_path=exe_path, container_id=container_id,
                            pod_uid=pod_uid, service_name=service, start_time_ticks=start,
-                           ranks=rank_attributes(environ))
+                           ranks=rank_attributes(environ), command_args=args if self._command_args else ())
 
     def _executable(self, pid: int) -> str:
         """The path of the process's executable ("" when unreadable: gone, or a kernel thread)."""

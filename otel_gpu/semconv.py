@@ -61,6 +61,7 @@ CONTAINER_ID: Final = "container.id"
 PROCESS_PID: Final = "process.pid"
 PROCESS_EXECUTABLE_NAME: Final = "process.executable.name"
 PROCESS_EXECUTABLE_PATH: Final = "process.executable.path"
+PROCESS_COMMAND_ARGS: Final = "process.command_args"  # a string array: argv, capped, secret-named values masked
 PROCESS_EXECUTABLE_BUILD_ID_GNU: Final = "process.executable.build_id.gnu"
 THREAD_ID: Final = "thread.id"
 THREAD_NAME: Final = "thread.name"

@@ -473,7 +473,7 @@ def test_a_group_given_one_value_in_the_file_is_named_as_a_group(tmp_path: Path)
     with pytest.raises(config.ConfigError) as caught:
         _load(["--config", _yaml(tmp_path, {"profiling": 5})])
     (problem,) = caught.value.problems
-    assert "key 'profiling' is a group of settings, a mapping of some of container_id, enabled" in problem
+    assert "key 'profiling' is a group of settings, a mapping of some of command_args, container_id, enabled" in problem
     assert problem.endswith("not a int") and "unknown key" not in problem
 
 

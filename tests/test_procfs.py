@@ -150,6 +150,30 @@ def test_parse_cgroup_finds_container_and_pod() -> None:
     assert procfs.parse_cgroup("0::/" + "a" * 65 + "\n") == ("", "")  # 65 hex digits are no container id
 
 
+STATIC_UID = "0123456789abcdef0123456789abcdef"  # a static pod's uid: the hash of its manifest, no dashes
+UID = "1a2b3c4d-0000-1111-2222-333344445555"
+
+
+@pytest.mark.parametrize(("path", "found"), [
+    (f"/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{STATIC_UID}.slice/crio-{'ab' * 32}.scope",
+     ("ab" * 32, STATIC_UID)),
+    (f"/kubepods/burstable/pod{STATIC_UID}/{'ab' * 32}", ("ab" * 32, STATIC_UID)),
+    (f"/kubepods/pod{UID}/{'ab' * 32}", ("ab" * 32, UID)),
+    (f"/kubepods.slice/kubepods-pod{UID.replace('-', '_')}.slice", ("", UID)),
+    # "pod" inside a name, or a uid followed by more of a name, is no pod segment
+    (f"/data/mypod{UID}dir/x", ("", "")),
+    (f"/data/mypod{UID}/x", ("", "")),
+    (f"/kubepods/burstable/pod{UID}x/y", ("", "")),
+    # conmon, the runtime's monitor on the host, is named after its container but is not in it
+    (f"/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{UID.replace('-', '_')}.slice"
+     f"/crio-conmon-{'cd' * 32}.scope", ("", UID)),
+    (f"/machine.slice/libpod-conmon-{'cd' * 32}.scope", ("", "")),
+    (f"/machine.slice/libpod-{'cd' * 32}.scope/container", ("cd" * 32, "")),
+])
+def test_parse_cgroup_pod_segments_static_pods_and_conmon(path: str, found: tuple[str, str]) -> None:
+    assert procfs.parse_cgroup(f"0::{path}\n") == found
+
+
 def test_an_executable_path_that_is_not_utf8_is_exported_readable(tmp_path: Path) -> None:
     """A file name may hold any byte but "/" and NUL; the path as os.readlink gives it (lone surrogates for bytes that
     are not UTF-8) made the OTLP encoder raise for the whole batch."""
@@ -210,3 +234,49 @@ def test_an_identity_is_read_again_after_an_exec_and_kept_while_the_process_exit
     (base / "exe").unlink()  # exiting: the link is gone, the rest still reads
     (base / "comm").write_bytes(b"python3.12\n")
     assert resolver.info(4242) == after == resolver.cached(4242)
+
+
+@pytest.mark.parametrize(("cmdline", "args"), [
+    (b"/usr/bin/python3.11\0-u\0train.py\0--lr\0" b"0.1\0", ("/usr/bin/python3.11", "-u", "train.py", "--lr", "0.1")),
+    (b"serve\0--password\0hunter2\0--api-key=abc\0DB_TOKEN=x\0--auth-file=/a\0--keys\0-v\0",
+     ("serve", "--password", "***", "--api-key=***", "DB_TOKEN=***", "--auth-file=***", "--keys", "-v")),
+    (b"a\0" + b"x" * 1000 + b"\0", ("a", "x" * procfs.MAX_COMMAND_ARG_CHARS)),
+    (b"a" + b"\0b" * 1000, ("a", *["b"] * procfs.MAX_COMMAND_ARGS)),
+    (b"", ()),
+])
+def test_command_args_are_capped_and_secret_values_masked(cmdline: bytes, args: tuple[str, ...]) -> None:
+    assert procfs.parse_command_args(cmdline) == args
+
+
+@pytest.mark.parametrize(("executable", "argv", "service"), [
+    ("python3.11", ("python", "train.py"), "train"),
+    ("python3", ("python3", "-u", "-X", "dev", "/app/serve.py", "--port", "80"), "serve"),
+    ("python3.12", ("python", "-m", "pkg.serve", "--x"), "pkg.serve"),
+    ("python", ("python", "-W", "ignore", "-m", "torch.distributed.run", "train.py"), "torch.distributed.run"),
+    ("python3.11", ("python", "-c", "import x"), ""),
+    ("python3.11", ("python",), ""),
+    ("python3.11", ("python", "__main__.py"), ""),
+    ("node", ("node", "-r", "ts-node/register", "server.js"), "server"),
+    ("node", ("node", "-e", "1"), ""),
+    ("java", ("java", "-Xmx1g", "-cp", "a.jar:b.jar", "com.example.Main"), "com.example.Main"),
+    ("java", ("java", "-jar", "/opt/app/scorer.jar"), "scorer"),
+    ("java", ("java", "-m", "app.core/app.Main"), "app.core"),
+    ("trainer", ("trainer", "train.py"), ""),  # not an interpreter: its executable's name stays
+])
+def test_an_interpreters_service_name_is_its_scripts(executable: str, argv: tuple[str, ...], service: str) -> None:
+    assert procfs.script_service_name(executable, argv) == service
+
+
+@pytest.mark.parametrize("command_args", [True, False])
+def test_the_resolver_names_a_python_process_after_its_script(tmp_path: Path, command_args: bool) -> None:
+    base = tmp_path / "77"
+    base.mkdir()
+    (base / "stat").write_bytes(b"77 (python3.11) S 1 1 1 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 555 0 0\n")
+    (base / "comm").write_bytes(b"python3.11\n")
+    (base / "cmdline").write_bytes(b"python\0train.py\0--token\0s3cret\0")
+    info = ProcessResolver(str(tmp_path), command_args=command_args).info(77)
+    assert info is not None and info.service_name == "train"
+    assert info.command_args == (("python", "train.py", "--token", "***") if command_args else ())
+    (base / "environ").write_bytes(b"OTEL_SERVICE_NAME=trainer\0")
+    info = ProcessResolver(str(tmp_path)).info(77)
+    assert info is not None and info.service_name == "trainer"  # the process's own wins

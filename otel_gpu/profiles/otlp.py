@@ -19,7 +19,7 @@ Grafana Pyroscope >= 1.20 and the Collector >= 0.148 read it:
 from __future__ import annotations
 
 from opentelemetry.proto.collector.profiles.v1development.profiles_service_pb2 import ExportProfilesServiceRequest
-from opentelemetry.proto.common.v1.common_pb2 import AnyValue, InstrumentationScope, KeyValue
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue, ArrayValue, InstrumentationScope, KeyValue
 from opentelemetry.proto.profiles.v1development import profiles_pb2 as pb
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 
@@ -50,16 +50,22 @@ def encode_otlp(batch: ProfileBatch) -> ExportProfilesServiceRequest:
 
 def process_resource(info: ProcessInfo, node: tuple[tuple[str, str], ...] = ()) -> Resource:
     """The process's resource, then the node's attributes (a process's own key wins): plain ``KeyValue`` keys and
-    ``string_value``/``int_value`` (what Pyroscope reads)."""
-    pairs: list[tuple[str, AttributeValue]] = [*identity_attributes(info),
-                                                (semconv.PROCESS_EXECUTABLE_PATH, info.executable_path)]
-    own = {key for key, value in pairs if value != ""}
+    ``string_value``/``int_value`` (what Pyroscope reads); ``process.command_args`` (resource only: it is no metric
+    or pprof label) as an ``array_value`` of strings."""
+    pairs: list[tuple[str, AttributeValue | tuple[str, ...]]] = [
+        *identity_attributes(info), (semconv.PROCESS_EXECUTABLE_PATH, info.executable_path),
+        (semconv.PROCESS_COMMAND_ARGS, info.command_args)]
+    own = {key for key, value in pairs if value not in ("", ())}
     pairs += [(key, value) for key, value in node if key not in own]
-    return Resource(attributes=[KeyValue(key=key, value=any_value(value)) for key, value in pairs if value != ""])
+    return Resource(attributes=[KeyValue(key=key, value=any_value(value)) for key, value in pairs
+                                if value not in ("", ())])
 
 
-def any_value(value: AttributeValue) -> AnyValue:
-    """``value`` as an ``AnyValue`` (bool, int, float or string; never the string-table variant)."""
+def any_value(value: AttributeValue | tuple[str, ...]) -> AnyValue:
+    """``value`` as an ``AnyValue`` (bool, int, float, string or an array of strings; never the string-table
+    variant)."""
+    if isinstance(value, tuple):
+        return AnyValue(array_value=ArrayValue(values=[AnyValue(string_value=item) for item in value]))
     if isinstance(value, bool):
         return AnyValue(bool_value=value)
     if isinstance(value, int):

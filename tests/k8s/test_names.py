@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from otel_gpu import config, selfmetrics, semconv
+from otel_gpu import config, k8s, selfmetrics, semconv
 from otel_gpu.k8s import K8sNames, PodNames, parse_pod_list
 from otel_gpu.procfs import ProcessResolver, identity_attributes
 from tests.exporters.receivers import free_port, self_signed_certificate
@@ -133,6 +133,69 @@ def test_an_unknown_pod_asks_the_background_thread_for_an_early_list(api: FakeAP
             PODS.pop()
     finally:
         names.stop()
+
+
+RESTARTED_ID = "77" * 32  # the trainer container's id after a restart, or its main container's after the init one
+
+
+def _restarted_pod() -> dict[str, object]:
+    return make_pod(POD_UID, "trainer-0", NODE, {"trainer": RESTARTED_ID, "sidecar": "ef" * 32})
+
+
+def test_a_new_container_of_a_listed_pod_asks_for_an_early_list(api: FakeAPIServer, account: Path) -> None:
+    names = K8sNames(api.url, NODE, str(account), ttl_s=3600)
+    names.start()
+    listed = PODS[0]
+    try:
+        deadline = time.monotonic() + 10
+        while len(api.requests) < 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        PODS[0] = _restarted_pod()
+        deadline = time.monotonic() + 20  # MIN_RELIST_S after the first list at most
+        found = names.lookup(POD_UID, RESTARTED_ID)
+        assert found == PodNames("trainer-0", "ml", "")  # the pod is known, its new container not yet
+        while found is not None and not found.container_name and time.monotonic() < deadline:
+            time.sleep(0.1)
+            found = names.lookup(POD_UID, RESTARTED_ID)
+        assert found == PodNames("trainer-0", "ml", "trainer")
+        assert len(api.requests) == 2  # one early list, not one per lookup
+        # a container no list names (a pod's sandbox) asks for one early list, not one every MIN_RELIST_S
+        deadline = time.monotonic() + 20
+        while len(api.requests) < 3 and time.monotonic() < deadline:
+            assert names.lookup(POD_UID, "55" * 32) == PodNames("trainer-0", "ml", "")
+            time.sleep(0.1)
+        assert len(api.requests) == 3
+        time.sleep(k8s.MIN_RELIST_S + 0.5)
+        assert names.lookup(POD_UID, "55" * 32) == PodNames("trainer-0", "ml", "")
+        time.sleep(0.5)
+        assert len(api.requests) == 3
+    finally:
+        PODS[0] = listed
+        names.stop()
+
+
+def test_the_resolver_looks_again_while_the_container_is_unnamed(api: FakeAPIServer, account: Path,
+                                                                  tmp_path: Path) -> None:
+    base = tmp_path / "proc" / "4242"
+    base.mkdir(parents=True)
+    (base / "stat").write_bytes(b"4242 (trainer) S 1 1 1 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 987654 0 0\n")
+    (base / "comm").write_bytes(b"trainer\n")
+    (base / "cgroup").write_bytes(f"0::/kubepods/burstable/pod{POD_UID}/{RESTARTED_ID}\n".encode())
+    names = K8sNames(api.url, NODE, str(account))
+    resolver = ProcessResolver(str(tmp_path / "proc"), names=names)
+    assert names.refresh()  # a list from before the restart
+    info = resolver.info(4242)
+    assert info is not None and (info.k8s_pod_name, info.k8s_container_name) == ("trainer-0", "")
+    listed = PODS[0]
+    PODS[0] = _restarted_pod()
+    try:
+        assert names.refresh()
+    finally:
+        PODS[0] = listed
+    again = resolver.info(4242)
+    assert again is not None and (again.k8s_pod_name, again.k8s_container_name) == ("trainer-0", "trainer")
+    assert resolver.with_names(info) == again  # an identity kept from before is completed too
+    assert resolver.info(4242) is again  # named: no more lookups
 
 
 def test_the_resolver_adds_the_names_to_a_process_identity(api: FakeAPIServer, account: Path, tmp_path: Path) -> None:

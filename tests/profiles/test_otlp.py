@@ -80,6 +80,17 @@ def test_one_resource_per_process_with_plain_keys() -> None:
     assert scope.name == "otel-gpu"
 
 
+def test_command_args_are_a_string_array_on_the_resource_only() -> None:
+    batch = batches.cpu_batch()
+    first = batch.processes[0]
+    info = dataclasses.replace(first.process, command_args=("python", "train.py", "--lr", "0.1"))
+    request = _decoded(dataclasses.replace(batch, processes=(dataclasses.replace(first, process=info),
+                                                             *batch.processes[1:])))
+    args = _resource(request, 0)["process.command_args"]
+    assert [value.string_value for value in args.values] == ["python", "train.py", "--lr", "0.1"]  # type: ignore[attr-defined]
+    assert "process.command_args" not in _resource(request, 1)  # none read (or --no-process-command-args)
+
+
 def test_the_node_is_on_every_resource_and_a_process_key_wins() -> None:
     node = (("host.name", "gpu-node-7"), ("k8s.node.name", "gpu-node-7"), ("container.id", "not-the-process"))
     request = _decoded(dataclasses.replace(batches.cpu_batch(), node=node))
