@@ -553,7 +553,9 @@ def test_a_python_a_shell_execs_after_the_agent_started_is_walked_before_any_dra
         source.close()
         process.kill()
         process.wait()
-    assert [(p.process.executable_name, p.process.service_name) for p in profiles] == [("python3.12", "python3.12")]
+    # the identity read again after the exec: python's, named after its script
+    assert [(p.process.executable_name, p.process.service_name) for p in profiles] == [("python3.12",
+                                                                                        Path(WORKLOAD).stem)]
     _check_chain_and_split([s for p in profiles for s in p.samples if not WARM_UP & {f.function for f in s.frames}],
                            "3.12")
 
