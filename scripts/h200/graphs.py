@@ -226,7 +226,7 @@ def eager_weighting(launches: list[abi.Launch], launch_ns: list[int], windows: l
     weighted_count = sum(per_window[w][0] * weight[w] for w in known)
     weighted_ns = sum(per_window[w][1] * weight[w] for w in known)
     # each window's weight x its length = the time it stands for; spread evenly: the launch rate of all windows
-    stands_for = sum(weight[w] * covered[w] for w in weight)
+    stands_for = sum(weight[w] * covered[w] for w in covered)
     even = stands_for / sum(covered.values()) if sum(covered.values()) else 0.0
     heaviest = sorted(known, key=lambda w: per_window[w][1] * weight[w], reverse=True)[:3]
     first = min(weight)

@@ -15,7 +15,7 @@ for step in "${steps[@]}"; do
     inject)   timeout 240 bash scripts/h200/inject_smoke.sh "$OUT" ;;
     gpu_time) timeout 560 python3 scripts/h200/verify_gpu_time.py "$OUT/h200-gpu-time.md" ;;
     baton)    timeout 560 python3 scripts/h200/baton.py "$OUT/h200-baton.md" "${BATON_SECONDS:-240}" ;;
-    baton_matmul) BATON_LOOP=matmul BATON_MODES=P,I timeout 560 python3 scripts/h200/baton.py \
+    baton_matmul) BATON_LOOP=matmul BATON_MODES=${BATON_MODES:-P,I} timeout 560 python3 scripts/h200/baton.py \
                 "$OUT/h200-baton-matmul.md" "${BATON_SECONDS:-240}" ;;
     baton_graph|baton_mixed) BATON_LOOP=${step#baton_} BATON_MODES=${BATON_MODES:-P,I} timeout 560 \
                 python3 scripts/h200/baton.py "$OUT/h200-$step.md" "${BATON_SECONDS:-240}" ;;

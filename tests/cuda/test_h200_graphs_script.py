@@ -86,3 +86,16 @@ def test_the_count_weighted_ratio_is_exact_where_windows_see_the_graph_half_the_
 def test_the_program_compiles_with_its_reference_part(graphs) -> None:  # type: ignore[no-untyped-def]
     compile(graphs.PROGRAM, "program.py", "exec")
     assert graphs.PROGRAM.startswith(graphs.REFERENCE) and "kernel_time_per_call({" in graphs.PROGRAM
+
+
+def test_the_weighting_line_takes_a_record_of_the_totals_at_exit(graphs) -> None:  # type: ignore[no-untyped-def]
+    """The library's record at exit covers no time: the weighting line left it out of the windows' lengths and raised
+    KeyError on the H200."""
+    records = _records(12, set(range(1, 13)))
+    last = [r for r in records if isinstance(r, abi.Window)][-1]
+    records.append(replace(last, window_id=last.window_id + 1, elapsed_ns=last.elapsed_ns + 10**8,
+                                       launches=0))
+    lines: list[str] = []
+    graphs.diagnose(records, lines)
+    assert any(line.startswith("- eager weighting: 720 sampled launches") for line in lines)
+    assert any(line.startswith("- gaps between windows: median 99.0 ms") for line in lines)

@@ -135,7 +135,7 @@ void hold_mark_dirty(void);          /* an activity kind goes on: launches pay u
 int hold_dirty(void);
 int hold_graphs_seen(void);
 uint64_t hold_finalize_ns(void);     /* total time API exits spent in cuptiFinalize */
-uint64_t hold_retake_ns(void);       /* total time the controller spent taking CUPTI again after a finalize */
+uint64_t hold_retake_ns(void);       /* the controller's CPU time taking CUPTI again after finalizes, in all */
 void hold_print_stats(void);         /* OTEL_GPU_DEBUG_STATS lines on finalizes and graphs */
 /* The API side, any thread: */
 int hold_graph_use(void);            /* a graph call's entry; 1 when CUPTI was finalized here (record nothing) */
