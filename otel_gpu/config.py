@@ -576,8 +576,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("profiling.include_self", "--profile-self", "include the agent's own process in profiles", _bool,
            env=("OTEL_GPU_PROFILING_INCLUDE_SELF",), boolean=True),
     Option("profiling.command_args", "--process-command-args",
-           "process.command_args (argv, capped, secret-named values masked) on each process's profiles; off by default: "
-           "command lines can hold secrets", _bool,
+           "process.command_args (argv, capped, secret-named values masked) on each process's profiles; off by "
+           "default: command lines can hold secrets", _bool,
            env=("OTEL_GPU_PROFILING_COMMAND_ARGS",), boolean=True),
     Option("profiling.gpu_time", "--gpu-time-profiling",
            "GPU time by launching stack and CPU time blocked on the GPU, for processes run under `otel-gpu inject`",
