@@ -225,7 +225,7 @@ def _wrapper_stderr(library: Path) -> str:
     err = io.StringIO()
     with mock.patch.object(inject, "library_path", return_value=library), \
             mock.patch.object(inject.subprocess, "Popen") as run:
-        run.return_value.wait.return_value = 0
+        run.return_value.poll.return_value = run.return_value.returncode = 0  # the workload has exited with 0
         inject.run_injected(["true"], environ={"PATH": os.defpath}, stderr=err, overhead_budget=0.02)
     assert err.getvalue().count("\n") == 2
     return err.getvalue()
