@@ -112,7 +112,9 @@ def cgroup(data: bytes) -> None:
     """/proc/PID/cgroup, searched for a container id and a Kubernetes pod uid."""
     container_id, pod_uid = procfs.parse_cgroup(data.decode(errors="replace"))
     assert container_id == "" or (len(container_id) == 64 and set(container_id) <= _HEX)
-    assert pod_uid == "" or (len(pod_uid) == 36 and set(pod_uid) <= _HEX | {"-"})
+    # a pod's uid with dashes, or a static pod's (its manifest's hash: 32 hex digits)
+    assert pod_uid == "" or (len(pod_uid) == 36 and set(pod_uid) <= _HEX | {"-"}) \
+        or (len(pod_uid) == 32 and set(pod_uid) <= _HEX)
 
 
 def environ(data: bytes) -> None:
