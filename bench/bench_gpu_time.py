@@ -18,13 +18,18 @@ Reports, side by side in one run:
   5. (--pace-runs N) a program that runs slower inside windows (each recorded driver call 800 us slower, as
      tests/cuda/test_native_inject.py's pace test): its matmul kernels' GPU time estimated over the truth with the
      windows weighted by time alone, by the pace from waits and by the pace from launches (ABI 6), side by side.
+  7. (--linger-runs N) a launch-bound program that replays a graph and launches eagerly in turn (the fake workload's
+     ``--mixed``, scripts/h200/graphs.py's program: launches 3x slower while recorded), with CUPTI's records handed
+     over at once and 20 ms late (the library lingers after each window until they come): the eager kernels' GPU time
+     estimated / true with the lingers weighted by their own launches (ABI 7) and as undisturbed time (before), side
+     by side from the same records.
 
 The targets of the issue are for a real GPU (scripts/h200/verify_gpu_time.py, docs/benchmarks.md); this measures
 the library's budget controller and the agent's own cost where no GPU is.
 
 Run (as root, after make build): .venv/bin/python bench/bench_gpu_time.py [--rounds 4] [--launches 12000000]
     [--graph-runs 8 --graph-blocks 120 --graph-window-ms 20 --graph-budget 0.02 --graph-jitter 0.2] [--skip-loss]
-    [--pace-runs 5]
+    [--pace-runs 5] [--linger-runs 3]
 """
 
 from __future__ import annotations
@@ -254,6 +259,24 @@ int main(int argc, char **argv) {
 """
 
 
+def part7(runs: int) -> None:
+    from tests.cuda.graph_phases import mixed
+
+    print(f"7. a launch-bound program of graph replays and eager launches in turn, {runs} runs per delivery delay: "
+          "the eager kernels' GPU time estimated / true, lingers weighted by their own launches | as undisturbed time")
+    for delay_us in (0, 20_000):
+        rows: list[tuple[float, float]] = []
+        for _ in range(runs):
+            with tempfile.TemporaryDirectory() as work:
+                got = mixed(Path(work), iterations=1000, delivery_delay_us=delay_us)
+            truth = got.truth_ns["tiny_kernel"]
+            rows.append((got.estimate_ns["tiny_kernel"] / truth, got.unlingered_ns["tiny_kernel"] / truth))
+            print(f"   records {delay_us / 1000:g} ms late: {got.windows} windows, lingering "
+                  f"{got.linger_ns / 1e9:.2f} s, pace {got.pace:.2f}: {rows[-1][0]:.3f} | {rows[-1][1]:.3f}")
+        print(f"   records {delay_us / 1000:g} ms late, means: {statistics.mean(r[0] for r in rows):.3f} | "
+              f"{statistics.mean(r[1] for r in rows):.3f}")
+
+
 def part4(replays: int) -> None:
     native = REPO / "otel_gpu" / "cuda" / "native"
     with tempfile.TemporaryDirectory() as work:
@@ -284,6 +307,7 @@ def main() -> int:
     parser.add_argument("--pace-runs", type=int, default=0, help="part 5: runs (0: skipped)")
     parser.add_argument("--tail-runs", type=int, default=0, help="part 6: runs (0: skipped)")
     parser.add_argument("--tail-budget", default="0.02", help="part 6: the overhead budget (fraction)")
+    parser.add_argument("--linger-runs", type=int, default=0, help="part 7: runs per delivery delay (0: skipped)")
     args = parser.parse_args()
     for path in (LIBRARY, FAKES / "workload", FAKES / "libcupti.so"):
         if not path.exists():
@@ -295,6 +319,8 @@ def main() -> int:
         part5(args.pace_runs)
     if args.tail_runs > 0:
         part6(args.tail_runs, args.tail_budget)
+    if args.linger_runs > 0:
+        part7(args.linger_runs)
     part4(20_000_000)
     if args.skip_loss:
         return 0

@@ -20,7 +20,7 @@ _u8, _u32, _s32, _u64 = ctypes.c_uint8, ctypes.c_uint32, ctypes.c_int32, ctypes.
 
 # --- otel_gpu_probes.h: the injected library's records ----------------------------------------------------------------
 
-ABI_VERSION = 6
+ABI_VERSION = 7
 MAX_NATIVE_FRAMES = 96
 MAX_PYTHON_FRAMES = 64
 MAX_STRINGS = 6144
@@ -128,6 +128,7 @@ class WindowC(ctypes.Structure):
         ("covered_ns", _u64), ("elapsed_ns", _u64), ("launches", _u64), ("dropped", _u64), ("overhead_ns", _u64),
         ("window_waits", _u64), ("shadow_waits", _u64), ("shadow_ns", _u64), ("yielded_ns", _u64), ("yields", _u64),
         ("aside_since_ns", _u64), ("launches_total", _u64), ("shadow_launches", _u64), ("shadow_launch_ns", _u64),
+        ("linger_ns", _u64), ("linger_launches", _u64),
         ("graph_other_replays", _u64), ("graph_count", _u32), ("reserved", _u32),
         ("graphs", GraphReplaysC * GRAPH_SLOTS),
     ]
@@ -311,6 +312,10 @@ class Window:
     launches_total: int = 0
     shadow_launches: int = 0
     shadow_launch_ns: int = 0
+    # lingers (totals since the library started): the time after windows while their GPU work was awaited with the
+    # activity kinds on (the program runs slowed, nearly as in a window), and the launches counted in that time
+    linger_ns: int = 0
+    linger_launches: int = 0
     open_us: int = 0  # how long switching the library's callbacks and activity on took when the window opened
     # every replay of a CUDA graph since the library attached: (graph exec, replays) per exec the library's table
     # holds, and the replays of execs beyond it (those are weighted by windows)
@@ -332,7 +337,7 @@ _SYNC_HEAD = struct.Struct("<IIiIQQQ16s8s8s")
 _STACK_HEAD = struct.Struct("<IIII")
 _PYTHON_FRAME = struct.Struct("<IIII")
 _ACTIVITY_HEAD = struct.Struct("<IIQQIIIIQBBB")
-_WINDOW = struct.Struct("<IIQQQQQQQQQQQQQQQQQ")  # up to shadow_launch_ns
+_WINDOW = struct.Struct("<IIQQQQQQQQQQQQQQQQQQQ")  # up to linger_launches
 _WINDOW_GRAPHS = struct.Struct("<QII")  # graph_other_replays, graph_count, reserved
 _GRAPH_REPLAYS = struct.Struct("<QQ")
 _EVENT_SIZE = _EVENT.size

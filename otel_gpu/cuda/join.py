@@ -194,6 +194,32 @@ def pace_ratio(window: Window) -> float:
     return min(PACE_BOUNDS[1], max(PACE_BOUNDS[0], 1.0 + (pace - 1.0) * trust))
 
 
+def linger_pace(window: Window, pace: float) -> float:
+    """How much faster the program ran in lingers (after windows, while their GPU work was awaited with the activity
+    kinds on) than in windows: launches per second counted in lingers over those in windows (totals since the library
+    started), shrunk toward 1 (a window's pace) while few were seen, and at most ``pace`` (the shadows': nothing runs
+    faster than undisturbed)."""
+    if not (window.linger_ns and window.launches_total and window.covered_ns):
+        return 1.0
+    measured = (window.linger_launches / window.linger_ns) / (window.launches_total / window.covered_ns)
+    seen = min(window.launches_total, window.linger_launches)
+    trust = seen / (seen + PACE_PRIOR_LAUNCHES)
+    return min(max(pace, 1.0), max(PACE_BOUNDS[0], 1.0 + (measured - 1.0) * trust))
+
+
+@dataclass(slots=True)
+class _Totals:
+    """A process's totals as of its newest window record, and what :class:`WindowWeights` derived from them."""
+
+    covered: int = 0
+    elapsed: int = 0
+    lingered: int = 0
+    weight: float = 1.0
+    yields: int = 0
+    last_id: int = 0  # the last window with time covered, and its length
+    last_len: int = 0
+
+
 class WindowWeights:
     """Per-process weights of sampling windows: a window stands for the time since the previous window closed.
 
@@ -204,6 +230,10 @@ class WindowWeights:
     window record). ``pace`` (:func:`pace_ratio`) scales the time outside windows by how much faster the program ran
     there: observing launches slows a program that waits on the GPU every iteration (2 % on an H200 for one that does
     6 launches in 2 ms), and windows then see that much less of its work than their share of the time.
+    The lingers after windows are outside them but not undisturbed: the activity kinds stay on while the sampled
+    launches' GPU work is awaited, and the program runs nearly as slowly as in a window. Their time (``linger_ns``) is
+    scaled by :func:`linger_pace` instead (the launches counted in them): scaled by the shadows' pace, a launch-bound
+    program whose records came 20 ms late came out 20 % heavier on the fake CUPTI.
 
     The time after a process's last window has no window after it to stand for it: the library's record of the totals
     at exit (no window in it: no time covered, no launches, not stepping aside) gives it to the last window, whose
@@ -214,35 +244,45 @@ class WindowWeights:
     def __init__(self, max_windows: int = 4096) -> None:
         self.max_windows = max_windows
         self._weights: dict[int, OrderedDict[int, float]] = {}
-        # pid -> (covered, elapsed, weight, yields, the last window's id and length) as of its newest record
-        self._last: dict[int, tuple[int, int, float, int, int, int]] = {}
+        self._last: dict[int, _Totals] = {}
         self._tails: dict[int, tuple[int, float]] = {}  # pid -> (its last window, the weight it took on) not yet taken
 
     def add(self, window: Window) -> tuple[float, int, int]:
         """Record ``window``; returns (weight, covered delta ns, elapsed delta ns)."""
-        covered0, elapsed0, last_weight, yields0, last_id, last_len = self._last.get(window.pid, (0, 0, 1.0, 0, 0, 0))
+        last = self._last.get(window.pid) or _Totals()
         # the library re-attached, or took CUPTI back from another tool: its totals restart (the time in between
         # stands for nothing: it is reported as yielded, not extrapolated into)
-        if window.elapsed_ns < elapsed0 or window.covered_ns < covered0 or window.yields != yields0:
-            covered0, elapsed0, last_id, last_len = 0, 0, 0, 0
-        covered = window.covered_ns - covered0
-        elapsed = window.elapsed_ns - elapsed0
+        if window.elapsed_ns < last.elapsed or window.covered_ns < last.covered or window.yields != last.yields \
+                or window.linger_ns < last.lingered:
+            last = _Totals(weight=last.weight)
+        covered = window.covered_ns - last.covered
+        elapsed = window.elapsed_ns - last.elapsed
         windows = self._weights.setdefault(window.pid, OrderedDict())
+        weight, last_id, last_len = last.weight, last.last_id, last.last_len
         if covered <= 0 or elapsed < covered:
-            weight = last_weight if covered <= 0 else 1.0
+            weight = weight if covered <= 0 else 1.0
             if covered == 0 and elapsed > 0 and not window.launches and not window.aside_since_ns and last_len \
                     and last_id in windows:  # the totals at exit: the last window stands for the time since too
-                tail = pace_ratio(window) * elapsed / last_len
+                tail = self._outside(window, elapsed, window.linger_ns - last.lingered) / last_len
                 windows[last_id] += tail
                 self._tails[window.pid] = (last_id, tail)
         else:
-            weight = (covered + pace_ratio(window) * (elapsed - covered)) / covered
+            weight = (covered + self._outside(window, elapsed - covered, window.linger_ns - last.lingered)) / covered
             last_id, last_len = window.window_id, covered
-        self._last[window.pid] = (window.covered_ns, window.elapsed_ns, weight, window.yields, last_id, last_len)
+        self._last[window.pid] = _Totals(window.covered_ns, window.elapsed_ns, window.linger_ns, weight,
+                                         window.yields, last_id, last_len)
         windows[window.window_id] = weight
         while len(windows) > self.max_windows:
             windows.popitem(last=False)
         return weight, max(covered, 0), max(elapsed, 0)
+
+    @staticmethod
+    def _outside(window: Window, outside_ns: int, lingered_ns: int) -> float:
+        """``outside_ns`` of time outside windows, ``lingered_ns`` of it in lingers, as the time in windows that saw
+        as much of the program's work."""
+        pace = pace_ratio(window)
+        lingered = min(max(lingered_ns, 0), outside_ns)
+        return linger_pace(window, pace) * lingered + pace * (outside_ns - lingered)
 
     def take_tail(self, pid: int) -> tuple[int, float] | None:
         """(window id, added weight) when the record just added gave ``pid``'s last window the time after it."""
@@ -256,7 +296,7 @@ class WindowWeights:
     def latest(self, pid: int) -> float:
         """The weight of the process's last closed window (1.0 before any): for work whose window never closed."""
         last = self._last.get(pid)
-        return last[2] if last else 1.0
+        return last.weight if last else 1.0
 
     def forget_process(self, pid: int) -> None:
         self._weights.pop(pid, None)

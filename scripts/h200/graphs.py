@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from verify_gpu_time import WindowedSource, debug_records, write_report  # noqa: E402
 
 from otel_gpu.cuda import abi  # noqa: E402
-from otel_gpu.cuda.join import WindowWeights, pace_ratio  # noqa: E402
+from otel_gpu.cuda.join import WindowWeights, linger_pace, pace_ratio  # noqa: E402
 from otel_gpu.errors import SourceUnavailable  # noqa: E402
 from otel_gpu.profiles.model import FrameKind, Sample  # noqa: E402
 
@@ -173,7 +173,9 @@ def diagnose(records: list[abi.Record], lines: list[str], nodes: int | None = 60
         lines.append(f"- last window: covered {last.covered_ns / 1e9:.3f} s of {last.elapsed_ns / 1e9:.3f} s, "
                      f"dropped {last.dropped}, launches {last.launches}; pace by launches: {last.launches_total} in "
                      f"windows, {last.shadow_launches} in {last.shadow_launch_ns / 1e9:.3f} s of shadows "
-                     f"counting only, weights' pace {pace_ratio(last):.3f}")
+                     f"counting only, weights' pace {pace_ratio(last):.3f}; lingers {last.linger_ns / 1e9:.3f} s "
+                     f"with {last.linger_launches} launches counted, weighted at "
+                     f"{linger_pace(last, pace_ratio(last)):.3f}")
 
 
 BOOTSTRAP = 2000

@@ -1,6 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """One run of the fake workload's clustered graph work (``workload --graph-phases``) and the graph's GPU time as the
-agent estimates it, weighted by replay counts and by windows, against the fake driver's schedule (the truth).
+agent estimates it, weighted by replay counts and by windows, against the fake driver's schedule (the truth); and
+one of its launch-bound program that replays a graph and launches eagerly in turn (``workload --mixed``), with each
+kind of kernel's GPU time as estimated against the schedule's.
 
 The library's debug file (every record it fires, in order) is decoded with :func:`abi.decode_event` and fed to
 :class:`GPUTimeAccounting` as the eBPF program would pass it; used by tests/cuda/test_graph_counts_fake_cuda.py and
@@ -10,6 +12,7 @@ bench/bench_gpu_time.py.
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import os
 import struct
 import subprocess
@@ -19,7 +22,7 @@ from pathlib import Path
 
 from otel_gpu.cuda import abi
 from otel_gpu.cuda.accounting import GPUTimeAccounting
-from otel_gpu.cuda.join import GPUWork
+from otel_gpu.cuda.join import GPUWork, pace_ratio
 from otel_gpu.cuda.stacks import StackFrames
 from otel_gpu.procfs import ProcessInfo, ProcessResolver
 from tests.cuda.test_source_records import FakeSymbolizer
@@ -86,11 +89,9 @@ def estimate(records: list[abi.Record], count_graphs: bool) -> tuple[Counter[int
     return by_exec, accounting
 
 
-def run(work: Path, blocks: int = 80, execs: int = 1, window_ms: str = "20", budget: str = "0.02",
-        jitter: float = 0.0) -> GraphEstimate:
-    """Runs ``workload --graph-phases blocks --graph-execs execs`` injected (the debug mode stands for an attached
-    agent), each graph kernel's time varied by up to ``jitter`` (a fraction) per replay, and estimates its graph
-    time both ways."""
+def _injected(work: Path, args: list[str], window_ms: str, budget: str, **fakes: str) -> tuple[list[abi.Record], Path]:
+    """Runs the fake workload with ``args`` injected (the debug mode stands for an attached agent; graphs sampled),
+    ``fakes`` as FAKE_* settings; returns the records the library fired and the fake driver's schedule."""
     debug, schedule = work / "records.bin", work / "schedule.txt"
     for path in (debug, schedule):
         path.unlink(missing_ok=True)
@@ -98,10 +99,17 @@ def run(work: Path, blocks: int = 80, execs: int = 1, window_ms: str = "20", bud
     env.update(FAKE_CUDA_SCHEDULE=str(schedule), OTEL_GPU_CUPTI_PATH=str(FAKES / "libcupti.so"),
                OTEL_GPU_DEBUG_ALWAYS_ON="1", OTEL_GPU_DEBUG_FILE=str(debug), OTEL_GPU_WINDOW_MS=window_ms,
                OTEL_GPU_OVERHEAD_BUDGET=budget, OTEL_GPU_CUDA_GRAPHS="sample", CUDA_INJECTION64_PATH=str(LIBRARY),
-               FAKE_CUDA_GRAPH_JITTER=str(jitter))
-    argv = [str(FAKES / "workload"), "--graph-phases", str(blocks), "--graph-execs", str(execs)]
-    subprocess.run(argv, env=env, check=True, capture_output=True, timeout=300)
-    records = debug_records(debug, pid=1)
+               **fakes)
+    subprocess.run([str(FAKES / "workload"), *args], env=env, check=True, capture_output=True, timeout=300)
+    return debug_records(debug, pid=1), schedule
+
+
+def run(work: Path, blocks: int = 80, execs: int = 1, window_ms: str = "20", budget: str = "0.02",
+        jitter: float = 0.0) -> GraphEstimate:
+    """Runs ``workload --graph-phases blocks --graph-execs execs`` injected, each graph kernel's time varied by up to
+    ``jitter`` (a fraction) per replay, and estimates its graph time both ways."""
+    records, schedule = _injected(work, ["--graph-phases", str(blocks), "--graph-execs", str(execs)], window_ms, budget,
+                                  FAKE_CUDA_GRAPH_JITTER=str(jitter))
     windows = [r for r in records if isinstance(r, abi.Window)]
     # what the records can account for: the graph kernels launched by the last window's close (a replay's kernels
     # start 5 us after its call; the workload waits for each before the next)
@@ -121,3 +129,49 @@ def run(work: Path, blocks: int = 80, execs: int = 1, window_ms: str = "20", bud
                          sum(counted.values()), last.graph_other_replays if last else 0,
                          accounting.graph_replays_not_sampled,
                          sum(ns for exec_, ns in by_counts.items() if exec_ in counted), len(counted))
+
+
+@dataclass(frozen=True)
+class KernelEstimate:
+    truth_ns: Counter[str]  # each kernel's GPU time in the schedule
+    estimate_ns: Counter[str]  # as the agent weights the records (graph replays by counts)
+    unlingered_ns: Counter[str]  # the same with the lingers' time weighted as undisturbed (before ABI 7)
+    windows: int
+    linger_ns: int  # the library's total time lingering after windows
+    pace: float  # the last window's pace by launches (shadows over windows)
+
+
+def mixed(work: Path, iterations: int, delivery_delay_us: int, trace_cost_us: int = 20, cpu_us: int = 10,
+          window_ms: str = "5", budget: str = "0.2") -> KernelEstimate:
+    """Runs ``workload --mixed iterations`` injected: a launch-bound program that replays a graph and launches tiny
+    kernels eagerly in turn, each launch ``cpu_us`` of its own CPU time and ``trace_cost_us`` more while CUPTI's
+    activity kinds are on, CUPTI's records handed over ``delivery_delay_us`` after their work ended (the library
+    lingers that long after each window); returns each kernel's GPU time, estimated and true."""
+    records, schedule = _injected(work, ["--mixed", str(iterations), "--mixed-cpu-us", str(cpu_us)], window_ms, budget,
+                                  FAKE_CUPTI_TRACE_COST_US=str(trace_cost_us),
+                                  FAKE_CUPTI_DELIVERY_DELAY_US=str(delivery_delay_us))
+    truth: Counter[str] = Counter()
+    for line in schedule.read_text().splitlines():
+        parts = line.split()
+        if parts[0] == "work":
+            truth[parts[3]] += int(parts[5]) - int(parts[4])
+    unlingered = [dataclasses.replace(r, linger_ns=0, linger_launches=0) if isinstance(r, abi.Window) else r
+                  for r in records]
+    windows = [r for r in records if isinstance(r, abi.Window)]
+    return KernelEstimate(truth, _by_kernel(records), _by_kernel(unlingered), len(windows), windows[-1].linger_ns,
+                          pace_ratio(windows[-1]))
+
+
+def _by_kernel(records: list[abi.Record]) -> Counter[str]:
+    """Each kernel's GPU time as the agent estimates it from ``records`` (graph replays by counts; one drain)."""
+    accounting = GPUTimeAccounting(_Named(), StackFrames(FakeSymbolizer()), lambda pid: True, count_graphs=True)
+    got: Counter[str] = Counter()
+
+    def observe(work: GPUWork, weight: float) -> None:
+        got[work.activity.name] += work.activity.duration_ns * weight
+
+    accounting.observe_work(observe)
+    for record in records:
+        accounting.handle(record)
+    accounting.drain(now_ns=1 << 62, final=True)
+    return got

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from otel_gpu.cuda import abi
-from otel_gpu.cuda.join import PACE_PRIOR_LAUNCHES, PACE_PRIOR_WAITS, Joiner, WindowWeights, measured_pace, pace_ratio
+from otel_gpu.cuda.join import (PACE_PRIOR_LAUNCHES, PACE_PRIOR_WAITS, Joiner, WindowWeights, linger_pace,
+                                measured_pace, pace_ratio)
 from tests.cuda.records import kernel, launch, window
 
 
@@ -162,6 +163,36 @@ def test_a_launch_bound_program_is_paced_by_its_launches() -> None:
     assert pace_ratio(paced(36_000, 10**9, 0, 0, window_waits=2, shadow_waits=4, shadow_ns=10**9)) < 1.03
 
 
+def lingering(w: abi.Window, linger_ns: int, linger_launches: int) -> abi.Window:
+    w.linger_ns, w.linger_launches = linger_ns, linger_launches
+    return w
+
+
+def test_time_spent_lingering_counts_at_the_pace_of_its_own_launches() -> None:
+    """After a window the activity kinds stay on until its GPU work arrives, and the program runs slowed then, nearly
+    as in a window: that time counts at the launch rate seen in it, not at the shadows' (a launch-bound program whose
+    records came 20 ms late was 20 % heavier on the fake CUPTI when its lingers counted at the shadows' pace)."""
+    # 36k launches/s in windows, 147k in shadows; lingers: 0.5 s of 49 s outside at 54k/s (1.5x a window's rate)
+    w = lingering(paced(36_000, 10**9, 147_000, 10**9), 5 * 10**8, 27_000)
+    pace = pace_ratio(w)
+    trust = 27_000 / (27_000 + PACE_PRIOR_LAUNCHES)
+    assert linger_pace(w, pace) == pytest.approx(1 + 0.5 * trust)
+    assert WindowWeights().add(w)[0] == pytest.approx(1 + 0.5 * linger_pace(w, pace) + 48.5 * pace)
+    # a linger never runs faster than the shadows, nor is its time taken for more than the time outside windows
+    fast = lingering(paced(36_000, 10**9, 147_000, 10**9), 10**9, 10**6)
+    assert linger_pace(fast, pace_ratio(fast)) == pace_ratio(fast)
+    assert WindowWeights().add(lingering(paced(36_000, 10**9, 147_000, 10**9), 10**12, 0))[0] == pytest.approx(50)
+    # no launches counted in lingers (a program waiting on its GPU): their time counts as a window's
+    assert linger_pace(lingering(paced(36_000, 10**9, 147_000, 10**9), 10**9, 0), pace) == 1.0
+    # the totals at exit: a linger in the tail counts at its own pace too
+    weights = WindowWeights()
+    weights.add(lingering(paced(36_000, 10**9, 147_000, 10**9), 0, 0))
+    tail_w = lingering(paced(36_000, 10**9, 147_000, 10**9), 10**9, 36_000)
+    tail_w.window_id, tail_w.elapsed_ns = 11, 52 * 10**9
+    weights.add(tail_w)
+    assert weights.take_tail(10) == (1, pytest.approx(1.0 + pace_ratio(tail_w)))  # 1 s lingering at 1x, 1 s at pace
+
+
 def test_every_launch_recorded_gives_weight_one() -> None:
     weights = WindowWeights()
     assert weights.add(window(10, 1, covered_ns=100, elapsed_ns=100))[0] == 1.0
@@ -186,8 +217,8 @@ def test_launch_whose_work_never_arrives_is_counted_once_it_is_too_old() -> None
 def test_launches_sharing_a_correlation_id_each_take_one_piece_of_work_in_order() -> None:
     """CUPTI on CUDA 13 hands one correlation id to many launches (seen on an H200): none may be lost silently."""
     joiner = Joiner()
-    for window in (1, 2, 3):
-        assert joiner.add_launch(launch(10, 7, window=window)) == []
+    for window_id in (1, 2, 3):
+        assert joiner.add_launch(launch(10, 7, window=window_id)) == []
     assert joiner.stats.launches_duplicate_id == 2
     assert joiner.pending(10) == (3, 0)
     done = [w for ns in (100, 200) for w in joiner.add_activity(kernel(10, 7, ns))]

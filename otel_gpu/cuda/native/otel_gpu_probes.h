@@ -36,7 +36,7 @@ typedef int32_t otel_s32;
 typedef uint64_t otel_u64;
 #endif
 
-#define OTEL_GPU_ABI_VERSION 6
+#define OTEL_GPU_ABI_VERSION 7
 #define OTEL_GPU_MAX_NATIVE_FRAMES 96
 #define OTEL_GPU_MAX_PYTHON_FRAMES 64
 #define OTEL_GPU_MAX_STRINGS 6144
@@ -172,6 +172,11 @@ struct otel_gpu_window {
     otel_u64 launches_total;
     otel_u64 shadow_launches;
     otel_u64 shadow_launch_ns;
+    /* Lingers (ABI 7; totals since the library started): the time after windows while their sampled launches' GPU
+     * work was awaited with the activity kinds on (the program runs slowed then, nearly as in a window), and the
+     * launches counted in that time. */
+    otel_u64 linger_ns;
+    otel_u64 linger_launches;
     /* Every replay of a CUDA graph while attached, counted per graph exec (graphs.c; totals since the library
      * attached, so a lost record loses nothing): the agent weights a sampled graph launch's work by the replays of
      * its exec over the sampled ones instead of by the window (ABI 5). graph_count entries of graphs are in use

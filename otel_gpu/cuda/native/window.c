@@ -84,6 +84,9 @@ static struct {
     int lingering;            /* the activity kinds are on outside a window, for late GPU work */
     uint64_t linger_start_ns; /* monotonic: the window closed */
     uint64_t linger_launches; /* launches during the last linger (counted by the callback); next window's cost */
+    /* Totals since attach (the window record carries them): the program runs slowed in a linger, nearly as in a
+     * window, so the agent weights that time by the launches counted in it, not by the shadows' pace. */
+    uint64_t lingered_ns, lingered_launches;
     /* Time left to other tools. */
     uint64_t yielded_ns, yields; /* time CUPTI was left to another tool, and how often (window record) */
     uint64_t aside_since_ns;     /* monotonic: the library stepped aside */
@@ -131,7 +134,17 @@ static int attach_locked(void)
     ctl.covered_ns = 0;
     ctl.window_waits = ctl.shadow_waits = ctl.shadow_ns = 0;
     ctl.launches_total = ctl.shadow_launches = ctl.shadow_launch_ns = ctl.shadow_launches_uncharged = 0;
+    ctl.lingered_ns = ctl.lingered_launches = 0;
     return 0;
+}
+
+/* Ends the linger: its launches are the next window's cost, its time and launches go into the totals. */
+static void end_linger_locked(void)
+{
+    ctl.lingering = 0;
+    ctl.linger_launches = atomic_exchange(&g_state.outside_launches, 0);
+    ctl.lingered_ns += monotonic_ns() - ctl.linger_start_ns;
+    ctl.lingered_launches += ctl.linger_launches;
 }
 
 /* Opens a window, switching the launch callbacks and activity kinds on first (begin: monotonic, before the flush
@@ -141,10 +154,8 @@ static void open_window_locked(uint64_t begin)
     int was_lingering = ctl.lingering;
     int launches_on = was_lingering || ctl.shadow_left_launches_on; /* a linger or the gap's shadow left them on */
     ctl.shadow_left_launches_on = 0;
-    if (ctl.lingering) {
-        ctl.linger_launches = atomic_exchange(&g_state.outside_launches, 0);
-        ctl.lingering = 0;
-    }
+    if (ctl.lingering)
+        end_linger_locked();
     activity_expire(MAX_LAG_NS);
     atomic_store(&g_state.window_launches, 0);
     atomic_store(&g_state.overhead_ns, 0);
@@ -221,6 +232,9 @@ static struct otel_gpu_window window_record_locked(uint64_t id, uint64_t start, 
         .launches_total = ctl.launches_total,
         .shadow_launches = ctl.shadow_launches,
         .shadow_launch_ns = ctl.shadow_launch_ns,
+        /* a linger still going on (at exit) counts up to now */
+        .linger_ns = ctl.lingered_ns + (ctl.lingering ? monotonic_ns() - ctl.linger_start_ns : 0),
+        .linger_launches = ctl.lingered_launches + (ctl.lingering ? atomic_load(&g_state.outside_launches) : 0),
     };
     graphs_report(&rec);
     return rec;
@@ -233,6 +247,8 @@ static void close_window_locked(uint32_t flush_flag, uint64_t aside_from_ns)
     if (id == 0)
         return;
     uint64_t end = now_ns(); /* launches entered from here on are not sampled */
+    uint64_t closed = monotonic_ns(); /* the linger starts here: the kinds stay on, launches are counted from now */
+    atomic_store(&g_state.outside_launches, 0);
     /* Launches that entered the window finish their calls and records first, so the window's record counts them
      * (bounded: a stuck thread must not stall exit; one that takes longer is still recorded, in no window's count). */
     uint64_t give_up = monotonic_ns() + 50000000ull;
@@ -244,9 +260,8 @@ static void close_window_locked(uint32_t flush_flag, uint64_t aside_from_ns)
      * arrived (see linger_check_locked). */
     uint64_t lingered = ctl.linger_launches; /* the linger before this window: charged to it */
     ctl.lingering = 1;
-    ctl.linger_start_ns = monotonic_ns();
+    ctl.linger_start_ns = closed;
     ctl.linger_launches = 0;
-    atomic_store(&g_state.outside_launches, 0);
     ctl.covered_ns += end - ctl.open_start_ns;
     ctl.window_waits += atomic_load(&g_state.waits_seen) - ctl.waits_at_open;
     uint64_t launches = atomic_load(&g_state.window_launches);
@@ -295,8 +310,7 @@ static int linger_check_locked(void)
     if (activity_outstanding() != 0)
         activity_expire(MAX_LAG_NS); /* counts what never came as dropped */
     hold_let_go();
-    ctl.lingering = 0;
-    ctl.linger_launches = atomic_exchange(&g_state.outside_launches, 0);
+    end_linger_locked();
     return 0;
 }
 

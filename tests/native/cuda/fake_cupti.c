@@ -23,6 +23,8 @@
  * fault (graph_faults), the use of the freed instrumentation the real driver reports as XID 31.
  * FAKE_CUPTI_TRACE_COST_US=<us>: each driver call entered while an activity kind is on spins that long first, as
  * recording costs a real driver's launches (a program that waits every step then runs slower inside windows).
+ * FAKE_CUPTI_DELIVERY_DELAY_US=<us>: a finished record is delivered by a non-forced flush only that long after its
+ * work ended (a real CUPTI hands records over some milliseconds late), so the library lingers after each window.
  */
 #include <dlfcn.h>
 #include <pthread.h>
@@ -521,17 +523,30 @@ static void deliver(union any_record *records, size_t count)
     }
 }
 
+/* FAKE_CUPTI_DELIVERY_DELAY_US in ns, read once (0: none). */
+static uint64_t delivery_delay_ns(void)
+{
+    static _Atomic int64_t delay = -1;
+    int64_t d = atomic_load(&delay);
+    if (d < 0) {
+        const char *v = getenv("FAKE_CUPTI_DELIVERY_DELAY_US");
+        d = v && v[0] ? (int64_t)(strtod(v, NULL) * 1000.0) : 0;
+        atomic_store(&delay, d);
+    }
+    return (uint64_t)d;
+}
+
 API CUptiResult CUPTIAPI cuptiActivityFlushAll(uint32_t flag)
 {
     if (buffer_requested == NULL)
         return CUPTI_SUCCESS;
-    uint64_t now = realtime_ns();
+    uint64_t now = realtime_ns(), delay = delivery_delay_ns();
     int forced = (flag & CUPTI_ACTIVITY_FLAG_FLUSH_FORCED) != 0;
     pthread_mutex_lock(&pending_lock);
     union any_record *ready = malloc((pending_count ? pending_count : 1) * sizeof(*ready));
     size_t ready_count = 0, kept = 0;
     for (size_t i = 0; ready && i < pending_count; i++) {
-        if (record_end(&pending[i]) <= now)
+        if (record_end(&pending[i]) + (forced ? 0 : delay) <= now)
             ready[ready_count++] = pending[i];
         else if (forced)
             ready[ready_count++] = unfinished(pending[i], now); /* handed back once, never again */

@@ -32,6 +32,9 @@
  *   launch_graph calls (0.6 ms of kernels each), the next of 60 launch_relu calls (0.5 ms), each call followed by
  *   sync_point (blocks last longer than a sampling window: a window sees one kind of work or the other);
  *   --graph-execs K replays K execs of the graph in turn (each instantiated once).
+ *   --mixed N replaces the training loop by N iterations of a launch-bound program that replays a graph and launches
+ *   eagerly in turn (as scripts/h200/graphs.py on a GPU): 4 launch_graph calls (2.4 ms of kernels), then 1200
+ *   launch_tiny calls (100 ns kernels, each after --mixed-cpu-us (10) of the program's own CPU time), then sync_point.
  *   --tiny N replaces the training loop by a launch-bound one: N launches of "tiny_kernel" (100 ns), waiting every 1000.
  *   --exit-at STEP exits in the middle of step STEP (after its launches, before any wait): a crash-free exit
  *   mid-stream. --no-init never calls cuInit (the library is never loaded).
@@ -188,6 +191,34 @@ NOINLINE void graph_phases_loop(int blocks, CUgraph graph)
     }
 }
 
+static long mixed_cpu_ns = 10000; /* --mixed-cpu-us: the program's own CPU time before each eager launch */
+
+static void spin_ns(long ns)
+{
+    struct timespec t0, t;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    do
+        clock_gettime(CLOCK_MONOTONIC, &t);
+    while ((t.tv_sec - t0.tv_sec) * 1000000000L + (t.tv_nsec - t0.tv_nsec) < ns);
+}
+
+NOINLINE void launch_tiny(void)
+{
+    spin_ns(mixed_cpu_ns);
+    CHECK(cuLaunchKernel(tiny, 1, 1, 1, 32, 1, 1, 0, stream, NULL, NULL));
+}
+
+NOINLINE void mixed_loop(int iterations)
+{
+    for (int i = 0; i < iterations; i++) {
+        for (int g = 0; g < 4; g++)
+            launch_graph();
+        for (int e = 0; e < 1200; e++)
+            launch_tiny();
+        sync_point();
+    }
+}
+
 /* A GPU-bound program: launches come every pace_us, faster than the GPU runs them (2.5 ms a step), and nothing waits
  * until the end, so the queue lags the launches by more and more (hundreds of ms after a few hundred steps). */
 NOINLINE void lagged_loop(int steps, int graph_every, long pace_us)
@@ -325,7 +356,7 @@ int main(int argc, char **argv)
 {
     int steps = 200, graph_every = 4, exit_at = -1, init = 1;
     long tiny_launches = 0, lag_pace_us = 0;
-    int phase_blocks = 0;
+    int phase_blocks = 0, mixed_iterations = 0;
     int skip_exit_handlers = 0, fork_children = 0, take_cupti = 0, profile_at = -1, profile_every = 0,
         profile_steps = 10;
     for (int i = 1; i < argc; i++) {
@@ -339,6 +370,10 @@ int main(int argc, char **argv)
             phase_blocks = atoi(argv[++i]);
         else if (strcmp(argv[i], "--graph-execs") == 0 && i + 1 < argc)
             phase_execs = atoi(argv[++i]) < 1 ? 1 : atoi(argv[i]) > MAX_PHASE_EXECS ? MAX_PHASE_EXECS : atoi(argv[i]);
+        else if (strcmp(argv[i], "--mixed") == 0 && i + 1 < argc)
+            mixed_iterations = atoi(argv[++i]);
+        else if (strcmp(argv[i], "--mixed-cpu-us") == 0 && i + 1 < argc)
+            mixed_cpu_ns = (long)(atof(argv[++i]) * 1000.0);
         else if (strcmp(argv[i], "--tiny") == 0 && i + 1 < argc)
             tiny_launches = atol(argv[++i]);
         else if (strcmp(argv[i], "--lagged-pace-us") == 0 && i + 1 < argc)
@@ -365,7 +400,7 @@ int main(int argc, char **argv)
             init = 0;
         else {
             fprintf(stderr, "usage: %s [--steps N] [--graph-every K] [--exit-at STEP] [--no-init] [--tiny N] [--skip-exit-handlers]"
-                            " [--lagged-pace-us US] [--side-stream] [--fork-children] [--take-cupti]"
+                            " [--lagged-pace-us US] [--mixed N [--mixed-cpu-us US]] [--side-stream] [--fork-children] [--take-cupti]"
                             " [--graph-from STEP] [--graph-phases N [--graph-execs K]] [--profiler-lib PATH --profile-at STEP [--profile-every K] [--profile-steps N]]\n",
                     argv[0]);
             return 2;
@@ -376,6 +411,11 @@ int main(int argc, char **argv)
     if (init)
         CHECK(cuInit(0));
     setup();
+    if (mixed_iterations > 0) {
+        mixed_loop(mixed_iterations);
+        drain();
+        return 0;
+    }
     if (tiny_launches > 0) {
         launch_bound_loop(tiny_launches);
         return 0;
