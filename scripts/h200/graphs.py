@@ -216,6 +216,11 @@ def eager_weighting(launches: list[abi.Launch], launch_ns: list[int], windows: l
     covered = {wid: c for wid, (_, c, _) in added.items() if c}
     since = {wid: e - c for wid, (_, c, e) in added.items() if c}
     opened = {w.window_id: w.start_ns for w in windows}
+    # the linger in each window's stretch (after the window before it), from the totals (ABI 7)
+    lingered = {w.window_id: w.linger_ns - before.linger_ns for before, w in zip(windows, windows[1:], strict=False)
+                if w.linger_ns >= before.linger_ns}
+    if windows:
+        lingered[windows[0].window_id] = windows[0].linger_ns
     per_window: dict[int, list[float]] = defaultdict(lambda: [0.0, 0.0])
     for launch, ns in zip(launches, launch_ns, strict=True):
         per_window[launch.window_id][0] += 1
@@ -239,7 +244,8 @@ def eager_weighting(launches: list[abi.Launch], launch_ns: list[int], windows: l
                  f"({per_window[first][0]:.0f} launches); heaviest windows' shares of the weighted time: "
                  + ", ".join(f"{per_window[w][1] * weight[w] / weighted_ns:.3f} (weight {weight[w]:.1f}, "
                              f"{per_window[w][0]:.0f} launches in {covered[w] / 1e6:.2f} ms, the gap before it "
-                             f"{since.get(w, 0) / 1e6:.1f} ms, opened at +{(opened[w] - opened[first]) / 1e9:.2f} s)"
+                             f"{since.get(w, 0) / 1e6:.1f} ms of which {lingered.get(w, 0) / 1e6:.1f} ms lingering, "
+                             f"opened at +{(opened[w] - opened[first]) / 1e9:.2f} s)"
                              for w in heaviest))
     gaps = sorted(since.values())
     if gaps:
@@ -247,6 +253,11 @@ def eager_weighting(launches: list[abi.Launch], launch_ns: list[int], windows: l
                      f"{gaps[int(0.99 * (len(gaps) - 1))] / 1e6:.1f} ms, max {gaps[-1] / 1e6:.1f} ms; windows "
                      f"shorter than half the median length: "
                      f"{sum(1 for c in covered.values() if c < 0.5 * sorted(covered.values())[len(covered) // 2])}")
+    lingers = sorted(lingered.values())
+    if lingers:
+        lines.append(f"- lingers after windows: median {lingers[len(lingers) // 2] / 1e6:.1f} ms, p99 "
+                     f"{lingers[int(0.99 * (len(lingers) - 1))] / 1e6:.1f} ms, max {lingers[-1] / 1e6:.1f} ms, "
+                     f"{sum(lingers) / max(1, sum(since.values())):.3f} of the time between windows")
 
 
 def graph_ratios(launches: list[abi.Launch], by_corr: dict[int, list[abi.Activity]],

@@ -99,3 +99,17 @@ def test_the_weighting_line_takes_a_record_of_the_totals_at_exit(graphs) -> None
     graphs.diagnose(records, lines)
     assert any(line.startswith("- eager weighting: 720 sampled launches") for line in lines)
     assert any(line.startswith("- gaps between windows: median 99.0 ms") for line in lines)
+
+
+def test_the_lingers_in_each_stretch_are_reported(graphs) -> None:  # type: ignore[no-untyped-def]
+    """The lingers' share of the time between windows, from the totals (ABI 7): what the eager side's weights
+    depended on before they were weighted by their own launches."""
+    records = _records(12, set(range(1, 13)))
+    windows = [r for r in records if isinstance(r, abi.Window)]
+    for w in windows:
+        w.linger_ns = w.window_id * 30_000_000  # 30 ms after each window, of 99 ms between windows
+    lines: list[str] = []
+    graphs.diagnose(records, lines)
+    assert any(line.startswith("- lingers after windows: median 30.0 ms, p99 30.0 ms, max 30.0 ms, 0.303 of the time")
+               for line in lines), lines
+    assert any("99.0 ms of which 30.0 ms lingering" in line for line in lines)
