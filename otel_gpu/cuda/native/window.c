@@ -78,6 +78,8 @@ static struct {
     /* The budget: the in-window slowdown estimate, the fraction of time sampled, the waits' sampling period. */
     double slowdown;
     double fraction; /* set from the budget and the prior at start */
+    double slowdown_max;     /* the highest estimate after a window, and the windows that left the fraction at its */
+    uint64_t floor_windows;  /* floor (debug stats: a spike there means gaps of seconds and windows of huge weight) */
     uint64_t wait_period_start_ns;
     uint64_t finalize_ns_charged; /* hold_finalize_ns() already charged to a window's cost */
     /* Late GPU work. */
@@ -210,6 +212,8 @@ static void adapt_locked(uint64_t window_ns, uint64_t overhead_ns, uint64_t laun
     }
     ctl.slowdown = estimate_update(ctl.slowdown, &cost);
     ctl.fraction = fraction_for_budget(g_settings.overhead_budget, ctl.slowdown);
+    ctl.slowdown_max = ctl.slowdown > ctl.slowdown_max ? ctl.slowdown : ctl.slowdown_max;
+    ctl.floor_windows += ctl.fraction <= ESTIMATE_FRACTION_MIN;
 }
 
 /* A window record with the running totals (graph replays included); launches, overhead, the switch-on time and
@@ -640,11 +644,12 @@ void window_stop_and_flush(void)
                     (unsigned long long)ctl.shadow_waits,
                     (double)ctl.shadow_ns / 1e6);
             fprintf(stderr, "otel-gpu: stats launches in windows %llu in %.0f ms, in shadow windows %llu in %.0f ms "
-                    "(counting only): pace %.3f, in-window slowdown estimate %.3f, fraction %.4f\n",
+                    "(counting only): pace %.3f, in-window slowdown estimate %.3f (highest %.3f), fraction %.4f (at "
+                    "its floor after %llu windows)\n",
                     (unsigned long long)ctl.launches_total, (double)ctl.covered_ns / 1e6,
                     (unsigned long long)ctl.shadow_launches, (double)ctl.shadow_launch_ns / 1e6,
                     estimate_pace(ctl.launches_total, ctl.covered_ns, ctl.shadow_launches, ctl.shadow_launch_ns),
-                    ctl.slowdown, ctl.fraction);
+                    ctl.slowdown, ctl.slowdown_max, ctl.fraction, (unsigned long long)ctl.floor_windows);
         }
         ctl.stopped = 1;
         if (atomic_load(&g_state.attached)) {
