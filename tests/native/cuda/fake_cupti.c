@@ -160,17 +160,22 @@ static int any_activity_on(void)
     return atomic_load(&kernel_on) || atomic_load(&memcpy_on) || atomic_load(&memset_on);
 }
 
-/* FAKE_CUPTI_TRACE_COST_US in ns, read once (0: none). */
+/* A setting in microseconds (environment variable name), in ns, read once into *cached (-1: not yet; 0: unset). */
+static uint64_t setting_us_as_ns(const char *name, _Atomic int64_t *cached)
+{
+    int64_t ns = atomic_load(cached);
+    if (ns < 0) {
+        const char *v = getenv(name);
+        ns = v && v[0] ? (int64_t)(strtod(v, NULL) * 1000.0) : 0;
+        atomic_store(cached, ns);
+    }
+    return (uint64_t)ns;
+}
+
 static uint64_t trace_cost_ns(void)
 {
     static _Atomic int64_t cost = -1;
-    int64_t c = atomic_load(&cost);
-    if (c < 0) {
-        const char *v = getenv("FAKE_CUPTI_TRACE_COST_US");
-        c = v && v[0] ? (int64_t)(strtod(v, NULL) * 1000.0) : 0;
-        atomic_store(&cost, c);
-    }
-    return (uint64_t)c;
+    return setting_us_as_ns("FAKE_CUPTI_TRACE_COST_US", &cost);
 }
 
 static void on_enter(struct fake_call *call)
@@ -523,17 +528,10 @@ static void deliver(union any_record *records, size_t count)
     }
 }
 
-/* FAKE_CUPTI_DELIVERY_DELAY_US in ns, read once (0: none). */
 static uint64_t delivery_delay_ns(void)
 {
     static _Atomic int64_t delay = -1;
-    int64_t d = atomic_load(&delay);
-    if (d < 0) {
-        const char *v = getenv("FAKE_CUPTI_DELIVERY_DELAY_US");
-        d = v && v[0] ? (int64_t)(strtod(v, NULL) * 1000.0) : 0;
-        atomic_store(&delay, d);
-    }
-    return (uint64_t)d;
+    return setting_us_as_ns("FAKE_CUPTI_DELIVERY_DELAY_US", &delay);
 }
 
 API CUptiResult CUPTIAPI cuptiActivityFlushAll(uint32_t flag)
