@@ -29,6 +29,13 @@ for step in "${steps[@]}"; do
               done
               grep -rn "TEARDOWN_CUPTI" "$site" --include=*.py | head -5 ;;
     graphs)   timeout 560 python3 scripts/h200/graphs.py "$OUT/h200-graphs.md" ;;
+    issue16)  # what issue 16 still needs verified, in one call of under 10 minutes: the eager side's weights with the
+              # lingers weighted by their own launches (ABI 7), and the take's CPU-time charge (baton modes P, I, U)
+              OTEL_GPU_WINDOW_MS=5 OTEL_GPU_OVERHEAD_BUDGET=0.2 GRAPHS_SECONDS=40 timeout 130 python3 \
+                scripts/h200/graphs.py "$OUT/h200-graphs-5ms.md"
+              BATON_PER=2 BATON_MODES=P,I,U timeout 190 python3 scripts/h200/baton.py "$OUT/h200-baton.md" 110
+              BATON_LOOP=matmul BATON_PER=2 BATON_MODES=P,I,U timeout 190 python3 scripts/h200/baton.py \
+                "$OUT/h200-baton-matmul.md" 110 ;;
     compiled) timeout 580 python3 scripts/h200/compiled.py "$OUT/h200-compiled.md" ;;  # COMPILED_SECONDS (60)
     span_devices) timeout 200 python3 scripts/h200/span_devices.py "$OUT/h200-span-devices.md" --seconds 40 ;;
     cpu_python) timeout 300 python3 scripts/h200/cpu_python.py "$OUT/h200-cpu-python.md" ;;
