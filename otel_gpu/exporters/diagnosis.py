@@ -10,13 +10,20 @@ raw bytes never reach a log line. Stdlib only: importing this module costs nothi
 from __future__ import annotations
 
 import socket
+import threading
+import time
 import urllib.parse
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 GRPC_PORT_HINT = "a gRPC port? try --otlp-protocol grpc"
 _PROBE_S = 2.0  # at most this long for the one TCP connection a probe makes
 _PEEK_S = 0.2  # how long a probe waits for what a server sends unasked (a gRPC server's SETTINGS, or a close)
 _HTTP2_SETTINGS = 4  # frame type of the SETTINGS frame an HTTP/2 (gRPC) server sends first
+# A verdict is kept this long after the first probe of an outage, then twice as long after each further one, up to
+# the longest: as often as a failure line repeats its reason (the metrics pipeline's FAILURE_LOG_INTERVAL_S), so a
+# long outage costs one probe per such line and a cause that changes is seen within that time.
+PROBE_BACKOFF_INITIAL_S = 10.0
+PROBE_BACKOFF_MAX_S = 300.0
 
 
 def escaped(text: str, limit: int = 200) -> str:
@@ -127,3 +134,48 @@ def probe(url: str, expects: str, hint: str = GRPC_PORT_HINT, *, grpc: bool = Fa
         return "" if grpc else not_speaking(host, port, expects, hint)
     # neither an HTTP/1 server (it waits for the request) nor an HTTP/2 one
     return not_speaking(host, port, expects, f"it speaks first: {escaped(first.decode('latin-1'), 40)}")
+
+
+class OutageProbe:
+    """A probe (``probe``: what is wrong at an address, in words, "" when nothing) made at most once per backoff
+    period of an outage, its verdict kept meanwhile: failed exports in a row each want a reason, and a probe can
+    take ``_PROBE_S`` + ``_PEEK_S``. The period starts when a probe ends: ``initial_s``, doubled after each probe up
+    to ``max_s``; :meth:`reset` (the backend answered) ends the outage, so the next failure probes at once.
+
+    Thread-safe: a caller that comes while a probe is under way waits for that probe's verdict instead of making
+    another one; :meth:`reset` never waits for a probe."""
+
+    def __init__(self, probe: Callable[[], str], *, initial_s: float = PROBE_BACKOFF_INITIAL_S,
+                 max_s: float = PROBE_BACKOFF_MAX_S, clock: Callable[[], float] = time.monotonic) -> None:
+        self._probe = probe
+        self._initial_s = initial_s
+        self._max_s = max_s
+        self._clock = clock
+        self._running = threading.Lock()  # held while a probe runs
+        self._state = threading.Lock()  # held only to read or write the fields below
+        self._verdict = ""
+        self._until: float | None = None  # clock time the verdict is kept until; None: none kept
+        self._probes = 0  # probes in this outage: the backoff's exponent
+        self._outage = 0  # bumped by reset, so a probe that spans it does not keep its verdict into the next outage
+        self.runs = 0  # probes made in all (tests, and how much an outage cost)
+
+    def __call__(self) -> str:
+        with self._running:
+            with self._state:
+                if self._until is not None and self._clock() < self._until:
+                    return self._verdict
+                outage = self._outage
+            verdict = self._probe()
+            with self._state:
+                self.runs += 1
+                if outage == self._outage:
+                    self._verdict = verdict
+                    self._until = self._clock() + min(self._max_s, self._initial_s * 2.0 ** self._probes)
+                    self._probes += 1
+            return verdict
+
+    def reset(self) -> None:
+        """The backend answered: forget the verdict and start the next outage's backoff from ``initial_s``."""
+        with self._state:
+            self._verdict, self._until, self._probes = "", None, 0
+            self._outage += 1

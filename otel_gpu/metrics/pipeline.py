@@ -41,7 +41,7 @@ from opentelemetry.sdk.resources import Resource
 
 from otel_gpu import selfmetrics, semconv
 from otel_gpu.config import AgentConfig, OTLPConfig
-from otel_gpu.exporters.diagnosis import address, describe_exception, escaped, probe
+from otel_gpu.exporters.diagnosis import OutageProbe, address, describe_exception, escaped, probe
 from otel_gpu.metrics import CUMULATIVE_EVERYWHERE, _stale
 from otel_gpu.metrics.console import ConsoleTableExporter
 from otel_gpu.metrics.files import JsonLinesMetricExporter
@@ -72,10 +72,12 @@ class CountingExporter(MetricExporter):
     words) when it has one, else what ``probe`` finds at the address (refused, unknown host, closed at once:
     "" when nothing), else ``no_answer``. A ``last_error`` marked ``last_error_transport`` (a gRPC UNAVAILABLE)
     gives way to what the probe finds. A probe is one TCP connection (at most 2.2 s) on the sender's thread, or on a
-    thread of its own for the superseded line, made for each failed export the exporter has no words for.
+    thread of its own for the superseded line; :class:`OutageProbe` makes it at most once per backoff period of an
+    outage (10 s doubling to 300 s) and answers the failed exports in between with its verdict, so an outage costs
+    a few probes, not one per failed export. A send that goes through ends the outage (and the kept verdict).
     """
 
-    def __init__(self, inner: MetricExporter, name: str, destination: str, probe: Callable[[], str] | None = None,
+    def __init__(self, inner: MetricExporter, name: str, destination: str, probe: OutageProbe | None = None,
                  no_answer: str = "the exporter reported a failure") -> None:
         super().__init__(preferred_temporality=CUMULATIVE_EVERYWHERE)
         self.inner = inner
@@ -112,7 +114,7 @@ class CountingExporter(MetricExporter):
         if log is not None:
             points, first = log
             if first and self._probe is not None and not self._known_reason():
-                # the probe takes up to 2 s: not on the collecting thread
+                # the probe takes up to 2.2 s: not on the collecting thread
                 threading.Thread(target=self._log_superseded, args=(points, first), daemon=True,
                                  name=f"otel-gpu-metrics-{self.name}-probe").start()
             else:
@@ -209,6 +211,8 @@ class CountingExporter(MetricExporter):
         except Exception as exc:  # noqa: BLE001 - export boundary: a raising exporter must not stop the thread
             result, reason = MetricExportResult.FAILURE, f"{type(exc).__name__}: {exc}"
         if result is MetricExportResult.SUCCESS:
+            if self._probe is not None:
+                self._probe.reset()
             with self._cond:
                 caught_up, self._superseded_since_send = self._superseded_since_send, 0
                 if caught_up:
@@ -457,8 +461,8 @@ class MetricsPipeline:
             protocol = "gRPC" if name == "otlp_grpc" else "HTTP/protobuf"
             self.exporters.append(CountingExporter(
                 exporter, name, url,
-                probe=lambda: probe(url, f"OTLP {protocol}", grpc=name == "otlp_grpc",
-                                    connect_s=min(self._timeout_s, 2.0)),
+                probe=OutageProbe(lambda: probe(url, f"OTLP {protocol}", grpc=name == "otlp_grpc",
+                                                connect_s=min(self._timeout_s, 2.0))),
                 no_answer=no_answer(url, protocol, self._timeout_s)))
         for counting in self.exporters:
             readers.append(PeriodicExportingMetricReader(counting, export_interval_millis=interval_ms,

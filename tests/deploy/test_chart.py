@@ -34,6 +34,7 @@ TOGGLES: dict[str, list[str]] = {
     "defaults": [],
     "privileged": ["securityContext.privileged=true"],
     "no-gpu-time": ["profiling.gpuTime=false"],
+    "command-args": ["profiling.commandArgs=true"],
     "otlp": ["otlp.endpoint=https://collector.observability:4317", "otlp.protocol=grpc",
              "otlp.headers.X-Scope-OrgID=team-a", "otlp.headersSecret.value=Authorization=Bearer%20abc",
              "otlp.tls.caSecret=collector-ca", "clusterName=gpu-east",
@@ -185,6 +186,25 @@ def test_host_mounts_are_read_only_and_the_injection_folder_writable_only_in_the
     assert "/opt/otel-gpu/lib/libotel_gpu_inject.so" in init["args"][0]
     assert [m["mountPath"] for m in init["volumeMounts"]] == ["/host-lib"]
     assert "initContainers" not in by_kind(render(TOGGLES["no-injection"]), "DaemonSet")[0]["spec"]["template"]["spec"]
+
+
+def test_command_args_flag_is_passed_only_when_asked(tmp_path: Path) -> None:
+    """profiling.commandArgs puts --process-command-args on the agent's command line, and only then: command lines
+    can hold secrets, so the default leaves process.command_args off. The rendered args are parsed by the agent's own
+    parser with the chart's environment, so a flag it does not know fails here."""
+    from otel_gpu import cli, config
+
+    library = tmp_path / "libotel_gpu_inject.so"  # the node's copy, mounted at /host-lib in the pod
+    library.write_bytes(b"\x7fELF")
+    for sets, expected in (([], False), (["profiling.commandArgs=false"], False), (TOGGLES["command-args"], True)):
+        objects = render(sets)
+        args = agent(objects)["args"]
+        assert ("--process-command-args" in args) is expected, (sets, args)
+        assert args[0] == "run" and not any(a.startswith("--no-process-command-args") for a in args)
+        args = [a.replace("/host-lib/libotel_gpu_inject.so", str(library)) for a in args]
+        environ = kubelet_environment(objects, {}, tmp_path / "unused")
+        loaded = config.load(cli._parser().parse_args(args), environ=environ)
+        assert loaded.profiling.command_args is expected, sets
 
 
 def test_environment_names_are_the_ones_the_agent_reads(defaults: list[dict[str, Any]]) -> None:
@@ -458,6 +478,7 @@ def test_dashboards_become_configmaps_with_the_sidecar_label(dashboards_dir: Pat
     "metrics.prometheusPort=70000",
     "profiling.frequencyHz=0",
     "profiling.retryQueueMiB=0",
+    "profiling.commandArgs=yes",
     "securityContext.privileged=yes",
     "securityContext.capabilities={CAP_BPF}",
     "logLevel=verbose",

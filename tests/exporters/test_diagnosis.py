@@ -1,17 +1,19 @@
 # SPDX-License-Identifier: Apache-2.0
 """Reasons in words for a backend that gave no usable answer: from what urllib and requests raise, and from a probe,
-against real servers on 127.0.0.1 (none, one that closes connections at once, a gRPC server, an HTTP server)."""
+against real servers on 127.0.0.1 (none, one that closes connections at once, a gRPC server, an HTTP server); how
+often an outage is probed, against a clock of the test's own."""
 
 from __future__ import annotations
 
 import http.client
+import threading
 import urllib.request
 from collections.abc import Callable
 
 import pytest
 import requests
 
-from otel_gpu.exporters.diagnosis import describe_exception, escaped, probe
+from otel_gpu.exporters.diagnosis import OutageProbe, describe_exception, escaped, probe
 from tests.exporters.receivers import ClosingServer, GrpcProfilesReceiver, HttpReceiver, free_port
 
 
@@ -71,3 +73,47 @@ def test_a_probe_tells_what_it_finds() -> None:
         "http": "",
     }
     assert probe("http://127.0.0.1:99999", "OTLP gRPC") == "http://127.0.0.1:99999 has no usable port"
+
+
+def test_an_outage_probe_keeps_its_verdict_for_a_period_that_doubles_up_to_the_longest() -> None:
+    clock, probed_at = [0.0], []
+
+    def counted() -> str:
+        probed_at.append(int(clock[0]))
+        return f"verdict {len(probed_at)}"
+
+    outage = OutageProbe(counted, initial_s=10, max_s=300, clock=lambda: clock[0])
+    for second in range(1200):  # a failed export every second
+        clock[0] = float(second)
+        assert outage() == f"verdict {len(probed_at)}"
+    assert probed_at == [0, 10, 30, 70, 150, 310, 610, 910] and outage.runs == 8
+    outage.reset()  # the backend answered: the next outage is probed at once
+    assert outage() == "verdict 9" and probed_at[-1] == 1199
+
+
+def test_an_outage_probe_is_made_once_for_callers_that_come_together_and_reset_never_waits() -> None:
+    started, release = threading.Event(), threading.Event()
+
+    def slow() -> str:
+        started.set()
+        assert release.wait(30)
+        return "refused"
+
+    outage = OutageProbe(slow)
+    verdicts: list[str] = []
+    callers = [threading.Thread(target=lambda: verdicts.append(outage())) for _ in range(3)]
+    for caller in callers:
+        caller.start()
+    assert started.wait(30)
+    resetting = threading.Thread(target=outage.reset)  # while the probe is under way (up to 2.2 s): no waiting
+    resetting.start()
+    resetting.join(30)
+    reset_waited = resetting.is_alive()
+    release.set()
+    for caller in callers:
+        caller.join(30)
+    # the first caller's probe spanned the reset: its verdict is not kept into the new outage, so one more
+    # caller probes again; never one probe per caller
+    assert not reset_waited, "reset waited for the probe under way"
+    assert verdicts == ["refused"] * 3 and outage.runs == 2
+    assert outage() == "refused" and outage.runs == 2  # the second probe's verdict is kept

@@ -431,6 +431,65 @@ def test_a_new_reason_is_logged_at_once_the_same_one_at_most_every_interval(
     assert selfmetrics.total(semconv.SELF_EXPORT_FAILURES.name, otel_gpu__exporter="otlp_http") == 6
 
 
+@pytest.mark.parametrize("backend", ["nothing-listens", "closes-at-once"])
+def test_a_down_grpc_backend_is_probed_at_most_once_per_backoff_period(
+        backend: str, caplog: pytest.LogCaptureFixture) -> None:
+    """gRPC UNAVAILABLE leaves the reason to a probe of the address (up to 2.2 s each): consecutive failed exports of
+    one outage share one probe's verdict until its backoff period (10 s, then 20 s, ...) ends, and a send that goes
+    through starts the next outage afresh. Each failure is still counted and the first line names the cause."""
+    from otel_gpu.exporters import diagnosis
+    from otel_gpu.metrics.pipeline import build_otlp_exporter
+    from tests.exporters.receivers import ClosingServer
+
+    caplog.set_level(logging.WARNING, logger="otel_gpu.metrics.pipeline")
+    closing = ClosingServer() if backend == "closes-at-once" else None
+    port = closing.port if closing is not None else free_port()
+    url = f"http://127.0.0.1:{port}"
+    built = build_otlp_exporter(OTLPConfig(endpoint=url, protocol="grpc", timeout_s=0.5))
+    assert built is not None
+    clock = [1000.0]
+    outage_probe = diagnosis.OutageProbe(lambda: diagnosis.probe(url, "OTLP gRPC", grpc=True, connect_s=0.5),
+                                         clock=lambda: clock[0])
+    counting = CountingExporter(built[0], "otlp_grpc", url, probe=outage_probe)
+    inner = counting.inner
+
+    def fail(count: int) -> None:
+        for _ in range(count):
+            counting.export(_collection())  # type: ignore[arg-type]
+            assert counting.force_flush(30_000)
+            assert inner.last_error.startswith("gRPC UNAVAILABLE") and inner.last_error_transport, inner.last_error
+
+    try:
+        fail(4)
+        assert outage_probe.runs == 1
+        clock[0] += diagnosis.PROBE_BACKOFF_INITIAL_S - 0.001
+        fail(2)
+        assert outage_probe.runs == 1  # still within the first period
+        clock[0] += 0.001
+        fail(3)
+        assert outage_probe.runs == 2  # the second period (twice as long) begins with one probe
+        clock[0] += 2 * diagnosis.PROBE_BACKOFF_INITIAL_S - 0.001
+        fail(2)
+        assert outage_probe.runs == 2
+        counting.inner = _HeldExporter()  # the backend answers: the outage is over
+        counting.inner.release.set()
+        counting.export(_collection())  # type: ignore[arg-type]
+        assert counting.force_flush(30_000)
+        counting.inner = inner
+        fail(2)
+        assert outage_probe.runs == 3  # a new outage: probed at once, not after the old period
+    finally:
+        counting.shutdown(1000)
+        if closing is not None:
+            closing.stop()
+    assert selfmetrics.total(semconv.SELF_EXPORT_FAILURES.name, otel_gpu__exporter="otlp_grpc") == 13
+    assert selfmetrics.total(semconv.SELF_DROPPED.name, otel_gpu__reason="export_failed") == 13
+    failing = [r.getMessage() for r in caplog.records if "is failing" in r.getMessage()]
+    cause = (f"connection refused by 127.0.0.1:{port}: nothing listens there" if closing is None else
+             f"127.0.0.1:{port} takes connections but closes them without an answer; check that it takes OTLP gRPC")
+    assert len(failing) == 2 and all(f"is failing ({cause})" in line for line in failing), failing
+
+
 def test_collection_keeps_its_interval_while_an_export_hangs() -> None:
     with _silent_backend() as port:
         pipeline = MetricsPipeline(_grpc_config(port, timeout_s=600), RESOURCE)
