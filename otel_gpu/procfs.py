@@ -150,6 +150,17 @@ def parse_stat_start_time(stat: bytes) -> int:
         return 0
 
 
+def parse_stat_arg_start(stat: bytes) -> int:
+    """Where the process's argument strings begin (field 48, ``arg_start``) in the text of /proc/PID/stat; 0 when the
+    kernel does not show it (no access, no memory) or the text has none. Each exec places them anew (the stack is
+    randomized), so the value tells one program a pid runs from the next."""
+    fields = stat[stat.rfind(b")") + 2:].split()
+    try:
+        return max(0, int(fields[45]))
+    except (IndexError, ValueError):
+        return 0
+
+
 def process_age_s(pid: int | str = "self", proc_root: str = "/proc") -> float:
     """Seconds since ``pid`` started (its start time in /proc/PID/stat against CLOCK_BOOTTIME); 0 when unknown."""
     try:
@@ -370,6 +381,13 @@ class ProcessResolver:
             return _text(read_capped(self._root / str(pid) / "task" / str(tid) / "comm", MAX_COMM_BYTES)[0]).strip()
         except OSError:
             return ""
+
+    def arg_start(self, pid: int) -> int | None:
+        """Where ``pid``'s argument strings begin (:func:`parse_stat_arg_start`): 0 when not shown, None when gone."""
+        try:
+            return parse_stat_arg_start(read_capped(self._root / str(pid) / "stat", MAX_STAT_BYTES)[0])
+        except OSError:
+            return None
 
     def _start_time(self, pid: int) -> int | None:
         try:

@@ -272,6 +272,9 @@ class Reason(_StrEnum):
     PYTHON_READ_LATE = "python_read_late"
     PYTHON_UNSUPPORTED = "python_unsupported"  # a CPython version without a layout: native frames only
     PROCESS_GONE = "process_gone"  # the process exited before its identity was read
+    # samples of a program a process ran before an exec, whose mappings were not read before the exec replaced them:
+    # reported under the thread's name then, their user frames unnamed ([unknown] 0xADDRESS)
+    REPLACED_BY_EXEC = "replaced_by_exec"
     # source errors: native unwinding (a user stack walked from .eh_frame tables stopped early)
     UNWIND_NO_MAPPING = "unwind_no_mapping"  # a pc outside every registered mapping (JIT code, a later dlopen)
     UNWIND_UNSUPPORTED = "unwind_unsupported"  # a rule the walker does not follow (CFA expression, as in PLTs)

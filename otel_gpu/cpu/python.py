@@ -294,11 +294,14 @@ class CodeReader:
 
     A cached code object is checked once per drain (:meth:`new_drain`) with one small read: a code object freed and
     another allocated at its address must not keep the old name. Once the process's memory can no longer be read (it
-    exited), the cached code objects stand: they were read while it ran. Hold :attr:`lock` around every call: the
+    exited), the cached code objects stand: they were read while it ran. So do they once an exec replaced the
+    program (:attr:`replaced`): the memory is another program's then. Hold :attr:`lock` around every call: the
     sampler's event thread reads new stacks' code objects while a drain may be reading the same process's."""
 
-    def __init__(self, process: PythonProcess, proc_root: str = "/proc") -> None:
+    def __init__(self, process: PythonProcess, proc_root: str = "/proc", image: int | None = None) -> None:
         self.process = process
+        self.image = image  # which program of the pid (the caller's id), None: not told
+        self.replaced = False  # an exec replaced the program: its memory is never read again
         self._proc_root = proc_root
         self._cache: dict[int, _Code | None] = {}
         self._frames: dict[int, dict[int, Frame]] = {}  # code address -> instruction offset -> its frame
@@ -378,8 +381,10 @@ class CodeReader:
             self._lines.clear()
             self._runs.clear()
         try:
+            if self.replaced:
+                raise OSError("replaced by exec")
             memory = ProcessMemory(self.process.pid, self._proc_root)
-        except OSError:  # gone: what was read while it ran stands
+        except OSError:  # gone (or another program now): what was read while it ran stands
             self._checked.update(addresses)
             self.read_errors += sum(1 for address in set(addresses) if self._cache.get(address) is None)
             return
@@ -555,17 +560,25 @@ def unsupported_frame(description: str) -> Frame:
 
 
 class PythonFrames:
-    """Per process: its CPython (registered with the sampler's walker) or the unsupported version it runs."""
+    """Per process: its CPython (registered with the sampler's walker) or the unsupported version it runs. A caller
+    that tells the programs one pid runs apart passes each one's ``image``: the code objects of a Python an exec
+    replaced stay readable from the cache, for the samples it took before the exec, until :meth:`forget_image`."""
 
     def __init__(self, proc_root: str = "/proc") -> None:
         self._proc_root = proc_root
         self._readers: dict[int, CodeReader] = {}
         self._unsupported: dict[int, str] = {}
+        self._images: dict[int, int | None] = {}  # pid -> the image its last look was of
+        self._replaced: dict[tuple[int, int], CodeReader] = {}  # (pid, image): Pythons an exec replaced
 
-    def discover(self, pid: int) -> PythonProcess | None:
-        """Looks at a process (again: what an earlier look found is dropped); returns what the walker must be given
-        (None: nothing to walk)."""
-        self._readers.pop(pid, None)
+    def discover(self, pid: int, image: int | None = None) -> PythonProcess | None:
+        """Looks at a process (again: what an earlier look found is dropped, or kept aside when it was of another
+        ``image``); returns what the walker must be given (None: nothing to walk)."""
+        old, before = self._readers.pop(pid, None), self._images.get(pid)
+        if old is not None and before is not None and before != image:
+            old.replaced = True
+            self._replaced[(pid, before)] = old
+        self._images[pid] = image
         self._unsupported.pop(pid, None)
         try:
             found = find_python(pid, self._proc_root)
@@ -578,7 +591,7 @@ class PythonFrames:
                               otel_gpu__reason=semconv.Reason.PYTHON_UNSUPPORTED)
             return None
         if found is not None:
-            self._readers[pid] = CodeReader(found, self._proc_root)
+            self._readers[pid] = CodeReader(found, self._proc_root, image)
         return found
 
     def new_drain(self) -> None:
@@ -604,10 +617,20 @@ class PythonFrames:
         runs = self.runs_of(pid, {0: stack}).get(0) if stack is not None else None
         return self.merged_runs(pid, native, runs)
 
-    def runs_of(self, pid: int, stacks: dict[int, abi.PythonStack]) -> dict[int, tuple[tuple[Frame, ...], ...]]:
+    def _current(self, pid: int, image: int | None) -> bool:
+        """Whether ``image`` is what the last look at ``pid`` found (one not told its image: unless it was replaced)."""
+        looked = self._images.get(pid)
+        return image is None or looked == image or (looked is None and (pid, image) not in self._replaced)
+
+    def _reader(self, pid: int, image: int | None) -> CodeReader | None:
+        return self._readers.get(pid) if self._current(pid, image) else self._replaced.get((pid, image or 0))
+
+    def runs_of(self, pid: int, stacks: dict[int, abi.PythonStack],
+                image: int | None = None) -> dict[int, tuple[tuple[Frame, ...], ...]]:
         """Each Python stack's frames in runs (:meth:`CodeReader.runs`), by stack id: once per drain and stack, however
-        many threads and native stacks share it."""
-        reader = self._readers.get(pid)
+        many threads and native stacks share it. ``image``: of that program of the pid (none when it was not
+        looked at: another program's memory must not name its frames)."""
+        reader = self._reader(pid, image)
         if reader is None or not stacks:
             return {}
         with reader.lock:
@@ -620,21 +643,28 @@ class PythonFrames:
                               otel_gpu__reason=semconv.Reason.PYTHON_CODE_UNREADABLE)
         return runs
 
-    def merged_runs(self, pid: int, native: tuple[Frame, ...],
-                    runs: Sequence[tuple[Frame, ...]] | None) -> tuple[Frame, ...]:
+    def merged_runs(self, pid: int, native: tuple[Frame, ...], runs: Sequence[tuple[Frame, ...]] | None,
+                    image: int | None = None) -> tuple[Frame, ...]:
         """The user frames of one sample, leaf first, with its Python runs (:meth:`runs_of`) merged in."""
-        if pid in self._unsupported:
+        if pid in self._unsupported and self._current(pid, image):
             return native + (unsupported_frame(self._unsupported[pid]),)
         if runs is None:
             return native
-        reader = self._readers.get(pid)
+        reader = self._reader(pid, image)
         return merge(native, runs, reader.process.evaluation_loops if reader is not None else ())
 
     def runs_python(self, pid: int) -> bool:
         """Whether the last look at ``pid`` found a CPython, supported or not."""
         return pid in self._readers or pid in self._unsupported
 
+    def forget_image(self, pid: int, image: int) -> None:
+        """Drop the code objects of a Python an exec replaced (its samples are all drained)."""
+        self._replaced.pop((pid, image), None)
+
     def forget(self, pids: Sequence[int]) -> None:
         for pid in pids:
             self._readers.pop(pid, None)
             self._unsupported.pop(pid, None)
+            self._images.pop(pid, None)
+        for key in [key for key in self._replaced if key[0] in set(pids)]:
+            del self._replaced[key]

@@ -6,8 +6,10 @@ No sample is lost while draining: the program writes into one of two generations
 selected by the ``control`` array. :meth:`CPUSampler.drain` flips the generation first, waits for programs that
 already read the old value to finish (they run for microseconds), then reads and clears the old generation.
 The first sample of each process is announced through a ring buffer, which a background thread polls, so that
-the process's mappings can be captured while it still runs (``on_new_process``). A sample whose stack id collides in
-the stack map comes whole through a second ring buffer (polled by the same thread) and is added to the next drain.
+the process's mappings can be captured while it still runs (``on_new_process``); so is its first sample after each
+exec, and every sample carries the exec id it was taken under, so that the programs one pid runs are told apart.
+A sample whose stack id collides in the stack map comes whole through a second ring buffer (polled by the same
+thread) and is added to the next drain.
 User stacks walked from unwind tables (``programs/native_unwind.h``) are counted the same way, their frames kept in
 ``unwound_stacks{0,1}`` under ids from ``abi.UNWOUND_ID_BASE`` up.
 Processes registered with :meth:`CPUSampler.register_python` also get their Python stack walked at each sample
@@ -81,13 +83,14 @@ class StackCount:
     python_stack_id: int = 0  # key in the python_stacks map (python_frames.h), 0 when none
     trace_id: str = ""  # hex ids of the span the thread was in (docs/span-context.md), "" outside any
     span_id: str = ""
+    exec_id: int = 0  # the program of the pid it was taken in: the kernel's count of the process's execs (32 bits)
 
 
 class CPUSampler:
     """Loads and attaches the sampler; :meth:`drain` returns every sample since the last drain."""
 
     def __init__(self, frequency_hz: int, pids: Iterable[int] = (), exclude_tgid: int = 0,
-                 on_new_process: Callable[[int, str], None] | None = None,
+                 on_new_process: Callable[[int, str, int, int], None] | None = None,
                  on_tick: Callable[[], float | None] | None = None,
                  on_new_python_stacks: Callable[[dict[int, list[int]]], None] | None = None, btf_path: str = BTF_PATH,
                  object_path: str | os.PathLike[str] | None = None, raw_only: bool = False,
@@ -95,8 +98,10 @@ class CPUSampler:
                  unwind_rows: int = DEFAULT_UNWIND_ROWS, unwound_stacks: int = DEFAULT_UNWOUND_STACKS,
                  unwind_max_frame_bytes: int = MAX_FRAME_BYTES,
                  unwind_eager_frame_bytes: int = EAGER_FRAME_BYTES) -> None:
-        """``on_new_process(pid, comm)`` and ``on_tick()`` run on the event thread: the first at a process's first
-        sample, the second after every poll (at least every 250 ms); it returns the seconds until it wants to run
+        """``on_new_process(pid, comm, exec_id, arg_start)`` and ``on_tick()`` run on the event thread: the first
+        at a process's first sample and at its first after each exec (``exec_id`` as in :attr:`StackCount.exec_id`;
+        ``arg_start``: where that program's arguments begin, /proc/PID/stat's field 48 while it runs, 0 unknown),
+        the second after every poll (at least every 250 ms); it returns the seconds until it wants to run
         again (None: no sooner than that). ``on_new_python_stacks({pid: [stack id, ...]})`` runs there too, after a
         poll that found Python stacks the walker stored for the first time (ids for :meth:`python_stacks`).
         ``raw_only`` sends every sample whole through the ring buffer instead of aggregating in the kernel
@@ -231,7 +236,7 @@ class CPUSampler:
                 user_stack=stacks.get(user_id, ()) if user_id >= 0 else (),
                 kernel_stack=stacks.get(kernel_id, ()) if kernel_id >= 0 else (),
                 user_stack_lost=user_id < 0 and user_id != _EFAULT, python_stack_id=key.python_stack_id,
-                trace_id=trace_id, span_id=span_id))
+                trace_id=trace_id, span_id=span_id, exec_id=key.exec_id))
         return out
 
     def register_python(self, pid: int, proc: abi.PythonProc) -> None:
@@ -450,7 +455,7 @@ class CPUSampler:
         if self._unwinder is not None:
             self._unwinder.submit(event.pid)
         if self._on_new_process is not None:
-            self._on_new_process(event.pid, event.comm.decode(errors="replace"))
+            self._on_new_process(event.pid, event.comm.decode(errors="replace"), event.exec_id, event.arg_start)
 
     def _handle_raw(self, data: bytes) -> None:
         raw = abi.RawSample.from_buffer_copy(data[:ctypes.sizeof(abi.RawSample)])
@@ -460,7 +465,8 @@ class CPUSampler:
         sample = StackCount(pid=raw.pid, tid=raw.tid, comm=raw.comm.decode(errors="replace"), count=1,
                            user_stack=user, kernel_stack=kernel,
                            user_stack_lost=raw.user_bytes < 0 and raw.user_bytes != _EFAULT,
-                           python_stack_id=raw.python_stack_id, trace_id=trace_id, span_id=span_id)
+                           python_stack_id=raw.python_stack_id, trace_id=trace_id, span_id=span_id,
+                           exec_id=raw.exec_id)
         with self._raw_lock:
             self._raw.append(sample)
 

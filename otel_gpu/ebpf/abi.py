@@ -130,6 +130,8 @@ class SampleKey(ctypes.Structure):
         ("python_stack_id", ctypes.c_uint64),
         ("trace_id", ctypes.c_uint8 * 16),
         ("span_id", ctypes.c_uint8 * 8),
+        ("exec_id", ctypes.c_uint32),
+        ("reserved", ctypes.c_uint32),
     ]
 
 
@@ -147,6 +149,9 @@ class ProcessEvent(ctypes.Structure):
         ("tid", ctypes.c_uint32),
         ("time_ns", ctypes.c_uint64),
         ("comm", ctypes.c_char * COMM_LEN),
+        ("exec_id", ctypes.c_uint32),
+        ("reserved", ctypes.c_uint32),
+        ("arg_start", ctypes.c_uint64),
     ]
 
 
@@ -174,6 +179,8 @@ class RawSample(ctypes.Structure):
         ("kernel", ctypes.c_uint64 * MAX_STACK_DEPTH),
         ("trace_id", ctypes.c_uint8 * 16),
         ("span_id", ctypes.c_uint8 * 8),
+        ("exec_id", ctypes.c_uint32),
+        ("reserved", ctypes.c_uint32),
     ]
 
 

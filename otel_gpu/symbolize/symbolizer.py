@@ -11,7 +11,10 @@ folder). The cache is bounded by file count and by bytes of symbol tables (least
 and are read again from their file if needed later).
 
 Short-lived processes: :meth:`Symbolizer.remember` snapshots a process's mappings and opens its executable files
-as soon as it is first seen; the snapshot outlives the process until :meth:`Symbolizer.prune`. A binary that is gone
+as soon as it is first seen; the snapshot outlives the process until :meth:`Symbolizer.prune`. A caller that tells
+the programs one pid runs apart (the CPU sampler's exec id) passes each one's ``image``: the snapshot of a program
+that an exec replaced is kept beside the new one's, to name the samples taken before the exec, and is never read
+again from /proc (whose maps are the new program's by then). A binary that is gone
 or unreadable yields a frame named ``file+0xOFFSET`` that keeps its address, mapping and build id, never an error.
 Files without a full symbol table take it from a separate debug file found by build id
 (``/usr/lib/debug/.build-id/xx/yyyy.debug``, as installed by distributions' debug-symbol packages).
@@ -63,14 +66,19 @@ _EVICTED = object()  # a file key no longer in the cache
 # Whole stacks remembered per process (their frames are remembered anyway): a drain of stacks seen before is one
 # lookup per stack instead of one per frame. Past it, the process's stacks are forgotten and built again.
 _STACK_CACHE_ENTRIES = 8192  # about 3 MB per process at most (stacks of ~20 frames)
+# Snapshots of programs an exec replaced, kept for the samples taken before the exec (their callers forget each one
+# once its samples are drained): past it, the oldest go first.
+_MAX_REPLACED = 256
 
 
 class _Process:
     """What is known about one process: its mappings, their ELF files, and the frames already built."""
 
-    def __init__(self, pid: int, entries: list[MapEntry], start_ticks: int = 0) -> None:
+    def __init__(self, pid: int, entries: list[MapEntry], start_ticks: int = 0, image: int | None = None) -> None:
         self.pid = pid
         self.start_ticks = start_ticks  # tells a reused pid apart
+        self.image = image  # which program of the pid (the caller's id), None: whichever runs
+        self.replaced = False  # an exec replaced it: /proc/PID shows another program, never read for this one
         self.set_entries(entries)
         # by entry start: the file's cache key (None: no readable file) and its mapping; the ElfSymbols itself lives
         # only in the Symbolizer's bounded cache, so evicting it frees its memory and file descriptor
@@ -118,16 +126,20 @@ class Symbolizer:
         self._vdso: ElfSymbols | None = None
         self._vdso_read = False
         self._max_processes = max_processes
-        self._processes: OrderedDict[int, _Process] = OrderedDict()
+        self._processes: OrderedDict[int, _Process] = OrderedDict()  # each pid's current program
+        self._replaced: OrderedDict[tuple[int, int], _Process] = OrderedDict()  # (pid, image): programs exec replaced
         self._demangler = Demangler()
         self._lock = threading.RLock()
         self._deadline: float | None = None  # monotonic s; set during user_stacks(deadline=...): no new file after it
 
     # --- processes -------------------------------------------------------------------------------------------------
 
-    def remember(self, pid: int) -> bool:
+    def remember(self, pid: int, image: int | None = None) -> bool:
         """Snapshot the mappings of ``pid`` while it runs, and read now the symbols of executable files that could
-        not be read once it exits (deleted files, files seen only through its mount namespace). False when gone."""
+        not be read once it exits (deleted files, files seen only through its mount namespace). False when gone.
+
+        ``image``: which program of the pid this is (the caller made sure /proc shows that one). A snapshot of
+        another image is kept aside as replaced, for :meth:`user_stacks` of that image, until :meth:`forget_image`."""
         found = read_maps_capped(pid, self._proc)
         if found is None:
             return False
@@ -135,8 +147,17 @@ class Symbolizer:
         start_ticks = _start_ticks(self._proc, pid)
         with self._lock:
             process = self._processes.get(pid)
-            if process is None or process.start_ticks != start_ticks:  # new, or the pid was reused
-                process = _Process(pid, entries, start_ticks)
+            if process is not None and process.start_ticks != start_ticks:
+                process = None  # the pid was reused
+            if process is not None and image is not None and process.image != image:
+                if process.image is not None:  # an exec: its samples taken before it are named with this snapshot
+                    process.replaced = True
+                    self._replaced[(pid, process.image)] = process
+                    while len(self._replaced) > _MAX_REPLACED:
+                        self._replaced.popitem(last=False)
+                process = None  # another program: frames cached by address would be the old one's
+            if process is None:
+                process = _Process(pid, entries, start_ticks, image)
                 self._processes[pid] = process
                 while len(self._processes) > self._max_processes:
                     self._processes.popitem(last=False)
@@ -159,9 +180,22 @@ class Symbolizer:
         except OSError:
             return False
 
-    def knows(self, pid: int) -> bool:
+    def knows(self, pid: int, image: int | None = None) -> bool:
+        """Whether a snapshot of ``pid`` is held (of that ``image``, current or replaced, when one is given)."""
         with self._lock:
-            return pid in self._processes
+            if image is None:
+                return pid in self._processes
+            process = self._processes.get(pid)
+            return (process is not None and process.image == image) or (pid, image) in self._replaced
+
+    def forget_image(self, pid: int, image: int) -> None:
+        """Drop the snapshot of program ``image`` of ``pid``: one an exec replaced (its samples are all drained),
+        or the current one when it may hold another program's mappings."""
+        with self._lock:
+            self._replaced.pop((pid, image), None)
+            process = self._processes.get(pid)
+            if process is not None and process.image == image:
+                del self._processes[pid]
 
     def prune(self, keep: Iterable[int]) -> int:
         """Forget processes that are not in ``keep`` and no longer exist; returns how many were forgotten."""
@@ -170,13 +204,17 @@ class Symbolizer:
             gone = [pid for pid in self._processes if pid not in keep_set and not os.path.exists(f"{self._proc}/{pid}")]
             for pid in gone:
                 del self._processes[pid]
+            for key in [key for key in self._replaced if key[0] not in keep_set and key[0] not in self._processes]:
+                del self._replaced[key]
         return len(gone)
 
     # --- stacks ----------------------------------------------------------------------------------------------------
 
-    def user_stacks(self, pid: int, stacks: Sequence[Sequence[int]],
-                    deadline: float | None = None) -> list[tuple[Frame, ...]]:
-        """Frames (leaf first) for each stack of user addresses (leaf first) of process ``pid``.
+    def user_stacks(self, pid: int, stacks: Sequence[Sequence[int]], deadline: float | None = None,
+                    image: int | None = None) -> list[tuple[Frame, ...]]:
+        """Frames (leaf first) for each stack of user addresses (leaf first) of process ``pid``: of its program
+        ``image`` when one is given (its snapshot, current or replaced by an exec; with none held its frames are
+        ``[unknown] 0xADDRESS``: /proc shows another program), else of whatever it runs.
 
         ``deadline`` (``time.monotonic()`` seconds) bounds the one slow step: reading a file's symbol table (0.3 s
         for a 150 MB library). Past it, a frame in a file not yet read is named ``file+0xOFFSET`` with its mapping and
@@ -185,13 +223,19 @@ class Symbolizer:
         with self._lock:
             self._deadline = deadline
             try:
-                return self._user_stacks(pid, stacks)
+                return self._user_stacks(pid, stacks, image)
             finally:
                 self._deadline = None
 
-    def _user_stacks(self, pid: int, stacks: Sequence[Sequence[int]]) -> list[tuple[Frame, ...]]:
+    def _user_stacks(self, pid: int, stacks: Sequence[Sequence[int]],
+                     image: int | None) -> list[tuple[Frame, ...]]:
         with self._lock:
             process = self._processes.get(pid)
+            if image is not None and (process is None or process.image != image):
+                process = self._replaced.get((pid, image))
+                if process is None:  # never read: nothing to name its addresses with, and /proc is another's
+                    process = _Process(pid, [], image=image)
+                    process.replaced = True
             if process is None:
                 found = read_maps_capped(pid, self._proc)
                 process = _Process(pid, found[0] if found is not None else [])
@@ -292,7 +336,7 @@ class Symbolizer:
 
     def _resolve(self, process: _Process, address: int, leaf: bool) -> _Resolved:
         entry = process.find(address)
-        if entry is None and not process.refreshed:
+        if entry is None and not process.refreshed and not process.replaced:
             process.refreshed = True
             fresh = read_maps_capped(process.pid, self._proc)  # a library loaded after the snapshot
             if fresh is not None:
@@ -302,7 +346,7 @@ class Symbolizer:
         if entry is not None and entry.path == "[vdso]":
             return self._resolve_vdso(entry, address, leaf)
         if entry is None or not entry.file_backed:
-            name = self._perf_map_name(process, address)
+            name = None if process.replaced else self._perf_map_name(process, address)  # the pid's map is the new one's
             return _Resolved(address, leaf, name or "", entry, None, -1)
         file_offset = address - entry.start + entry.offset
         if self._past_deadline() and not self._file_cached(process, entry):
@@ -365,7 +409,7 @@ class Symbolizer:
         if found is not None:
             return found
         build_id = ""
-        for candidate, must_match_inode in self._candidates(process.pid, entry):
+        for candidate, must_match_inode in self._candidates(process, entry):
             try:
                 if must_match_inode and os.stat(candidate).st_ino != entry.inode:
                     continue
@@ -376,9 +420,11 @@ class Symbolizer:
         process.build_ids[entry.start] = build_id
         return build_id
 
-    def _candidates(self, pid: int, entry: MapEntry) -> tuple[tuple[str, bool], ...]:
-        """Paths that may hold ``entry``'s file, and whether each must still have the mapped inode."""
-        return ((f"{self._proc}/{pid}/map_files/{entry.start:x}-{entry.end:x}", False),
+    def _candidates(self, process: _Process, entry: MapEntry) -> tuple[tuple[str, bool], ...]:
+        """Paths that may hold ``entry``'s file, and whether each must still have the mapped inode (map_files too
+        for a replaced program: the same range may map another file now)."""
+        pid = process.pid
+        return ((f"{self._proc}/{pid}/map_files/{entry.start:x}-{entry.end:x}", process.replaced),
                 (f"{self._proc}/{pid}/root{entry.path}", True),
                 (entry.path, True))
 
@@ -393,7 +439,7 @@ class Symbolizer:
                 self._files.move_to_end(key)
                 return elf, mapping  # type: ignore[return-value]  # not _EVICTED
             # evicted since: read it again while it can still be opened (the mapping keeps its build id either way)
-        key, elf = self._open_elf(process.pid, entry)
+        key, elf = self._open_elf(process, entry)
         if known is not None and elf is None:
             mapping = known[1]
         else:
@@ -402,9 +448,9 @@ class Symbolizer:
         process.files[entry.start] = (key if elf is not None else None, mapping)
         return elf, mapping
 
-    def _open_elf(self, pid: int, entry: MapEntry) -> tuple[FileKey | None, ElfSymbols | None]:
+    def _open_elf(self, process: _Process, entry: MapEntry) -> tuple[FileKey | None, ElfSymbols | None]:
         """The cache key and symbols of ``entry``'s file (None, None when no candidate path holds it)."""
-        for candidate, must_match_inode in self._candidates(pid, entry):
+        for candidate, must_match_inode in self._candidates(process, entry):
             try:
                 stat = os.stat(candidate)
             except OSError:

@@ -513,9 +513,9 @@ def _announced_as(source: CPUProfileSource) -> dict[int, str]:
     announce = source.sampler._on_new_process
     assert announce is not None
 
-    def record(pid: int, comm: str) -> None:
+    def record(pid: int, comm: str, exec_id: int, arg_start: int) -> None:
         names.setdefault(pid, comm)
-        announce(pid, comm)
+        announce(pid, comm, exec_id, arg_start)
 
     source.sampler._on_new_process = record
     return names
@@ -562,7 +562,8 @@ def test_a_python_a_shell_execs_after_the_agent_started_is_walked_before_any_dra
 
 @pytest.mark.root
 def test_a_process_that_execs_and_exits_between_two_drains_is_named_by_its_new_executable() -> None:
-    """First sampled as a shell, exec'd, gone before the drain: its samples carry the identity it had after exec."""
+    """First sampled as a shell, exec'd, gone before the drain: its samples after the exec carry the identity it had
+    after exec, and the shell's before it stay the shell's (tests/cpu/test_exec.py)."""
     python = _interpreter("3.13")
     source = CPUProfileSource(ProfilingConfig(frequency_hz=199), ProcessResolver())
     announced = _announced_as(source)
@@ -574,11 +575,15 @@ def test_a_process_that_execs_and_exits_between_two_drains_is_named_by_its_new_e
     finally:
         source.close()
     assert announced.get(process.pid) not in (None, "python3.13"), announced  # as the shell (or the fork)
-    assert len(profiles) == 1
-    info = profiles[0].process
+    (after,) = [p for p in profiles if p.process.executable_name == "python3.13"]
+    info = after.process
     assert (info.executable_name, info.service_name) == ("python3.13", "python3.13"), info
     assert info.executable_path == os.path.realpath(python)
-    assert sum(s.value for s in profiles[0].samples if s.thread_name == "python3.13") > 50
+    assert sum(s.value for s in after.samples if s.thread_name == "python3.13") > 50
+    # the shell's (and the fork's) samples under their own names; the exec renames the thread a moment before the
+    # kernel counts the exec, so a tick inside execve may carry the new name
+    before = [s for p in profiles if p is not after for s in p.samples]
+    assert sum(s.value for s in before if s.thread_name == "python3.13") <= 2, before
 
 
 @pytest.mark.root

@@ -586,3 +586,30 @@ def test_a_call_past_the_stack_cache_bound_names_every_stack(monkeypatch: pytest
     assert [[f.function for f in frames] for frames in first] == [["leaf_heavy", "busy_loop"],
                                                                   ["leaf_light", "busy_loop"]]
     assert [[f.function for f in frames] for frames in both] == [["leaf_heavy", "busy_loop"], ["busy_loop"]]
+
+
+def test_the_program_an_exec_replaced_keeps_its_snapshot_apart() -> None:
+    """remember(pid, image) before and after an exec: each program's addresses are named from its own mappings, the
+    replaced one's never from /proc again, and an image never remembered gets no names at all."""
+    process, pid = _start(WORKLOADS / "exec_after", "300", str(WORKLOADS / "cpu_3to1"), "5")
+    try:
+        before = _runtime_address(pid, WORKLOADS / "exec_after", "spin_before_exec")
+        symbolizer = Symbolizer()
+        assert symbolizer.remember(pid, image=1)
+        assert process.stdout is not None and process.stdout.readline().startswith("ready")  # cpu_3to1's own
+        after = _runtime_address(pid, WORKLOADS / "cpu_3to1", "leaf_heavy")
+        assert symbolizer.remember(pid, image=2)
+        assert symbolizer.knows(pid, 1) and symbolizer.knows(pid, 2) and not symbolizer.knows(pid, 3)
+
+        def name(address: int, image: int) -> str:
+            return symbolizer.user_stacks(pid, [[address]], image=image)[0][0].function
+
+        assert name(before, 1) == "spin_before_exec" and name(after, 2) == "leaf_heavy"
+        assert name(after, 1) == f"[unknown] 0x{after:x}"  # not looked up in /proc: that is cpu_3to1 now
+        assert name(before, 3) == f"[unknown] 0x{before:x}"
+        symbolizer.forget_image(pid, 1)
+        assert not symbolizer.knows(pid, 1) and name(before, 1) == f"[unknown] 0x{before:x}"
+        assert name(after, 2) == "leaf_heavy"
+    finally:
+        process.kill()
+        process.wait()

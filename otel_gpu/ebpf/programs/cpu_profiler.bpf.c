@@ -2,8 +2,9 @@
 /*
  * The CPU sampler: attached to a software cpu-clock perf event on every online CPU. Each sample records the user
  * and kernel stacks (frame-pointer unwinding by bpf_get_stackid) and counts it in the current generation's hash map
- * keyed by (tgid, tid, user stack id, kernel stack id). User space flips the generation in `control` and drains
- * the other one. The first sample of a process is announced through the process_events ring buffer. When a stack id
+ * keyed by (tgid, exec id, tid, user stack id, kernel stack id). User space flips the generation in `control` and
+ * drains the other one. The first sample of a process, and its first after each exec, is announced through the
+ * process_events ring buffer: the exec id in every sample tells the programs one pid ran apart. When a stack id
  * collides in the stack map (-EEXIST), the whole sample goes through the raw_samples ring buffer instead. In a
  * process the agent registered as CPython, the thread's Python frames are walked too (python_frames.h) and the
  * sample's key carries the id of that Python stack. Processes the agent registered unwind tables for
@@ -13,6 +14,7 @@
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_tracing.h>
+#include <bpf/bpf_core_read.h>
 #include "cpu_profiler.h"
 #include "span_context.h"
 
@@ -78,11 +80,12 @@ struct {
     __type(value, __u8);
 } pid_filter SEC(".maps");
 
+/* tgid -> the exec id it was last announced with */
 struct {
     __uint(type, BPF_MAP_TYPE_LRU_HASH);
     __uint(max_entries, 16384);
     __type(key, __u32);
-    __type(value, __u8);
+    __type(value, __u32);
 } known_pids SEC(".maps");
 
 struct {
@@ -103,11 +106,18 @@ static __always_inline void bump(__u32 index) {
 
 #include "native_unwind.h"
 
-static __always_inline void announce(__u32 pid, __u32 tid) {
-    __u8 one = 1;
-    if (bpf_map_lookup_elem(&known_pids, &pid))
+/* The current task's exec id: task_struct.self_exec_id, which exec (begin_new_exec) increments and clone copies, so
+ * every thread of a process holds the same one. */
+static __always_inline __u32 current_exec_id(void) {
+    struct task_struct *task = bpf_get_current_task_btf();
+    return (__u32)task->self_exec_id;
+}
+
+static __always_inline void announce(__u32 pid, __u32 tid, __u32 exec_id) {
+    __u32 *known = bpf_map_lookup_elem(&known_pids, &pid);
+    if (known && *known == exec_id)
         return;
-    bpf_map_update_elem(&known_pids, &pid, &one, BPF_ANY);
+    bpf_map_update_elem(&known_pids, &pid, &exec_id, BPF_ANY);
     struct otel_gpu_process_event *event = bpf_ringbuf_reserve(&process_events, sizeof(*event), 0);
     if (!event) {
         bump(OTEL_GPU_STAT_EVENTS_FULL);
@@ -117,6 +127,10 @@ static __always_inline void announce(__u32 pid, __u32 tid) {
     event->tid = tid;
     event->time_ns = bpf_ktime_get_ns();
     bpf_get_current_comm(event->comm, sizeof(event->comm));
+    event->exec_id = exec_id;
+    event->reserved = 0;
+    struct task_struct *task = (struct task_struct *)bpf_get_current_task();
+    event->arg_start = BPF_CORE_READ(task, mm, arg_start); /* 0 for a task without memory */
     bpf_ringbuf_submit(event, 0);
 }
 
@@ -130,8 +144,8 @@ static __always_inline void check_stack_id(__s32 id, __u32 collision_stat) {
 
 /* Send the whole sample through raw_samples: when a stack id collided, so that the collision costs nothing, or for
  * raw_only. `unwound`: the process has unwind tables, and `walk` is its user stack (0: the walk failed). */
-static __always_inline int send_whole(struct bpf_perf_event_data *ctx, __u32 pid, __u32 tid, __u64 python_stack_id,
-                                      bool unwound, struct native_unwind_state *walk) {
+static __always_inline int send_whole(struct bpf_perf_event_data *ctx, __u32 pid, __u32 tid, __u32 exec_id,
+                                      __u64 python_stack_id, bool unwound, struct native_unwind_state *walk) {
     struct otel_gpu_raw_sample *raw = bpf_ringbuf_reserve(&raw_samples, sizeof(*raw), 0);
     if (!raw) {
         bump(OTEL_GPU_STAT_RAW_FULL);
@@ -139,6 +153,8 @@ static __always_inline int send_whole(struct bpf_perf_event_data *ctx, __u32 pid
     }
     raw->pid = pid;
     raw->tid = tid;
+    raw->exec_id = exec_id;
+    raw->reserved = 0;
     raw->python_stack_id = python_stack_id;
     if (unwound)
         raw->user_bytes = walk ? native_unwind_copy(walk, raw->user) : -1;
@@ -209,19 +225,21 @@ int on_cpu_sample(struct bpf_perf_event_data *ctx) {
         return 0;
     }
     bump(OTEL_GPU_STAT_SAMPLES);
-    announce(pid, tid);
+    __u32 exec_id = current_exec_id();
+    announce(pid, tid, exec_id);
     __u64 python_stack_id = python_stack(pid);
 
     bool unwound = native_unwind_wanted(pid);
     struct native_unwind_state *walk = unwound ? native_unwind_perf(ctx, pid) : 0;
     if (raw_only) {
-        send_whole(ctx, pid, tid, python_stack_id, unwound, walk);
+        send_whole(ctx, pid, tid, exec_id, python_stack_id, unwound, walk);
         return 0;
     }
     __u32 zero = 0;
     struct otel_gpu_control *ctl = bpf_map_lookup_elem(&control, &zero);
     __u32 generation = ctl ? ctl->generation : 0;
-    struct otel_gpu_sample_key key = {.pid = pid, .tid = tid, .python_stack_id = python_stack_id};
+    struct otel_gpu_sample_key key = {.pid = pid, .tid = tid, .python_stack_id = python_stack_id,
+                                      .exec_id = exec_id};
     struct otel_gpu_span_ids ids = {};
     read_span_ids(pid, tid, &ids);
     __builtin_memcpy(key.trace_id, ids.trace_id, sizeof(ids.trace_id));
@@ -243,7 +261,7 @@ int on_cpu_sample(struct bpf_perf_event_data *ctx) {
     check_stack_id(key.kernel_stack_id, OTEL_GPU_STAT_KERNEL_COLLISION);
     if (key.user_stack_id == -EEXIST || key.kernel_stack_id == -EEXIST ||
         (unwound && walk && key.user_stack_id < 0 && key.user_stack_id != -EFAULT)) { /* unwound_stacks full */
-        send_whole(ctx, pid, tid, python_stack_id, unwound, walk);
+        send_whole(ctx, pid, tid, exec_id, python_stack_id, unwound, walk);
         return 0;
     }
     if (generation)

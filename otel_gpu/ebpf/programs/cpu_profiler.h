@@ -104,7 +104,7 @@ struct otel_gpu_unwound_stack {
     __u64 frames[OTEL_GPU_MAX_STACK_DEPTH];
 };
 
-/* Key of the aggregated counts: one entry per distinct (process, thread, user stack, kernel stack). */
+/* Key of the aggregated counts: one entry per distinct (process image, thread, user stack, kernel stack). */
 struct otel_gpu_sample_key {
     __u32 pid;             /* tgid */
     __u32 tid;
@@ -113,6 +113,9 @@ struct otel_gpu_sample_key {
     __u64 python_stack_id; /* key in python_stacks, 0 when the thread runs no Python code (python_frames.h) */
     __u8 trace_id[16];     /* the trace the thread was in (span_context.h), all zero outside one */
     __u8 span_id[8];       /* the local root of its active span (span_context.h: otel_gpu_span_ids) */
+    __u32 exec_id;         /* the task's self_exec_id (low 32 bits): one more after each exec, so the samples of
+                            * the program a process ran before an exec are told apart from those of the one after */
+    __u32 reserved;
 };
 
 struct otel_gpu_sample_value {
@@ -120,13 +123,17 @@ struct otel_gpu_sample_value {
     char comm[OTEL_GPU_COMM_LEN]; /* the thread's name when the entry was created */
 };
 
-/* Sent through the process_events ring buffer the first time a process is sampled, so user space can read
- * /proc/PID/maps while the process still lives. */
+/* Sent through the process_events ring buffer the first time a process is sampled, and again at the first sample
+ * after each exec, so user space can read /proc/PID/maps while that program still runs. */
 struct otel_gpu_process_event {
     __u32 pid;
     __u32 tid;
     __u64 time_ns; /* bpf_ktime_get_ns() */
     char comm[OTEL_GPU_COMM_LEN];
+    __u32 exec_id;   /* as in otel_gpu_sample_key */
+    __u32 reserved;
+    __u64 arg_start; /* mm->arg_start: placed anew (stack randomization) by each exec, and shown in /proc/PID/stat
+                      * (field 48), so user space can tell whether what it reads there is still this program's */
 };
 
 /* Sent through the python_events ring buffer when a Python stack is first stored in python_stacks, so user space can
@@ -151,6 +158,8 @@ struct otel_gpu_raw_sample {
     __u64 kernel[OTEL_GPU_MAX_STACK_DEPTH];
     __u8 trace_id[16];  /* as in otel_gpu_sample_key */
     __u8 span_id[8];
+    __u32 exec_id;      /* as in otel_gpu_sample_key */
+    __u32 reserved;
 };
 
 /* A registered CPython process (python_procs, keyed by tgid): where its main interpreter's pointer sits and the
