@@ -13,6 +13,15 @@ Symbol tables are read by libotel_gpu_symtab.so (:mod:`native_symtab`) when it l
 fallback and the reference the tests compare it with. What no symbol covers is read only when looked up: PLT stubs are
 named ``name@plt`` (:mod:`plt`), and :meth:`ElfSymbols.function_start` finds the start of an unnamed function in
 ``.eh_frame_hdr`` (:mod:`function_starts`); a function of unknown size ends at the end of its section.
+
+Where several symbols name one address, the function is named the way users know it: the best binding (global, then
+weak, then local: glibc's ``__libc_start_main`` over its local ``__libc_start_main_alias_2``), then among local
+symbols a name without a suffix the compiler or linker made (:func:`_is_made`: ``parse`` over ``parse.isra.0``), then
+the first read (.symtab before .dynsym, file order). Only local names are read to choose: compilers make their clones
+local and the linker makes hidden symbols local, so two global or weak names at one address are both names the
+program exported (C1/C2 constructors, folded functions), and reading them would cost a name read per alias of every
+large stripped library (docs/benchmarks.md, "s18-alias"). A symbol version that .symtab writes into a name
+(``__libc_start_main@@GLIBC_2.34``) is dropped, as .dynsym's names carry none.
 """
 
 from __future__ import annotations
@@ -21,6 +30,7 @@ import bisect
 import functools
 import heapq
 import os
+import re
 import stat
 import struct
 import weakref
@@ -48,6 +58,14 @@ _SHT_NOTE = 7
 _SHT_DYNSYM = 11
 _STT_FUNC = 2
 _STT_GNU_IFUNC = 10
+_LOCAL_RANK = 2  # any binding but global and weak (STB_LOCAL): the last, and the only one whose names are compared
+_BINDING_RANK = {1: 0, 2: 1}  # STB_GLOBAL, STB_WEAK
+# A name the compiler or linker made from another (symtab.c's made_name): one of GCC's and LLVM's clone suffixes
+# (foo.cold, foo.part.0, foo.isra.0, foo.constprop.0, foo.lto_priv.0, foo.localalias, foo.llvm.123, foo.__uniq.123)
+# as a whole '.'-separated part, not after ".." (which separates a path in Rust's names: core..cold..f), or glibc's
+# local aliases (__libc_start_main_alias_2)
+_MADE_NAME = re.compile(rb"(?<!\.)\.(?:cold|part|isra|constprop|lto_priv|localalias|llvm|__uniq)(?:\.|\Z)"
+                        rb"|_alias_[0-9]+\Z")
 _SHF_EXECINSTR = 0x4
 _NT_GNU_BUILD_ID = 3
 _CHUNK_BYTES = 16384 * _SYM.size  # symbols read (and sorted) per pread: 384 KiB
@@ -59,7 +77,8 @@ _MAX_DYNSTR_BYTES = 16 << 20  # dynamic string table read to find one data symbo
 _NAME_CACHE_ENTRIES = 1024  # resolved names kept per file
 _NAME_CACHE_BYTES = 256 * 1024  # what the name cache is counted as in size_bytes (C++ names average ~200 bytes)
 _MAX_ENTRY_BYTES = 256  # a program or section header entry larger than this is a corrupt header (they are 56 / 64)
-_MAX_SIZE = 0xFFFFFFFF  # sizes are stored in 32 bits: a bigger one is clamped (no function is 4 GiB long)
+# sizes are clamped to 30 bits (no function is 1 GiB long): the native reader keeps the binding's rank in the other 2
+_MAX_SIZE = (1 << 30) - 1
 _MAX_SECTION_NAMES_BYTES = 1 << 16  # section names read (a few hundred bytes in practice)
 _get_first = itemgetter(0)
 _Read = Callable[[int, int], bytes]  # (offset, size) -> at most size bytes
@@ -258,8 +277,11 @@ class ElfSymbols:
         return name
 
     def _read_name(self, index: int) -> str:
-        """The NUL-ended name of symbol ``index`` ("" when the file cannot be read any more)."""
-        return _read_name(self._source, self._name_at[index])
+        """The NUL-ended name of symbol ``index`` without a symbol version (``@GLIBC_2.2.5``, ``@@GLIBC_2.34``); ""
+        when the file cannot be read any more."""
+        name = _read_name_bytes(self._source, self._name_at[index])
+        version = name.find(b"@")
+        return (name[:version] if version > 0 else name).decode(errors="replace")
 
     # --- parsing ---------------------------------------------------------------------------------------------------
 
@@ -305,12 +327,12 @@ class ElfSymbols:
             self._starts, self._sizes, self._name_at = native_symtab.read_functions(
                 source.fd, source.image, source.size, tables, _MAX_TABLE_BYTES, self._name_at.typecode)
             return
-        starts, sizes, name_at = array("Q"), array("I"), array(self._name_at.typecode)
+        starts, sizes, name_at, ranks = array("Q"), array("I"), array(self._name_at.typecode), array("B")
         runs: list[tuple[int, int]] = []  # [begin, end) of each chunk's entries, each sorted by address
         budget = _MAX_TABLE_BYTES
         for table in tables:
-            budget -= self._read_symbols(*table, budget, starts, sizes, name_at, runs)
-        self._store(starts, sizes, name_at, runs)
+            budget -= self._read_symbols(*table, budget, starts, sizes, name_at, ranks, runs)
+        self._store(starts, sizes, name_at, ranks, runs)
 
     def _read_code_sections(self, sections: list[tuple[int, ...]], shstrndx: int) -> None:
         """Keep the ranges of code sections and, when the file has PLT stubs, what names them."""
@@ -326,9 +348,10 @@ class ElfSymbols:
         self._plt = plt if plt.stubs else None
 
     def _read_symbols(self, offset: int, size: int, str_offset: int, str_size: int, max_bytes: int,
-                      starts: array[int], sizes: array[int], name_at: array[int], runs: list[tuple[int, int]]) -> int:
-        """Append the function symbols of one symbol table (its first ``max_bytes`` at most), chunk by chunk, each
-        chunk sorted by address (stable); returns the bytes of table read."""
+                      starts: array[int], sizes: array[int], name_at: array[int], ranks: array[int],
+                      runs: list[tuple[int, int]]) -> int:
+        """Append the function symbols of one symbol table (its first ``max_bytes`` at most) with the rank of their
+        binding, chunk by chunk, each chunk sorted by address (stable); returns the bytes of table read."""
         file_size = self._source.size
         if offset + size > file_size or str_offset + str_size > file_size or size % _SYM.size:
             return 0  # a section that is not in the file (e.g. NOBITS in a debug-only file)
@@ -338,32 +361,49 @@ class ElfSymbols:
             if not data or len(data) % _SYM.size:
                 break  # the file shrank under us: keep what was read
             position += len(data)
-            found = [(value, sym_size, str_offset + name_off)
+            found = [(value, sym_size, str_offset + name_off, _BINDING_RANK.get(info >> 4, _LOCAL_RANK))
                      for name_off, info, _other, shndx, value, sym_size in _SYM.iter_unpack(data)
                      if (info & 0xF == _STT_FUNC or info & 0xF == _STT_GNU_IFUNC) and value and shndx
                      and name_off < str_size]
             found.sort(key=_get_first)
             begin = len(starts)
-            for value, sym_size, name in found:
+            for value, sym_size, name, rank in found:
                 starts.append(value)
                 sizes.append(min(sym_size, _MAX_SIZE))
                 name_at.append(name)
+                ranks.append(rank)
             if found:
                 runs.append((begin, len(starts)))
         return position - offset
 
-    def _store(self, starts: array[int], sizes: array[int], name_at: array[int], runs: list[tuple[int, int]]) -> None:
-        """Merge the sorted chunks by address (first symbol wins at an address, the largest size kept)."""
+    def _store(self, starts: array[int], sizes: array[int], name_at: array[int], ranks: array[int],
+               runs: list[tuple[int, int]]) -> None:
+        """Merge the sorted chunks by address, one function per address with the largest size at it, named by the first
+        symbol of the best binding rank; among local symbols by the first whose name is not made. Names are read only
+        to choose between two local symbols."""
         kept_starts, kept_sizes, kept_names = self._starts, self._sizes, self._name_at
         ordered = heapq.merge(*(range(begin, end) for begin, end in runs), key=starts.__getitem__)  # stable
+        source = self._source
         last = -1
+        best_rank = _LOCAL_RANK
+        made: bool | None = None  # whether the kept name is made: read once a second local symbol asks
         for index in ordered:
             start = starts[index]
             size = sizes[index]
             if start == last:
                 kept_sizes[-1] = max(kept_sizes[-1], size)
+                rank, name = ranks[index], name_at[index]
+                if rank < best_rank:
+                    best_rank, made = rank, None
+                    kept_names[-1] = name
+                elif rank == best_rank == _LOCAL_RANK and made is not False and name != kept_names[-1]:
+                    if made is None:
+                        made = _is_made(_read_name_bytes(source, kept_names[-1]))
+                    if made and not _is_made(_read_name_bytes(source, name)):
+                        kept_names[-1], made = name, False
                 continue
             last = start
+            best_rank, made = ranks[index], None
             kept_starts.append(start)
             kept_sizes.append(size)
             kept_names.append(name_at[index])
@@ -373,6 +413,12 @@ class ElfSymbols:
 
 def _read_name(source: _Source, offset: int) -> str:
     """The NUL-ended name at file offset ``offset`` of ``source`` ("" when the file cannot be read any more)."""
+    return _read_name_bytes(source, offset).decode(errors="replace")
+
+
+def _read_name_bytes(source: _Source, offset: int) -> bytes:
+    """The NUL-ended name at file offset ``offset`` of ``source``, at most :data:`_MAX_NAME_BYTES` (b"" when the file
+    cannot be read any more)."""
     want = 128
     found = b""
     try:
@@ -386,8 +432,13 @@ def _read_name(source: _Source, offset: int) -> str:
                 break  # end of the file or a corrupt table: keep what was read
             want = min(want * 8, _MAX_NAME_BYTES)
     except OSError:
-        return ""
-    return found.decode(errors="replace")
+        return b""
+    return found
+
+
+def _is_made(name: bytes) -> bool:
+    """Whether a symbol name was made by the compiler or linker from another one (:data:`_MADE_NAME`)."""
+    return _MADE_NAME.search(name) is not None
 
 
 def _program_headers(read: _Read, phoff: int, phentsize: int, phnum: int) -> list[tuple[int, int, int, int]]:

@@ -252,7 +252,10 @@ def _elf_seeds() -> Iterator[bytes]:
 def _synthetic_elf() -> bytes:
     from tests.symbolize.elfgen import Symbol, write_elf
     path = Path(tempfile.mkdtemp()) / "synthetic"
+    aliases = [("_alias_2", 0), (".cold", 2), (".isra.0", 1), ("..cold..f", 0)]  # (suffix, binding): names to choose
     write_elf(path, [Symbol(f"function_{i}", 0x1000 + 0x40 * i, 0x40) for i in range(16)]
+              + [Symbol(f"function_{i}{suffix}", 0x1000 + 0x40 * i, 0x40, binding=binding)
+                 for i, (suffix, binding) in enumerate(aliases)]
               + [Symbol("data", 0x9000, 8, kind=1), Symbol("undefined", 0, 0, shndx=0)])
     data = path.read_bytes()
     path.unlink()

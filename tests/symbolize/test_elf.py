@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import shutil
 import struct
 import subprocess
@@ -20,7 +21,8 @@ from elftools.elf.sections import NoteSection, SymbolTableSection
 from otel_gpu.symbolize import elf as elf_module
 from otel_gpu.symbolize.elf import ElfError, ElfSymbols, read_build_id
 from tests.conftest import NATIVE
-from tests.symbolize.elfgen import Symbol, cxx_like_symbols, expected_functions, write_elf
+from tests.symbolize.elfgen import (STB_GLOBAL, STB_LOCAL, STB_WEAK, Symbol, cxx_like_symbols, expected_functions,
+                                    write_elf)
 
 WORKLOADS = NATIVE / "workloads"
 
@@ -334,3 +336,85 @@ def test_dynamic_symbol_value_agrees_with_pyelftools_on_every_dynamic_symbol() -
     assert {name: elf_module.dynamic_symbol_value(path, name) for name in expected} == expected
     assert elf_module.dynamic_symbol_value(path, "no_such_symbol_anywhere") is None
     assert elf_module.dynamic_symbol_value(path, "_rtld_global") is None  # imported from ld.so: undefined in libc
+
+
+LIBC = Path("/lib/x86_64-linux-gnu/libc.so.6")
+_ALIAS = re.compile(r"_alias_[0-9]+$")
+
+
+@pytest.mark.parametrize("native", [True, False], ids=["native", "python"])
+def test_an_address_is_named_by_its_best_binding_then_by_a_name_not_made(tmp_path: Path, native: bool) -> None:
+    """Global, then weak, then local; among local symbols a name the compiler or linker did not make; then the first.
+    Each group lists the name users expect after worse ones, so keeping the first symbol read fails it."""
+    groups = [
+        [("__libc_start_main_alias_2", STB_LOCAL), ("__libc_start_main_impl", STB_LOCAL),
+         ("__libc_start_main@@GLIBC_2.34", STB_GLOBAL), ("__libc_start_main@GLIBC_2.2.5", STB_GLOBAL)],
+        [("newlocale", STB_WEAK), ("__newlocale_alias_1", STB_LOCAL), ("__newlocale", STB_GLOBAL)],
+        [("abort_alias_3", STB_LOCAL), ("abort", STB_WEAK)],
+        [("parse.isra.0", STB_LOCAL), ("parse.constprop.1.isra.0", STB_LOCAL), ("parse", STB_LOCAL)],
+        [("run.llvm.8423", STB_LOCAL), ("run.cold", STB_LOCAL), ("run", STB_LOCAL), ("run2", STB_LOCAL)],
+        [("first", STB_GLOBAL), ("second", STB_GLOBAL)],  # nothing to choose by: the first read
+        [("C1.cold", STB_WEAK), ("C2", STB_WEAK)],  # global and weak names were all exported: the first read
+        [("part.0", STB_LOCAL), ("other", STB_LOCAL)],  # "part" is the name here, no suffix
+        [("_ZN4core3fmt..cold..Arguments17h0E", STB_LOCAL), ("_ZN4core3fmt9Arguments17h1E", STB_LOCAL)],  # Rust's ::
+        [("_ZN4core3fmt..Write9write_str17h2E.llvm.77", STB_LOCAL), ("_ZN4core3fmt..Write9write_str17h2E", STB_LOCAL)],
+        [("only.cold", STB_LOCAL)],  # made, but the only name there is
+        [("x" * 3000 + "_alias_1", STB_LOCAL), ("x" * 3000, STB_LOCAL)],  # names longer than one read
+    ]
+    symbols = [Symbol(name, 0x1000 + 0x100 * at, 16, binding=binding)
+               for at, group in enumerate(groups) for name, binding in group]
+    path = tmp_path / "libaliases.so"
+    write_elf(path, symbols)
+    elf = ElfSymbols(str(path), native=native)
+    names = [name for _start, name in elf.symbols()]
+    assert names == ["__libc_start_main", "__newlocale", "abort", "parse", "run", "first", "C1.cold", "part.0",
+                     "_ZN4core3fmt..cold..Arguments17h0E", "_ZN4core3fmt..Write9write_str17h2E", "only.cold",
+                     "x" * 3000]
+    assert names == [name.partition("@")[0] for _start, _end, name in expected_functions(symbols)]
+    assert elf.lookup(0x1008) == ("__libc_start_main", 8)
+
+
+def _global_functions(path: Path) -> Iterator[tuple[str, int, str]]:
+    """(table, value, name) of each global function (or IFUNC) defined in the file, as pyelftools reads them."""
+    with path.open("rb") as handle:
+        for section in ELFFile(handle).iter_sections():
+            if not isinstance(section, SymbolTableSection):
+                continue
+            for symbol in section.iter_symbols():
+                info = symbol["st_info"]
+                if info["type"] in ("STT_FUNC", "STT_GNU_IFUNC", "STT_LOOS") and info["bind"] == "STB_GLOBAL" and \
+                        symbol["st_value"] and symbol["st_shndx"] != "SHN_UNDEF":
+                    yield section.name, symbol["st_value"], symbol.name
+
+
+def _libc_with_debug_symbols(native: bool) -> ElfSymbols:
+    """The machine's libc with the .symtab of its separate debug file (libc6-dbg), as the symbolizer reads it."""
+    elf = ElfSymbols(str(LIBC), native=native)
+    debug = Path("/usr/lib/debug/.build-id", elf.build_id[:2], f"{elf.build_id[2:]}.debug")
+    if not debug.exists():
+        pytest.skip(f"no debug file for libc ({debug}; install libc6-dbg): .dynsym has no local aliases to avoid")
+    elf.add_symbols_from(ElfSymbols(str(debug), native=native))
+    return elf
+
+
+@pytest.mark.parametrize("native", [True, False], ids=["native", "python"])
+def test_libc_exports_are_named_by_a_global_symbol_not_a_local_alias(native: bool) -> None:
+    """libc6-dbg's .symtab lists __libc_start_main_alias_2 (local) before __libc_start_main (global) at one
+    address: the frames of every exported function are named by a global symbol at its address (pyelftools reads
+    the reference: .dynsym's exports and .symtab's globals, their versions cut)."""
+    if not LIBC.exists():
+        pytest.skip(f"no glibc at {LIBC} on this machine")
+    elf = _libc_with_debug_symbols(native)
+    globals_at: dict[int, set[str]] = {}
+    exported: set[int] = set()
+    for path in (LIBC, Path(elf._source.path)):
+        for table, value, name in _global_functions(path):
+            globals_at.setdefault(value, set()).add(name.partition("@")[0])
+            if table == ".dynsym":
+                exported.add(value)
+    assert len(exported) > 1000
+    start_main = elf_module.dynamic_symbol_value(str(LIBC), "__libc_start_main")
+    assert start_main is not None and elf.lookup(start_main + 4) == ("__libc_start_main", 4)
+    named = {value: (elf.lookup(value) or ("", 0))[0] for value in exported}
+    assert not {value: name for value, name in named.items() if _ALIAS.search(name)}
+    assert {hex(value): name for value, name in named.items() if name not in globals_at[value]} == {}

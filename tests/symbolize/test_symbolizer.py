@@ -16,7 +16,7 @@ import pytest
 from otel_gpu import selfmetrics, semconv
 from otel_gpu.profiles.model import FrameKind
 from otel_gpu.symbolize.demangle import Demangler
-from otel_gpu.symbolize.elf import ElfSymbols
+from otel_gpu.symbolize.elf import ElfSymbols, dynamic_symbol_value
 from otel_gpu.symbolize import kallsyms
 from otel_gpu.symbolize.kallsyms import KernelSymbols
 from otel_gpu.symbolize.maps import MAX_MAPS_BYTES, parse_maps, read_maps, read_maps_capped
@@ -77,6 +77,28 @@ def test_frames_in_a_shared_library() -> None:
         process.wait()
     assert frames[0].function == "otel_test_target"
     assert frames[0].mapping is not None and frames[0].mapping.path.endswith("libuprobe_target.so")
+
+
+@pytest.mark.parametrize("debug_dirs", [("/usr/lib/debug",), ()], ids=["with-debug-file", "dynsym-only"])
+def test_libc_start_main_is_named_as_exported_not_by_its_local_alias(debug_dirs: tuple[str, ...]) -> None:
+    """Every native stack ends in __libc_start_main; libc6-dbg's .symtab lists __libc_start_main_alias_2 and
+    __libc_start_main_impl (local) before __libc_start_main@@GLIBC_2.34 (global) at its address."""
+    libc = Path("/lib/x86_64-linux-gnu/libc.so.6")
+    vaddr = dynamic_symbol_value(str(libc), "__libc_start_main") if libc.exists() else None
+    if vaddr is None:
+        pytest.skip(f"no glibc exporting __libc_start_main at {libc}")
+    elf = ElfSymbols(str(libc))
+    if debug_dirs and not Path(debug_dirs[0], ".build-id", elf.build_id[:2], f"{elf.build_id[2:]}.debug").exists():
+        pytest.skip("no debug file for libc (install libc6-dbg): only .dynsym's names, which have no local alias")
+    file_offset = elf.offset_of(vaddr + 0x40)  # a return address inside it
+    assert file_offset is not None
+    real = os.path.realpath(libc)
+    entry = next(e for e in read_maps(os.getpid()) or [] if e.path == real and
+                 e.offset <= file_offset < e.offset + e.end - e.start)  # this test's own process maps libc
+    address = entry.start + file_offset - entry.offset
+    (frames,) = Symbolizer(debug_dirs=debug_dirs).user_stacks(os.getpid(), [[address]])
+    assert frames[0].function == "__libc_start_main"
+    assert frames[0].mapping is not None and frames[0].mapping.path == real
 
 
 def test_stripped_binary_gives_mapping_named_frames_with_build_id() -> None:

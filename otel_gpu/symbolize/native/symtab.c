@@ -2,8 +2,12 @@
 // libotel_gpu_symtab.so: the function symbols of an ELF file's .symtab and .dynsym, sorted by address, without a
 // Python object per symbol. It produces exactly what otel_gpu/symbolize/elf.py's ElfSymbols._read_symbols + _store
 // produce (the reference the tests compare it with, file by file and on fuzzed files): the same symbols kept
-// (STT_FUNC or STT_GNU_IFUNC, a value, a section, a name inside the string table), sorted by address, the first
-// symbol read naming an address and the largest size kept, sizes clamped to 32 bits, names as file offsets.
+// (STT_FUNC or STT_GNU_IFUNC, a value, a section, a name inside the string table), sorted by address, the largest
+// size at an address kept, sizes clamped to 30 bits, names as file offsets. The name of an address is the one users
+// know it by: the best binding (global, then weak, then local: glibc's __libc_start_main over its local
+// __libc_start_main_alias_2 and __libc_start_main_impl), then among local symbols a name without a suffix the
+// compiler or linker made (made_name; elf.py says why locals only), then the first read (.symtab before .dynsym, file
+// order).
 //
 // The tables are read with pread (or from an in-memory image) in chunks of CHUNK_BYTES, never mapped or read whole:
 // memory grows with the functions kept (16 bytes each while reading, as much again while one table is sorted), not
@@ -25,7 +29,11 @@
 
 enum { SYM_BYTES = 24, CHUNK_BYTES = 16384 * SYM_BYTES };  // elf.py's _SYM.size and _CHUNK_BYTES
 enum { STT_FUNC = 2, STT_GNU_IFUNC = 10 };
-#define MAX_SIZE 0xFFFFFFFFu
+enum { STB_GLOBAL = 1, STB_WEAK = 2 };
+enum { LOCAL_RANK = 2 };  // elf.py's _LOCAL_RANK: after global (0) and weak (1)
+#define MAX_SIZE 0x3FFFFFFFu  // elf.py's _MAX_SIZE: 30 bits, beside the binding's rank
+#define MAX_NAME_BYTES (1u << 20)  // elf.py's _MAX_NAME_BYTES: a longer "name" is a corrupt string table
+#define NAME_PROBE_BYTES 1024  // a name read on the stack first: C++ and Rust names are mostly shorter
 #define TABLES 2  // .symtab, then .dynsym
 
 // One elf.py _SYM entry (Elf64_Sym), as it lies in the file.
@@ -40,8 +48,10 @@ _Static_assert(sizeof(struct sym) == SYM_BYTES, "Elf64_Sym is 24 bytes");
 // A kept function: the name is an offset into its table's string table (st_name is 32 bits), so 16 bytes do.
 struct entry {
 	uint64_t value;
-	uint32_t name, size;
+	uint32_t name;
+	uint32_t size : 30, rank : 2;  // rank: binding_rank
 };
+_Static_assert(sizeof(struct entry) == 16, "an entry is 16 bytes");
 
 struct table_spec {
 	uint64_t offset, size, str_offset, str_size;
@@ -53,17 +63,18 @@ struct table {
 	uint64_t str_offset;
 };
 
-struct symbols {
-	struct table tables[TABLES];
-	uint64_t count;  // after merging: one function per address
-	uint64_t last_start;  // the highest start (0 without functions)
-	int error;  // errno of a failed read, 0 if none
-};
-
 struct source {
 	int fd;  // -1: read from image
 	const uint8_t *image;
 	uint64_t size;
+};
+
+struct symbols {
+	struct table tables[TABLES];
+	struct source src;  // where names are read from when two local symbols name an address (write)
+	uint64_t count;  // after merging: one function per address
+	uint64_t last_start;  // the highest start (0 without functions)
+	int error;  // errno of a failed read, 0 if none
 };
 
 // Up to want bytes at offset (fewer at the end of the file), like _Source.read; -1 with errno on failure.
@@ -83,7 +94,7 @@ static int64_t source_read(const struct source *src, uint64_t offset, uint64_t w
 	}
 }
 
-static int table_push(struct table *t, uint64_t value, uint32_t name, uint32_t size) {
+static int table_push(struct table *t, uint64_t value, uint32_t name, uint32_t size, unsigned rank) {
 	if (t->count == t->capacity) {
 		size_t capacity = t->capacity ? t->capacity * 2 : 4096;
 		struct entry *items = realloc(t->items, capacity * sizeof(*items));
@@ -92,8 +103,14 @@ static int table_push(struct table *t, uint64_t value, uint32_t name, uint32_t s
 		t->items = items;
 		t->capacity = capacity;
 	}
-	t->items[t->count++] = (struct entry){value, name, size};
+	t->items[t->count++] = (struct entry){value, name, size, rank};
 	return 0;
+}
+
+// elf.py's _BINDING_RANK: 0 for a global symbol, 1 for a weak one, LOCAL_RANK for any other binding.
+static unsigned binding_rank(uint8_t info) {
+	unsigned binding = info >> 4;
+	return binding == STB_GLOBAL ? 0 : binding == STB_WEAK ? 1 : LOCAL_RANK;
 }
 
 // Appends the functions of one table (its first max_bytes at most) in file order; returns the bytes of table read,
@@ -123,7 +140,8 @@ static int64_t read_table(const struct source *src, const struct table_spec *spe
 			unsigned type = s.info & 0xF;
 			if ((type != STT_FUNC && type != STT_GNU_IFUNC) || !s.value || !s.shndx || s.name >= spec->str_size)
 				continue;
-			if (table_push(t, s.value, s.name, s.size > MAX_SIZE ? MAX_SIZE : (uint32_t)s.size))
+			if (table_push(t, s.value, s.name, s.size > MAX_SIZE ? MAX_SIZE : (uint32_t)s.size,
+				       binding_rank(s.info)))
 				return -1;
 		}
 	}
@@ -172,40 +190,132 @@ static int sort_table(struct table *t) {
 	return 0;
 }
 
-// Walks the two sorted tables in the order a stable sort of .symtab then .dynsym gives (at one address, .symtab's
-// functions first), one function per address: the first one's name, the largest size. Without outputs, counts.
-static uint64_t merge(const struct symbols *s, uint64_t *starts8, uint32_t *starts4, uint32_t *sizes,
-		      uint64_t *names8, uint32_t *names4) {
+// GCC's and LLVM's clone suffixes (foo.cold, foo.part.0, foo.isra.0, foo.constprop.0, foo.lto_priv.0,
+// foo.localalias, foo.llvm.123, foo.__uniq.123): elf.py's _MADE_NAME.
+static const char *const MADE_PARTS[] = {"cold", "part", "isra", "constprop", "lto_priv", "localalias", "llvm",
+					 "__uniq"};
+
+// elf.py's _MADE_NAME: whether a name was made by the compiler or linker from another one: a clone suffix follows
+// a '.' as a whole '.'-separated part (not after "..", which separates a path in Rust's names: core..cold..f), or the
+// name ends in _alias_<digits> (glibc's local aliases).
+static int made_name(const uint8_t *name, size_t length) {
+	static const char alias[] = "_alias_";
+	size_t digits = 0;
+	while (digits < length && name[length - 1 - digits] >= '0' && name[length - 1 - digits] <= '9')
+		digits++;
+	if (digits && length - digits >= sizeof(alias) - 1 &&
+	    !memcmp(name + length - digits - (sizeof(alias) - 1), alias, sizeof(alias) - 1))
+		return 1;
+	const uint8_t *end = name + length, *dot = memchr(name, '.', length);
+	while (dot) {
+		const uint8_t *part = dot + 1, *next = memchr(part, '.', (size_t)(end - part));
+		size_t part_length = (size_t)((next ? next : end) - part);
+		if (dot == name || dot[-1] != '.')
+			for (size_t k = 0; k < sizeof(MADE_PARTS) / sizeof(*MADE_PARTS); k++)
+				if (strlen(MADE_PARTS[k]) == part_length && !memcmp(part, MADE_PARTS[k], part_length))
+					return 1;
+		dot = next;
+	}
+	return 0;
+}
+
+// made_name of the NUL-ended name at file offset `at`, read as elf.py's _read_name_bytes reads it: up to the NUL, the
+// end of the file or MAX_NAME_BYTES, in reads 8 times longer each. A name that cannot be read (or not held) is not
+// made, as the Python reader reads it as "".
+static int made_name_at(const struct source *src, uint64_t at) {
+	uint8_t probe[NAME_PROBE_BYTES], *name = probe, *held = NULL;
+	uint64_t want = sizeof(probe);
+	int made = 0;
+	for (;;) {
+		int64_t got = source_read(src, at, want, name);
+		if (got < 0)
+			break;
+		const uint8_t *nul = memchr(name, 0, (size_t)got);
+		if (nul || (uint64_t)got < want || want >= MAX_NAME_BYTES) {
+			made = made_name(name, nul ? (size_t)(nul - name) : (size_t)got);
+			break;
+		}
+		want = want * 8 < MAX_NAME_BYTES ? want * 8 : MAX_NAME_BYTES;
+		uint8_t *grown = realloc(held, want);
+		if (!grown)
+			break;
+		name = held = grown;
+	}
+	free(held);
+	return made;
+}
+
+// The symbol that names an address among those of a group at it (elf.py's _store): the first of the best binding
+// rank, and among local symbols the first whose name is not made (names read from src; without it, the first).
+// group[k] is [begin, end) of table k's symbols at the address, .symtab's first, each in file order.
+static uint64_t group_name(const struct symbols *s, const struct source *src, const struct entry *group[TABLES][2]) {
+	unsigned rank = LOCAL_RANK;
+	for (int k = 0; k < TABLES; k++)
+		for (const struct entry *e = group[k][0]; e < group[k][1]; e++)
+			if (e->rank < rank)
+				rank = e->rank;
+	uint64_t name = 0;
+	int found = 0, made = -1;  // whether name is made: read once a second local symbol asks
+	for (int k = 0; k < TABLES; k++) {
+		for (const struct entry *e = group[k][0]; e < group[k][1]; e++) {
+			uint64_t other = s->tables[k].str_offset + e->name;
+			if (e->rank != rank || (found && (!src || rank != LOCAL_RANK || other == name || !made)))
+				continue;
+			if (!found) {
+				name = other;
+				found = 1;
+				continue;
+			}
+			if (made < 0)
+				made = made_name_at(src, name);
+			if (made && !made_name_at(src, other)) {
+				name = other;
+				made = 0;
+			}
+		}
+	}
+	return name;
+}
+
+// Walks the two sorted tables by address, one function per address: the largest size at it and the name group_name
+// chooses among the symbols at it (at one address .symtab's first, as a stable sort of .symtab then .dynsym gives).
+// Names are read only to choose between two local symbols, and only when writing (src not NULL); without outputs,
+// counts.
+static uint64_t merge(const struct symbols *s, const struct source *src, uint64_t *starts8, uint32_t *starts4,
+		      uint32_t *sizes, uint64_t *names8, uint32_t *names4) {
 	const struct table *a = &s->tables[0], *b = &s->tables[1];
 	size_t i = 0, j = 0;
-	uint64_t kept = 0, last = 0;
+	uint64_t kept = 0;
 	while (i < a->count || j < b->count) {
-		const struct entry *e;
-		uint64_t str_offset;
-		if (j >= b->count || (i < a->count && a->items[i].value <= b->items[j].value)) {
-			e = &a->items[i++];
-			str_offset = a->str_offset;
-		} else {
-			e = &b->items[j++];
-			str_offset = b->str_offset;
-		}
-		if (kept && e->value == last) {
-			if (sizes && e->size > sizes[kept - 1])
-				sizes[kept - 1] = e->size;
-			continue;
-		}
-		last = e->value;
+		uint64_t value = j >= b->count || (i < a->count && a->items[i].value <= b->items[j].value) ?
+				 a->items[i].value : b->items[j].value;
+		size_t i_end = i, j_end = j;
+		uint32_t size = 0;
+		for (; i_end < a->count && a->items[i_end].value == value; i_end++)
+			size = a->items[i_end].size > size ? a->items[i_end].size : size;
+		for (; j_end < b->count && b->items[j_end].value == value; j_end++)
+			size = b->items[j_end].size > size ? b->items[j_end].size : size;
 		if (sizes) {
+			uint64_t name;
+			if (i_end - i + j_end - j == 1) {  // one symbol at the address, as at most
+				name = i_end > i ? a->str_offset + a->items[i].name : b->str_offset + b->items[j].name;
+			} else {
+				const struct entry *group[TABLES][2] = {{a->items + i, a->items + i_end},
+									{b->items + j, b->items + j_end}};
+				name = group_name(s, src, group);
+			}
 			if (starts8)
-				starts8[kept] = e->value;
+				starts8[kept] = value;
 			else
-				starts4[kept] = (uint32_t)e->value;
-			sizes[kept] = e->size;
+				starts4[kept] = (uint32_t)value;
+			sizes[kept] = size;
 			if (names8)
-				names8[kept] = str_offset + e->name;
+				names8[kept] = name;
 			else
-				names4[kept] = (uint32_t)(str_offset + e->name);
+				names4[kept] = (uint32_t)name;
 		}
+		i = i_end;
+		j = j_end;
 		kept++;
 	}
 	return kept;
@@ -228,11 +338,11 @@ EXPORT struct symbols *otel_gpu_symtab_read(int fd, const uint8_t *image, uint64
 	uint8_t *chunk = malloc(CHUNK_BYTES);
 	if (!s || !chunk || count < 0 || count > TABLES)
 		goto fail;
-	struct source src = {fd, image, file_size};
+	s->src = (struct source){fd, image, file_size};
 	if (fd < 0 && !image)
-		src.size = 0;
+		s->src.size = 0;
 	for (int k = 0; k < count && !s->error; k++) {
-		int64_t read = read_table(&src, &specs[k], max_bytes, &s->tables[k], chunk, &s->error);
+		int64_t read = read_table(&s->src, &specs[k], max_bytes, &s->tables[k], chunk, &s->error);
 		if (read < 0)
 			goto fail;
 		max_bytes -= (uint64_t)read;
@@ -242,7 +352,7 @@ EXPORT struct symbols *otel_gpu_symtab_read(int fd, const uint8_t *image, uint64
 	for (int k = 0; k < TABLES; k++)
 		if (sort_table(&s->tables[k]))
 			goto fail;
-	s->count = merge(s, NULL, NULL, NULL, NULL, NULL);
+	s->count = merge(s, NULL, NULL, NULL, NULL, NULL, NULL);
 	const struct table *a = &s->tables[0], *b = &s->tables[1];
 	uint64_t last_a = a->count ? a->items[a->count - 1].value : 0, last_b = b->count ? b->items[b->count - 1].value : 0;
 	s->last_start = last_a > last_b ? last_a : last_b;
@@ -264,9 +374,10 @@ EXPORT uint64_t otel_gpu_symtab_last_start(const struct symbols *s) { return s->
 
 // Writes the count functions: starts (start_bytes 4 or 8 each, ascending), sizes (4 bytes) and the file offsets of
 // their names (name_bytes 4 or 8 each). Each buffer must hold count items of its width; a start or name offset that
-// does not fit its width is cut to it (the caller picks widths that fit: last_start, the file's size).
+// does not fit its width is cut to it (the caller picks widths that fit: last_start, the file's size). Names may be
+// read to choose between local symbols: the file (or image) read must still be open.
 EXPORT void otel_gpu_symtab_write(const struct symbols *s, void *starts, int start_bytes, uint32_t *sizes, void *names,
 				  int name_bytes) {
-	merge(s, start_bytes == 8 ? starts : NULL, start_bytes == 8 ? NULL : starts, sizes,
+	merge(s, &s->src, start_bytes == 8 ? starts : NULL, start_bytes == 8 ? NULL : starts, sizes,
 	      name_bytes == 8 ? names : NULL, name_bytes == 8 ? NULL : names);
 }
