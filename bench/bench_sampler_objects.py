@@ -15,26 +15,17 @@ Run (root): .venv/bin/python bench/bench_sampler_objects.py --before OLD.bpf.o [
 from __future__ import annotations
 
 import argparse
-import json
-import shutil
 import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+from _bpfstats import program_stats  # this script's folder is on sys.path
+
 REPO = Path(__file__).resolve().parent.parent
 WORKLOADS = REPO / "tests" / "native" / "workloads"
 sys.path.insert(0, str(REPO))
-
-
-def _program_stats(program_id: int) -> tuple[int, int]:
-    """(run_time_ns, run_cnt) of one loaded program."""
-    bpftool = shutil.which("bpftool") or "/usr/sbin/bpftool"
-    out = subprocess.run([bpftool, "prog", "show", "id", str(program_id), "-j"], capture_output=True, text=True,
-                         check=True).stdout
-    prog = json.loads(out)
-    return int(prog.get("run_time_ns", 0)), int(prog.get("run_cnt", 0))
 
 
 def phase(path: str, seconds: float) -> tuple[float, int]:
@@ -47,9 +38,9 @@ def phase(path: str, seconds: float) -> tuple[float, int]:
         bpf.attach_perf_event("on_cpu_sample", 999)
         program_id = bpf.program_ids()["on_cpu_sample"]
         time.sleep(0.5)
-        run0, count0 = _program_stats(program_id)
+        run0, count0 = program_stats(program_id)
         time.sleep(seconds)
-        run1, count1 = _program_stats(program_id)
+        run1, count1 = program_stats(program_id)
         return (run1 - run0) / max(1, count1 - count0), count1 - count0
     finally:
         bpf.close()

@@ -22,9 +22,7 @@ Run: .venv/bin/python bench/bench_span_context.py [--rounds 60] [--spans 2000] [
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import shutil
 import statistics
 import subprocess
 import sys
@@ -32,6 +30,8 @@ import time
 import timeit
 from collections.abc import Callable, Sequence
 from pathlib import Path
+
+from _bpfstats import program_stats  # this script's folder is on sys.path
 
 from opentelemetry import trace
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
@@ -211,14 +211,6 @@ sys.stdin.readline()
 """
 
 
-def _program_stats(program_id: int) -> tuple[int, int]:
-    bpftool = shutil.which("bpftool") or "/usr/sbin/bpftool"
-    out = subprocess.run([bpftool, "prog", "show", "id", str(program_id), "-j"], capture_output=True, text=True,
-                         check=True).stdout
-    prog = json.loads(out)
-    return int(prog.get("run_time_ns", 0)), int(prog.get("run_cnt", 0))
-
-
 def _bpf_phase(with_spans: bool, seconds: float) -> tuple[float, int]:
     """(ns per sample, samples) of a fresh sampler on one busy child."""
     from otel_gpu.cpu.sampler import CPUSampler
@@ -238,10 +230,10 @@ def _bpf_phase(with_spans: bool, seconds: float) -> tuple[float, int]:
             raise RuntimeError("the sampler did not find the child's span context table")
         sampler.drain()
         program_id = sampler._bpf.program_ids()["on_cpu_sample"]  # type: ignore[union-attr]
-        run0, count0 = _program_stats(program_id)
+        run0, count0 = program_stats(program_id)
         time.sleep(seconds)
         linked = sum(s.count for s in sampler.drain() if s.span_id)
-        run1, count1 = _program_stats(program_id)
+        run1, count1 = program_stats(program_id)
         if with_spans and linked == 0:
             raise RuntimeError("no sample carried a span id")
         return (run1 - run0) / max(1, count1 - count0), count1 - count0

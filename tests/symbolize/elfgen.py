@@ -51,7 +51,8 @@ def write_elf(path: Path, symbols: list[Symbol], build_id: bytes = bytes(range(2
     phdrs = (struct.pack("<IIQQQQQQ", 1, 5, 0, 0, 0, shoff, 1 << 40, 0x1000)
              + struct.pack("<IIQQQQQQ", 4, 4, note_off, note_off, note_off, len(note), len(note), 4))
 
-    def section(name: bytes, kind: int, offset: int, size: int, link: int = 0, info: int = 0, entsize: int = 0) -> bytes:
+    def section(name: bytes, kind: int, offset: int, size: int, link: int = 0, info: int = 0,
+                entsize: int = 0) -> bytes:
         return struct.pack("<IIQQQQIIQQ", shstrtab.index(name), kind, 2 if kind == 7 else 0, 0, offset, size, link,
                            info, 1, entsize)
 
