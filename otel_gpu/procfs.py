@@ -138,27 +138,28 @@ def read_capped(path: str | os.PathLike[str], max_bytes: int) -> tuple[bytes, bo
     return b"".join(chunks), more
 
 
-def parse_stat_start_time(stat: bytes) -> int:
-    """The start time in clock ticks since boot (field 22) in the text of /proc/PID/stat; 0 when it has none.
+def _stat_number(stat: bytes, field: int) -> int:
+    """Numeric field ``field`` (1-based, as proc(5) numbers them) of the text of /proc/PID/stat; 0 when it has none.
 
     Fields are counted after the last ``)``: the name before it is the process's own choice (spaces, parentheses,
     any bytes)."""
     fields = stat[stat.rfind(b")") + 2:].split()
     try:
-        return max(0, int(fields[19]))
+        return max(0, int(fields[field - 3]))
     except (IndexError, ValueError):
         return 0
+
+
+def parse_stat_start_time(stat: bytes) -> int:
+    """The start time in clock ticks since boot (field 22) in the text of /proc/PID/stat; 0 when it has none."""
+    return _stat_number(stat, 22)
 
 
 def parse_stat_arg_start(stat: bytes) -> int:
     """Where the process's argument strings begin (field 48, ``arg_start``) in the text of /proc/PID/stat; 0 when the
     kernel does not show it (no access, no memory) or the text has none. Each exec places them anew (the stack is
     randomized), so the value tells one program a pid runs from the next."""
-    fields = stat[stat.rfind(b")") + 2:].split()
-    try:
-        return max(0, int(fields[45]))
-    except (IndexError, ValueError):
-        return 0
+    return _stat_number(stat, 48)
 
 
 def process_age_s(pid: int | str = "self", proc_root: str = "/proc") -> float:
@@ -384,17 +385,18 @@ class ProcessResolver:
 
     def arg_start(self, pid: int) -> int | None:
         """Where ``pid``'s argument strings begin (:func:`parse_stat_arg_start`): 0 when not shown, None when gone."""
-        try:
-            return parse_stat_arg_start(read_capped(self._root / str(pid) / "stat", MAX_STAT_BYTES)[0])
-        except OSError:
-            return None
+        stat = self._stat(pid)
+        return parse_stat_arg_start(stat) if stat is not None else None
 
     def _start_time(self, pid: int) -> int | None:
+        stat = self._stat(pid)
+        return parse_stat_start_time(stat) if stat is not None else None
+
+    def _stat(self, pid: int) -> bytes | None:
         try:
-            stat, _ = read_capped(self._root / str(pid) / "stat", MAX_STAT_BYTES)
+            return read_capped(self._root / str(pid) / "stat", MAX_STAT_BYTES)[0]
         except OSError:
             return None
-        return parse_stat_start_time(stat)
 
     def _read(self, pid: int, start: int) -> ProcessInfo | None:
         base = self._root / str(pid)

@@ -130,6 +130,18 @@ def test_parse_stat_start_time(stat: bytes, start: int) -> None:
     assert procfs.parse_stat_start_time(stat) == start
 
 
+def test_parse_stat_arg_start() -> None:
+    """Field 48: where this process's argv strings begin, which /proc/self/cmdline's first bytes are read from."""
+    arg_start = procfs.parse_stat_arg_start(Path("/proc/self/stat").read_bytes())
+    cmdline = Path("/proc/self/cmdline").read_bytes()[:64]
+    with open("/proc/self/mem", "rb") as mem:
+        mem.seek(arg_start)
+        assert arg_start > 0 and mem.read(len(cmdline)) == cmdline
+    fields = [str(n).encode() for n in range(3, 53)]  # field n holds n, after a name with ") (" in it
+    assert procfs.parse_stat_arg_start(b"1 (a) (b) " + b" ".join(fields)) == 48
+    assert procfs.parse_stat_arg_start(b"1 (x) S 0 1") == 0
+
+
 @pytest.mark.parametrize(("status", "pid"), [
     (b"Name:\tx\nNSpid:\t4242\t17\t1\n", 1),
     (b"Name:\tx\nNSpid:\t4242\n", 4242),
