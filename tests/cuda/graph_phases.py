@@ -17,8 +17,10 @@ import os
 import struct
 import subprocess
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from otel_gpu.cuda import abi
 from otel_gpu.cuda.accounting import GPUTimeAccounting
@@ -30,6 +32,7 @@ from tests.cuda.test_source_records import FakeSymbolizer
 REPO = Path(__file__).resolve().parents[2]
 FAKES = REPO / "tests" / "native" / "cuda"
 LIBRARY = REPO / "otel_gpu" / "cuda" / "native" / "libotel_gpu_inject.so"
+K = TypeVar("K")  # what estimated GPU time is summed by
 _TYPES = {1: abi.EVENT_LAUNCH, 2: abi.EVENT_ACTIVITY, 3: abi.EVENT_SYNC, 4: abi.EVENT_WINDOW}  # emit.c's framing
 
 
@@ -71,22 +74,29 @@ class GraphEstimate:
     execs_counted: int  # execs in the library's table
 
 
-def estimate(records: list[abi.Record], count_graphs: bool) -> tuple[Counter[int], GPUTimeAccounting]:
-    """The graph kernels' estimated GPU time by graph exec from ``records`` (one drain at the end, as one profiling
-    interval)."""
+def weighted(records: list[abi.Record], count_graphs: bool,
+             key: Callable[[GPUWork], K | None]) -> tuple[Counter[K], GPUTimeAccounting]:
+    """The GPU time the agent estimates from ``records`` (one drain at the end, as one profiling interval), summed by
+    ``key`` of each piece of work (None: left out)."""
     accounting = GPUTimeAccounting(_Named(), StackFrames(FakeSymbolizer()), lambda pid: True,
                                    count_graphs=count_graphs)
-    by_exec: Counter[int] = Counter()
+    totals: Counter[K] = Counter()
 
     def observe(work: GPUWork, weight: float) -> None:
-        if work.activity.graph_id:
-            by_exec[work.launch.graph_exec] += work.activity.duration_ns * weight
+        group = key(work)
+        if group is not None:
+            totals[group] += work.activity.duration_ns * weight
 
     accounting.observe_work(observe)
     for record in records:
         accounting.handle(record)
     accounting.drain(now_ns=1 << 62, final=True)
-    return by_exec, accounting
+    return totals, accounting
+
+
+def estimate(records: list[abi.Record], count_graphs: bool) -> tuple[Counter[int], GPUTimeAccounting]:
+    """The graph kernels' estimated GPU time by graph exec from ``records``."""
+    return weighted(records, count_graphs, lambda work: work.launch.graph_exec if work.activity.graph_id else None)
 
 
 def _injected(work: Path, args: list[str], window_ms: str, budget: str, **fakes: str) -> tuple[list[abi.Record], Path]:
@@ -163,15 +173,5 @@ def mixed(work: Path, iterations: int, delivery_delay_us: int, trace_cost_us: in
 
 
 def _by_kernel(records: list[abi.Record]) -> Counter[str]:
-    """Each kernel's GPU time as the agent estimates it from ``records`` (graph replays by counts; one drain)."""
-    accounting = GPUTimeAccounting(_Named(), StackFrames(FakeSymbolizer()), lambda pid: True, count_graphs=True)
-    got: Counter[str] = Counter()
-
-    def observe(work: GPUWork, weight: float) -> None:
-        got[work.activity.name] += work.activity.duration_ns * weight
-
-    accounting.observe_work(observe)
-    for record in records:
-        accounting.handle(record)
-    accounting.drain(now_ns=1 << 62, final=True)
-    return got
+    """Each kernel's GPU time as the agent estimates it from ``records`` (graph replays by counts)."""
+    return weighted(records, True, lambda work: work.activity.name)[0]
