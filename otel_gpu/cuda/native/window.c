@@ -260,17 +260,17 @@ static void close_window_locked(uint32_t flush_flag, uint64_t aside_from_ns)
            monotonic_ns() < give_up)
         sched_yield();
     g_cupti.activity_flush_all(flush_flag);
-    /* The activity kinds, and the launch callbacks with them, stay on until the sampled launches' GPU work has
-     * arrived (see linger_check_locked). */
     uint64_t lingered = ctl.linger_launches; /* the linger before this window: charged to it */
-    ctl.lingering = 1;
-    ctl.linger_start_ns = closed;
     ctl.linger_launches = 0;
     ctl.covered_ns += end - ctl.open_start_ns;
     ctl.window_waits += atomic_load(&g_state.waits_seen) - ctl.waits_at_open;
     uint64_t launches = atomic_load(&g_state.window_launches);
     ctl.launches_total += launches;
     struct otel_gpu_window rec = window_record_locked(id, ctl.open_start_ns, end);
+    /* The activity kinds, and the launch callbacks with them, stay on until the sampled launches' GPU work has
+     * arrived (see linger_check_locked): a linger from the window's end, in the next window's record. */
+    ctl.lingering = 1;
+    ctl.linger_start_ns = closed;
     rec.open_us = ctl.open_us;
     rec.launches = launches;
     rec.overhead_ns = atomic_load(&g_state.overhead_ns);
