@@ -58,8 +58,15 @@ def test_spans_and_their_cpu_gpu_time_and_sync_wait_samples_meet_at_the_receiver
         cpu.close()
         gpu.close()
     exporter = OTLPHttpProfileExporter(f"http://127.0.0.1:{receiver.port}/v1development/profiles")
-    for batch in batches:  # other processes on the machine are sampled too: send only the workload's
-        ours = tuple(p for p in batch.processes if p.process.pid == workload.pid)
+    # other processes on the machine are sampled too: send only the workload's program. Its pid first ran this test's
+    # fork (between fork and exec), a program of its own that a sample may have caught: never more than a moment
+    before_exec = [(batch.type.sample_type, p) for batch in batches for p in batch.processes
+                   if p.process.pid == workload.pid and str(SPAN_WORKLOAD) not in p.process.command_args]
+    assert all(kind == "samples" for kind, _ in before_exec), before_exec  # CPU samples only: no CUDA before exec
+    assert sum(s.value for _, p in before_exec for s in p.samples) <= 5, before_exec
+    for batch in batches:
+        ours = tuple(p for p in batch.processes
+                     if p.process.pid == workload.pid and str(SPAN_WORKLOAD) in p.process.command_args)
         for payload in exporter.payloads(dataclasses.replace(batch, processes=ours)) if ours else ():
             assert exporter.send(payload).outcome is Outcome.OK
     receiver.stop()
