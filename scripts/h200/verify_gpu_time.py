@@ -388,7 +388,23 @@ def owner(frames: tuple) -> str:  # type: ignore[type-arg]
 
 
 def normalized(name: str) -> str:
+    """A kernel's name without spaces; a copy or set by its direction alone, so that the agent's ``[memcpy DtoH 2 B
+    pinned]`` and torch.profiler's ``Memcpy DtoH (Device -> Pinned)`` meet."""
+    copy = COPY_NAME.match(name)
+    if copy:
+        return f"[{copy.group(1).lower()}{copy.group(2) or ''}]"
     return re.sub(r"\s+", "", name)
+
+
+def per_name(values: dict[str, float], iterations: int) -> dict[str, float]:
+    """torch.profiler's totals per iteration by normalized name (copies of one direction summed)."""
+    out: dict[str, float] = defaultdict(float)
+    for name, value in values.items():
+        out[normalized(name)] += value / iterations
+    return dict(out)
+
+
+COPY_NAME = re.compile(r"\[?(memcpy|memset)\b\s*([A-Za-z]to[A-Za-z])?", re.IGNORECASE)
 
 
 def pct(value: float) -> str:
@@ -417,7 +433,7 @@ def known_structure(source: GPUTimeSource | None, lines: list[str], results: dic
     ref_json, run_json, debug = WORK / "reference.json", WORK / "measured.json", WORK / "debug.bin"
     run_program(["known", "6", str(ref_json), "--profile"], inject=False, timeout_s=180)
     reference = json.loads(ref_json.read_text())
-    per_iteration = {normalized(k): v / reference["iterations"] for k, v in reference["kernel_ns"].items()}
+    per_iteration = per_name(reference["kernel_ns"], reference["iterations"])
 
     measuring = source if source is not None else WindowedSource(proc_root="/nonexistent-proc")
     assert isinstance(measuring, WindowedSource)
@@ -502,7 +518,7 @@ def known_structure(source: GPUTimeSource | None, lines: list[str], results: dic
               "executions: torch.profiler / otel-gpu (re-weighted) |",
               "|---|---|---|---|---|---|"]
     counts = measuring.executions[pid]
-    per_iteration_n = {normalized(k): v / reference["iterations"] for k, v in reference.get("kernel_n", {}).items()}
+    per_iteration_n = per_name(reference.get("kernel_n", {}), reference["iterations"])
     worst = 0.0
     grand_total = sum(kernel_total.values())
     matched = sum(v for k, v in kernel_total.items() if normalized(k) in per_iteration)
