@@ -21,6 +21,10 @@ _u8, _u32, _s32, _u64 = ctypes.c_uint8, ctypes.c_uint32, ctypes.c_int32, ctypes.
 # --- otel_gpu_probes.h: the injected library's records ----------------------------------------------------------------
 
 ABI_VERSION = 7
+# Also read: the ABI before, so that a workload started before an agent upgrade (its library stays loaded; the
+# DaemonSet's init container replaces the file by rename) stays profiled. ABI 6 differs in the window record only: it
+# has no linger totals, so its windows are weighted as before them.
+PREVIOUS_ABI_VERSION = 6
 MAX_NATIVE_FRAMES = 96
 MAX_PYTHON_FRAMES = 64
 MAX_STRINGS = 6144
@@ -338,6 +342,7 @@ _STACK_HEAD = struct.Struct("<IIII")
 _PYTHON_FRAME = struct.Struct("<IIII")
 _ACTIVITY_HEAD = struct.Struct("<IIQQIIIIQBBB")
 _WINDOW = struct.Struct("<IIQQQQQQQQQQQQQQQQQQQ")  # up to linger_launches
+_WINDOW_6 = struct.Struct("<IIQQQQQQQQQQQQQQQQQ")  # ABI 6: up to shadow_launch_ns, then the graphs
 _WINDOW_GRAPHS = struct.Struct("<QII")  # graph_other_replays, graph_count, reserved
 _GRAPH_REPLAYS = struct.Struct("<QQ")
 _EVENT_SIZE = _EVENT.size
@@ -365,6 +370,7 @@ _LAUNCH_SIZE = ctypes.sizeof(LaunchC)
 _SYNC_SIZE = ctypes.sizeof(SyncC)
 _ACTIVITY_SIZE = ctypes.sizeof(ActivityC)
 _WINDOW_SIZE = ctypes.sizeof(WindowC)
+_PREVIOUS_VERSION = struct.pack("<I", PREVIOUS_ABI_VERSION)
 # Thread and kernel names repeat from record to record: each raw name is decoded once (bounded: cleared when full).
 _NAMES: dict[bytes, str] = {}
 _NAMES_SIZE = 4096
@@ -475,10 +481,11 @@ def decode_event(data: bytes) -> Record:
                         src_kind, dst_kind)
     if kind == EVENT_WINDOW:
         buf = _padded(data[_EVENT_SIZE:_EVENT_SIZE + min(payload_len, _WINDOW_SIZE)], _WINDOW_SIZE)
-        fields = _WINDOW.unpack_from(buf)
+        head = _WINDOW_6 if buf[:4] == _PREVIOUS_VERSION else _WINDOW
+        fields = head.unpack_from(buf)
         _check_version(fields[0], "window")
-        other, count, _ = _WINDOW_GRAPHS.unpack_from(buf, _WINDOW.size)
-        at = WindowC.graphs.offset
+        other, count, _ = _WINDOW_GRAPHS.unpack_from(buf, head.size)
+        at = head.size + _WINDOW_GRAPHS.size
         graphs = tuple(_GRAPH_REPLAYS.unpack_from(buf, at + _GRAPH_REPLAYS.size * index)
                        for index in range(min(count, GRAPH_SLOTS)))
         return Window(pid, *fields[2:], open_us=fields[1], graph_replays=graphs, graph_other_replays=other)
@@ -486,5 +493,6 @@ def decode_event(data: bytes) -> Record:
 
 
 def _check_version(version: int, what: str) -> None:
-    if version != ABI_VERSION:
-        raise DecodeError(f"{what} record has ABI version {version}, this agent reads {ABI_VERSION}")
+    if version != ABI_VERSION and version != PREVIOUS_ABI_VERSION:
+        raise DecodeError(f"{what} record has ABI version {version}, this agent reads {PREVIOUS_ABI_VERSION} and "
+                          f"{ABI_VERSION}")

@@ -233,7 +233,8 @@ class GPUTimeProbes:
             added.append(library)
             # the process ran with the library before the agent attached: what it did until now is not profiled
             self.late_attaches += 1
-            _logger.info("GPU-time profiling attached to %s (first seen in pid %d)", library.path, library.pid)
+            _logger.info("GPU-time profiling attached to %s (first seen in pid %d%s)", library.path, library.pid,
+                         "; the copy the process loaded, since replaced on disk" if library.replaced else "")
         return added
 
     @property

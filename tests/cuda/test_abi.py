@@ -5,6 +5,7 @@ The mirrors' layout against the C headers is checked once, with every other mirr
 from __future__ import annotations
 
 import ctypes
+import struct
 
 import pytest
 
@@ -113,6 +114,27 @@ def test_decode_window_graph_replays() -> None:
     window.graph_count = abi.GRAPH_SLOTS + 5
     record = abi.decode_event(_event(abi.EVENT_WINDOW, 10, 10, bytes(window)))
     assert isinstance(record, abi.Window) and len(record.graph_replays) == abi.GRAPH_SLOTS
+
+
+def test_the_previous_abi_is_read_so_a_workload_outlives_an_agent_upgrade() -> None:
+    """ABI 6 (the library of the release before) has the window record without the linger totals: the same fields
+    and graph table 16 bytes earlier. Its launches and waits are laid out as now."""
+    window = abi.WindowC(abi_version=abi.ABI_VERSION, window_id=6, start_ns=5, end_ns=9, covered_ns=10,
+                         elapsed_ns=100, launches=3, launches_total=40, shadow_launches=7, shadow_launch_ns=70,
+                         linger_ns=0, linger_launches=0, graph_other_replays=17, graph_count=1)
+    window.graphs[0] = abi.GraphReplaysC(exec=0x7F00AA00, replays=120)
+    now = bytes(window)
+    linger = abi.WindowC.linger_ns.offset
+    old = struct.pack("<I", 6) + now[4:linger] + now[linger + 16:]  # as the ABI 6 library lays it out
+    assert old[abi.WindowC.graph_other_replays.offset - 16:][:8] == (17).to_bytes(8, "little")
+    record = abi.decode_event(_event(abi.EVENT_WINDOW, 10, 10, old + bytes(16)))  # the probe reads 16 bytes past it
+    expected = abi.decode_event(_event(abi.EVENT_WINDOW, 10, 10, now))
+    assert record == expected and record.graph_replays == ((0x7F00AA00, 120),)
+    launch = abi.LaunchC(abi_version=6, kind=abi.LAUNCH_KERNEL, correlation_id=5, window_id=6)
+    decoded = abi.decode_event(_event(abi.EVENT_LAUNCH, 10, 11, bytes(launch), abi.KStackC()))
+    assert isinstance(decoded, abi.Launch) and decoded.correlation_id == 5
+    with pytest.raises(abi.DecodeError, match="reads 6 and 7"):
+        abi.decode_event(_event(abi.EVENT_WINDOW, 10, 10, struct.pack("<I", 5) + old[4:]))
 
 
 def test_decode_rejects_bad_records() -> None:

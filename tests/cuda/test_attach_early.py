@@ -153,3 +153,38 @@ def test_a_process_already_running_with_the_packaged_library_is_named_not_waited
         assert probes.late_attaches == 0  # its probes were in place from its start
     finally:
         probes.close()
+
+
+def test_a_process_whose_library_was_replaced_on_disk_is_still_profiled(seen: Seen, tmp_path: Path,
+                                                                        caplog: pytest.LogCaptureFixture) -> None:
+    """The agent's pod restarted on a busy node: its init container put a new copy of the library in place by rename
+    while a workload kept running the old one (maps: "(deleted)"). The path now names the new file, which the agent
+    attaches up front; the running process is found by the scan and profiled through the copy it loaded."""
+    library = tmp_path / LIBRARY.name
+    shutil.copy(LIBRARY, library)
+    workload = _start(library, steps=100_000)
+    try:
+        deadline = time.monotonic() + 30
+        while LIBRARY.name not in Path(f"/proc/{workload.pid}/maps").read_text() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        staged = tmp_path / ".staged"
+        shutil.copy(LIBRARY, staged)
+        staged.rename(library)  # as helm/otel-gpu/templates/daemonset.yaml does
+        assert "(deleted)" in Path(f"/proc/{workload.pid}/maps").read_text()
+        with caplog.at_level("INFO", logger="otel_gpu.cuda.source"):
+            probes = _probes(seen, library_paths=[library], rescan_interval_s=0.05, full_rescan_s=0.05)
+        try:
+            deadline = time.monotonic() + 30
+            while seen.stream_waits[workload.pid] < 5 and time.monotonic() < deadline and workload.poll() is None:
+                time.sleep(0.05)
+                probes.poll_now()
+            assert seen.stream_waits[workload.pid] >= 5
+            replaced = [lib for lib in probes.attached_libraries if lib.replaced]
+            assert [lib.pid for lib in replaced] == [workload.pid]
+            assert str(library.stat().st_ino) != str(replaced[0].inode)  # the old file, not the one at the path now
+            assert "since replaced on disk" in caplog.text
+        finally:
+            probes.close()
+    finally:
+        workload.kill()
+        workload.communicate()

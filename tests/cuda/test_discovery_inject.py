@@ -41,8 +41,11 @@ def test_scan_finds_each_library_file_once_across_mount_namespaces(tmp_path: Pat
     other.mkdir(parents=True)
     os.link(proc / "100" / "root" / lib.lstrip("/"), other / "libotel_gpu_inject.so")
     (proc / "101" / "maps").write_text(LINE.format(inode=2, path="/usr/local/lib/libotel_gpu_inject.so"))
-    # pid 102: a different copy, deleted on disk after being mapped but still reachable through its root
-    _process(proc, 102, LINE.format(inode=3, path=lib + " (deleted)"), {lib: b"ELF-B"})
+    # pid 102: a different copy, replaced on disk after being mapped: its path names a new file now, the one it runs
+    # is reached through map_files
+    _process(proc, 102, LINE.format(inode=3, path=lib + " (deleted)"), {lib: b"ELF-NEW"})
+    (proc / "102" / "map_files").mkdir()
+    (proc / "102" / "map_files" / "7f0000000000-7f0000010000").write_bytes(b"ELF-B")
     _process(proc, 103, LINE.format(inode=1, path="/usr/lib/libc.so.6"))
     _process(proc, 104, LINE.format(inode=2, path=lib), {lib: b"ELF-C"})  # the agent itself: excluded
     (proc / "self").mkdir()
@@ -56,6 +59,7 @@ def test_scan_finds_each_library_file_once_across_mount_namespaces(tmp_path: Pat
     assert first.path in (lib, "/usr/local/lib/libotel_gpu_inject.so")
     assert Path(first.host_path).read_bytes() == b"ELF-A"
     assert by_pid[102].path == lib and Path(by_pid[102].host_path).read_bytes() == b"ELF-B"
+    assert by_pid[102].replaced and not first.replaced
 
 
 def test_scan_of_a_missing_proc_is_empty(tmp_path: Path) -> None:

@@ -25,6 +25,7 @@ import pytest
 import yaml
 
 from tests.conftest import NATIVE, REPO
+from tests.deploy.test_chart import by_kind, render
 from tests.profiles import pprof_proto
 
 IMAGE = "localhost/otel-gpu:test"
@@ -55,6 +56,16 @@ def _podman(*args: str, check: bool = True, timeout: float = 120) -> subprocess.
                           check=check, timeout=timeout)
 
 
+def _place_library(image: str, lib_dir: Path) -> None:
+    """Runs the chart's init container (its command, from the rendered chart) with ``lib_dir`` as the node's
+    folder."""
+    (daemonset,) = by_kind(render([]), "DaemonSet")
+    (init,) = daemonset["spec"]["template"]["spec"]["initContainers"]
+    mount = {m["name"]: m["mountPath"] for m in init["volumeMounts"]}["injection-library"]
+    _podman("run", "--rm", "--network", "none", "--cap-drop", "all", "--read-only", "-v", f"{lib_dir}:{mount}",
+            "--entrypoint", init["command"][0], image, *init["command"][1:], *init["args"])
+
+
 @pytest.fixture(scope="module")
 def image() -> str:
     started = time.monotonic()
@@ -82,10 +93,7 @@ def workloads(image: str, shared_dir: Path) -> Iterator[dict[str, int]]:
     lib_dir = shared_dir / "lib"
     lib_dir.mkdir(mode=0o755)
     # the chart's init container: copy the library out of the image onto a host folder
-    _podman("run", "--rm", "--network", "none", "--cap-drop", "all", "--read-only",
-            "-v", f"{lib_dir}:/host-lib", "--entrypoint", "/bin/sh", image, "-c",
-            f"cp {LIBRARY_IN_IMAGE} /host-lib/.tmp && chmod 0755 /host-lib/.tmp && "
-            "mv -f /host-lib/.tmp /host-lib/libotel_gpu_inject.so")
+    _place_library(image, lib_dir)
     library = lib_dir / "libotel_gpu_inject.so"
     assert library.is_file()
     # cpu_3to1 where only its user may look (a folder and a binary of mode 0700, as in many images)
@@ -216,3 +224,25 @@ def test_the_span_processor_runs_its_c_hooks_in_the_image(image: str) -> None:
     assert found["hooks"] == str(package / "instrumentation" / "_hooks.abi3.so"), found
     assert found["table"] == str(package / "instrumentation" / "native" / "libotel_gpu_context.so"), found
     assert found["c_hooks"] and found["published"], found
+
+
+def test_the_init_container_keeps_an_unchanged_library_and_replaces_another_by_rename(image: str,
+                                                                                   tmp_path: Path) -> None:
+    """A restarted pod leaves the node's copy alone (running workloads map that inode: the agent's probes on it stay
+    valid); another version is replaced by rename, so a process that has the old file open or mapped keeps it."""
+    lib_dir = tmp_path / "lib"
+    lib_dir.mkdir()
+    library = lib_dir / "libotel_gpu_inject.so"
+    library.write_bytes(b"an older version")
+    held = os.open(library, os.O_RDONLY)  # as a running workload holds its copy
+    try:
+        _place_library(image, lib_dir)
+        placed = library.stat()
+        assert library.read_bytes()[:4] == b"\x7fELF" and placed.st_mode & 0o777 == 0o755
+        assert os.pread(held, 64, 0) == b"an older version"
+    finally:
+        os.close(held)
+    _place_library(image, lib_dir)  # the pod again, same image
+    again = library.stat()
+    assert (again.st_ino, again.st_mtime_ns) == (placed.st_ino, placed.st_mtime_ns)
+    assert sorted(p.name for p in lib_dir.iterdir()) == ["libotel_gpu_inject.so"]
