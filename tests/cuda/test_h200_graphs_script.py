@@ -85,7 +85,7 @@ def test_the_count_weighted_ratio_is_exact_where_windows_see_the_graph_half_the_
 
 def test_the_program_compiles_with_its_reference_part(graphs) -> None:  # type: ignore[no-untyped-def]
     compile(graphs.PROGRAM, "program.py", "exec")
-    assert graphs.PROGRAM.startswith(graphs.REFERENCE) and "kernel_time_per_call({" in graphs.PROGRAM
+    assert graphs.PROGRAM.startswith(graphs.REFERENCE) and "kernel_time_per_call(calls, " in graphs.PROGRAM
 
 
 def test_the_weighting_line_takes_a_record_of_the_totals_at_exit(graphs) -> None:  # type: ignore[no-untyped-def]

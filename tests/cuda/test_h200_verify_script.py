@@ -74,3 +74,16 @@ def test_iteration_rate_inside_and_outside_windows(verify) -> None:  # type: ign
     # windows reaching past the span count only within it
     inside, _ = verify.rate_inside_windows(times, [(-5_000_000_000, 1_000_000_000)], (0, 40_000_000_000))
     assert inside == pytest.approx(1.0)  # the iteration at 0 s, in the 1 s of window inside the span
+
+
+def test_copies_and_sets_meet_torch_profilers_names(verify) -> None:  # type: ignore[no-untyped-def]
+    """The agent names a copy by direction, size and host memory, torch.profiler by direction and memory kinds: the
+    accuracy table compares them by direction (the H200 tables read "not in the reference" for every copy)."""
+    ours = verify.normalized("[memcpy DtoH 2 B pinned]")
+    assert ours == verify.normalized("Memcpy DtoH (Device -> Pinned)")
+    assert ours != verify.normalized("Memcpy HtoD (Pinned -> Device)")
+    assert verify.normalized("[memset 4.0 MiB]") == verify.normalized("Memset (Device)")
+    assert verify.normalized("void at::native::copy_kernel<float>") == "voidat::native::copy_kernel<float>"
+    per_iteration = verify.per_name({"Memcpy DtoH (Device -> Pinned)": 30.0, "Memcpy DtoH (Device -> Pageable)": 10.0,
+                                     "ampere gemm": 50.0}, 10)
+    assert per_iteration == {ours: 4.0, "amperegemm": 5.0}
