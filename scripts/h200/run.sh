@@ -30,8 +30,9 @@ for step in "${steps[@]}"; do
               grep -rn "TEARDOWN_CUPTI" "$site" --include=*.py | head -5 ;;
     graphs)   timeout 560 python3 scripts/h200/graphs.py "$OUT/h200-graphs.md" ;;
     issue16)  # what issue 16 still needs verified, in one call of under 10 minutes: the eager side's weights with the
-              # lingers weighted by their own launches (ABI 7), and the take's CPU-time charge (baton modes P, I, U)
-              OTEL_GPU_WINDOW_MS=5 OTEL_GPU_OVERHEAD_BUDGET=0.2 GRAPHS_SECONDS=40 timeout 130 python3 \
+              # lingers weighted by their own launches (ABI 7), copies against torch.profiler, and the take's CPU-time
+              # charge (baton modes P, I, U)
+              GRAPHS_COPIES=1 OTEL_GPU_WINDOW_MS=5 OTEL_GPU_OVERHEAD_BUDGET=0.2 GRAPHS_SECONDS=40 timeout 130 python3 \
                 scripts/h200/graphs.py "$OUT/h200-graphs-5ms.md"
               BATON_PER=2 BATON_MODES=P,I,U timeout 190 python3 scripts/h200/baton.py "$OUT/h200-baton.md" 110
               BATON_LOOP=matmul BATON_PER=2 BATON_MODES=P,I,U timeout 190 python3 scripts/h200/baton.py \
