@@ -29,14 +29,18 @@ for step in "${steps[@]}"; do
               done
               grep -rn "TEARDOWN_CUPTI" "$site" --include=*.py | head -5 ;;
     graphs)   timeout 560 python3 scripts/h200/graphs.py "$OUT/h200-graphs.md" ;;
-    issue16)  # what issue 16 still needs verified, in one call of under 10 minutes: the eager side's weights with the
-              # lingers weighted by their own launches (ABI 7), copies against torch.profiler, and the take's CPU-time
-              # charge (baton modes P, I, U)
-              GRAPHS_COPIES=1 OTEL_GPU_WINDOW_MS=5 OTEL_GPU_OVERHEAD_BUDGET=0.2 GRAPHS_SECONDS=40 timeout 130 python3 \
-                scripts/h200/graphs.py "$OUT/h200-graphs-5ms.md"
-              BATON_PER=2 BATON_MODES=P,I,U timeout 190 python3 scripts/h200/baton.py "$OUT/h200-baton.md" 110
-              BATON_LOOP=matmul BATON_PER=2 BATON_MODES=P,I,U timeout 190 python3 scripts/h200/baton.py \
-                "$OUT/h200-baton-matmul.md" 110 ;;
+    issue16*) # what issue 16 still needs verified, under 10 minutes in all (issue16 runs the three; each alone too, to
+              # fit a short lease): the eager side's weights with the lingers weighted by their own launches (ABI 7)
+              # and copies against torch.profiler (_graphs), the take's CPU-time charge (baton modes P, I, U) on tiny
+              # kernels (_baton) and beside a GPU-bound matmul (_matmul)
+              [[ $step == issue16 || $step == issue16_graphs ]] && GRAPHS_COPIES=1 OTEL_GPU_WINDOW_MS=5 \
+                OTEL_GPU_OVERHEAD_BUDGET=0.2 GRAPHS_SECONDS=40 timeout 130 python3 scripts/h200/graphs.py \
+                "$OUT/h200-graphs-5ms.md"
+              [[ $step == issue16 || $step == issue16_baton ]] && BATON_PER=2 BATON_MODES=P,I,U timeout 190 \
+                python3 scripts/h200/baton.py "$OUT/h200-baton.md" 110
+              [[ $step == issue16 || $step == issue16_matmul ]] && BATON_LOOP=matmul BATON_PER=2 BATON_MODES=P,I,U \
+                timeout 190 python3 scripts/h200/baton.py "$OUT/h200-baton-matmul.md" 110
+              true ;;
     compiled) timeout 580 python3 scripts/h200/compiled.py "$OUT/h200-compiled.md" ;;  # COMPILED_SECONDS (60)
     span_devices) timeout 200 python3 scripts/h200/span_devices.py "$OUT/h200-span-devices.md" --seconds 40 ;;
     cpu_python) timeout 300 python3 scripts/h200/cpu_python.py "$OUT/h200-cpu-python.md" ;;
