@@ -325,6 +325,7 @@ class Window:
     # holds, and the replays of execs beyond it (those are weighted by windows)
     graph_replays: tuple[tuple[int, int], ...] = ()
     graph_other_replays: int = 0
+    abi_version: int = ABI_VERSION  # PREVIOUS_ABI_VERSION: the library of the release before (no linger totals)
 
 
 Record = Launch | Activity | Sync | Window
@@ -488,7 +489,8 @@ def decode_event(data: bytes) -> Record:
         at = head.size + _WINDOW_GRAPHS.size
         graphs = tuple(_GRAPH_REPLAYS.unpack_from(buf, at + _GRAPH_REPLAYS.size * index)
                        for index in range(min(count, GRAPH_SLOTS)))
-        return Window(pid, *fields[2:], open_us=fields[1], graph_replays=graphs, graph_other_replays=other)
+        return Window(pid, *fields[2:], open_us=fields[1], graph_replays=graphs, graph_other_replays=other,
+                      abi_version=fields[0])
     raise DecodeError(f"unknown record type {kind}")
 
 

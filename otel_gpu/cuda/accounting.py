@@ -121,6 +121,7 @@ class GPUTimeAccounting:
         self._reads = 0  # times the counters were read (metrics collections)
         self._first_drain_ns: dict[int, int] = {}  # pid -> the first drain that saw it (unix ns)
         self._told: set[int] = set()  # pids already named in the log for going unmeasured
+        self._older: set[int] = set()  # pids named in the log for running the library of the release before
         self._exited_counters: OrderedDict[int, int] = OrderedDict()  # pid -> reads when its exit was noticed
         self._drops_seen = [0] * len(abi.DROP_REASONS)
         self._misses_seen = (0, 0)
@@ -218,6 +219,12 @@ class GPUTimeAccounting:
         self._interval.covered_ns += covered
         self._interval.elapsed_ns += elapsed
         counters = self._counter(window.pid)
+        if window.abi_version != abi.ABI_VERSION and window.pid not in self._older:
+            self._older.add(window.pid)
+            _logger.info("GPU-time: pid %d (%s) runs the injection library of the release before (ABI %d, loaded "
+                         "before the agent was upgraded): profiled, its windows weighted without this release's "
+                         "linger totals; it loads this release's library when it starts again", window.pid,
+                         _name(counters.info), window.abi_version)
         counters.launches += window.launches * weight
         counters.covered_ns += covered
         counters.elapsed_ns += elapsed
@@ -463,6 +470,7 @@ class GPUTimeAccounting:
             self._stacks.forget(pid)
             self._first_drain_ns.pop(pid, None)
             self._told.discard(pid)
+            self._older.discard(pid)
             del self._processes[pid]
 
     # --- per-process -----------------------------------------------------------------------------------------------

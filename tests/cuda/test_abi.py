@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ctypes
 import struct
+from dataclasses import replace
 
 import pytest
 
@@ -129,7 +130,7 @@ def test_the_previous_abi_is_read_so_a_workload_outlives_an_agent_upgrade() -> N
     assert old[abi.WindowC.graph_other_replays.offset - 16:][:8] == (17).to_bytes(8, "little")
     record = abi.decode_event(_event(abi.EVENT_WINDOW, 10, 10, old + bytes(16)))  # the probe reads 16 bytes past it
     expected = abi.decode_event(_event(abi.EVENT_WINDOW, 10, 10, now))
-    assert record == expected and record.graph_replays == ((0x7F00AA00, 120),)
+    assert record == replace(expected, abi_version=6) and record.graph_replays == ((0x7F00AA00, 120),)
     launch = abi.LaunchC(abi_version=6, kind=abi.LAUNCH_KERNEL, correlation_id=5, window_id=6)
     decoded = abi.decode_event(_event(abi.EVENT_LAUNCH, 10, 11, bytes(launch), abi.KStackC()))
     assert isinstance(decoded, abi.Launch) and decoded.correlation_id == 5

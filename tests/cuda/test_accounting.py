@@ -229,3 +229,20 @@ def test_the_library_stepping_aside_is_named_once_per_process(caplog: pytest.Log
         accounting.drain(now_ns=3_000)
     lines = [r.getMessage() for r in caplog.records if "stepped aside" in r.getMessage()]
     assert len(lines) == 1 and lines[0].startswith("GPU-time: pid 10 (proc10): the injected library stepped aside")
+
+
+def test_a_library_of_the_release_before_is_profiled_and_named_once(caplog: pytest.LogCaptureFixture) -> None:
+    """A workload that outlived an agent upgrade runs the older library (ABI 6): its work is weighted as any, and
+    the log says once why its weights lack the linger totals and how it gets the new library."""
+    accounting, _ = _accounting({10, 11})
+    with caplog.at_level("INFO", logger="otel_gpu.cuda.source"):
+        accounting.handle(replace(window(10, 1, covered_ns=100, elapsed_ns=1000), abi_version=6))  # weight 10
+        accounting.handle(launch(10, 1, window=2))
+        accounting.handle(kernel(10, 1, 30, name="relu"))
+        accounting.handle(replace(window(10, 2, covered_ns=200, elapsed_ns=2000), abi_version=6))
+        accounting.handle(window(11, 1, covered_ns=100, elapsed_ns=1000))
+    gpu, _ = accounting.drain(now_ns=3_000)
+    assert _values(gpu) == {(10, "relu"): 300}
+    older = [r.getMessage() for r in caplog.records if "release before" in r.getMessage()]
+    assert len(older) == 1 and older[0].startswith("GPU-time: pid 10 (proc10) runs the injection library of the "
+                                                   "release before (ABI 6")
