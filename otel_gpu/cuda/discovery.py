@@ -93,6 +93,6 @@ def _mapped_library(maps_path: str, library_name: str) -> tuple[str, str] | None
             named = parts[5].strip().decode("utf-8", "surrogateescape")
             path = named.removesuffix(DELETED)
             if os.path.basename(path).startswith(library_name):
-                return path, (parts[0].decode() if path != named else "")
+                return path, (parts[0].decode("ascii", "replace") if path != named else "")
         at = data.find(needle, end)
     return None

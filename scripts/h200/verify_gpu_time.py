@@ -387,6 +387,9 @@ def owner(frames: tuple) -> str:  # type: ignore[type-arg]
     return "other"
 
 
+COPY_NAME = re.compile(r"\[?(memcpy|memset)\b\s*([A-Za-z]to[A-Za-z])?", re.IGNORECASE)
+
+
 def normalized(name: str) -> str:
     """A kernel's name without spaces; a copy or set by its direction alone, so that the agent's ``[memcpy DtoH 2 B
     pinned]`` and torch.profiler's ``Memcpy DtoH (Device -> Pinned)`` meet."""
@@ -402,9 +405,6 @@ def per_name(values: dict[str, float], iterations: int) -> dict[str, float]:
     for name, value in values.items():
         out[normalized(name)] += value / iterations
     return dict(out)
-
-
-COPY_NAME = re.compile(r"\[?(memcpy|memset)\b\s*([A-Za-z]to[A-Za-z])?", re.IGNORECASE)
 
 
 def pct(value: float) -> str:
