@@ -23,7 +23,7 @@ from otel_gpu.config import EXIT_CONFIG_ERROR, AgentConfig
 from otel_gpu.errors import SourceUnavailable
 from otel_gpu.k8s import K8sNames
 from otel_gpu.procfs import ProcessResolver
-from otel_gpu.profiles.model import ProcessProfile
+from otel_gpu.profiles.model import ProcessProfile, ProfileBatch
 from otel_gpu.profiles.source import ProcessSelection, ProfileSource
 from otel_gpu.resource import agent_resource, node_attributes
 from otel_gpu.selfcost import CostMeter, name_native_threads, trim_heap
@@ -229,18 +229,23 @@ class Agent:
             selfmetrics.set_gauge(semconv.SELF_COLLECTION_DURATION.name, time.monotonic() - started,
                                   otel_gpu__source=name)
             for batch in batches:
-                if not batch.processes:
+                if not batch.processes:  # an idle interval: only a summary says so (once, until samples come)
+                    self._export(batch, [e for e in exporters if getattr(e, "shows_empty", False)])
                     continue
                 if not exporters:
                     selfmetrics.count(semconv.SELF_DROPPED.name, otel_gpu__reason=semconv.Reason.NO_DESTINATION,
                                       otel_gpu__signal=semconv.Signal.PROFILES)
                     continue
-                batch = dataclasses.replace(batch, node=self._node, processes=self._named(batch.processes))
-                for exporter in exporters:
-                    try:
-                        exporter.export(batch)
-                    except Exception:  # exporters should return False, never raise; guard anyway
-                        _logger.exception("profile exporter %s failed", getattr(exporter, "name", exporter))
+                self._export(dataclasses.replace(batch, node=self._node, processes=self._named(batch.processes)),
+                             exporters)
+
+    @staticmethod
+    def _export(batch: ProfileBatch, exporters: list) -> None:  # type: ignore[type-arg]
+        for exporter in exporters:
+            try:
+                exporter.export(batch)
+            except Exception:  # exporters should return False, never raise; guard anyway
+                _logger.exception("profile exporter %s failed", getattr(exporter, "name", exporter))
 
     # --- helpers ---------------------------------------------------------------------------------------------------
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import io
 import os
 import queue
 import signal
@@ -286,6 +287,25 @@ def test_profiles_carry_the_node_and_a_profile_without_destination_is_counted() 
     Agent(config)._report([_Source("gpu_time", [_batch(11), _batch(12)])], [])
     assert selfmetrics.total(semconv.SELF_DROPPED.name, otel_gpu__reason=semconv.Reason.NO_DESTINATION,
                              otel_gpu__signal=semconv.Signal.PROFILES) == 2
+
+
+def test_an_idle_interval_is_said_on_the_terminal_once_and_sent_nowhere_else() -> None:
+    """An idle node (no process sampled, no injected workload) still tells the terminal that profiling ran, once
+    until something is recorded again; files and backends get no empty profile."""
+    from otel_gpu.exporters.console import ConsoleProfileExporter
+
+    terminal, files = io.StringIO(), _Exporter()
+    exporters = [ConsoleProfileExporter(terminal), files]
+    idle = ProfileBatch(type=gpu_time_profile_type(), start_unix_nano=1, duration_nano=10**10, processes=())
+    agent = Agent(AgentConfig())
+    for batch in (idle, idle, _batch(11), idle):
+        agent._report([_Source("gpu_time", [batch])], exporters)
+    lines = [line for line in terminal.getvalue().splitlines() if line.startswith("==")]
+    assert lines[0] == "== gpu_time over 10.0 s: nothing recorded"
+    assert lines[1].startswith("== gpu_time over 0.0 s: 1 process, 1 stacks")
+    assert lines[2] == "== gpu_time over 10.0 s: nothing recorded"
+    assert len(lines) == 3
+    assert [batch.processes[0].process.pid for batch in files.exported] == [11]
 
 
 def test_a_generic_endpoint_with_a_path_is_a_metrics_backend_and_gets_no_profiles() -> None:

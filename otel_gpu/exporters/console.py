@@ -126,6 +126,8 @@ class ConsoleProfileExporter:
     empty batch is printed once until its profile type records something again, and why GPU time went unmeasured
     is explained once."""
 
+    shows_empty = True  # the agent hands it batches with no process too: an idle interval is said, once
+
     def __init__(self, stream: TextIO | None = None, top_n: int = 10) -> None:
         self.name = "console"
         self._stream = stream
