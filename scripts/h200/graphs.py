@@ -136,8 +136,10 @@ def owner(frames: tuple) -> str:  # type: ignore[type-arg]
     return "other"
 
 
-def diagnose(records: list[abi.Record], lines: list[str], nodes: int | None = 60) -> None:
-    """The record-level lines: ``nodes``, the kernels a graph launch should bring back (None: not known)."""
+def diagnose(records: list[abi.Record], lines: list[str], nodes: int | None = 60,
+             per_window: Path | None = None) -> None:
+    """The record-level lines: ``nodes``, the kernels a graph launch should bring back (None: not known);
+    ``per_window``: a CSV of every window's weight and what it sampled (:func:`window_table`)."""
     launches = [r for r in records if isinstance(r, abi.Launch)]
     activities = [r for r in records if isinstance(r, abi.Activity) and r.kind == abi.ACTIVITY_KERNEL]
     windows = [r for r in records if isinstance(r, abi.Window)]
@@ -172,6 +174,9 @@ def diagnose(records: list[abi.Record], lines: list[str], nodes: int | None = 60
                          f"{tail(first_in_window(eager_launches, eager_ns, windows, True))}, after it "
                          f"{tail(first_in_window(eager_launches, eager_ns, windows, False))}")
     eager_weighting(eager_launches, eager_ns, windows, lines)
+    if per_window is not None:
+        window_table(launches, windows, per_window)
+        lines.append(f"- every window's weight, pace and sampled launches by kind: {per_window.name}")
     ratios = graph_ratios(launches, by_corr, windows)
     if ratios is not None:
         by_counts, by_windows, replays, sampled = ratios
@@ -273,6 +278,34 @@ def eager_weighting(launches: list[abi.Launch], launch_ns: list[int], windows: l
         lines.append(f"- lingers after windows: median {lingers[len(lingers) // 2] / 1e6:.1f} ms, p99 "
                      f"{lingers[int(0.99 * (len(lingers) - 1))] / 1e6:.1f} ms, max {lingers[-1] / 1e6:.1f} ms, "
                      f"{sum(lingers) / max(1, sum(since.values())):.3f} of the time between windows")
+
+
+def window_table(launches: list[abi.Launch], windows: list[abi.Window], path: Path) -> None:
+    """One CSV row per window, in order: when it opened, its length, the gap and linger before it, the weight it got
+    with the pace and linger pace as known at its close (the totals behind them too), and its sampled launches by
+    kind: where a function's weighted total comes from, window by window."""
+    kinds: dict[int, Counter[int]] = defaultdict(Counter)
+    for launch in launches:
+        kinds[launch.window_id][launch.kind] += 1
+    weights = WindowWeights()
+    first = windows[0].start_ns if windows else 0
+    rows = ["window_id,opened_s,covered_ms,gap_ms,linger_ms,weight,pace,linger_pace,launches_total,shadow_launches,"
+            "shadow_launch_ms,linger_launches,kernels,graphs,copies,other"]
+    before = None
+    for window in windows:
+        weight, covered, elapsed = weights.add(window)
+        pace = pace_ratio(window)
+        linger = window.linger_ns - (before.linger_ns if before else 0)
+        seen = kinds.get(window.window_id, Counter())
+        named = (abi.LAUNCH_KERNEL, abi.LAUNCH_GRAPH, abi.LAUNCH_MEMCPY)
+        other = sum(n for kind, n in seen.items() if kind not in named)
+        rows.append(f"{window.window_id},{(window.start_ns - first) / 1e9:.4f},{covered / 1e6:.3f},"
+                    f"{(elapsed - covered) / 1e6:.3f},{linger / 1e6:.3f},{weight:.3f},{pace:.4f},"
+                    f"{linger_pace(window, pace):.4f},{window.launches_total},{window.shadow_launches},"
+                    f"{window.shadow_launch_ns / 1e6:.3f},{window.linger_launches},{seen[abi.LAUNCH_KERNEL]},"
+                    f"{seen[abi.LAUNCH_GRAPH]},{seen[abi.LAUNCH_MEMCPY]},{other}")
+        before = window
+    path.write_text("\n".join(rows) + "\n")
 
 
 def graph_ratios(launches: list[abi.Launch], by_corr: dict[int, list[abi.Activity]],
@@ -418,7 +451,7 @@ def main(argv: list[str]) -> int:
                               for name in ("replayed", "eager", "copied") if name in reference),
                   f"- joins (joined, launches unmatched, activities unmatched): {run.join_stats}; "
                   f"library drops {run.library_dropped}"]
-        diagnose(run.records, lines)
+        diagnose(run.records, lines, per_window=out.with_suffix(".windows.csv"))
     except Exception:  # noqa: BLE001  (report what ran)
         lines += ["", "```", traceback.format_exc()[-3000:], "```"]
     write_report(out, lines)

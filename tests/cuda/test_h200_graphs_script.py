@@ -113,3 +113,20 @@ def test_the_lingers_in_each_stretch_are_reported(graphs) -> None:  # type: igno
     assert any(line.startswith("- lingers after windows: median 30.0 ms, p99 30.0 ms, max 30.0 ms, 0.303 of the time")
                for line in lines), lines
     assert any("99.0 ms of which 30.0 ms lingering" in line for line in lines)
+
+
+def test_the_window_table_gives_each_window_its_weight_and_what_it_sampled(graphs, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The per-window CSV the next H200 run brings back: the weight each window got (1 ms windows 100 ms apart at a
+    pace of 1: 100), and its sampled launches by kind (graph launches only in the windows that had them)."""
+    lines: list[str] = []
+    table = tmp_path / "h200-graphs.windows.csv"
+    graphs.diagnose(_records(4, {2, 4}), lines, per_window=table)
+    assert f"every window's weight, pace and sampled launches by kind: {table.name}" in "\n".join(lines)
+    header, *rows = [line.split(",") for line in table.read_text().splitlines()]
+    assert header[:6] == ["window_id", "opened_s", "covered_ms", "gap_ms", "linger_ms", "weight"]
+    row = [dict(zip(header, values, strict=True)) for values in rows]
+    assert [r["window_id"] for r in row] == ["1", "2", "3", "4"]
+    assert [float(r["weight"]) for r in row] == [100.0] * 4
+    assert [float(r["gap_ms"]) for r in row] == [99.0] * 4
+    assert [(r["kernels"], r["graphs"], r["copies"]) for r in row] == [("60", "0", "0"), ("60", "1", "0"),
+                                                                      ("60", "0", "0"), ("60", "1", "0")]
