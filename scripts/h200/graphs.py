@@ -226,6 +226,16 @@ def first_in_window(launches: list[abi.Launch], launch_ns: list[int], windows: l
     return out
 
 
+def stretch_lingers(windows: list[abi.Window]) -> dict[int, int]:
+    """The linger in each window's stretch (after the window before it), from the totals (ABI 7); none where the
+    totals restarted."""
+    lingered = {w.window_id: w.linger_ns - before.linger_ns for before, w in zip(windows, windows[1:], strict=False)
+                if w.linger_ns >= before.linger_ns}
+    if windows:
+        lingered[windows[0].window_id] = windows[0].linger_ns
+    return lingered
+
+
 def eager_weighting(launches: list[abi.Launch], launch_ns: list[int], windows: list[abi.Window],
                     lines: list[str]) -> None:
     """Where the eager side's weighted total comes from: launches and kernel time summed with each window's weight,
@@ -236,11 +246,7 @@ def eager_weighting(launches: list[abi.Launch], launch_ns: list[int], windows: l
     covered = {wid: c for wid, (_, c, _) in added.items() if c}
     since = {wid: e - c for wid, (_, c, e) in added.items() if c}
     opened = {w.window_id: w.start_ns for w in windows}
-    # the linger in each window's stretch (after the window before it), from the totals (ABI 7)
-    lingered = {w.window_id: w.linger_ns - before.linger_ns for before, w in zip(windows, windows[1:], strict=False)
-                if w.linger_ns >= before.linger_ns}
-    if windows:
-        lingered[windows[0].window_id] = windows[0].linger_ns
+    lingered = stretch_lingers(windows)
     per_window: dict[int, list[float]] = defaultdict(lambda: [0.0, 0.0])
     for launch, ns in zip(launches, launch_ns, strict=True):
         per_window[launch.window_id][0] += 1
@@ -288,23 +294,22 @@ def window_table(launches: list[abi.Launch], windows: list[abi.Window], path: Pa
     for launch in launches:
         kinds[launch.window_id][launch.kind] += 1
     weights = WindowWeights()
+    lingered = stretch_lingers(windows)
+    named = (abi.LAUNCH_KERNEL, abi.LAUNCH_GRAPH, abi.LAUNCH_MEMCPY)
     first = windows[0].start_ns if windows else 0
     rows = ["window_id,opened_s,covered_ms,gap_ms,linger_ms,weight,pace,linger_pace,launches_total,shadow_launches,"
             "shadow_launch_ms,linger_launches,kernels,graphs,copies,other"]
-    before = None
     for window in windows:
         weight, covered, elapsed = weights.add(window)
         pace = pace_ratio(window)
-        linger = window.linger_ns - (before.linger_ns if before else 0)
+        linger = lingered.get(window.window_id, 0)
         seen = kinds.get(window.window_id, Counter())
-        named = (abi.LAUNCH_KERNEL, abi.LAUNCH_GRAPH, abi.LAUNCH_MEMCPY)
         other = sum(n for kind, n in seen.items() if kind not in named)
         rows.append(f"{window.window_id},{(window.start_ns - first) / 1e9:.4f},{covered / 1e6:.3f},"
                     f"{(elapsed - covered) / 1e6:.3f},{linger / 1e6:.3f},{weight:.3f},{pace:.4f},"
                     f"{linger_pace(window, pace):.4f},{window.launches_total},{window.shadow_launches},"
                     f"{window.shadow_launch_ns / 1e6:.3f},{window.linger_launches},{seen[abi.LAUNCH_KERNEL]},"
                     f"{seen[abi.LAUNCH_GRAPH]},{seen[abi.LAUNCH_MEMCPY]},{other}")
-        before = window
     path.write_text("\n".join(rows) + "\n")
 
 
