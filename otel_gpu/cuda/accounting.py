@@ -2,9 +2,10 @@
 """GPUTimeAccounting: decoded GPU-time records in, weighted profiles and per-process counters out.
 
 It joins launches with their GPU activity (:class:`~otel_gpu.cuda.join.Joiner`), weights each piece of work by its
-sampling window (:class:`~otel_gpu.cuda.join.WindowWeights`; work whose window has not closed waits) or, for CUDA
-graph replays the library counted, by the exact replay counts (:class:`~otel_gpu.cuda.graphs.GraphReplayWeights`:
-held until the drain, then scaled by replays over sampled replays of each graph exec), accumulates
+sampling window (:class:`~otel_gpu.cuda.join.WindowWeights`: the interval's work is held until its drain, then
+weighted at the pace measured over every window so far) or, for CUDA graph replays the library counted, by the exact
+replay counts (:class:`~otel_gpu.cuda.graphs.GraphReplayWeights`: scaled at the drain by replays over sampled replays
+of each graph exec), accumulates
 the gpu_time and sync_wait profiles of the interval, keeps cumulative per-process counters and counts what was lost.
 The waits of a process that runs NCCL kernels are held until their collectives' records can have come (one cut-off
 for every process, :data:`SETTLE_LAG_NS`) and split by the collectives that ran while they blocked
@@ -43,6 +44,9 @@ MAX_HELD_SYNCS = 65536  # waits held for their collectives, all processes: past 
 # another's, and name a straggler that is not one).
 SETTLE_LAG_NS = 1_000_000_000
 MAX_LEAVES = 4096  # leaf frames of GPU work kept by kernel, copy or set (past it, kept afresh)
+# pieces of GPU work held for the drain, all processes (past it, the oldest is weighted at once with what is known then:
+# at a 20 % budget an H200 program's tiny eager kernels gave 2,200 a second)
+MAX_HELD_WORK = 1 << 16
 MAX_TAIL_PIECES = 4096  # a process's last window's work kept by thread, stack and kernel, for the time after it
 # exited processes whose counters wait for a metrics collection to read their last values (past it, oldest first go:
 # with no metrics reader at all, they would wait for ever)
@@ -107,7 +111,8 @@ class GPUTimeAccounting:
         self._weights = WindowWeights()
         self._graphs = GraphReplayWeights() if count_graphs else None
         self._unsampled_seen = 0
-        self._pending: list[tuple[GPUWork, int]] = []  # joined work whose window has not closed, drains waited
+        self._held: deque[tuple[GPUWork, int]] = deque()  # joined work held for the drain, drains waited
+        self._held_launches: dict[tuple[int, int], int] = {}  # (pid, window) -> launches it sampled, for the drain
         self._last_windows: dict[int, _LastWindow] = {}
         self._waits = CollectiveWaits()
         self._held_syncs: deque[tuple[abi.Sync, int]] = deque()  # waits of NCCL processes whose work may come, drains
@@ -212,7 +217,7 @@ class GPUTimeAccounting:
         self._waits.add_window(window)
         if self._graphs is not None:
             self._graphs.add_window(window)
-        weight, covered, elapsed = self._weights.add(window)
+        _, covered, elapsed = self._weights.add(window)
         tail = self._weights.take_tail(window.pid)
         if tail is not None:
             self._add_tail(window.pid, *tail)
@@ -225,7 +230,9 @@ class GPUTimeAccounting:
                          "before the agent was upgraded): profiled, its windows weighted without this release's "
                          "linger totals; it loads this release's library when it starts again", window.pid,
                          _name(counters.info), window.abi_version)
-        counters.launches += window.launches * weight
+        if window.launches:
+            key = (window.pid, window.window_id)
+            self._held_launches[key] = self._held_launches.get(key, 0) + window.launches
         counters.covered_ns += covered
         counters.elapsed_ns += elapsed
         if not counters.since_ns or elapsed == window.elapsed_ns:  # first window, or the library re-attached
@@ -236,16 +243,6 @@ class GPUTimeAccounting:
             selfmetrics.count(semconv.SELF_DROPPED.name, window.dropped,
                               otel_gpu__reason=semconv.Reason.INJECTED_LIBRARY,
                               otel_gpu__signal=semconv.Signal.PROFILES)
-        still = []
-        for work, age in self._pending:
-            launch = work.launch
-            # a graph replay whose window's record was lost joins the replay counts' stretch now
-            lost = self._graphs is not None and launch.kind == abi.LAUNCH_GRAPH and launch.window_id < window.window_id
-            if launch.pid == window.pid and (launch.window_id == window.window_id or lost):
-                self._add_work(work, weight)
-            else:
-                still.append((work, age))
-        self._pending = still
 
     def _account_yielded(self, counters: ProcessCounters, window: abi.Window) -> None:
         """Time the library left CUPTI to another tool of the program: stated per interval, never extrapolated into.
@@ -265,11 +262,13 @@ class GPUTimeAccounting:
         counters.yielded_ns = window.yielded_ns
 
     def _account(self, work: GPUWork) -> None:
-        weight = self._weights.weight(work.launch.pid, work.launch.window_id)
-        if weight is None:
-            self._pending.append((work, 0))
-        else:
-            self._add_work(work, weight)
+        """Holds ``work`` for the drain, when its window's weight takes the pace of every window so far."""
+        self._held.append((work, 0))
+        if len(self._held) > MAX_HELD_WORK:  # bounded memory: the oldest goes with what is known now
+            oldest = self._held.popleft()[0]
+            pid = oldest.launch.pid
+            weight = self._weights.weight(pid, oldest.launch.window_id)
+            self._add_work(oldest, self._weights.latest(pid) if weight is None else weight)
 
     def _add_work(self, work: GPUWork, weight: float) -> None:
         """Adds ``work`` with its window's ``weight``, or hands a counted graph replay's to the replay weights."""
@@ -335,7 +334,7 @@ class GPUTimeAccounting:
         """The gpu_time and sync_wait batches of the interval that ends at ``now_ns`` (unix ns; each batch may have
         no processes). ``bpf_drops``: the eBPF program's running totals by :data:`abi.DROP_REASONS`, if loaded;
         ``final``: the last drain, which holds no wait back."""
-        self._settle_pending()
+        self._release_held(final)
         self._end_graph_stretch()
         self._settle_syncs(now_ns, final)
         processes = dict(self._processes)
@@ -395,17 +394,27 @@ class GPUTimeAccounting:
         """Replays of CUDA graphs that had no sampled replay in their interval (no time attributed), since the start."""
         return self._graphs.unsampled if self._graphs is not None else 0
 
-    def _settle_pending(self) -> None:
-        """Work whose window never closed: weighted by the process's last window once the process is gone or the
-        work has waited two drains (the library closes a window at exit, so this is rare)."""
-        still = []
-        for work, age in self._pending:
-            pid = work.launch.pid
-            if age + 1 >= 2 or not self._alive(pid):
-                self._add_work(work, self._weights.latest(pid))
-            else:
-                still.append((work, age + 1))
-        self._pending = still
+    def _release_held(self, final: bool) -> None:
+        """The held work of closed windows, weighted at the paces known now; work whose window has not closed waits,
+        weighted by the process's last window once the process is gone, the work has waited two drains (the library
+        closes a window at exit, so this is rare) or, for a graph replay, a later window's record came (its own was
+        lost: it joins the replay counts' stretch now). Then each window's sampled launches, in the counters."""
+        still: deque[tuple[GPUWork, int]] = deque()
+        for work, age in self._held:
+            launch = work.launch
+            weight = self._weights.weight(launch.pid, launch.window_id)
+            if weight is None:
+                lost = self._graphs is not None and launch.kind == abi.LAUNCH_GRAPH \
+                    and launch.window_id < self._weights.newest(launch.pid)
+                if not (final or lost or age + 1 >= 2 or not self._alive(launch.pid)):
+                    still.append((work, age + 1))
+                    continue
+                weight = self._weights.latest(launch.pid)
+            self._add_work(work, weight)
+        self._held = still
+        for (pid, window_id), launches in self._held_launches.items():
+            self._counter(pid).launches += launches * (self._weights.weight(pid, window_id) or 1.0)
+        self._held_launches.clear()
 
     def _add_yielded(self, counters: ProcessCounters, ns: int) -> None:
         if ns > 0:

@@ -13,7 +13,7 @@ whose GPU work has not arrived ``max_lag_ns`` of launch time after it (the injec
 from __future__ import annotations
 
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from otel_gpu.cuda.abi import LAUNCH_GRAPH, Activity, Launch, Window
 
@@ -207,6 +207,30 @@ def linger_pace(window: Window, pace: float) -> float:
     return min(max(pace, 1.0), max(PACE_BOUNDS[0], 1.0 + (measured - 1.0) * trust))
 
 
+def since_shadows(window: Window, base: Window | None) -> Window:
+    """``window`` with its windows' and lingers' pace totals counted from ``base``, the process's last record before
+    its shadow windows counted anything (None: from the start): the rates on both sides of the pace then cover the
+    same stretch of the run. Counted from the start, the windows of a program's first second (imports, warm-up: 14
+    windows, no launch) made its windows' launch rate seem 8x slower than its shadows' where it was 2.1x, and the
+    pace took 15 s to come down to 2.5 and was still 3 % high after 40 s (an H100 run of scripts/h200/graphs.py)."""
+    if base is None:
+        return window
+    return replace(window, covered_ns=window.covered_ns - base.covered_ns,
+                   launches_total=window.launches_total - base.launches_total,
+                   window_waits=window.window_waits - base.window_waits,
+                   linger_ns=window.linger_ns - base.linger_ns,
+                   linger_launches=window.linger_launches - base.linger_launches)
+
+
+@dataclass(slots=True)
+class _Parts:
+    """What a window's stretch holds outside windows per ns inside it: plain time (undisturbed) and lingering time.
+    Its weight is 1 + pace * plain + linger pace * lingered, with the paces as the process's newest totals give them."""
+
+    plain: float = 0.0
+    lingered: float = 0.0
+
+
 @dataclass(slots=True)
 class _Totals:
     """A process's totals as of its newest window record, and what :class:`WindowWeights` derived from them."""
@@ -214,10 +238,13 @@ class _Totals:
     covered: int = 0
     elapsed: int = 0
     lingered: int = 0
-    weight: float = 1.0
+    parts: _Parts = field(default_factory=_Parts)
     yields: int = 0
     last_id: int = 0  # the last window with time covered, and its length
     last_len: int = 0
+    newest_id: int = 0  # the newest record's window id
+    paces: tuple[float, float] = (1.0, 1.0)  # (pace, linger pace) from the newest record's totals
+    base: Window | None = None  # the last record before the shadow windows counted anything (:func:`since_shadows`)
 
 
 class WindowWeights:
@@ -235,6 +262,12 @@ class WindowWeights:
     scaled by :func:`linger_pace` instead (the launches counted in them): scaled by the shadows' pace, a launch-bound
     program whose records came 20 ms late came out 20 % heavier on the fake CUPTI.
 
+    Each window keeps its stretch's parts, not a number: :meth:`weight` applies the paces of the process's newest
+    totals, so work weighted late (the accounting holds an interval's work until its drain) takes the pace measured
+    over every window so far. Taken at each window's close, the pace of a program's first few windows (a handful of
+    launches in whichever phase of its loop they fell) weighted an H200 program's first seconds at 8x where its run
+    settled at 2.1x, and its eager kernels came out 1.55x torch.profiler's.
+
     The time after a process's last window has no window after it to stand for it: the library's record of the totals
     at exit (no window in it: no time covered, no launches, not stepping aside) gives it to the last window, whose
     weight grows by pace * (that time) / (its length) (:meth:`take_tail`: the caller re-weights the work it has
@@ -243,62 +276,82 @@ class WindowWeights:
 
     def __init__(self, max_windows: int = 4096) -> None:
         self.max_windows = max_windows
-        self._weights: dict[int, OrderedDict[int, float]] = {}
+        self._parts: dict[int, OrderedDict[int, _Parts]] = {}
         self._last: dict[int, _Totals] = {}
-        self._tails: dict[int, tuple[int, float]] = {}  # pid -> (its last window, the weight it took on) not yet taken
+        self._tails: dict[int, tuple[int, _Parts]] = {}  # pid -> (its last window, the parts it took on) not taken
 
     def add(self, window: Window) -> tuple[float, int, int]:
-        """Record ``window``; returns (weight, covered delta ns, elapsed delta ns)."""
+        """Record ``window``; returns (its weight at the paces known now, covered delta ns, elapsed delta ns)."""
         last = self._last.get(window.pid) or _Totals()
         # the library re-attached, or took CUPTI back from another tool: its totals restart (the time in between
         # stands for nothing: it is reported as yielded, not extrapolated into)
         if window.elapsed_ns < last.elapsed or window.covered_ns < last.covered or window.yields != last.yields \
                 or window.linger_ns < last.lingered:
-            last = _Totals(weight=last.weight)
+            last = _Totals(parts=last.parts)
         covered = window.covered_ns - last.covered
         elapsed = window.elapsed_ns - last.elapsed
-        windows = self._weights.setdefault(window.pid, OrderedDict())
-        weight, last_id, last_len = last.weight, last.last_id, last.last_len
+        windows = self._parts.setdefault(window.pid, OrderedDict())
+        parts, last_id, last_len = last.parts, last.last_id, last.last_len
         if covered <= 0 or elapsed < covered:
-            weight = weight if covered <= 0 else 1.0
+            parts = parts if covered <= 0 else _Parts()
             if covered == 0 and elapsed > 0 and not window.launches and not window.aside_since_ns and last_len \
                     and last_id in windows:  # the totals at exit: the last window stands for the time since too
-                tail = self._outside(window, elapsed, window.linger_ns - last.lingered) / last_len
-                windows[last_id] += tail
+                tail = _outside(elapsed, window.linger_ns - last.lingered, last_len)
+                lasts = windows[last_id]
+                windows[last_id] = _Parts(lasts.plain + tail.plain, lasts.lingered + tail.lingered)
                 self._tails[window.pid] = (last_id, tail)
         else:
-            weight = (covered + self._outside(window, elapsed - covered, window.linger_ns - last.lingered)) / covered
+            parts = _outside(elapsed - covered, window.linger_ns - last.lingered, covered)
             last_id, last_len = window.window_id, covered
-        self._last[window.pid] = _Totals(window.covered_ns, window.elapsed_ns, window.linger_ns, weight,
-                                         window.yields, last_id, last_len)
-        windows[window.window_id] = weight
+        base = window if not (window.shadow_launch_ns or window.shadow_ns) else last.base
+        paced = since_shadows(window, base)
+        pace = pace_ratio(paced)
+        self._last[window.pid] = _Totals(window.covered_ns, window.elapsed_ns, window.linger_ns, parts,
+                                         window.yields, last_id, last_len, window.window_id,
+                                         (pace, linger_pace(paced, pace)), base=base)
+        windows[window.window_id] = parts
         while len(windows) > self.max_windows:
             windows.popitem(last=False)
-        return weight, max(covered, 0), max(elapsed, 0)
+        return self._weigh(window.pid, parts), max(covered, 0), max(elapsed, 0)
 
-    @staticmethod
-    def _outside(window: Window, outside_ns: int, lingered_ns: int) -> float:
-        """``outside_ns`` of time outside windows, ``lingered_ns`` of it in lingers, as the time in windows that saw
-        as much of the program's work."""
-        pace = pace_ratio(window)
-        lingered = min(max(lingered_ns, 0), outside_ns)
-        return linger_pace(window, pace) * lingered + pace * (outside_ns - lingered)
+    def _weigh(self, pid: int, parts: _Parts) -> float:
+        pace, lingering = self.paces(pid)
+        return 1.0 + pace * parts.plain + lingering * parts.lingered
 
     def take_tail(self, pid: int) -> tuple[int, float] | None:
-        """(window id, added weight) when the record just added gave ``pid``'s last window the time after it."""
-        return self._tails.pop(pid, None)
+        """(window id, added weight at the paces known now) when the record just added gave ``pid``'s last window the
+        time after it."""
+        tail = self._tails.pop(pid, None)
+        return None if tail is None else (tail[0], self._weigh(pid, tail[1]) - 1.0)
 
     def weight(self, pid: int, window_id: int) -> float | None:
-        """The weight of a closed window, None while it is still open (or unknown)."""
-        windows = self._weights.get(pid)
-        return windows.get(window_id) if windows else None
+        """The weight of a closed window at the paces known now, None while it is still open (or unknown)."""
+        windows = self._parts.get(pid)
+        parts = windows.get(window_id) if windows else None
+        return None if parts is None else self._weigh(pid, parts)
 
     def latest(self, pid: int) -> float:
         """The weight of the process's last closed window (1.0 before any): for work whose window never closed."""
         last = self._last.get(pid)
-        return last.weight if last else 1.0
+        return self._weigh(pid, last.parts) if last else 1.0
+
+    def paces(self, pid: int) -> tuple[float, float]:
+        """(pace, linger pace) as the process's newest record gives them (1, 1 before any)."""
+        last = self._last.get(pid)
+        return last.paces if last else (1.0, 1.0)
+
+    def newest(self, pid: int) -> int:
+        """The window id of the process's newest record (0 before any)."""
+        last = self._last.get(pid)
+        return last.newest_id if last else 0
 
     def forget_process(self, pid: int) -> None:
-        self._weights.pop(pid, None)
+        self._parts.pop(pid, None)
         self._last.pop(pid, None)
         self._tails.pop(pid, None)
+
+
+def _outside(outside_ns: int, lingered_ns: int, covered_ns: int) -> _Parts:
+    """``outside_ns`` of time outside windows, ``lingered_ns`` of it in lingers, per ns of ``covered_ns``."""
+    lingered = min(max(lingered_ns, 0), outside_ns)
+    return _Parts((outside_ns - lingered) / covered_ns, lingered / covered_ns)

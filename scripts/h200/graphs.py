@@ -34,13 +34,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
+INTERVAL_S = float(os.environ.get("GRAPHS_INTERVAL_S", "10"))  # drains apart: the agent's default profiling interval
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from verify_gpu_time import WindowedSource, debug_records, write_report  # noqa: E402
 
 from otel_gpu.cuda import abi  # noqa: E402
-from otel_gpu.cuda.join import WindowWeights, linger_pace, pace_ratio  # noqa: E402
+from otel_gpu.cuda.join import WindowWeights, pace_ratio  # noqa: E402
 from otel_gpu.errors import SourceUnavailable  # noqa: E402
 from otel_gpu.profiles.model import FrameKind, Sample  # noqa: E402
 
@@ -190,12 +191,16 @@ def diagnose(records: list[abi.Record], lines: list[str], nodes: int | None = 60
                      f"give replayed / eager in [{low:.3f}, {high:.3f}]")
     if windows:
         last = windows[-1]
+        weights = WindowWeights()
+        for window in windows:
+            weights.add(window)
+        pace, lingering = weights.paces(last.pid)  # counted from when the shadows began, as the agent does
         lines.append(f"- last window: covered {last.covered_ns / 1e9:.3f} s of {last.elapsed_ns / 1e9:.3f} s, "
                      f"dropped {last.dropped}, launches {last.launches}; pace by launches: {last.launches_total} in "
                      f"windows, {last.shadow_launches} in {last.shadow_launch_ns / 1e9:.3f} s of shadows "
-                     f"counting only, weights' pace {pace_ratio(last):.3f}; lingers {last.linger_ns / 1e9:.3f} s "
-                     f"with {last.linger_launches} launches counted, weighted at "
-                     f"{linger_pace(last, pace_ratio(last)):.3f}")
+                     f"counting only, weights' pace {pace:.3f} (from the start {pace_ratio(last):.3f}); lingers "
+                     f"{last.linger_ns / 1e9:.3f} s with {last.linger_launches} launches counted, weighted at "
+                     f"{lingering:.3f}")
 
 
 BOOTSTRAP = 2000
@@ -262,9 +267,12 @@ def eager_weighting(launches: list[abi.Launch], launch_ns: list[int], windows: l
     stands_for = sum(weight[w] * covered[w] for w in covered)
     even = stands_for / sum(covered.values()) if sum(covered.values()) else 0.0
     heaviest = sorted(known, key=lambda w: per_window[w][1] * weight[w], reverse=True)[:3]
+    pid = windows[-1].pid
+    at_last = sum(per_window[w][1] * (weights.weight(pid, w) or weight[w]) for w in known)
     first = min(weight)
     lines.append(f"- eager weighting: {count:.0f} sampled launches, {time_ns / 1e6:.1f} ms of kernels in {len(known)} "
-                 f"windows; weighted by window {weighted_count:,.0f} launches, {weighted_ns / 1e6:.1f} ms; the same "
+                 f"windows; weighted by window {weighted_count:,.0f} launches, {weighted_ns / 1e6:.1f} ms (at the "
+                 f"paces known at each close; at the run's last paces {at_last / 1e6:.1f} ms); the same "
                  f"windows' total weight spread evenly (x{even:.1f}): {count * even:,.0f} launches, "
                  f"{time_ns * even / 1e6:.1f} ms; first window (id {first}) weight {weight[first]:.1f} "
                  f"({per_window[first][0]:.0f} launches); heaviest windows' shares of the weighted time: "
@@ -288,8 +296,9 @@ def eager_weighting(launches: list[abi.Launch], launch_ns: list[int], windows: l
 
 def window_table(launches: list[abi.Launch], windows: list[abi.Window], path: Path) -> None:
     """One CSV row per window, in order: when it opened, its length, the gap and linger before it, the weight it got
-    with the pace and linger pace as known at its close (the totals behind them too), and its sampled launches by
-    kind: where a function's weighted total comes from, window by window."""
+    with the pace and linger pace as known at its close (the totals behind them too), its sampled launches by kind,
+    and its weight at the run's last paces (the agent weights an interval's windows at the paces known at its drain:
+    between the two): where a function's weighted total comes from, window by window."""
     kinds: dict[int, Counter[int]] = defaultdict(Counter)
     for launch in launches:
         kinds[launch.window_id][launch.kind] += 1
@@ -298,18 +307,20 @@ def window_table(launches: list[abi.Launch], windows: list[abi.Window], path: Pa
     named = (abi.LAUNCH_KERNEL, abi.LAUNCH_GRAPH, abi.LAUNCH_MEMCPY)
     first = windows[0].start_ns if windows else 0
     rows = ["window_id,opened_s,covered_ms,gap_ms,linger_ms,weight,pace,linger_pace,launches_total,shadow_launches,"
-            "shadow_launch_ms,linger_launches,kernels,graphs,copies,other"]
+            "shadow_launch_ms,linger_launches,kernels,graphs,copies,other,weight_at_last_pace"]
     for window in windows:
         weight, covered, elapsed = weights.add(window)
-        pace = pace_ratio(window)
+        pace, lingering = weights.paces(window.pid)
         linger = lingered.get(window.window_id, 0)
         seen = kinds.get(window.window_id, Counter())
         other = sum(n for kind, n in seen.items() if kind not in named)
         rows.append(f"{window.window_id},{(window.start_ns - first) / 1e9:.4f},{covered / 1e6:.3f},"
                     f"{(elapsed - covered) / 1e6:.3f},{linger / 1e6:.3f},{weight:.3f},{pace:.4f},"
-                    f"{linger_pace(window, pace):.4f},{window.launches_total},{window.shadow_launches},"
+                    f"{lingering:.4f},{window.launches_total},{window.shadow_launches},"
                     f"{window.shadow_launch_ns / 1e6:.3f},{window.linger_launches},{seen[abi.LAUNCH_KERNEL]},"
                     f"{seen[abi.LAUNCH_GRAPH]},{seen[abi.LAUNCH_MEMCPY]},{other}")
+    rows[1:] = [f"{row},{weights.weight(window.pid, window.window_id) or 0.0:.3f}"
+                for row, window in zip(rows[1:], windows, strict=True)]
     path.write_text("\n".join(rows) + "\n")
 
 
@@ -400,21 +411,35 @@ def measure(program: str, seconds: float, lines: list[str], workload_env: dict[s
         source.drain()
         debug = work / "debug.bin"
         run_env = dict(env, OTEL_GPU_DEBUG_FILE=str(debug), OTEL_GPU_DEBUG_STATS="1", **workload_env)
-        done = subprocess.run([sys.executable, "-m", "otel_gpu", "inject", "--", sys.executable,
-                               str(work / "program.py"), "measure", str(seconds), str(work / "measured.json")],
-                              env=run_env, capture_output=True, text=True, timeout=seconds + 400)
-        lines += ["", "```", *[ln for ln in done.stderr.splitlines() if ln.startswith("otel-gpu")][-12:], "```"]
-        if done.returncode != 0:
-            lines.append(f"- the measured run exited {done.returncode}: {done.stderr[-1500:]}")
+        stderr_path = work / "measured.stderr"
+        with stderr_path.open("w") as stderr:
+            program = subprocess.Popen([sys.executable, "-m", "otel_gpu", "inject", "--", sys.executable,
+                                        str(work / "program.py"), "measure", str(seconds), str(work / "measured.json")],
+                                       env=run_env, stdout=subprocess.DEVNULL, stderr=stderr)
+            # drained as the agent does, every profiling interval: each interval's windows are weighted at the pace
+            # known at its drain
+            batches, deadline = [], time.monotonic() + seconds + 400
+            while program.poll() is None and time.monotonic() < deadline:
+                time.sleep(min(INTERVAL_S, max(0.0, deadline - time.monotonic())))
+                batches.append(source.drain()[0])
+            if program.poll() is None:
+                program.kill()
+            returncode = program.wait()
+        errors = stderr_path.read_text(errors="replace")
+        lines += ["", "```", *[ln for ln in errors.splitlines() if ln.startswith("otel-gpu")][-12:], "```"]
+        if returncode != 0:
+            lines.append(f"- the measured run exited {returncode}: {errors[-1500:]}")
             return None
         measured = json.loads((work / "measured.json").read_text())
         time.sleep(0.5)
         source.poll_now()
-        gpu, _ = source.drain()
-        samples = [sample for process in gpu.processes if process.process.pid == measured["pid"]
+        batches.append(source.drain()[0])
+        samples = [sample for gpu in batches for process in gpu.processes if process.process.pid == measured["pid"]
                    for sample in process.samples]
-        return Run(reference, measured, samples, gpu.sampling_fraction, debug_records(debug, measured["pid"]),
-                   source.join_stats(), dict(source.library_dropped))
+        lines.append(f"- drained every {INTERVAL_S:.0f} s as the agent's profiling interval: {len(batches)} drains")
+        pid = measured["pid"]
+        return Run(reference, measured, samples, source.fraction(pid), debug_records(debug, pid), source.join_stats(),
+                   dict(source.library_dropped))
     finally:
         source.close()
 

@@ -11,7 +11,7 @@ import pytest
 from otel_gpu import selfmetrics, semconv
 from otel_gpu.cuda import abi
 from otel_gpu.cuda.accounting import GPUTimeAccounting
-from otel_gpu.cuda.join import GPUWork
+from otel_gpu.cuda.join import PACE_PRIOR_LAUNCHES, GPUWork
 from otel_gpu.cuda.stacks import StackFrames
 from otel_gpu.procfs import ProcessInfo, ProcessResolver
 from otel_gpu.profiles.model import Frame, Mapping, ProfileBatch
@@ -52,10 +52,10 @@ def test_work_waits_for_its_window_and_is_weighted_by_it() -> None:
     accounting.observe_work(lambda work, weight: seen.append((work, weight)))
     accounting.handle(launch(10, 1, window=3))
     accounting.handle(kernel(10, 1, 200, name="relu"))
-    assert seen == []  # window 3 has not closed: its weight is unknown
     accounting.handle(window(10, 3, covered_ns=100, elapsed_ns=500))  # weight 5
-    assert [(w.activity.name, weight) for w, weight in seen] == [("relu", 5.0)]
+    assert seen == []  # held for the drain, weighted at the pace known then
     gpu, waits = accounting.drain(now_ns=3_000)
+    assert [(w.activity.name, weight) for w, weight in seen] == [("relu", 5.0)]
     assert _values(gpu) == {(10, "relu"): 1000}
     assert (gpu.start_unix_nano, gpu.duration_nano) == (1_000, 2_000)
     assert gpu.sampling_fraction == pytest.approx(0.2)
@@ -71,12 +71,41 @@ def test_counters_add_up_weighted_launches_times_and_coverage() -> None:
     accounting.handle(window(10, 2, covered_ns=300, elapsed_ns=1600, launches=1))  # weight 3 over the new 600 ns
     accounting.handle(sync(11, 700, weight=2))
     counters = {c.info.pid: c for c in accounting.process_counters()}
+    assert counters[10].launches == 0 and counters[10].kernel_time_ns == 0  # weighted at the drain, as the profile
+    accounting.drain(now_ns=2_000)
+    counters = {c.info.pid: c for c in accounting.process_counters()}
     assert counters[10].launches == pytest.approx(2 * 10 + 1 * 3)
     assert counters[10].kernel_time_ns == pytest.approx(300)
     assert (counters[10].covered_ns, counters[10].elapsed_ns) == (300, 1600)
     assert counters[11].sync_wait_ns == 1400 and counters[11].kernel_time_ns == 0
     counters[10].launches = 0  # a copy: the accounting's own totals do not change
     assert accounting.process_counters()[0].launches == pytest.approx(23)
+
+
+def test_an_intervals_windows_are_weighted_at_the_pace_known_when_it_is_drained() -> None:
+    """The pace (how much faster the program runs outside windows) rests on a handful of launches after one window:
+    a program's first window fell where it launched 8x faster in the gaps, the rest of its first interval showed 2x.
+    Every window of the interval is weighted at the pace of all of them, the first one too (at its close it would
+    have stood for 8x the work of its gap)."""
+    accounting, _ = _accounting({10})
+
+    def paced(window_id: int, launches_total: int, shadow_launches: int) -> abi.Window:
+        # 1 ms windows, 9 ms gaps; shadow windows counted launches for as long as the windows lasted
+        w = window(10, window_id, covered_ns=window_id * 10**6, elapsed_ns=window_id * 10**7, launches=1)
+        return replace(w, launches_total=launches_total, shadow_launches=shadow_launches,
+                       shadow_launch_ns=window_id * 10**6)
+
+    accounting.handle(launch(10, 1, window=1))
+    accounting.handle(kernel(10, 1, 100, name="first"))
+    accounting.handle(paced(1, 1_000, 8_000))  # pace 8 from its 1,000 launches (7.4, shrunk by the prior)
+    accounting.handle(launch(10, 2, window=2))
+    accounting.handle(kernel(10, 2, 100, name="second"))
+    accounting.handle(paced(2, 100_000, 200_000))  # over both windows: 2x, on 100,000 launches
+    gpu, _ = accounting.drain(now_ns=3_000)
+    pace = 1 + (200_000 / 100_000 - 1) * 100_000 / (100_000 + PACE_PRIOR_LAUNCHES)
+    weighted = pytest.approx(100 * (1 + 9 * pace), abs=1)  # whole ns
+    assert _values(gpu) == {(10, "first"): weighted, (10, "second"): weighted}
+    assert accounting.process_counters()[0].launches == pytest.approx(2 * (1 + 9 * pace))
 
 
 def test_the_time_after_the_last_window_is_stood_for_by_it() -> None:

@@ -55,7 +55,8 @@ def test_the_diagnosis_counts_each_graph_launchs_kernel_records(graphs) -> None:
     # the eager kernels' time as a distribution (a mean above the median on the H200: where the tail is)
     assert "eager kernel records' time: n 720, mean 1.90 us, p50 1.90, p90 1.90" in text
     # equal windows: the weighted eager total is the evenly spread one
-    assert "weighted by window 72,000 launches, 136.8 ms; the same windows' total weight spread evenly (x100.0): " \
+    assert "weighted by window 72,000 launches, 136.8 ms (at the paces known at each close; at the run's last paces " \
+        "136.8 ms); the same windows' total weight spread evenly (x100.0): " \
         "72,000 launches, 136.8 ms" in text
 
 
@@ -127,6 +128,7 @@ def test_the_window_table_gives_each_window_its_weight_and_what_it_sampled(graph
     row = [dict(zip(header, values, strict=True)) for values in rows]
     assert [r["window_id"] for r in row] == ["1", "2", "3", "4"]
     assert [float(r["weight"]) for r in row] == [100.0] * 4
+    assert [float(r["weight_at_last_pace"]) for r in row] == [100.0] * 4  # no launches counted outside: pace 1
     assert [float(r["gap_ms"]) for r in row] == [99.0] * 4
     assert [(r["kernels"], r["graphs"], r["copies"]) for r in row] == [("60", "0", "0"), ("60", "1", "0"),
                                                                       ("60", "0", "0"), ("60", "1", "0")]

@@ -48,6 +48,7 @@ def test_bookkeeping_of_two_windows(verify, tmp_path: Path) -> None:  # type: ig
     source.handle(launch(10, 1, window=2, timestamp_ns=2050))
     source.handle(kernel(10, 1, 40))
     source.handle(abi.Window(10, 2, 2000, 2100, 200, 2000, 1, 0, 0, open_us=9))
+    source.accounting.drain(now_ns=3_000)  # the work is weighted at the drain
 
     counts = source.executions[10]
     assert counts["_Z6matmulPfS_S_i"] == pytest.approx(30.0)  # 3 sampled executions x weight 10

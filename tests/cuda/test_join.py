@@ -7,7 +7,7 @@ import pytest
 
 from otel_gpu.cuda import abi
 from otel_gpu.cuda.join import (PACE_PRIOR_LAUNCHES, PACE_PRIOR_WAITS, Joiner, WindowWeights, linger_pace,
-                                measured_pace, pace_ratio)
+                                measured_pace, pace_ratio, since_shadows)
 from tests.cuda.records import kernel, launch, window
 
 
@@ -166,6 +166,31 @@ def test_a_launch_bound_program_is_paced_by_its_launches() -> None:
 def lingering(w: abi.Window, linger_ns: int, linger_launches: int) -> abi.Window:
     w.linger_ns, w.linger_launches = linger_ns, linger_launches
     return w
+
+
+def test_the_pace_counts_windows_from_when_the_shadows_began() -> None:
+    """An H100 run: the program's first 14 windows (5 ms each, imports and warm-up) saw no launch and no shadow window
+    counted anything; then a window saw 105 launches in 5 ms and a shadow 220 in 5 ms. Counted from the start, the
+    windows' rate took in the warm-up's 70 ms without launches: 8x (the bound) where the program kept 2.1x."""
+    weights = WindowWeights()
+    for window_id in range(1, 15):
+        weights.add(window(10, window_id, covered_ns=window_id * 5_000_000, elapsed_ns=window_id * 25_000_000))
+    first = window(10, 15, covered_ns=75_000_000, elapsed_ns=400_000_000, launches=105)
+    first.launches_total, first.shadow_launches, first.shadow_launch_ns = 105, 220, 5_000_000
+    pace = 1 + (220 / 105 - 1) * 105 / (105 + PACE_PRIOR_LAUNCHES)
+    assert pace_ratio(first) == 8.0  # from the start
+    assert pace_ratio(since_shadows(first, None)) == 8.0
+    weight, covered, elapsed = weights.add(first)
+    assert weight == pytest.approx(1 + pace * (elapsed - covered) / covered)
+    # the totals restart (the library re-attached): counted from the new start until shadows count again
+    again = window(10, 16, covered_ns=5_000_000, elapsed_ns=50_000_000)
+    again.launches_total = 100
+    weights.add(again)
+    then = window(10, 17, covered_ns=10_000_000, elapsed_ns=100_000_000)
+    then.launches_total, then.shadow_launches, then.shadow_launch_ns = 200, 400, 5_000_000
+    paced = since_shadows(then, again)
+    assert (paced.covered_ns, paced.launches_total) == (5_000_000, 100)
+    assert weights.add(then)[0] == pytest.approx(1 + pace_ratio(paced) * 45 / 5)
 
 
 def test_time_spent_lingering_counts_at_the_pace_of_its_own_launches() -> None:
