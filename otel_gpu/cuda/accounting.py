@@ -45,8 +45,9 @@ MAX_HELD_SYNCS = 65536  # waits held for their collectives, all processes: past 
 SETTLE_LAG_NS = 1_000_000_000
 MAX_LEAVES = 4096  # leaf frames of GPU work kept by kernel, copy or set (past it, kept afresh)
 # pieces of GPU work held for the drain, all processes (past it, the oldest is weighted at once with what is known then:
-# at a 20 % budget an H200 program's tiny eager kernels gave 2,200 a second)
-MAX_HELD_WORK = 1 << 16
+# at a 20 % budget an H100 program's tiny eager kernels gave 4,000 a second). Each holds its launch and activity (their
+# stack and kernel name shared with the interval's other pieces: ~0.5 KB), so at most ~16 MB.
+MAX_HELD_WORK = 1 << 15
 MAX_TAIL_PIECES = 4096  # a process's last window's work kept by thread, stack and kernel, for the time after it
 # exited processes whose counters wait for a metrics collection to read their last values (past it, oldest first go:
 # with no metrics reader at all, they would wait for ever)
@@ -112,6 +113,7 @@ class GPUTimeAccounting:
         self._graphs = GraphReplayWeights() if count_graphs else None
         self._unsampled_seen = 0
         self._held: deque[tuple[GPUWork, int]] = deque()  # joined work held for the drain, drains waited
+        self._shared: dict[object, object] = {}  # the held work's stacks and kernel names, one object each (drains)
         self._held_launches: dict[tuple[int, int], int] = {}  # (pid, window) -> launches it sampled, for the drain
         self._last_windows: dict[int, _LastWindow] = {}
         self._waits = CollectiveWaits()
@@ -262,7 +264,10 @@ class GPUTimeAccounting:
         counters.yielded_ns = window.yielded_ns
 
     def _account(self, work: GPUWork) -> None:
-        """Holds ``work`` for the drain, when its window's weight takes the pace of every window so far."""
+        """Holds ``work`` for the drain, when its window's weight takes the pace of every window so far (its stack and
+        kernel name shared with the held work's equal ones: a loop's launches repeat a few stacks)."""
+        work.launch.stack = self._shared.setdefault(work.launch.stack, work.launch.stack)  # type: ignore[assignment]
+        work.activity.name = self._shared.setdefault(work.activity.name, work.activity.name)  # type: ignore[assignment]
         self._held.append((work, 0))
         if len(self._held) > MAX_HELD_WORK:  # bounded memory: the oldest goes with what is known now
             oldest = self._held.popleft()[0]
@@ -412,6 +417,7 @@ class GPUTimeAccounting:
                 weight = self._weights.latest(launch.pid)
             self._add_work(work, weight)
         self._held = still
+        self._shared.clear()
         for (pid, window_id), launches in self._held_launches.items():
             self._counter(pid).launches += launches * (self._weights.weight(pid, window_id) or 1.0)
         self._held_launches.clear()

@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import resource
 import statistics
 import subprocess
 import sys
@@ -436,7 +437,9 @@ def measure(program: str, seconds: float, lines: list[str], workload_env: dict[s
         batches.append(source.drain()[0])
         samples = [sample for gpu in batches for process in gpu.processes if process.process.pid == measured["pid"]
                    for sample in process.samples]
-        lines.append(f"- drained every {INTERVAL_S:.0f} s as the agent's profiling interval: {len(batches)} drains")
+        peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # before the debug file is read
+        lines.append(f"- drained every {INTERVAL_S:.0f} s as the agent's profiling interval: {len(batches)} drains; "
+                     f"this process (the GPU-time source, no other) peak RSS {peak_mb:.1f} MB")
         pid = measured["pid"]
         return Run(reference, measured, samples, source.fraction(pid), debug_records(debug, pid), source.join_stats(),
                    dict(source.library_dropped))

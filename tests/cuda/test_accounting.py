@@ -10,6 +10,7 @@ import pytest
 
 from otel_gpu import selfmetrics, semconv
 from otel_gpu.cuda import abi
+from otel_gpu.cuda import accounting as accounting_module
 from otel_gpu.cuda.accounting import GPUTimeAccounting
 from otel_gpu.cuda.join import PACE_PRIOR_LAUNCHES, GPUWork
 from otel_gpu.cuda.stacks import StackFrames
@@ -106,6 +107,22 @@ def test_an_intervals_windows_are_weighted_at_the_pace_known_when_it_is_drained(
     weighted = pytest.approx(100 * (1 + 9 * pace), abs=1)  # whole ns
     assert _values(gpu) == {(10, "first"): weighted, (10, "second"): weighted}
     assert accounting.process_counters()[0].launches == pytest.approx(2 * (1 + 9 * pace))
+
+
+def test_held_work_is_bounded_the_oldest_weighted_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past :data:`MAX_HELD_WORK` pieces held for the drain, the oldest is weighted with what is known then (its
+    window's weight, or the process's last for a window not closed): memory stays bounded, nothing is lost."""
+    monkeypatch.setattr(accounting_module, "MAX_HELD_WORK", 2)
+    accounting, _ = _accounting({10})
+    seen: list[tuple[str, float]] = []
+    accounting.observe_work(lambda work, weight: seen.append((work.activity.name, weight)))
+    accounting.handle(window(10, 1, covered_ns=100, elapsed_ns=500))  # weight 5
+    for corr, name in ((1, "a"), (2, "b"), (3, "c")):
+        accounting.handle(launch(10, corr, window=1))
+        accounting.handle(kernel(10, corr, 10, name=name))
+    assert seen == [("a", 5.0)]
+    accounting.drain(now_ns=3_000)
+    assert seen == [("a", 5.0), ("b", 5.0), ("c", 5.0)]
 
 
 def test_the_time_after_the_last_window_is_stood_for_by_it() -> None:
