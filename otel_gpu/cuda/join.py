@@ -207,19 +207,33 @@ def linger_pace(window: Window, pace: float) -> float:
     return min(max(pace, 1.0), max(PACE_BOUNDS[0], 1.0 + (measured - 1.0) * trust))
 
 
-def since_shadows(window: Window, base: Window | None) -> Window:
-    """``window`` with its windows' and lingers' pace totals counted from ``base``, the process's last record before
-    its shadow windows counted anything (None: from the start): the rates on both sides of the pace then cover the
-    same stretch of the run. Counted from the start, the windows of a program's first second (imports, warm-up: 14
-    windows, no launch) made its windows' launch rate seem 8x slower than its shadows' where it was 2.1x, and the
-    pace took 15 s to come down to 2.5 and was still 3 % high after 40 s (an H100 run of scripts/h200/graphs.py)."""
+def since(window: Window, base: Window | None) -> Window:
+    """``window`` with its pace totals (windows', shadows', lingers') counted from ``base`` (None: from the start)."""
     if base is None:
         return window
     return replace(window, covered_ns=window.covered_ns - base.covered_ns,
                    launches_total=window.launches_total - base.launches_total,
+                   shadow_launches=window.shadow_launches - base.shadow_launches,
+                   shadow_launch_ns=window.shadow_launch_ns - base.shadow_launch_ns,
                    window_waits=window.window_waits - base.window_waits,
+                   shadow_waits=window.shadow_waits - base.shadow_waits, shadow_ns=window.shadow_ns - base.shadow_ns,
                    linger_ns=window.linger_ns - base.linger_ns,
                    linger_launches=window.linger_launches - base.linger_launches)
+
+
+def shadow_paces(window: Window, launch_base: Window | None, wait_base: Window | None) -> tuple[float, float]:
+    """(pace, linger pace) with each side's rates counted over the same stretch of the run: by launches from
+    ``launch_base``, the process's last record before its shadow windows counted launches, by waits from
+    ``wait_base``, its last before they counted waits (None: from the start). Counted from the start, the windows of a
+    program's first second (imports, warm-up: 15 windows, one launch) made its windows' launch rate seem 8x slower than
+    its shadows' where it was 2.1x, and the pace took 15 s to come down to 2.5 (an H100 run of
+    scripts/h200/graphs.py)."""
+    by_launches = since(window, launch_base)
+    if by_launches.launches_total and by_launches.shadow_launches:
+        pace = pace_ratio(by_launches)
+    else:
+        pace = pace_ratio(since(window, wait_base))
+    return pace, linger_pace(by_launches, pace)
 
 
 @dataclass(slots=True)
@@ -244,7 +258,8 @@ class _Totals:
     last_len: int = 0
     newest_id: int = 0  # the newest record's window id
     paces: tuple[float, float] = (1.0, 1.0)  # (pace, linger pace) from the newest record's totals
-    base: Window | None = None  # the last record before the shadow windows counted anything (:func:`since_shadows`)
+    # the last records before the shadow windows counted launches, and waits (:func:`shadow_paces`)
+    bases: tuple[Window | None, Window | None] = (None, None)
 
 
 class WindowWeights:
@@ -303,12 +318,11 @@ class WindowWeights:
         else:
             parts = _outside(elapsed - covered, window.linger_ns - last.lingered, covered)
             last_id, last_len = window.window_id, covered
-        base = window if not (window.shadow_launch_ns or window.shadow_ns) else last.base
-        paced = since_shadows(window, base)
-        pace = pace_ratio(paced)
+        bases = (window if not window.shadow_launch_ns else last.bases[0],
+                 window if not window.shadow_ns else last.bases[1])
         self._last[window.pid] = _Totals(window.covered_ns, window.elapsed_ns, window.linger_ns, parts,
                                          window.yields, last_id, last_len, window.window_id,
-                                         (pace, linger_pace(paced, pace)), base=base)
+                                         shadow_paces(window, *bases), bases)
         windows[window.window_id] = parts
         while len(windows) > self.max_windows:
             windows.popitem(last=False)

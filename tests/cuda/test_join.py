@@ -7,7 +7,7 @@ import pytest
 
 from otel_gpu.cuda import abi
 from otel_gpu.cuda.join import (PACE_PRIOR_LAUNCHES, PACE_PRIOR_WAITS, Joiner, WindowWeights, linger_pace,
-                                measured_pace, pace_ratio, since_shadows)
+                                measured_pace, pace_ratio, since)
 from tests.cuda.records import kernel, launch, window
 
 
@@ -169,18 +169,21 @@ def lingering(w: abi.Window, linger_ns: int, linger_launches: int) -> abi.Window
 
 
 def test_the_pace_counts_windows_from_when_the_shadows_began() -> None:
-    """An H100 run: the program's first 14 windows (5 ms each, imports and warm-up) saw no launch and no shadow window
-    counted anything; then a window saw 105 launches in 5 ms and a shadow 220 in 5 ms. Counted from the start, the
-    windows' rate took in the warm-up's 70 ms without launches: 8x (the bound) where the program kept 2.1x."""
+    """An H100 run: the program's first 14 windows (5 ms each, imports and warm-up) saw no launch, and the shadow
+    windows counted waits but no launch; then a window saw 105 launches in 5 ms and a shadow 220 in 5 ms. Counted from
+    the start, the windows' rate took in the warm-up's 70 ms without launches: 8x (the bound) where the program kept
+    2.1x. The pace by launches counts from the last record before the shadows counted launches, the pace by waits
+    from the last before they counted waits."""
     weights = WindowWeights()
     for window_id in range(1, 15):
-        weights.add(window(10, window_id, covered_ns=window_id * 5_000_000, elapsed_ns=window_id * 25_000_000))
-    first = window(10, 15, covered_ns=75_000_000, elapsed_ns=400_000_000, launches=105)
+        weights.add(window(10, window_id, covered_ns=window_id * 5_000_000, elapsed_ns=window_id * 25_000_000,
+                           shadow_ns=window_id * 5_000_000))
+    first = window(10, 15, covered_ns=75_000_000, elapsed_ns=400_000_000, launches=105, shadow_ns=75_000_000)
     first.launches_total, first.shadow_launches, first.shadow_launch_ns = 105, 220, 5_000_000
     pace = 1 + (220 / 105 - 1) * 105 / (105 + PACE_PRIOR_LAUNCHES)
-    assert pace_ratio(first) == 8.0  # from the start
-    assert pace_ratio(since_shadows(first, None)) == 8.0
+    assert pace_ratio(first) == pace_ratio(since(first, None)) == 8.0  # from the start
     weight, covered, elapsed = weights.add(first)
+    assert weights.paces(10)[0] == pytest.approx(pace)
     assert weight == pytest.approx(1 + pace * (elapsed - covered) / covered)
     # the totals restart (the library re-attached): counted from the new start until shadows count again
     again = window(10, 16, covered_ns=5_000_000, elapsed_ns=50_000_000)
@@ -188,9 +191,17 @@ def test_the_pace_counts_windows_from_when_the_shadows_began() -> None:
     weights.add(again)
     then = window(10, 17, covered_ns=10_000_000, elapsed_ns=100_000_000)
     then.launches_total, then.shadow_launches, then.shadow_launch_ns = 200, 400, 5_000_000
-    paced = since_shadows(then, again)
+    paced = since(then, again)
     assert (paced.covered_ns, paced.launches_total) == (5_000_000, 100)
     assert weights.add(then)[0] == pytest.approx(1 + pace_ratio(paced) * 45 / 5)
+    # a program paced by its waits (no launch counted in shadows): from the last record before shadows counted waits
+    waits = WindowWeights()
+    waits.add(window(11, 1, covered_ns=10**9, elapsed_ns=2 * 10**9))  # 1 s of windows, no wait, no shadow yet
+    paced_w = window(11, 2, covered_ns=2 * 10**9, elapsed_ns=4 * 10**9, window_waits=10_000, shadow_waits=15_000,
+                     shadow_ns=10**9)
+    waits.add(paced_w)
+    assert waits.paces(11)[0] == pytest.approx(1 + 0.5 * 10_000 / (10_000 + PACE_PRIOR_WAITS))
+    assert pace_ratio(paced_w) > 2.9  # from the start: 10,000 waits in 2 s of windows against 15,000 in 1 s
 
 
 def test_time_spent_lingering_counts_at_the_pace_of_its_own_launches() -> None:
