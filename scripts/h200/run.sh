@@ -41,6 +41,23 @@ for step in "${steps[@]}"; do
               [[ $step == issue16 || $step == issue16_matmul ]] && BATON_LOOP=matmul BATON_PER=2 BATON_MODES=P,I,U \
                 timeout 190 python3 scripts/h200/baton.py "$OUT/h200-baton-matmul.md" 110
               true ;;
+    capture_loop) # the segfault in torch.cuda.graph's capture_begin (an H100, twenty-first session: 2 injected runs in
+              # 20, none in 18 plain ones): scripts/h200/graphs.py's program, 3 s each, injected without an agent
+              # (debug mode) as often as fits CAPTURE_LOOP_S (240), then plain as often; crashes with their traces
+              (cd scripts/h200 && python3 -c 'import graphs; open("/tmp/capture.py", "w").write(graphs.PROGRAM)')
+              for mode in injected plain; do
+                t0=$(date +%s); runs=0; bad=0
+                while [ $(( $(date +%s) - t0 )) -lt "${CAPTURE_LOOP_S:-240}" ]; do
+                  cmd=(python3 /tmp/capture.py measure 3 /tmp/capture.json)
+                  [ $mode = injected ] && cmd=(python3 -m otel_gpu inject -- "${cmd[@]}")
+                  PYTHONFAULTHANDLER=1 GRAPHS_COPIES=1 OTEL_GPU_CUDA_GRAPHS=sample OTEL_GPU_WINDOW_MS=5 \
+                    OTEL_GPU_OVERHEAD_BUDGET=0.2 OTEL_GPU_DEBUG_ALWAYS_ON=1 OTEL_GPU_DEBUG_FILE=/tmp/capture.bin \
+                    timeout 60 "${cmd[@]}" > /tmp/capture.txt 2>&1
+                  rc=$?; runs=$((runs + 1))
+                  [ $rc -ne 0 ] && { bad=$((bad + 1)); cp /tmp/capture.txt "$OUT/capture-$mode-$runs.txt"; }
+                done
+                echo "capture_loop $mode: $runs runs, $bad failed" | tee -a "$OUT/h200-capture-loop.md"
+              done ;;
     compiled) timeout 580 python3 scripts/h200/compiled.py "$OUT/h200-compiled.md" ;;  # COMPILED_SECONDS (60)
     span_devices) timeout 200 python3 scripts/h200/span_devices.py "$OUT/h200-span-devices.md" --seconds 40 ;;
     cpu_python) timeout 300 python3 scripts/h200/cpu_python.py "$OUT/h200-cpu-python.md" ;;

@@ -561,6 +561,22 @@ def test_a_graph_instantiated_later_stops_the_finalizing_before_it_runs(injected
     assert "graphs in use 1" in run.stderr
 
 
+def test_a_graph_call_is_never_entered_with_cupti_finalized_under_it(injected_lib: Path, tmp_path: Path) -> None:
+    """An H100 segfaulted in torch.cuda.graph's capture_begin (2 runs in 20 injected, none in 18 without): a finalize
+    the library had asked for was still waiting for an API exit when the program's first graph call came, and the
+    library performed it at that call's entry; the driver went on into the call with CUPTI's state gone. Here the
+    program makes no CUDA call for 300 ms before it instantiates its first graph (windows keep opening, and the
+    finalize after one waits for an exit): the graph call calls the finalize off, and CUPTI stays subscribed."""
+    argv = [str(WORKLOAD), "--steps", "400", "--graph-every", "0", "--graph-from", "200", "--idle-before-graph-ms",
+            "300"]
+    run = run_workload(injected_lib, tmp_path, argv, extra_env={"OTEL_GPU_DEBUG_STATS": "1"})
+    assert run.stats["finalizes"] >= 1  # finalized while the program ran eagerly
+    assert run.stats["finalizes_at_entry"] == 0 and run.stats["finalizes_outside_callbacks"] == 0
+    assert run.stats["graph_faults"] == 0
+    assert "graphs in use 1" in run.stderr
+    assert any(launch.kind == LAUNCH_GRAPH for launch in run.records.launches)  # and graphs were sampled after
+
+
 def test_a_graph_program_that_launches_too_often_for_the_budget_is_left_alone(injected_lib: Path, tmp_path: Path) -> None:
     """Graphs forbid the finalize, and on a real driver a window's activity kinds leave every later launch slower until
     one: when graphs show up before any window, the library counts the launches for a moment and stands aside for

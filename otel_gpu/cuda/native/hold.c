@@ -23,8 +23,9 @@
  * profiler stopped tearing CUPTI down when graphs are in use, pytorch/pytorch#112507, and an H200 saw XID 31 under
  * the finalizing library), so once the process has captured, instantiated or launched a graph CUPTI is never
  * finalized again. The graph calls' callbacks stay on while subscribed, so the first one is seen at its entry; a
- * finalize asked for and not yet performed is performed right there, before anything of a graph happens under that
- * CUPTI. OTEL_GPU_DEBUG_FINALIZE_WITH_GRAPHS=1 finalizes anyway (the crash-prone control).
+ * finalize asked for and not yet performed is called off right there (never performed at an entry: the driver goes
+ * on into the call with CUPTI's state gone, and an H100 segfaulted in torch.cuda.graph's capture_begin, 2 runs in 20,
+ * when it was). OTEL_GPU_DEBUG_FINALIZE_WITH_GRAPHS=1 finalizes anyway (the crash-prone control).
  */
 #include <sched.h>
 #include <stdio.h>
@@ -306,17 +307,13 @@ static void finalize_from_callback(void)
     window_wake(); /* the controller subscribes again at once: waits between windows are recorded again */
 }
 
-int hold_graph_use(void)
+void hold_graph_use(void)
 {
     atomic_fetch_add_explicit(&graph_calls, 1, memory_order_relaxed);
     if (atomic_load_explicit(&graphs_seen, memory_order_relaxed) || g_settings.finalize_with_graphs)
-        return 0;
-    if (atomic_load(&state) == HOLD_ASKED)
-        finalize_from_callback();
-    int finalized = atomic_load(&state) == HOLD_FINALIZED;
-    atomic_store(&graphs_seen, 1);
+        return;
+    atomic_store(&graphs_seen, 1); /* before the call-off: an exit in another thread no longer may finalize */
     move(HOLD_CALL_OFF, HOLD_ASKED);
-    return finalized;
 }
 
 void hold_api_exit(uint32_t wait_kind)

@@ -291,8 +291,8 @@ void CUPTIAPI inject_callback(void *userdata, CUpti_CallbackDomain domain, CUpti
     (void)userdata;
     if (domain == CUPTI_CB_DOMAIN_DRIVER_API && cbid < CUPTI_DRIVER_TRACE_CBID_SIZE) {
         const CUpti_CallbackData *cb = data;
-        if ((g_cbid_class[cbid] & CLASS_GRAPH_USE) && cb->callbackSite == CUPTI_API_ENTER && hold_graph_use())
-            return; /* CUPTI is finalized: nothing of this call is recorded */
+        if ((g_cbid_class[cbid] & CLASS_GRAPH_USE) && cb->callbackSite == CUPTI_API_ENTER)
+            hold_graph_use();
         on_driver_api(cbid, cb);
         /* After this call's own record. At a synchronize's exit: the program's next wait, which CUPTI would not
          * see while it is finalized and not yet taken again, usually comes an iteration later (a blocking copy is

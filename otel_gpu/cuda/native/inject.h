@@ -138,7 +138,7 @@ uint64_t hold_finalize_ns(void);     /* total time API exits spent in cuptiFinal
 uint64_t hold_retake_ns(void);       /* the controller's CPU time taking CUPTI again after finalizes, in all */
 void hold_print_stats(void);         /* OTEL_GPU_DEBUG_STATS lines on finalizes and graphs */
 /* The API side, any thread: */
-int hold_graph_use(void);            /* a graph call's entry; 1 when CUPTI was finalized here (record nothing) */
+void hold_graph_use(void);           /* a graph call's entry: CUPTI is never finalized again (nor here) */
 void hold_api_exit(uint32_t wait_kind); /* an API exit: performs an asked-for finalize where it may */
 
 /* cbids.c */

@@ -16,7 +16,8 @@
  *
  * FAKE_CUPTI_STATS=<path> writes counters at exit ("name value" lines): api_callbacks, resource_callbacks, records_produced,
  * records_delivered, records_dropped, records_lost, enable_calls, subscribes, stale_ids, api_records, finalizes,
- * finalizes_outside_callbacks, graph_faults. One subscriber at a time, as the real CUPTI; cuptiFinalize drops everything it holds.
+ * finalizes_outside_callbacks, finalizes_at_entry, graph_faults. One subscriber at a time, as the real CUPTI; cuptiFinalize
+ * drops everything it holds.
  * CUDA graphs and cuptiFinalize, as PyTorch's profiler found and an H200 showed (XID 31 in a torch.compile
  * "reduce-overhead" program): a graph whose kernels ran while a kernel activity kind was on is instrumented by that
  * CUPTI; once CUPTI has been finalized and subscribed again, every kernel of that graph that runs counts as a GPU
@@ -64,8 +65,8 @@ static size_t pending_count, pending_capacity;
 
 static _Atomic uint64_t api_callbacks, resource_callbacks, records_produced, records_delivered, records_dropped,
     records_lost, enable_calls, subscribes, dropped_since_query, stale_ids, api_records, finalizes,
-    finalizes_outside_callbacks, graph_faults;
-static _Thread_local int in_api_callback;
+    finalizes_outside_callbacks, finalizes_at_entry, graph_faults;
+static _Thread_local int in_api_callback; /* 0: no, 1: an API entry's callback, 2: an exit's */
 #define MAX_GRAPHS 1024
 static _Atomic uint32_t generation;           /* cuptiFinalize calls so far: each starts a new CUPTI */
 static _Atomic uint32_t instrumented[MAX_GRAPHS]; /* graph id -> 1 + the generation that instrumented it, 0: never */
@@ -150,7 +151,7 @@ static void invoke(struct fake_call *call, CUpti_ApiCallbackSite site)
         .correlationId = call->correlation_id,
     };
     atomic_fetch_add(&api_callbacks, 1);
-    in_api_callback = 1;
+    in_api_callback = site == CUPTI_API_ENTER ? 1 : 2;
     callback(callback_userdata, CUPTI_CB_DOMAIN_DRIVER_API, call->cbid, &data);
     in_api_callback = 0;
 }
@@ -357,13 +358,18 @@ API CUptiResult CUPTIAPI cuptiUnsubscribe(CUpti_SubscriberHandle subscriber)
 
 /* Everything CUPTI holds is gone: the subscriber and its callbacks, the activity kinds, the buffer callbacks, and
  * the records not yet handed over (counted in records_lost). CUPTI's documentation asks for the call from an API
- * callback's exit when other threads may be in CUDA; calls from anywhere else count in finalizes_outside_callbacks. */
+ * callback's exit when other threads may be in CUDA; calls from anywhere else count in finalizes_outside_callbacks,
+ * and those from an entry's callback in finalizes_at_entry too: the driver goes on into the call with CUPTI's state
+ * gone (an H100 segfaulted in torch.cuda.graph's capture_begin, 2 runs in 20, when the library finalized at
+ * cuStreamBeginCapture's entry). */
 API CUptiResult CUPTIAPI cuptiFinalize(void)
 {
     atomic_fetch_add(&finalizes, 1);
     atomic_fetch_add(&generation, 1);
-    if (!in_api_callback)
+    if (in_api_callback != 2)
         atomic_fetch_add(&finalizes_outside_callbacks, 1);
+    if (in_api_callback == 1)
+        atomic_fetch_add(&finalizes_at_entry, 1);
     cuptiUnsubscribe(NULL);
     atomic_store(&kernel_on, 0);
     atomic_store(&memcpy_on, 0);
@@ -577,12 +583,14 @@ __attribute__((destructor)) static void write_stats(void)
         return;
     fprintf(f, "api_callbacks %llu\nresource_callbacks %llu\nrecords_produced %llu\nrecords_delivered %llu\n"
                "records_dropped %llu\nrecords_lost %llu\nenable_calls %llu\nsubscribes %llu\nstale_ids %llu\n"
-            "api_records %llu\nfinalizes %llu\nfinalizes_outside_callbacks %llu\ngraph_faults %llu\n",
+            "api_records %llu\nfinalizes %llu\nfinalizes_outside_callbacks %llu\nfinalizes_at_entry %llu\n"
+            "graph_faults %llu\n",
             (unsigned long long)api_callbacks, (unsigned long long)resource_callbacks,
             (unsigned long long)records_produced,
             (unsigned long long)records_delivered, (unsigned long long)records_dropped,
             (unsigned long long)records_lost, (unsigned long long)enable_calls, (unsigned long long)subscribes,
             (unsigned long long)stale_ids, (unsigned long long)api_records, (unsigned long long)finalizes,
-            (unsigned long long)finalizes_outside_callbacks, (unsigned long long)graph_faults);
+            (unsigned long long)finalizes_outside_callbacks, (unsigned long long)finalizes_at_entry,
+            (unsigned long long)graph_faults);
     fclose(f);
 }

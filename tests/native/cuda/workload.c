@@ -35,6 +35,8 @@
  *   --mixed N replaces the training loop by N iterations of a launch-bound program that replays a graph and launches
  *   eagerly in turn (as scripts/h200/graphs.py on a GPU): 4 launch_graph calls (2.4 ms of kernels), then 1200
  *   launch_tiny calls (100 ns kernels, each after --mixed-cpu-us (10) of the program's own CPU time), then sync_point.
+ *   --idle-before-graph-ms MS: with --graph-from, the program makes no CUDA call for MS before it instantiates the
+ *   graph (CPU work, a data loader's stall), so the graph call is the first call the library sees after it.
  *   --tiny N replaces the training loop by a launch-bound one: N launches of "tiny_kernel" (100 ns), waiting every 1000.
  *   --exit-at STEP exits in the middle of step STEP (after its launches, before any wait): a crash-free exit
  *   mid-stream. --no-init never calls cuInit (the library is never loaded).
@@ -317,6 +319,7 @@ NOINLINE void profile_session(int step, int at, int every, int length)
 
 static CUgraph built_graph;
 static int graph_from = -1; /* --graph-from STEP: instantiate the graph only then, and launch it every 2 steps */
+static long idle_before_graph_ms;
 
 static void setup(void)
 {
@@ -380,6 +383,8 @@ int main(int argc, char **argv)
             lag_pace_us = atol(argv[++i]);
         else if (strcmp(argv[i], "--graph-from") == 0 && i + 1 < argc)
             graph_from = atoi(argv[++i]);
+        else if (strcmp(argv[i], "--idle-before-graph-ms") == 0 && i + 1 < argc)
+            idle_before_graph_ms = atol(argv[++i]);
         else if (strcmp(argv[i], "--profiler-lib") == 0 && i + 1 < argc)
             load_profiler(argv[++i]);
         else if (strcmp(argv[i], "--profile-at") == 0 && i + 1 < argc)
@@ -401,7 +406,7 @@ int main(int argc, char **argv)
         else {
             fprintf(stderr, "usage: %s [--steps N] [--graph-every K] [--exit-at STEP] [--no-init] [--tiny N] [--skip-exit-handlers]"
                             " [--lagged-pace-us US] [--mixed N [--mixed-cpu-us US]] [--side-stream] [--fork-children] [--take-cupti]"
-                            " [--graph-from STEP] [--graph-phases N [--graph-execs K]] [--profiler-lib PATH --profile-at STEP [--profile-every K] [--profile-steps N]]\n",
+                            " [--graph-from STEP [--idle-before-graph-ms MS]] [--graph-phases N [--graph-execs K]] [--profiler-lib PATH --profile-at STEP [--profile-every K] [--profile-steps N]]\n",
                     argv[0]);
             return 2;
         }
@@ -430,6 +435,7 @@ int main(int argc, char **argv)
     for (int step = 0; step < steps && lag_pace_us == 0; step++) {
         profile_session(step, profile_at, profile_every, profile_steps);
         if (step == graph_from) {
+            spin_ns(idle_before_graph_ms * 1000000L);
             CHECK(cuGraphInstantiate(&graph_exec, built_graph, 0));
             graph_every = 2;
         }
