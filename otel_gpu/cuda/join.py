@@ -172,11 +172,12 @@ def measured_pace(window: Window) -> tuple[float, float] | None:
     """How much faster the program ran outside windows than inside, and how far to trust it (0..1: the fewer side's
     count over itself plus its prior): launches per second in the gaps' shadow windows (counting only) over launches
     per second in windows, or, for a library that counted no launches in shadows, the same by blocking waits (totals
-    since the library started); None until both sides have seen one."""
-    if window.launches_total and window.shadow_launches and window.covered_ns and window.shadow_launch_ns:
+    since the library started, or since a base: :func:`since`); None until both sides have seen one (a count below
+    its base, from a garbled record, is none)."""
+    if min(window.launches_total, window.shadow_launches, window.covered_ns, window.shadow_launch_ns) > 0:
         pace = (window.shadow_launches / window.shadow_launch_ns) / (window.launches_total / window.covered_ns)
         seen, prior = min(window.launches_total, window.shadow_launches), PACE_PRIOR_LAUNCHES
-    elif window.window_waits and window.shadow_waits and window.covered_ns and window.shadow_ns:
+    elif min(window.window_waits, window.shadow_waits, window.covered_ns, window.shadow_ns) > 0:
         pace = (window.shadow_waits / window.shadow_ns) / (window.window_waits / window.covered_ns)
         seen, prior = min(window.window_waits, window.shadow_waits), PACE_PRIOR_WAITS
     else:
@@ -199,8 +200,8 @@ def linger_pace(window: Window, pace: float) -> float:
     kinds on) than in windows: launches per second counted in lingers over those in windows (totals since the library
     started), shrunk toward 1 (a window's pace) while few were seen, and at most ``pace`` (the shadows': nothing runs
     faster than undisturbed)."""
-    if not (window.linger_ns and window.launches_total and window.covered_ns):
-        return 1.0
+    if min(window.linger_ns, window.launches_total, window.covered_ns) <= 0 or window.linger_launches < 0:
+        return 1.0  # nothing lingered or launched in windows yet, or a count below its base (garbled)
     measured = (window.linger_launches / window.linger_ns) / (window.launches_total / window.covered_ns)
     seen = min(window.launches_total, window.linger_launches)
     trust = seen / (seen + PACE_PRIOR_LAUNCHES)

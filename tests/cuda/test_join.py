@@ -204,6 +204,21 @@ def test_the_pace_counts_windows_from_when_the_shadows_began() -> None:
     assert pace_ratio(paced_w) > 2.9  # from the start: 10,000 waits in 2 s of windows against 15,000 in 1 s
 
 
+def test_garbled_totals_that_fall_below_their_base_give_no_pace() -> None:
+    """Totals that go down without the library restarting (a garbled record): counted from the base they are negative,
+    and the pace falls back to 1 instead of dividing by a negative count plus its prior (zero here)."""
+    weights = WindowWeights()
+    base = window(10, 1, covered_ns=10**9, elapsed_ns=2 * 10**9, window_waits=300)
+    base.launches_total, base.linger_ns, base.linger_launches = 300, 10**9, 300
+    weights.add(base)
+    garbled = window(10, 2, covered_ns=2 * 10**9, elapsed_ns=4 * 10**9, window_waits=200, shadow_waits=100,
+                     shadow_ns=10**9)
+    garbled.launches_total, garbled.shadow_launches, garbled.shadow_launch_ns = 200, 100, 10**9
+    garbled.linger_ns, garbled.linger_launches = 2 * 10**9, 200
+    weights.add(garbled)  # 100 fewer launches and waits in windows than at the base: -100 + a prior of 100
+    assert weights.paces(10) == (1.0, 1.0)
+
+
 def test_time_spent_lingering_counts_at_the_pace_of_its_own_launches() -> None:
     """After a window the activity kinds stay on until its GPU work arrives, and the program runs slowed then, nearly
     as in a window: that time counts at the launch rate seen in it, not at the shadows' (a launch-bound program whose
