@@ -175,9 +175,10 @@ def diagnose(records: list[abi.Record], lines: list[str], nodes: int | None = 60
             lines.append(f"- eager kernel records' time: {tail(joined)}; in a window's first 1 ms "
                          f"{tail(first_in_window(eager_launches, eager_ns, windows, True))}, after it "
                          f"{tail(first_in_window(eager_launches, eager_ns, windows, False))}")
-    eager_weighting(eager_launches, eager_ns, windows, lines)
+    weighed = weigh(windows)
+    eager_weighting(eager_launches, eager_ns, windows, weighed, lines)
     if per_window is not None:
-        window_table(launches, windows, per_window)
+        window_table(launches, windows, weighed, per_window)
         lines.append(f"- every window's weight, pace and sampled launches by kind: {per_window.name}")
     ratios = graph_ratios(launches, by_corr, windows)
     if ratios is not None:
@@ -192,10 +193,7 @@ def diagnose(records: list[abi.Record], lines: list[str], nodes: int | None = 60
                      f"give replayed / eager in [{low:.3f}, {high:.3f}]")
     if windows:
         last = windows[-1]
-        weights = WindowWeights()
-        for window in windows:
-            weights.add(window)
-        pace, lingering = weights.paces(last.pid)  # counted from when the shadows began, as the agent does
+        pace, lingering = weighed.weights.paces(last.pid)  # counted from when the shadows began, as the agent does
         lines.append(f"- last window: covered {last.covered_ns / 1e9:.3f} s of {last.elapsed_ns / 1e9:.3f} s, "
                      f"dropped {last.dropped}, launches {last.launches}; pace by launches: {last.launches_total} in "
                      f"windows, {last.shadow_launches} in {last.shadow_launch_ns / 1e9:.3f} s of shadows "
@@ -242,12 +240,31 @@ def stretch_lingers(windows: list[abi.Window]) -> dict[int, int]:
     return lingered
 
 
-def eager_weighting(launches: list[abi.Launch], launch_ns: list[int], windows: list[abi.Window],
+@dataclass(frozen=True)
+class Weighed:
+    """The windows added in order to one :class:`WindowWeights` as the agent does: each window's (weight, covered,
+    elapsed) and (pace, linger pace) as known at its close, and the weights after the last (the run's last paces)."""
+
+    weights: WindowWeights
+    added: list[tuple[float, int, int]]  # in the windows' order
+    paces: list[tuple[float, float]]
+
+
+def weigh(windows: list[abi.Window]) -> Weighed:
+    weights, added, paces = WindowWeights(), [], []
+    for window in windows:
+        added.append(weights.add(window))
+        paces.append(weights.paces(window.pid))
+    return Weighed(weights, added, paces)
+
+
+def eager_weighting(launches: list[abi.Launch], launch_ns: list[int], windows: list[abi.Window], weighed: Weighed,
                     lines: list[str]) -> None:
     """Where the eager side's weighted total comes from: launches and kernel time summed with each window's weight,
     against the same windows' total weight spread evenly over their launches, and the heaviest windows' shares."""
-    weights = WindowWeights()
-    added = {w.window_id: weights.add(w) for w in windows}  # (weight, covered, elapsed), each since the last window
+    weights = weighed.weights
+    # (weight, covered, elapsed), each since the last window
+    added = {w.window_id: a for w, a in zip(windows, weighed.added, strict=True)}
     weight = {wid: w for wid, (w, _, _) in added.items()}
     covered = {wid: c for wid, (_, c, _) in added.items() if c}
     since = {wid: e - c for wid, (_, c, e) in added.items() if c}
@@ -295,7 +312,7 @@ def eager_weighting(launches: list[abi.Launch], launch_ns: list[int], windows: l
                      f"{sum(lingers) / max(1, sum(since.values())):.3f} of the time between windows")
 
 
-def window_table(launches: list[abi.Launch], windows: list[abi.Window], path: Path) -> None:
+def window_table(launches: list[abi.Launch], windows: list[abi.Window], weighed: Weighed, path: Path) -> None:
     """One CSV row per window, in order: when it opened, its length, the gap and linger before it, the weight it got
     with the pace and linger pace as known at its close (the totals behind them too), its sampled launches by kind,
     and its weight at the run's last paces (the agent weights an interval's windows at the paces known at its drain:
@@ -303,15 +320,13 @@ def window_table(launches: list[abi.Launch], windows: list[abi.Window], path: Pa
     kinds: dict[int, Counter[int]] = defaultdict(Counter)
     for launch in launches:
         kinds[launch.window_id][launch.kind] += 1
-    weights = WindowWeights()
     lingered = stretch_lingers(windows)
     named = (abi.LAUNCH_KERNEL, abi.LAUNCH_GRAPH, abi.LAUNCH_MEMCPY)
     first = windows[0].start_ns if windows else 0
     rows = ["window_id,opened_s,covered_ms,gap_ms,linger_ms,weight,pace,linger_pace,launches_total,shadow_launches,"
             "shadow_launch_ms,linger_launches,kernels,graphs,copies,other,weight_at_last_pace"]
-    for window in windows:
-        weight, covered, elapsed = weights.add(window)
-        pace, lingering = weights.paces(window.pid)
+    for window, (weight, covered, elapsed), (pace, lingering) in zip(windows, weighed.added, weighed.paces,
+                                                                      strict=True):
         linger = lingered.get(window.window_id, 0)
         seen = kinds.get(window.window_id, Counter())
         other = sum(n for kind, n in seen.items() if kind not in named)
@@ -320,7 +335,7 @@ def window_table(launches: list[abi.Launch], windows: list[abi.Window], path: Pa
                     f"{lingering:.4f},{window.launches_total},{window.shadow_launches},"
                     f"{window.shadow_launch_ns / 1e6:.3f},{window.linger_launches},{seen[abi.LAUNCH_KERNEL]},"
                     f"{seen[abi.LAUNCH_GRAPH]},{seen[abi.LAUNCH_MEMCPY]},{other}")
-    rows[1:] = [f"{row},{weights.weight(window.pid, window.window_id) or 0.0:.3f}"
+    rows[1:] = [f"{row},{weighed.weights.weight(window.pid, window.window_id) or 0.0:.3f}"
                 for row, window in zip(rows[1:], windows, strict=True)]
     path.write_text("\n".join(rows) + "\n")
 
