@@ -577,6 +577,36 @@ def test_a_graph_call_is_never_entered_with_cupti_finalized_under_it(injected_li
     assert any(launch.kind == LAUNCH_GRAPH for launch in run.records.launches)  # and graphs were sampled after
 
 
+TAKES = re.compile(r"taken (\d+) times \((\d+) us each; after finalizes (\d+) ms of CPU, (\d+) ms charged in all\)")
+FRACTION = re.compile(r"in-window slowdown estimate ([\d.]+) \(highest [\d.]+\), fraction ([\d.]+)")
+
+
+def test_taking_cupti_again_is_charged_its_wall_time_up_to_a_cap(injected_lib: Path, tmp_path: Path) -> None:
+    """While the library subscribes again after a finalize, a real driver holds the program's launches back: an H200's
+    launch-bound baton lost +0.6 % on a 2 % budget with the take's wall time charged, +3-5 % with the controller's CPU
+    time alone. Here each subscribe sleeps (wall time, no CPU): 8 ms is charged in full and lowers the fraction; behind
+    a GPU-bound queue a take waits 300 ms for nothing the program loses, so one of 60 ms is charged 20 ms."""
+    argv = [str(WORKLOAD), "--steps", "1200", "--graph-every", "0", "--graph-from", "100000"]  # no graph: finalized
+    stats = {"OTEL_GPU_DEBUG_STATS": "1", "OTEL_GPU_OVERHEAD_BUDGET": "0.05"}
+    fractions = {}
+    for sleep_us in (0, 8000, 60000):
+        run = run_workload(injected_lib, tmp_path, argv, extra_env={**stats, "FAKE_CUPTI_SUBSCRIBE_US": str(sleep_us)})
+        takes = TAKES.search(run.stderr)
+        fraction = FRACTION.search(run.stderr)
+        assert takes and fraction, run.stderr
+        retakes = int(takes[1]) - 1  # the first take, at attach, is not after a finalize: not charged
+        # each finalize is followed by a take, but one at the exit
+        assert retakes >= 2 and run.stats["finalizes"] - 1 <= retakes <= run.stats["finalizes"], (takes[0], run.stats)
+        cpu, charged = int(takes[3]), int(takes[4])
+        expected = retakes * min(sleep_us / 1000, 20)
+        assert expected - 1 <= charged <= expected + retakes * (2 if sleep_us < 20000 else 0) + 1, (takes[0], sleep_us)
+        assert sleep_us == 0 or cpu < 0.25 * charged, takes[0]  # the sleep is no CPU time of the controller's
+        fractions[sleep_us] = float(fraction[2])
+    print(f"fractions by the subscribe's sleep: {fractions}")
+    # the charge reaches the budget: 8 ms against 5 ms windows is more than the windows cost the fake's program
+    assert fractions[8000] < fractions[0] / 2, fractions
+
+
 def test_a_graph_program_that_launches_too_often_for_the_budget_is_left_alone(injected_lib: Path, tmp_path: Path) -> None:
     """Graphs forbid the finalize, and on a real driver a window's activity kinds leave every later launch slower until
     one: when graphs show up before any window, the library counts the launches for a moment and stands aside for

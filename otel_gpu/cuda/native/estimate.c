@@ -10,10 +10,10 @@
  * sampled launches' GPU work has arrived ("linger"), and the launch callbacks with them (so that every launch gets
  * its own correlation id); launches then pay CUPTI's activity cost and an empty callback. The callback counts them.
  * Then CUPTI is finalized in one of the program's threads (window.c): that time, measured, is charged too, and so
- * is the controller's CPU time subscribing again after it (hold.c): a launch-bound program lost +2.5-3.1 % on a 2 %
- * budget without it, +0.6 % with the take's wall time charged (~8.5 ms on an H200; scripts/h200/baton.py,
- * docs/benchmarks.md); wall time charged a GPU-bound program's takes ~300 ms each, mostly waiting for its queue,
- * and held its fraction at the floor for no loss, so the CPU time is what is charged.
+ * is the controller's time subscribing again after it, during which the driver holds the program's launches back
+ * (hold.c: the take's wall time, capped where a GPU-bound program's take waits for its queue): a launch-bound program
+ * lost +2.5-3.1 % on a 2 % budget without it, +0.6 % with the take's wall time charged (~8.5 ms on an H200) and
+ * +3.7-5.3 % with only the controller's CPU time in it (scripts/h200/baton.py, docs/benchmarks.md).
  *
  * Once enough launches were seen, the in-window part is measured instead of priced: the gaps' shadow windows count
  * the program's launches with callbacks that do nothing else (window.c), so launches per second with nothing

@@ -20,7 +20,7 @@ struct window_cost {
     uint64_t launches;  /* launches recorded in the window */
     uint64_t linger_launches; /* after the window, while its late GPU work was awaited: launches (counted) */
     uint64_t finalize_ns;     /* the program's time in cuptiFinalize after the previous window and the controller's
-                               * CPU time subscribing again (measured) */
+                               * time subscribing again (measured; hold.c) */
     uint64_t shadow_launches; /* launches counted in shadow windows since the last charge (an empty callback each) */
     double measured_pace;     /* launches per second out of windows over in windows (estimate_pace), or 0 while
                                * too few launches were seen: the priors then */

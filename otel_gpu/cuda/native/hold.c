@@ -19,6 +19,13 @@
  * once so that waits between windows are recorded. Waits that begin between the finalize and the new subscription go
  * unseen. OTEL_GPU_CUPTI_FINALIZE=0 keeps the subscription.
  *
+ * What a take costs the program: while the controller subscribes again the driver holds back the program's launches,
+ * so a launch-bound program loses the take's wall time (8-12 ms on an H100 and an H200), of which the controller's
+ * own CPU time is a fraction (an H200's baton lost +0.6 % on a 2 % budget with the wall time charged, +3-5 % with the
+ * CPU time). A GPU-bound program's take lasts 290-390 ms, waiting for its queue while the GPU works through it: that
+ * wait costs nothing, and charged in full it held the fraction at its floor. So each take is charged its wall time up
+ * to TAKE_CHARGE_MAX_NS (window.c adds the charge to the next window's cost, with the finalize's).
+ *
  * CUDA graphs: a graph that ran under one CUPTI may fault when replayed under a re-initialised one (PyTorch's
  * profiler stopped tearing CUPTI down when graphs are in use, pytorch/pytorch#112507, and an H200 saw XID 31 under
  * the finalizing library), so once the process has captured, instantiated or launched a graph CUPTI is never
@@ -37,6 +44,7 @@
 #include "inject.h"
 
 #define FINALIZE_PATIENCE_NS 50000000ull /* a finalize waits this long for a wait's exit, then takes any: 50 ms */
+#define TAKE_CHARGE_MAX_NS 20000000ull   /* a take is charged its wall time up to this: 20 ms (above) */
 
 CUpti_SubscriberHandle g_subscriber;
 
@@ -51,6 +59,7 @@ static _Atomic uint64_t finalizes, finalize_ns; /* how often, and how long the A
 static uint64_t asked_ns;              /* controller: monotonic, when the finalize was asked for */
 static uint64_t retakes, retake_ns;    /* controller: subscriptions taken (attach, after each finalize), total time */
 static uint64_t subscribed_ns;         /* controller: CPU time of the takes that subscribed (after a finalize) */
+static uint64_t take_charged_ns;       /* controller: their wall time, each capped at TAKE_CHARGE_MAX_NS (the budget's) */
 
 /* Moves from the state the caller decided on; 0 when the event does not apply or another thread moved first. */
 static int move(enum hold_event event, enum hold_state from)
@@ -179,8 +188,10 @@ int hold_take(void)
     uint64_t took = monotonic_ns() - t0;
     retakes++;
     retake_ns += took;
-    if (subscribing && retakes > 1) /* not the first take at attach */
+    if (subscribing && retakes > 1) { /* not the first take at attach */
         subscribed_ns += thread_cpu_ns() - cpu0;
+        take_charged_ns += took < TAKE_CHARGE_MAX_NS ? took : TAKE_CHARGE_MAX_NS;
+    }
     return 0;
 }
 
@@ -262,7 +273,7 @@ uint64_t hold_finalize_ns(void)
 
 uint64_t hold_retake_ns(void)
 {
-    return subscribed_ns;
+    return g_settings.charge_take == 2 ? subscribed_ns : take_charged_ns;
 }
 
 static double mean_us(uint64_t total_ns, uint64_t count)
@@ -274,9 +285,9 @@ void hold_print_stats(void)
 {
     uint64_t count = atomic_load(&finalizes);
     fprintf(stderr, "otel-gpu: stats CUPTI finalized %llu times (%.0f us each in an API exit), taken %llu times "
-            "(%.0f us each; %.0f ms of CPU in all after finalizes)\n", (unsigned long long)count,
+            "(%.0f us each; after finalizes %.0f ms of CPU, %.0f ms charged in all)\n", (unsigned long long)count,
             mean_us(atomic_load(&finalize_ns), count), (unsigned long long)retakes, mean_us(retake_ns, retakes),
-            (double)subscribed_ns / 1e6);
+            (double)subscribed_ns / 1e6, (double)take_charged_ns / 1e6);
     fprintf(stderr, "otel-gpu: stats CUDA graph calls %llu, graphs in use %d (CUPTI %s finalized since)\n",
             (unsigned long long)atomic_load(&graph_calls), atomic_load(&graphs_seen),
             may_finalize() ? "still" : "no longer");

@@ -17,9 +17,9 @@
  *   OTEL_GPU_CUPTI_FINALIZE=0  keep CUPTI subscribed between windows instead of finalizing it after each (window.c);
  *                              never finalized either once the process uses CUDA graphs (cbids.c)
  *   OTEL_GPU_DEBUG_FINALIZE_WITH_GRAPHS=1  diagnostics: finalize even with graphs in use (the crash-prone control)
- *   OTEL_GPU_DEBUG_CHARGE_TAKE=0  diagnostics (baton.py's mode U): leave the controller's time taking CUPTI again
- *                              after each finalize (subscribe, buffers, callbacks) out of the budget (charged by
- *                              default, as the finalize's time is)
+ *   OTEL_GPU_DEBUG_CHARGE_TAKE=0|cpu  diagnostics (baton.py's modes U, C): leave the controller's time taking
+ *                              CUPTI again after each finalize (subscribe, buffers, callbacks) out of the budget, or
+ *                              charge only its CPU time (by default its wall time is charged, capped: hold.c)
  *   OTEL_GPU_DEBUG_NO_WAITS=1, OTEL_GPU_DEBUG_NO_WINDOWS=1  diagnostics (scripts/h200/baton.py): never switch the
  *                              wait callbacks on / never open a window
  *   OTEL_GPU_DEBUG_STATS=1     diagnostics: lines on stderr at exit: how launch exits in windows paired, how often
@@ -430,7 +430,9 @@ static void read_settings(void)
     g_settings.api_activity = !env_is("OTEL_GPU_API_ACTIVITY", "0");
     g_settings.cupti_finalize = !env_is("OTEL_GPU_CUPTI_FINALIZE", "0");
     g_settings.finalize_with_graphs = env_is("OTEL_GPU_DEBUG_FINALIZE_WITH_GRAPHS", "1");
-    g_settings.charge_take = !env_is("OTEL_GPU_DEBUG_CHARGE_TAKE", "0");
+    g_settings.charge_take = env_is("OTEL_GPU_DEBUG_CHARGE_TAKE", "0")     ? 0
+                             : env_is("OTEL_GPU_DEBUG_CHARGE_TAKE", "cpu") ? 2
+                                                                           : 1;
     g_settings.sample_graphs = env_is("OTEL_GPU_CUDA_GRAPHS", "sample");
     g_settings.graph_probe_every_ns =
         (uint64_t)(env_double("OTEL_GPU_DEBUG_GRAPH_PROBE_EVERY_MS", 1000.0, 1.0, 60000.0) * 1e6);

@@ -24,6 +24,8 @@
  * fault (graph_faults), the use of the freed instrumentation the real driver reports as XID 31.
  * FAKE_CUPTI_TRACE_COST_US=<us>: each driver call entered while an activity kind is on spins that long first, as
  * recording costs a real driver's launches (a program that waits every step then runs slower inside windows).
+ * FAKE_CUPTI_SUBSCRIBE_US=<us>: each subscribe sleeps that long first (a real CUPTI's subscribe after a finalize
+ * takes 8-12 ms of wall time, of which its own CPU is a fraction; 290-390 ms behind a GPU-bound program's queue).
  * FAKE_CUPTI_DELIVERY_DELAY_US=<us>: a finished record is delivered by a non-forced flush only that long after its
  * work ended (a real CUPTI hands records over some milliseconds late), so the library lingers after each window.
  */
@@ -315,6 +317,13 @@ static CUptiResult subscribe(CUpti_SubscriberHandle *subscriber, CUpti_CallbackF
 {
     if (subscribed)
         return CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED;
+    static _Atomic int64_t subscribe_ns = -1;
+    uint64_t wait_ns = setting_us_as_ns("FAKE_CUPTI_SUBSCRIBE_US", &subscribe_ns);
+    if (wait_ns != 0) {
+        struct timespec ts = {(time_t)(wait_ns / 1000000000ull), (long)(wait_ns % 1000000000ull)};
+        while (nanosleep(&ts, &ts) != 0) {
+        }
+    }
     void *driver = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
     fake_cuda_set_tracer_fn set = (fake_cuda_set_tracer_fn)dlsym(driver ? driver : RTLD_DEFAULT, FAKE_CUDA_SET_TRACER);
     if (set == NULL)
