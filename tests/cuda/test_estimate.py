@@ -75,7 +75,7 @@ def test_lingering_activity_adds_its_launches_cost(estimate: ctypes.CDLL) -> Non
 
 def test_fraction_is_bounded(estimate: ctypes.CDLL) -> None:
     assert estimate.fraction_for_budget(0.02, 0.0) == pytest.approx(0.2)
-    assert estimate.fraction_for_budget(0.02, 1000.0) == pytest.approx(0.001)
+    assert estimate.fraction_for_budget(0.02, 1000.0) == pytest.approx(0.0005)
     assert estimate.fraction_for_budget(0.02, 2.0) == pytest.approx(0.01)
 
 
@@ -124,10 +124,11 @@ def test_a_measured_pace_replaces_the_priors_in_the_window(estimate: ctypes.CDLL
 
 
 def test_the_pace_waits_for_enough_launches(estimate: ctypes.CDLL) -> None:
-    """Under 2,000 launches on either side the rates are not trusted (0: the priors decide); a program that ran
+    """Under 500 launches on either side the rates are not trusted (0: the priors decide); a program that ran
     faster in windows than outside (noise, phases) measures no slowdown, never a negative one."""
-    assert estimate.estimate_pace(1999, 10**9, 50_000, 10**9) == 0.0
-    assert estimate.estimate_pace(50_000, 10**9, 1999, 10**9) == 0.0
+    assert estimate.estimate_pace(499, 10**9, 50_000, 10**9) == 0.0
+    assert estimate.estimate_pace(50_000, 10**9, 499, 10**9) == 0.0
+    assert estimate.estimate_pace(500, 10**9, 1000, 10**9) == 2.0
     assert estimate.estimate_pace(50_000, 0, 50_000, 10**9) == 0.0
     assert estimate.estimate_pace(60_000, 10**9, 50_000, 10**9) == 1.0
     prior = WindowCost(20_000_000, 1_000_000, 100, 0, 0, 0, 0.0)

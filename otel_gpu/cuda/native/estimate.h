@@ -11,7 +11,7 @@
 #define ESTIMATE_ACTIVITY_NS_PER_LAUNCH 4000.0 /* activity instrumentation of a launch outside a window */
 #define ESTIMATE_EMPTY_CALLBACK_NS 1000.0      /* CUPTI dispatching a launch callback that returns at once */
 #define ESTIMATE_MIN_UNDISTURBED 0.05          /* undisturbed time is taken as at least 5 % of the window */
-#define ESTIMATE_FRACTION_MIN 0.001
+#define ESTIMATE_FRACTION_MIN 0.0005
 #define ESTIMATE_FRACTION_MAX 0.2
 
 struct window_cost {
@@ -26,7 +26,7 @@ struct window_cost {
                                * too few launches were seen: the priors then */
 };
 
-#define ESTIMATE_MEASURED_MIN_LAUNCHES 2000 /* launches seen in windows and in shadows before the rates are trusted */
+#define ESTIMATE_MEASURED_MIN_LAUNCHES 500 /* launches seen in windows and in shadows before the rates are trusted */
 
 /* The program's pace by its launches: launches per second in shadow windows (counting only) over launches per second
  * in windows (at least 1); 0 while either side has seen too few launches. */
@@ -38,7 +38,7 @@ double estimate_slowdown(const struct window_cost *c);
 /* The running estimate after one more window: halfway to the window's own, unless the window saw no launch at all
  * (an idle spell says nothing about what sampling costs, and must not raise the fraction just before a burst). */
 double estimate_update(double previous, const struct window_cost *c);
-/* The fraction of time to sample so that fraction x slowdown stays within budget, bounded to [0.1 %, 20 %]. */
+/* The fraction of time to sample so that fraction x slowdown stays within budget, bounded to [0.05 %, 20 %]. */
 double fraction_for_budget(double budget, double slowdown);
 
 #endif /* OTEL_GPU_ESTIMATE_H */

@@ -24,7 +24,9 @@
  * own CPU time is a fraction (an H200's baton lost +0.6 % on a 2 % budget with the wall time charged, +3-5 % with the
  * CPU time). A GPU-bound program's take lasts 290-390 ms, waiting for its queue while the GPU works through it: that
  * wait costs nothing, and charged in full it held the fraction at its floor. So each take is charged its wall time up
- * to TAKE_CHARGE_MAX_NS (window.c adds the charge to the next window's cost, with the finalize's).
+ * to CHARGE_MAX_NS (window.c adds the charge to the next window's cost, with the finalize's). The finalize is charged
+ * the same way: ~2 ms of the program's thread in a launch-bound program, 70 ms and more in a GPU-bound one that it
+ * catches with a full queue (an H100's matmul baton), waiting while the GPU works through it.
  *
  * CUDA graphs: a graph that ran under one CUPTI may fault when replayed under a re-initialised one (PyTorch's
  * profiler stopped tearing CUPTI down when graphs are in use, pytorch/pytorch#112507, and an H200 saw XID 31 under
@@ -44,7 +46,7 @@
 #include "inject.h"
 
 #define FINALIZE_PATIENCE_NS 50000000ull /* a finalize waits this long for a wait's exit, then takes any: 50 ms */
-#define TAKE_CHARGE_MAX_NS 20000000ull   /* a take is charged its wall time up to this: 20 ms (above) */
+#define CHARGE_MAX_NS 20000000ull        /* a finalize or a take is charged its wall time up to this: 20 ms (above) */
 
 CUpti_SubscriberHandle g_subscriber;
 
@@ -56,10 +58,11 @@ static _Atomic uint64_t graph_calls;   /* graph calls seen (diagnostics) */
 static _Atomic int dirty;              /* activity kinds were on since CUPTI was last finalized: every launch pays for
                                         * that until the next finalize, whether or not a window is open */
 static _Atomic uint64_t finalizes, finalize_ns; /* how often, and how long the API exits spent in cuptiFinalize */
+static _Atomic uint64_t finalize_charged_ns;    /* that time, each finalize capped at CHARGE_MAX_NS (the budget's) */
 static uint64_t asked_ns;              /* controller: monotonic, when the finalize was asked for */
 static uint64_t retakes, retake_ns;    /* controller: subscriptions taken (attach, after each finalize), total time */
 static uint64_t subscribed_ns;         /* controller: CPU time of the takes that subscribed (after a finalize) */
-static uint64_t take_charged_ns;       /* controller: their wall time, each capped at TAKE_CHARGE_MAX_NS (the budget's) */
+static uint64_t take_charged_ns;       /* controller: their wall time, each capped at CHARGE_MAX_NS (the budget's) */
 
 /* Moves from the state the caller decided on; 0 when the event does not apply or another thread moved first. */
 static int move(enum hold_event event, enum hold_state from)
@@ -190,7 +193,7 @@ int hold_take(void)
     retake_ns += took;
     if (subscribing && retakes > 1) { /* not the first take at attach */
         subscribed_ns += thread_cpu_ns() - cpu0;
-        take_charged_ns += took < TAKE_CHARGE_MAX_NS ? took : TAKE_CHARGE_MAX_NS;
+        take_charged_ns += took < CHARGE_MAX_NS ? took : CHARGE_MAX_NS;
     }
     return 0;
 }
@@ -268,7 +271,7 @@ int hold_graphs_seen(void)
 
 uint64_t hold_finalize_ns(void)
 {
-    return atomic_load(&finalize_ns);
+    return atomic_load(&finalize_charged_ns);
 }
 
 uint64_t hold_retake_ns(void)
@@ -284,9 +287,10 @@ static double mean_us(uint64_t total_ns, uint64_t count)
 void hold_print_stats(void)
 {
     uint64_t count = atomic_load(&finalizes);
-    fprintf(stderr, "otel-gpu: stats CUPTI finalized %llu times (%.0f us each in an API exit), taken %llu times "
-            "(%.0f us each; after finalizes %.0f ms of CPU, %.0f ms charged in all)\n", (unsigned long long)count,
-            mean_us(atomic_load(&finalize_ns), count), (unsigned long long)retakes, mean_us(retake_ns, retakes),
+    fprintf(stderr, "otel-gpu: stats CUPTI finalized %llu times (%.0f us each in an API exit; %.0f ms charged in all), "
+            "taken %llu times (%.0f us each; after finalizes %.0f ms of CPU, %.0f ms charged in all)\n",
+            (unsigned long long)count, mean_us(atomic_load(&finalize_ns), count),
+            (double)atomic_load(&finalize_charged_ns) / 1e6, (unsigned long long)retakes, mean_us(retake_ns, retakes),
             (double)subscribed_ns / 1e6, (double)take_charged_ns / 1e6);
     fprintf(stderr, "otel-gpu: stats CUDA graph calls %llu, graphs in use %d (CUPTI %s finalized since)\n",
             (unsigned long long)atomic_load(&graph_calls), atomic_load(&graphs_seen),
@@ -306,7 +310,9 @@ static void finalize_from_callback(void)
         return;
     uint64_t t0 = monotonic_ns();
     CUptiResult rc = g_cupti.finalize();
-    atomic_fetch_add(&finalize_ns, monotonic_ns() - t0);
+    uint64_t took = monotonic_ns() - t0;
+    atomic_fetch_add(&finalize_ns, took);
+    atomic_fetch_add(&finalize_charged_ns, took < CHARGE_MAX_NS ? took : CHARGE_MAX_NS);
     atomic_fetch_add(&finalizes, 1);
     if (rc != CUPTI_SUCCESS) {
         log_once("cuptiFinalize failed; CUPTI stays subscribed between windows (launch-bound programs run slower)");

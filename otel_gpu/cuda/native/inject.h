@@ -134,7 +134,7 @@ int hold_undisturbed(void);          /* subscribed, no finalize pending */
 void hold_mark_dirty(void);          /* an activity kind goes on: launches pay until the next finalize */
 int hold_dirty(void);
 int hold_graphs_seen(void);
-uint64_t hold_finalize_ns(void);     /* total time API exits spent in cuptiFinalize */
+uint64_t hold_finalize_ns(void);     /* API exits' time in cuptiFinalize charged to the budget (capped each) */
 uint64_t hold_retake_ns(void);       /* the takes of CUPTI after finalizes charged to the budget, in all (wall, capped) */
 void hold_print_stats(void);         /* OTEL_GPU_DEBUG_STATS lines on finalizes and graphs */
 /* The API side, any thread: */
