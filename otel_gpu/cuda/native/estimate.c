@@ -42,7 +42,13 @@ double estimate_slowdown(const struct window_cost *c)
         undisturbed = window / c->measured_pace;
         in_window = window - undisturbed;
     } else {
+        /* The priors price a launch at most 4x its undisturbed time: the most launch-bound programs measured ran 2-4x
+         * slower in windows (an H100's and an H200's paces), while the priors on a program's first launches (its
+         * library's caches cold) said 20x and more: one such window's estimate of 97 held an H100's graph program's
+         * windows seconds apart. */
         in_window = (double)c->own_ns + (double)c->launches * ESTIMATE_CUPTI_NS_PER_LAUNCH;
+        if (in_window > window * (1.0 - ESTIMATE_PRIOR_MIN_UNDISTURBED))
+            in_window = window * (1.0 - ESTIMATE_PRIOR_MIN_UNDISTURBED);
         undisturbed = window - in_window;
     }
     if (undisturbed < window * ESTIMATE_MIN_UNDISTURBED)

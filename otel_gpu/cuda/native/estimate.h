@@ -11,7 +11,8 @@
 #define ESTIMATE_ACTIVITY_NS_PER_LAUNCH 4000.0 /* activity instrumentation of a launch outside a window */
 #define ESTIMATE_EMPTY_CALLBACK_NS 1000.0      /* CUPTI dispatching a launch callback that returns at once */
 #define ESTIMATE_MIN_UNDISTURBED 0.05          /* undisturbed time is taken as at least 5 % of the window */
-#define ESTIMATE_FRACTION_MIN 0.0005
+#define ESTIMATE_PRIOR_MIN_UNDISTURBED 0.25    /* ... and 25 % while the priors price the window (below) */
+#define ESTIMATE_FRACTION_MIN 0.001
 #define ESTIMATE_FRACTION_MAX 0.2
 
 struct window_cost {
@@ -38,7 +39,7 @@ double estimate_slowdown(const struct window_cost *c);
 /* The running estimate after one more window: halfway to the window's own, unless the window saw no launch at all
  * (an idle spell says nothing about what sampling costs, and must not raise the fraction just before a burst). */
 double estimate_update(double previous, const struct window_cost *c);
-/* The fraction of time to sample so that fraction x slowdown stays within budget, bounded to [0.05 %, 20 %]. */
+/* The fraction of time to sample so that fraction x slowdown stays within budget, bounded to [0.1 %, 20 %]. */
 double fraction_for_budget(double budget, double slowdown);
 
 #endif /* OTEL_GPU_ESTIMATE_H */

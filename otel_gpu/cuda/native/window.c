@@ -7,7 +7,7 @@
  * CUPTI's per-launch cost only for a fraction f of wall time. f is chosen so that f x (slowdown inside a window)
  * stays within the overhead budget; the in-window slowdown comes from estimate.c (the library's measured own time
  * plus a prior for CUPTI's cost per recorded launch and the program's time in the last CUPTI finalize, relative to
- * the undisturbed time; windows without launches leave it alone), and f is bounded to [0.05 %, 20 %].
+ * the undisturbed time; windows without launches leave it alone), and f is bounded to [0.1 %, 20 %].
  * Each closed window fires otel_gpu:window with covered_ns/elapsed_ns, the fraction the agent re-weights by, and the
  * program's pace in and out of windows (the waits it ended in windows and in the gaps' shadow windows, below).
  *
