@@ -177,8 +177,11 @@ GPU_PROCESS_SYNC_WAIT_TIME = MetricSpec("nvidia.gpu.process.sync_wait.time", "co
 GPU_TIME_YIELDED = MetricSpec("otel_gpu.gpu_time.yielded", "counter", "s",
                               "Time the process's GPU time was not measured: the injected library stood aside for "
                               "another CUPTI user (torch.profiler, ...) or for its CUDA graphs")
+GPU_TIME_SAMPLED = MetricSpec("otel_gpu.gpu_time.sampled", "counter", "s",
+                              "Time the injected library's sampling windows covered in the process (its rate is the "
+                              "sampling fraction the overhead budget allows; the GPU-time estimates scale it up)")
 GPU_TIME_METRICS: Final = (GPU_PROCESS_KERNEL_LAUNCHES, GPU_PROCESS_KERNEL_TIME, GPU_PROCESS_SYNC_WAIT_TIME,
-                           GPU_TIME_YIELDED)
+                           GPU_TIME_YIELDED, GPU_TIME_SAMPLED)
 
 # --- the agent's own health ----------------------------------------------------------------------------------------
 SELF_COLLECTION_DURATION = MetricSpec("otel_gpu.collection.duration", "gauge", "s",

@@ -356,10 +356,14 @@ def workloads() -> dict[str, object]:
                   legend), stack=True,
                 description="GPU seconds per second of kernels, copies and sets (estimated from sampled windows, "
                             "not over the time in 'GPU time not measured')"), 6),
-        (series("GPU time not measured (yielded)", "percentunit",
+        (series("GPU time sampled / not measured", "percentunit",
+                q(f"sum by ({by}) (rate(otel_gpu_gpu_time_sampled_seconds_total{{{POD}}}[$__rate_interval]))",
+                  "sampled: " + legend),
                 q(f"sum by ({by}) (rate(otel_gpu_gpu_time_yielded_seconds_total{{{POD}}}[$__rate_interval]))",
-                  legend),
-                description="Seconds per second the process's GPU time was not measured: the injected library "
+                  "not measured: " + legend),
+                description="Sampled: the fraction of the process's time its sampling windows covered "
+                            "(otel_gpu.gpu_time.sampled; the overhead budget sizes it, and the fewer windows, the "
+                            "wider the estimates' spread). Not measured: seconds per second the injected library "
                             "stood aside for another CUPTI user (torch.profiler, ...) or for the program's CUDA "
                             "graphs (otel_gpu.gpu_time.yielded); kernel time and the GPU-time flame graph leave "
                             "that time out"), 6),

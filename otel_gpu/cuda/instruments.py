@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """Per-process GPU-time counters as OTel observable instruments: kernel launches, GPU kernel time and sync-wait
-time of every injected process, and the time its GPU time was not measured (the library stood aside), read from
-:meth:`GPUTimeSource.process_counters` at each collection.
+time of every injected process, the time its GPU time was not measured (the library stood aside) and the time its
+sampling windows covered, read from :meth:`GPUTimeSource.process_counters` at each collection.
 
 Attributes: the process's identity (procfs.identity_attributes: with its distributed.* rank attributes), as on its
 profiles.
@@ -40,14 +40,15 @@ def process_attributes(counters: ProcessCounters, named: Naming = _as_is) -> dic
 
 
 def register_gpu_time_instruments(meter: Meter, source: CounterSource, named: Naming = _as_is) -> None:
-    """Create the ``nvidia.gpu.process.*`` GPU-time counters and ``otel_gpu.gpu_time.yielded`` on ``meter``,
-    observing ``source``; ``named`` completes an identity kept since a process's first record
+    """Create the ``nvidia.gpu.process.*`` GPU-time counters, ``otel_gpu.gpu_time.yielded`` and ``.sampled`` on
+    ``meter``, observing ``source``; ``named`` completes an identity kept since a process's first record
     (``ProcessResolver.with_names``)."""
     readers: dict[str, Callable[[ProcessCounters], float]] = {
         semconv.GPU_PROCESS_KERNEL_LAUNCHES.name: lambda c: round(c.launches),
         semconv.GPU_PROCESS_KERNEL_TIME.name: lambda c: c.kernel_time_ns / 1e9,
         semconv.GPU_PROCESS_SYNC_WAIT_TIME.name: lambda c: c.sync_wait_ns / 1e9,
         semconv.GPU_TIME_YIELDED.name: lambda c: c.unmeasured_ns / 1e9,
+        semconv.GPU_TIME_SAMPLED.name: lambda c: c.covered_ns / 1e9,
     }
     for spec in semconv.GPU_TIME_METRICS:
         meter.create_observable_counter(spec.name, callbacks=[_observe(source, readers[spec.name], named)],

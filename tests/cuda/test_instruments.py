@@ -16,7 +16,7 @@ class Counters:
     def __init__(self) -> None:
         self.values = [ProcessCounters(ProcessInfo(42, "train", container_id="c" * 64, service_name="trainer"),
                                        launches=1234.4, kernel_time_ns=2.5e9, sync_wait_ns=0.25e9,
-                                       unmeasured_ns=4_000_000_000)]
+                                       unmeasured_ns=4_000_000_000, covered_ns=1_500_000_000)]
 
     def process_counters(self) -> list[ProcessCounters]:
         return self.values
@@ -46,6 +46,7 @@ def test_counters_per_process() -> None:
         "nvidia.gpu.process.kernel.time": (2.5, attrs, "s"),
         "nvidia.gpu.process.sync_wait.time": (0.25, attrs, "s"),
         "otel_gpu.gpu_time.yielded": (4.0, attrs, "s"),  # the seconds its GPU time was not measured
+        "otel_gpu.gpu_time.sampled": (1.5, attrs, "s"),  # the seconds its sampling windows covered
     }
     source.values[0].kernel_time_ns += 1e9
     assert _read(reader)["nvidia.gpu.process.kernel.time"][0] == 3.5

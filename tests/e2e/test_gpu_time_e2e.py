@@ -119,3 +119,6 @@ def test_otlp_and_metrics_carry_the_same_gpu_time(agent_run) -> None:  # type: i
     assert _last_counter(out_dir, "nvidia.gpu.process.kernel.time", pid) * 1e9 == pytest.approx(gpu_ns, rel=0.01)
     assert _last_counter(out_dir, "nvidia.gpu.process.sync_wait.time", pid) * 1e9 == pytest.approx(wait_ns, rel=0.01)
     assert _last_counter(out_dir, "nvidia.gpu.process.kernel.launches", pid) > 0
+    # the seconds its windows covered: some, and at most the library's largest fraction (20 %) of the agent's run
+    sampled = _last_counter(out_dir, "otel_gpu.gpu_time.sampled", pid)
+    assert 0 < sampled <= 0.2 * AGENT_SECONDS, sampled
