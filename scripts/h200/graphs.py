@@ -66,6 +66,7 @@ def kernel_time_per_call(calls, repeats):
     return result
 """
 
+GRAPH_CALLS = 20  # graph launches an iteration: CALLS below
 PROGRAM = REFERENCE + r"""
 import json, os, sys, time
 import torch
@@ -139,9 +140,11 @@ def owner(frames: tuple) -> str:  # type: ignore[type-arg]
 
 
 def diagnose(records: list[abi.Record], lines: list[str], nodes: int | None = 60,
-             per_window: Path | None = None) -> None:
+             per_window: Path | None = None, per_iteration: dict[int, int] | None = None,
+             iterations: int = 0) -> None:
     """The record-level lines: ``nodes``, the kernels a graph launch should bring back (None: not known);
-    ``per_window``: a CSV of every window's weight and what it sampled (:func:`window_table`)."""
+    ``per_window``: a CSV of every window's weight and what it sampled (:func:`window_table`), with each launch
+    kind's weighted count against ``per_iteration`` x ``iterations`` when given."""
     launches = [r for r in records if isinstance(r, abi.Launch)]
     activities = [r for r in records if isinstance(r, abi.Activity) and r.kind == abi.ACTIVITY_KERNEL]
     windows = [r for r in records if isinstance(r, abi.Window)]
@@ -178,8 +181,8 @@ def diagnose(records: list[abi.Record], lines: list[str], nodes: int | None = 60
     weighed = weigh(windows)
     eager_weighting(eager_launches, eager_ns, windows, weighed, lines)
     if per_window is not None:
-        window_table(launches, windows, weighed, per_window)
-        lines.append(f"- every window's weight, pace and sampled launches by kind: {per_window.name}")
+        lines += window_table(launches, windows, weighed, per_window, per_iteration, iterations)
+        lines.append(f"- every window's weight, pace, sampled launches by kind and switch-on time: {per_window.name}")
     ratios = graph_ratios(launches, by_corr, windows)
     if ratios is not None:
         by_counts, by_windows, replays, sampled = ratios
@@ -312,11 +315,15 @@ def eager_weighting(launches: list[abi.Launch], launch_ns: list[int], windows: l
                      f"{sum(lingers) / max(1, sum(since.values())):.3f} of the time between windows")
 
 
-def window_table(launches: list[abi.Launch], windows: list[abi.Window], weighed: Weighed, path: Path) -> None:
+def window_table(launches: list[abi.Launch], windows: list[abi.Window], weighed: Weighed, path: Path,
+                 per_iteration: dict[int, int] | None = None, iterations: int = 0) -> list[str]:
     """One CSV row per window, in order: when it opened, its length, the gap and linger before it, the weight it got
     with the pace and linger pace as known at its close (the totals behind them too), its sampled launches by kind,
-    and its weight at the run's last paces (the agent weights an interval's windows at the paces known at its drain:
-    between the two): where a function's weighted total comes from, window by window."""
+    its weight at the run's last paces (the agent weights an interval's windows at the paces known at its drain:
+    between the two) and how long switching it on took (a window that waits for a lock the program holds in a call
+    opens later in the program's iteration: placement that is not uniform samples some phases more than others):
+    where a function's weighted total comes from, window by window. Returns a line comparing each kind's launches
+    weighted by window with the program's own count (``per_iteration`` x ``iterations``), when given."""
     kinds: dict[int, Counter[int]] = defaultdict(Counter)
     for launch in launches:
         kinds[launch.window_id][launch.kind] += 1
@@ -324,7 +331,7 @@ def window_table(launches: list[abi.Launch], windows: list[abi.Window], weighed:
     named = (abi.LAUNCH_KERNEL, abi.LAUNCH_GRAPH, abi.LAUNCH_MEMCPY)
     first = windows[0].start_ns if windows else 0
     rows = ["window_id,opened_s,covered_ms,gap_ms,linger_ms,weight,pace,linger_pace,launches_total,shadow_launches,"
-            "shadow_launch_ms,linger_launches,kernels,graphs,copies,other,weight_at_last_pace"]
+            "shadow_launch_ms,linger_launches,kernels,graphs,copies,other,weight_at_last_pace,open_us"]
     for window, (weight, covered, elapsed), (pace, lingering) in zip(windows, weighed.added, weighed.paces,
                                                                       strict=True):
         linger = lingered.get(window.window_id, 0)
@@ -335,9 +342,24 @@ def window_table(launches: list[abi.Launch], windows: list[abi.Window], weighed:
                     f"{lingering:.4f},{window.launches_total},{window.shadow_launches},"
                     f"{window.shadow_launch_ns / 1e6:.3f},{window.linger_launches},{seen[abi.LAUNCH_KERNEL]},"
                     f"{seen[abi.LAUNCH_GRAPH]},{seen[abi.LAUNCH_MEMCPY]},{other}")
-    rows[1:] = [f"{row},{weighed.weights.weight(window.pid, window.window_id) or 0.0:.3f}"
-                for row, window in zip(rows[1:], windows, strict=True)]
+    at_last = [weighed.weights.weight(window.pid, window.window_id) or 0.0 for window in windows]
+    rows[1:] = [f"{row},{weight:.3f},{window.open_us}" for row, weight, window in zip(rows[1:], at_last, windows,
+                                                                                     strict=True)]
     path.write_text("\n".join(rows) + "\n")
+    if not per_iteration or not iterations:
+        return []
+    weighted: Counter[int] = Counter()
+    for window, weight in zip(windows, at_last, strict=True):
+        for kind, n in kinds.get(window.window_id, Counter()).items():
+            weighted[kind] += weight * n
+    opens = sorted(window.open_us for window in windows)
+    names = {abi.LAUNCH_KERNEL: "kernels", abi.LAUNCH_GRAPH: "graphs", abi.LAUNCH_MEMCPY: "copies"}
+    return ["- launches weighted by window (at the last paces) over the program's count: "
+            + ", ".join(f"{names.get(kind, kind)} {weighted[kind] / (count * iterations):.3f}"
+                        for kind, count in per_iteration.items())
+            + f" (a kind under 1 and another over: windows are not placed uniformly in the iteration); windows' "
+              f"switch-on time median {opens[len(opens) // 2]} us, p90 {opens[int(0.9 * (len(opens) - 1))]} us, "
+              f"max {opens[-1]} us"]
 
 
 def graph_ratios(launches: list[abi.Launch], by_corr: dict[int, list[abi.Activity]],
@@ -499,7 +521,12 @@ def main(argv: list[str]) -> int:
                               for name in ("replayed", "eager", "copied") if name in reference),
                   f"- joins (joined, launches unmatched, activities unmatched): {run.join_stats}; "
                   f"library drops {run.library_dropped}"]
-        diagnose(run.records, lines, per_window=out.with_suffix(".windows.csv"))
+        per_iteration = {abi.LAUNCH_GRAPH: GRAPH_CALLS,
+                         abi.LAUNCH_KERNEL: round(reference["eager"]["kernels_per_call"])}
+        if "copied" in reference:
+            per_iteration[abi.LAUNCH_MEMCPY] = round(reference["copied"]["kernels_per_call"])
+        diagnose(run.records, lines, per_window=out.with_suffix(".windows.csv"), per_iteration=per_iteration,
+                 iterations=measured["iterations"])
     except Exception:  # noqa: BLE001  (report what ran)
         lines += ["", "```", traceback.format_exc()[-3000:], "```"]
     write_report(out, lines)

@@ -121,8 +121,17 @@ def test_the_window_table_gives_each_window_its_weight_and_what_it_sampled(graph
     pace of 1: 100), and its sampled launches by kind (graph launches only in the windows that had them)."""
     lines: list[str] = []
     table = tmp_path / "h200-graphs.windows.csv"
-    graphs.diagnose(_records(4, {2, 4}), lines, per_window=table)
-    assert f"every window's weight, pace and sampled launches by kind: {table.name}" in "\n".join(lines)
+    records = [replace(r, open_us=40 * r.window_id) if isinstance(r, abi.Window) else r
+               for r in _records(4, {2, 4})]
+    # the program launched 60 kernels and one graph each of 400 iterations (one a millisecond): windows 100 ms apart
+    # stand for all the kernels, but for half the graphs (they sampled them in every other window only)
+    graphs.diagnose(records, lines, per_window=table, per_iteration={abi.LAUNCH_KERNEL: 60, abi.LAUNCH_GRAPH: 1},
+                    iterations=400)
+    text = "\n".join(lines)
+    assert f"every window's weight, pace, sampled launches by kind and switch-on time: {table.name}" in text
+    assert "launches weighted by window (at the last paces) over the program's count: kernels 1.000, graphs 0.500" \
+        in text
+    assert "windows' switch-on time median 120 us, p90 120 us, max 160 us" in text
     header, *rows = [line.split(",") for line in table.read_text().splitlines()]
     assert header[:6] == ["window_id", "opened_s", "covered_ms", "gap_ms", "linger_ms", "weight"]
     row = [dict(zip(header, values, strict=True)) for values in rows]
@@ -132,3 +141,4 @@ def test_the_window_table_gives_each_window_its_weight_and_what_it_sampled(graph
     assert [float(r["gap_ms"]) for r in row] == [99.0] * 4
     assert [(r["kernels"], r["graphs"], r["copies"]) for r in row] == [("60", "0", "0"), ("60", "1", "0"),
                                                                       ("60", "0", "0"), ("60", "1", "0")]
+    assert [r["open_us"] for r in row] == ["40", "80", "120", "160"]
