@@ -64,6 +64,12 @@ static uint64_t retakes, retake_ns;    /* controller: subscriptions taken (attac
 static uint64_t subscribed_ns;         /* controller: CPU time of the takes that subscribed (after a finalize) */
 static uint64_t take_charged_ns;       /* controller: their wall time, each capped at CHARGE_MAX_NS (the budget's) */
 
+/* What the budget is charged for a finalize or a take that lasted ``took`` ns (above). */
+static uint64_t charged(uint64_t took)
+{
+    return took < CHARGE_MAX_NS ? took : CHARGE_MAX_NS;
+}
+
 /* Moves from the state the caller decided on; 0 when the event does not apply or another thread moved first. */
 static int move(enum hold_event event, enum hold_state from)
 {
@@ -193,7 +199,7 @@ int hold_take(void)
     retake_ns += took;
     if (subscribing && retakes > 1) { /* not the first take at attach */
         subscribed_ns += thread_cpu_ns() - cpu0;
-        take_charged_ns += took < CHARGE_MAX_NS ? took : CHARGE_MAX_NS;
+        take_charged_ns += charged(took);
     }
     return 0;
 }
@@ -276,7 +282,7 @@ uint64_t hold_finalize_ns(void)
 
 uint64_t hold_retake_ns(void)
 {
-    return g_settings.charge_take == 2 ? subscribed_ns : take_charged_ns;
+    return g_settings.charge_take == CHARGE_TAKE_CPU ? subscribed_ns : take_charged_ns;
 }
 
 static double mean_us(uint64_t total_ns, uint64_t count)
@@ -312,7 +318,7 @@ static void finalize_from_callback(void)
     CUptiResult rc = g_cupti.finalize();
     uint64_t took = monotonic_ns() - t0;
     atomic_fetch_add(&finalize_ns, took);
-    atomic_fetch_add(&finalize_charged_ns, took < CHARGE_MAX_NS ? took : CHARGE_MAX_NS);
+    atomic_fetch_add(&finalize_charged_ns, charged(took));
     atomic_fetch_add(&finalizes, 1);
     if (rc != CUPTI_SUCCESS) {
         log_once("cuptiFinalize failed; CUPTI stays subscribed between windows (launch-bound programs run slower)");

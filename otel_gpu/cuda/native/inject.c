@@ -430,9 +430,9 @@ static void read_settings(void)
     g_settings.api_activity = !env_is("OTEL_GPU_API_ACTIVITY", "0");
     g_settings.cupti_finalize = !env_is("OTEL_GPU_CUPTI_FINALIZE", "0");
     g_settings.finalize_with_graphs = env_is("OTEL_GPU_DEBUG_FINALIZE_WITH_GRAPHS", "1");
-    g_settings.charge_take = env_is("OTEL_GPU_DEBUG_CHARGE_TAKE", "0")     ? 0
-                             : env_is("OTEL_GPU_DEBUG_CHARGE_TAKE", "cpu") ? 2
-                                                                           : 1;
+    g_settings.charge_take = env_is("OTEL_GPU_DEBUG_CHARGE_TAKE", "0")     ? CHARGE_TAKE_NONE
+                             : env_is("OTEL_GPU_DEBUG_CHARGE_TAKE", "cpu") ? CHARGE_TAKE_CPU
+                                                                           : CHARGE_TAKE_WALL;
     g_settings.sample_graphs = env_is("OTEL_GPU_CUDA_GRAPHS", "sample");
     g_settings.graph_probe_every_ns =
         (uint64_t)(env_double("OTEL_GPU_DEBUG_GRAPH_PROBE_EVERY_MS", 1000.0, 1.0, 60000.0) * 1e6);

@@ -54,6 +54,10 @@ extern struct cupti_api g_cupti;
 extern CUpti_SubscriberHandle g_subscriber;
 extern uint8_t g_cbid_class[CUPTI_DRIVER_TRACE_CBID_SIZE];
 
+/* OTEL_GPU_DEBUG_CHARGE_TAKE: the takes of CUPTI after finalizes charged to the budget by their wall time (capped:
+ * hold.c), by the controller's CPU time in them (cpu), or not at all (0). */
+enum charge_take { CHARGE_TAKE_NONE, CHARGE_TAKE_WALL, CHARGE_TAKE_CPU };
+
 /* Settings read once from the environment at InitializeInjection. */
 struct inject_settings {
     double overhead_budget;    /* OTEL_GPU_OVERHEAD_BUDGET: allowed slowdown, fraction of wall time (0.02) */
@@ -67,7 +71,7 @@ struct inject_settings {
     int cupti_finalize;        /* CUPTI is finalized after each window (OTEL_GPU_CUPTI_FINALIZE=0: never) */
     int finalize_with_graphs;  /* OTEL_GPU_DEBUG_FINALIZE_WITH_GRAPHS=1: finalize even once graphs are in use (the
                                 * crash-prone behaviour, kept as a control for scripts/h200/do_no_harm.py) */
-    int charge_take;           /* the takes after finalizes charged to the budget: 1 wall (capped), 2 CPU, 0 not */
+    enum charge_take charge_take; /* what the budget is charged for the takes after finalizes */
     int sample_graphs;         /* OTEL_GPU_CUDA_GRAPHS=sample: keep sampling once graphs are in use whatever it costs */
     double graph_residue_ns;   /* what each launch is assumed to keep paying once the activity kinds were on (window.c;
                                 * OTEL_GPU_DEBUG_GRAPH_RESIDUE_NS sets it for tests) */
@@ -135,7 +139,7 @@ void hold_mark_dirty(void);          /* an activity kind goes on: launches pay u
 int hold_dirty(void);
 int hold_graphs_seen(void);
 uint64_t hold_finalize_ns(void);     /* API exits' time in cuptiFinalize charged to the budget (capped each) */
-uint64_t hold_retake_ns(void);       /* the takes of CUPTI after finalizes charged to the budget, in all (wall, capped) */
+uint64_t hold_retake_ns(void);       /* the takes of CUPTI after finalizes charged to the budget, in all */
 void hold_print_stats(void);         /* OTEL_GPU_DEBUG_STATS lines on finalizes and graphs */
 /* The API side, any thread: */
 void hold_graph_use(void);           /* a graph call's entry: CUPTI is never finalized again (nor here) */

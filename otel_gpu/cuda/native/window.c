@@ -201,7 +201,7 @@ static void adapt_locked(uint64_t window_ns, uint64_t overhead_ns, uint64_t laun
 {
     adapt_waits_locked();
     /* the finalize after the previous window, in one of the program's threads */
-    uint64_t finalize_ns = hold_finalize_ns() + (g_settings.charge_take ? hold_retake_ns() : 0);
+    uint64_t finalize_ns = hold_finalize_ns() + (g_settings.charge_take != CHARGE_TAKE_NONE ? hold_retake_ns() : 0);
     struct window_cost cost = {window_ns, overhead_ns, launches, lingered, finalize_ns - ctl.finalize_ns_charged,
                                ctl.shadow_launches_uncharged,
                                estimate_pace(ctl.launches_total, ctl.covered_ns, ctl.shadow_launches,
