@@ -348,18 +348,34 @@ def window_table(launches: list[abi.Launch], windows: list[abi.Window], weighed:
     path.write_text("\n".join(rows) + "\n")
     if not per_iteration or not iterations:
         return []
-    weighted: Counter[int] = Counter()
-    for window, weight in zip(windows, at_last, strict=True):
-        for kind, n in kinds.get(window.window_id, Counter()).items():
-            weighted[kind] += weight * n
+    per_window = [{kind: weight * kinds.get(window.window_id, Counter())[kind] for kind in per_iteration}
+                  for window, weight in zip(windows, at_last, strict=True)]
+    low, high = kind_intervals(per_window)
     opens = sorted(window.open_us for window in windows)
     names = {abi.LAUNCH_KERNEL: "kernels", abi.LAUNCH_GRAPH: "graphs", abi.LAUNCH_MEMCPY: "copies"}
-    return ["- launches weighted by window (at the last paces) over the program's count: "
-            + ", ".join(f"{names.get(kind, kind)} {weighted[kind] / (count * iterations):.3f}"
+    return ["- launches weighted by window (at the last paces) over the program's count, with the 95 % interval of "
+            f"{BOOTSTRAP} bootstrap resamplings of the windows: "
+            + ", ".join(f"{names.get(kind, kind)} {sum(w[kind] for w in per_window) / (count * iterations):.3f} "
+                        f"[{low[kind] / (count * iterations):.3f}, {high[kind] / (count * iterations):.3f}]"
                         for kind, count in per_iteration.items())
-            + f" (a kind under 1 and another over: windows are not placed uniformly in the iteration); windows' "
+            + f" (1 outside a kind's interval: windows are not placed uniformly in the iteration); windows' "
               f"switch-on time median {opens[len(opens) // 2]} us, p90 {opens[int(0.9 * (len(opens) - 1))]} us, "
               f"max {opens[-1]} us"]
+
+
+def kind_intervals(per_window: list[dict[int, float]]) -> tuple[dict[int, float], dict[int, float]]:
+    """The 2.5 and 97.5 percentiles of each launch kind's weighted total over resamplings of the windows (each a
+    {kind: weighted launches}): how far sampling alone moves a kind's count."""
+    draw = random.Random(0)
+    totals: dict[int, list[float]] = defaultdict(list)
+    for _ in range(BOOTSTRAP if per_window else 0):
+        sample = [per_window[draw.randrange(len(per_window))] for _ in per_window]
+        for kind in per_window[0]:
+            totals[kind].append(sum(w[kind] for w in sample))
+    for values in totals.values():
+        values.sort()
+    return ({kind: v[int(0.025 * len(v))] for kind, v in totals.items()},
+            {kind: v[int(0.975 * len(v)) - 1] for kind, v in totals.items()})
 
 
 def graph_ratios(launches: list[abi.Launch], by_corr: dict[int, list[abi.Activity]],
