@@ -193,7 +193,7 @@ def diagnose(records: list[abi.Record], lines: list[str], nodes: int | None = 60
     if interval is not None:
         low, high, count = interval
         lines.append(f"- the ratio's sampling spread: 95 % of {BOOTSTRAP} bootstrap resamplings of the {count} windows "
-                     f"give replayed / eager in [{low:.3f}, {high:.3f}]")
+                     f"give replayed / eager (weighted as the agent weights it) in [{low:.3f}, {high:.3f}]")
     if windows:
         last = windows[-1]
         pace, lingering = weighed.weights.paces(last.pid)  # counted from when the shadows began, as the agent does
@@ -405,24 +405,41 @@ def graph_ratios(launches: list[abi.Launch], by_corr: dict[int, list[abi.Activit
 def ratio_interval(launches: list[abi.Launch], by_corr: dict[int, list[abi.Activity]],
                    windows: list[abi.Window]) -> tuple[float, float, int] | None:
     """The 2.5 and 97.5 percentiles of replayed / eager (graph launches' kernel time over eager launches') over
-    resamplings of the windows, each window's work weighted as the agent weights it: how far sampling alone moves it."""
+    resamplings of the windows, as the agent weights them: eager work by its window's weight, a graph whose replays
+    the library counted by that count x the resampled windows' mean time per sampled replay (other graphs by
+    window): how far sampling alone moves it."""
     weights = WindowWeights()
     weight = {w.window_id: weights.add(w)[0] for w in windows}
-    per_window: dict[int, list[float]] = defaultdict(lambda: [0.0, 0.0])
+    replays = dict(windows[-1].graph_replays) if windows else {}
+    # per window: eager weighted ns, graph ns weighted by window (uncounted execs), and per counted exec (ns, launches)
+    per_window: dict[int, tuple[list[float], Counter[int], Counter[int]]] = defaultdict(
+        lambda: ([0.0, 0.0], Counter(), Counter()))
     for launch in launches:
         ns = sum(a.end_ns - a.start_ns for a in by_corr.get(launch.correlation_id, ()))
-        per_window[launch.window_id][0 if launch.kind == abi.LAUNCH_GRAPH else 1] += ns * weight.get(launch.window_id,
-                                                                                                      1.0)
-    rows = [per_window.get(w.window_id, [0.0, 0.0]) for w in windows]
+        sums, exec_ns, exec_n = per_window[launch.window_id]
+        if launch.kind != abi.LAUNCH_GRAPH:
+            sums[0] += ns * weight.get(launch.window_id, 1.0)
+        elif launch.graph_exec in replays:
+            exec_ns[launch.graph_exec] += ns
+            exec_n[launch.graph_exec] += 1
+        else:
+            sums[1] += ns * weight.get(launch.window_id, 1.0)
+    rows = [per_window[w.window_id] for w in windows]
     if len(rows) < 10:
         return None
     draw = random.Random(0)
     ratios = []
     for _ in range(BOOTSTRAP):
         sample = [rows[draw.randrange(len(rows))] for _ in rows]
-        eager = sum(r[1] for r in sample)
+        eager = sum(r[0][0] for r in sample)
+        exec_ns: Counter[int] = Counter()
+        exec_n: Counter[int] = Counter()
+        for row in sample:
+            exec_ns.update(row[1])
+            exec_n.update(row[2])
+        graph = sum(r[0][1] for r in sample) + sum(replays[e] * exec_ns[e] / n for e, n in exec_n.items() if n)
         if eager:
-            ratios.append(sum(r[0] for r in sample) / eager)
+            ratios.append(graph / eager)
     if not ratios:
         return None
     ratios.sort()

@@ -82,6 +82,10 @@ def test_the_count_weighted_ratio_is_exact_where_windows_see_the_graph_half_the_
     lines: list[str] = []
     graphs.diagnose(records, lines)
     assert f"**{truth:.3f} weighted by replay counts**" in "\n".join(lines)
+    # the spread of the agent's estimate: every sampled replay took the same time, so resampling the windows leaves
+    # the counted replays x their mean time where it is (by windows it spread around half the ratio, above)
+    low, high, _ = graphs.ratio_interval(*_split(records))
+    assert low == pytest.approx(truth) and high == pytest.approx(truth)
 
 
 def test_the_program_compiles_with_its_reference_part(graphs) -> None:  # type: ignore[no-untyped-def]
