@@ -607,6 +607,33 @@ def test_taking_cupti_again_is_charged_its_wall_time_up_to_a_cap(injected_lib: P
     assert fractions[8000] < fractions[0] / 2, fractions
 
 
+FINALIZED_WHERE = re.compile(r"finalizes at a synchronize's exit (\d+), at another exit after 50 ms without one (\d+), "
+                             r"at once \(no synchronize within that the last 3 times\) (\d+);")
+
+
+def test_a_program_that_never_synchronizes_is_finalized_without_waiting_for_one(injected_lib: Path,
+                                                                                 tmp_path: Path) -> None:
+    """After a window the library asks for a finalize at the next synchronize's exit, or at any exit once 50 ms went by
+    without one; meanwhile every launch runs slowed by the activity kinds' residue (11-24 % on an H200). A launch-bound
+    loop that never waits ran those 50 ms out after every window (an H100's baton: the loss grew with longer turns).
+    Three in a row, and the next finalizes take the next launch's exit (every 16th waits again, should the program
+    synchronize now); a program that synchronizes every step is still finalized at its synchronize's exits."""
+    stats = {"OTEL_GPU_DEBUG_STATS": "1"}
+    never = run_workload(injected_lib, tmp_path, [str(WORKLOAD), "--tiny", "1000000", "--tiny-wait-every", "0",
+                                                  "--graph-from", "100000"], extra_env=stats)  # no graph: finalized
+    where = FINALIZED_WHERE.search(never.stderr)
+    assert where, never.stderr
+    at_sync, after_patience, at_once = int(where[1]), int(where[2]), int(where[3])
+    print(where[0])
+    assert at_sync <= 1  # the program's only synchronize is its last
+    assert 3 <= after_patience <= 3 + (after_patience + at_once) // 16 + 1, where[0]
+    assert at_once >= 5 and at_once > 2 * after_patience, where[0]
+    synced = run_workload(injected_lib, tmp_path, [str(WORKLOAD), "--steps", "600", "--graph-every", "0",
+                                                   "--graph-from", "100000"], extra_env=stats)
+    where = FINALIZED_WHERE.search(synced.stderr)
+    assert where and int(where[1]) >= 10 and int(where[3]) == 0, synced.stderr
+
+
 def test_a_graph_program_that_launches_too_often_for_the_budget_is_left_alone(injected_lib: Path, tmp_path: Path) -> None:
     """Graphs forbid the finalize, and on a real driver a window's activity kinds leave every later launch slower until
     one: when graphs show up before any window, the library counts the launches for a moment and stands aside for

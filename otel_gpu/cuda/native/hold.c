@@ -15,9 +15,11 @@
  * callbacks are off again, for as long as it stays subscribed; only cuptiFinalize undoes it (scripts/h200/baton.py;
  * numbers in docs/benchmarks.md). So at a linger's end (and at detach) every record is flushed and a finalize is asked
  * for: the next exit of a synchronize call, in whatever thread, performs it (CUPTI's documented place for a dynamic
- * detach; any API exit after FINALIZE_PATIENCE_NS without one), and the controller, woken by it, subscribes again at
- * once so that waits between windows are recorded. Waits that begin between the finalize and the new subscription go
- * unseen. OTEL_GPU_CUPTI_FINALIZE=0 keeps the subscription.
+ * detach; any API exit after FINALIZE_PATIENCE_NS without one, and the next launch's exit at once after that happened
+ * IMPATIENT_AFTER times in a row: a loop that never synchronizes otherwise ran 50 ms slowed by the residue after each
+ * window), and the controller, woken by it, subscribes again at once so that waits between windows are recorded.
+ * Waits that begin between the finalize and the new subscription go unseen. OTEL_GPU_CUPTI_FINALIZE=0 keeps the
+ * subscription.
  *
  * What a take costs the program: while the controller subscribes again the driver holds back the program's launches,
  * so a launch-bound program loses the take's wall time (8-12 ms on an H100 and an H200), of which the controller's
@@ -47,6 +49,8 @@
 
 #define FINALIZE_PATIENCE_NS 50000000ull /* a finalize waits this long for a wait's exit, then takes any: 50 ms */
 #define CHARGE_MAX_NS 20000000ull        /* a finalize or a take is charged its wall time up to this: 20 ms (above) */
+#define IMPATIENT_AFTER 3u   /* finalizes in a row that waited FINALIZE_PATIENCE_NS for nothing: the next ones at once */
+#define PATIENT_EVERY 16u    /* ... but every 16th finalize waits again, in case the program synchronizes now */
 
 CUpti_SubscriberHandle g_subscriber;
 
@@ -59,7 +63,13 @@ static _Atomic int dirty;              /* activity kinds were on since CUPTI was
                                         * that until the next finalize, whether or not a window is open */
 static _Atomic uint64_t finalizes, finalize_ns; /* how often, and how long the API exits spent in cuptiFinalize */
 static _Atomic uint64_t finalize_charged_ns;    /* that time, each finalize capped at CHARGE_MAX_NS (the budget's) */
-static uint64_t asked_ns;              /* controller: monotonic, when the finalize was asked for */
+static _Atomic uint64_t asked_ns;      /* controller: monotonic, when the finalize was asked for */
+static uint64_t asks;                  /* controller: finalizes asked for */
+static _Atomic uint32_t waited_in_vain; /* finalizes in a row performed at another exit after the patience ran out */
+static _Atomic int asked_at_once;      /* the pending finalize was asked for at any exit from the start */
+static _Atomic uint64_t at_sync_exit, after_patience, at_once; /* where finalizes were performed (stats) */
+static _Atomic uint64_t ask_to_finalize_ns, at_once_ns; /* from ask to finalize, summed (all; those at once): the
+                                                         * program runs with the kinds' residue meanwhile */
 static uint64_t retakes, retake_ns;    /* controller: subscriptions taken (attach, after each finalize), total time */
 static uint64_t subscribed_ns;         /* controller: CPU time of the takes that subscribed (after a finalize) */
 static uint64_t take_charged_ns;       /* controller: their wall time, each capped at CHARGE_MAX_NS (the budget's) */
@@ -207,12 +217,23 @@ int hold_take(void)
 void hold_let_go(void)
 {
     activity_enable(0);
-    cbids_enable_launches(0); /* after the kinds: no recorded launch goes without its own id */
-    if (may_finalize()) {
+    int finalizing = may_finalize();
+    /* A program that did not synchronize within the patience the last few times (a launch-bound loop that never
+     * waits) would run the patience out again, every launch slowed by the activity kinds' residue for those 50 ms:
+     * the next launch's exit performs the finalize instead, as it would after the patience (the launch callbacks
+     * stay on for it). */
+    int at_once = finalizing && atomic_load(&waited_in_vain) >= IMPATIENT_AFTER && ++asks % PATIENT_EVERY != 0;
+    if (!at_once)
+        cbids_enable_launches(0); /* after the kinds: no recorded launch goes without its own id */
+    if (finalizing) {
         g_cupti.activity_flush_all(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
-        atomic_store(&at_any_exit, 0);
-        move(HOLD_ASK, HOLD_HELD);
-        asked_ns = monotonic_ns();
+        atomic_store(&asked_at_once, at_once);
+        atomic_store(&at_any_exit, at_once);
+        atomic_store(&asked_ns, monotonic_ns());
+        if (!move(HOLD_ASK, HOLD_HELD) && at_once) { /* not held after all: nothing for an exit to perform */
+            atomic_store(&at_any_exit, 0);
+            cbids_enable_launches(0);
+        }
     }
 }
 
@@ -298,6 +319,12 @@ void hold_print_stats(void)
             (unsigned long long)count, mean_us(atomic_load(&finalize_ns), count),
             (double)atomic_load(&finalize_charged_ns) / 1e6, (unsigned long long)retakes, mean_us(retake_ns, retakes),
             (double)subscribed_ns / 1e6, (double)take_charged_ns / 1e6);
+    fprintf(stderr, "otel-gpu: stats finalizes at a synchronize's exit %llu, at another exit after %.0f ms without one "
+            "%llu, at once (no synchronize within that the last %u times) %llu; %.1f ms from the ask each (those at once "
+            "%.1f ms)\n", (unsigned long long)atomic_load(&at_sync_exit), (double)FINALIZE_PATIENCE_NS / 1e6,
+            (unsigned long long)atomic_load(&after_patience), IMPATIENT_AFTER, (unsigned long long)atomic_load(&at_once),
+            mean_us(atomic_load(&ask_to_finalize_ns), count) / 1e3,
+            mean_us(atomic_load(&at_once_ns), atomic_load(&at_once)) / 1e3);
     fprintf(stderr, "otel-gpu: stats CUDA graph calls %llu, graphs in use %d (CUPTI %s finalized since)\n",
             (unsigned long long)atomic_load(&graph_calls), atomic_load(&graphs_seen),
             may_finalize() ? "still" : "no longer");
@@ -306,7 +333,7 @@ void hold_print_stats(void)
 /* --- the API side (any thread, no lock) ----------------------------------------------------------------------- */
 
 /* Performs an asked-for finalize at an API exit. */
-static void finalize_from_callback(void)
+static void finalize_from_callback(int synchronize_exit)
 {
     if (!may_finalize()) { /* a graph came since the finalize was asked for: CUPTI stays subscribed */
         move(HOLD_CALL_OFF, HOLD_ASKED);
@@ -326,6 +353,18 @@ static void finalize_from_callback(void)
         return;
     }
     atomic_store(&dirty, 0);
+    uint64_t waited = monotonic_ns() - atomic_load(&asked_ns);
+    atomic_fetch_add(&ask_to_finalize_ns, waited);
+    if (synchronize_exit) {
+        atomic_store(&waited_in_vain, 0);
+        atomic_fetch_add(&at_sync_exit, 1);
+    } else if (atomic_load(&asked_at_once)) {
+        atomic_fetch_add(&at_once, 1);
+        atomic_fetch_add(&at_once_ns, waited);
+    } else {
+        atomic_fetch_add(&waited_in_vain, 1);
+        atomic_fetch_add(&after_patience, 1);
+    }
     move(HOLD_DONE, HOLD_FINALIZING);
     window_wake(); /* the controller subscribes again at once: waits between windows are recorded again */
 }
@@ -341,7 +380,8 @@ void hold_graph_use(void)
 
 void hold_api_exit(uint32_t wait_kind)
 {
+    int synchronize_exit = wait_kind != 0 && wait_kind != OTEL_GPU_SYNC_MEMCPY;
     if (atomic_load_explicit(&state, memory_order_relaxed) == HOLD_ASKED &&
-        hold_exit_takes_finalize(wait_kind != 0 && wait_kind != OTEL_GPU_SYNC_MEMCPY, atomic_load(&at_any_exit)))
-        finalize_from_callback();
+        hold_exit_takes_finalize(synchronize_exit, atomic_load(&at_any_exit)))
+        finalize_from_callback(synchronize_exit);
 }

@@ -37,7 +37,8 @@
  *   launch_tiny calls (100 ns kernels, each after --mixed-cpu-us (10) of the program's own CPU time), then sync_point.
  *   --idle-before-graph-ms MS: with --graph-from, the program makes no CUDA call for MS before it instantiates the
  *   graph (CPU work, a data loader's stall), so the graph call is the first call the library sees after it.
- *   --tiny N replaces the training loop by a launch-bound one: N launches of "tiny_kernel" (100 ns), waiting every 1000.
+ *   --tiny N replaces the training loop by a launch-bound one: N launches of "tiny_kernel" (100 ns), waiting every 1000
+ *   (--tiny-wait-every K: every K; 0: only at the end, a loop that never synchronizes).
  *   --exit-at STEP exits in the middle of step STEP (after its launches, before any wait): a crash-free exit
  *   mid-stream. --no-init never calls cuInit (the library is never loaded).
  * At the end it prints the schedule it ran: "site <function> <kernel> <count> <total_ns>" per call site and kernel,
@@ -156,13 +157,13 @@ NOINLINE void drain(void)
     CHECK(cuCtxSynchronize());
 }
 
-NOINLINE void launch_bound_loop(long launches)
+NOINLINE void launch_bound_loop(long launches, long wait_every)
 {
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
     for (long i = 0; i < launches; i++) {
         CHECK(cuLaunchKernel(tiny, 1, 1, 1, 32, 1, 1, 0, stream, NULL, NULL));
-        if (i % 1000 == 999)
+        if (wait_every > 0 && i % wait_every == wait_every - 1)
             sync_point();
     }
     sync_point();
@@ -358,7 +359,7 @@ static void setup(void)
 int main(int argc, char **argv)
 {
     int steps = 200, graph_every = 4, exit_at = -1, init = 1;
-    long tiny_launches = 0, lag_pace_us = 0;
+    long tiny_launches = 0, tiny_wait_every = 1000, lag_pace_us = 0;
     int phase_blocks = 0, mixed_iterations = 0;
     int skip_exit_handlers = 0, fork_children = 0, take_cupti = 0, profile_at = -1, profile_every = 0,
         profile_steps = 10;
@@ -379,6 +380,8 @@ int main(int argc, char **argv)
             mixed_cpu_ns = (long)(atof(argv[++i]) * 1000.0);
         else if (strcmp(argv[i], "--tiny") == 0 && i + 1 < argc)
             tiny_launches = atol(argv[++i]);
+        else if (strcmp(argv[i], "--tiny-wait-every") == 0 && i + 1 < argc)
+            tiny_wait_every = atol(argv[++i]);
         else if (strcmp(argv[i], "--lagged-pace-us") == 0 && i + 1 < argc)
             lag_pace_us = atol(argv[++i]);
         else if (strcmp(argv[i], "--graph-from") == 0 && i + 1 < argc)
@@ -404,7 +407,7 @@ int main(int argc, char **argv)
         else if (strcmp(argv[i], "--no-init") == 0)
             init = 0;
         else {
-            fprintf(stderr, "usage: %s [--steps N] [--graph-every K] [--exit-at STEP] [--no-init] [--tiny N] [--skip-exit-handlers]"
+            fprintf(stderr, "usage: %s [--steps N] [--graph-every K] [--exit-at STEP] [--no-init] [--tiny N [--tiny-wait-every K]] [--skip-exit-handlers]"
                             " [--lagged-pace-us US] [--mixed N [--mixed-cpu-us US]] [--side-stream] [--fork-children] [--take-cupti]"
                             " [--graph-from STEP [--idle-before-graph-ms MS]] [--graph-phases N [--graph-execs K]] [--profiler-lib PATH --profile-at STEP [--profile-every K] [--profile-steps N]]\n",
                     argv[0]);
@@ -422,7 +425,7 @@ int main(int argc, char **argv)
         return 0;
     }
     if (tiny_launches > 0) {
-        launch_bound_loop(tiny_launches);
+        launch_bound_loop(tiny_launches, tiny_wait_every);
         return 0;
     }
     int children = 0;
