@@ -183,13 +183,13 @@ def diagnose(records: list[abi.Record], lines: list[str], nodes: int | None = 60
     if per_window is not None:
         lines += window_table(launches, windows, weighed, per_window, per_iteration, iterations)
         lines.append(f"- every window's weight, pace, sampled launches by kind and switch-on time: {per_window.name}")
-    ratios = graph_ratios(launches, by_corr, windows)
+    ratios = graph_ratios(launches, by_corr, windows, weighed)
     if ratios is not None:
         by_counts, by_windows, replays, sampled = ratios
         lines.append(f"- graph replays counted by the library {replays:,} ({sampled:,} sampled); replayed / eager "
                      f"over the whole run from these records: **{by_counts:.3f} weighted by replay counts**, "
                      f"{by_windows:.3f} weighted by windows")
-    interval = ratio_interval(launches, by_corr, windows)
+    interval = ratio_interval(launches, by_corr, windows, weighed)
     if interval is not None:
         low, high, count = interval
         lines.append(f"- the ratio's sampling spread: 95 % of {BOOTSTRAP} bootstrap resamplings of the {count} windows "
@@ -251,6 +251,10 @@ class Weighed:
     weights: WindowWeights
     added: list[tuple[float, int, int]]  # in the windows' order
     paces: list[tuple[float, float]]
+
+    def at_close(self, windows: list[abi.Window]) -> dict[int, float]:
+        """Each of ``windows`` (those weighed, in order) by id: its weight as known at its close."""
+        return {window.window_id: added[0] for window, added in zip(windows, self.added, strict=True)}
 
 
 def weigh(windows: list[abi.Window]) -> Weighed:
@@ -372,19 +376,22 @@ def kind_intervals(per_window: list[dict[int, float]]) -> tuple[dict[int, float]
         sample = [per_window[draw.randrange(len(per_window))] for _ in per_window]
         for kind in per_window[0]:
             totals[kind].append(sum(w[kind] for w in sample))
-    for values in totals.values():
-        values.sort()
-    return ({kind: v[int(0.025 * len(v))] for kind, v in totals.items()},
-            {kind: v[int(0.975 * len(v)) - 1] for kind, v in totals.items()})
+    spans = {kind: interval_95(values) for kind, values in totals.items()}
+    return {kind: low for kind, (low, _) in spans.items()}, {kind: high for kind, (_, high) in spans.items()}
 
 
-def graph_ratios(launches: list[abi.Launch], by_corr: dict[int, list[abi.Activity]],
-                 windows: list[abi.Window]) -> tuple[float, float, int, int] | None:
+def interval_95(values: list[float]) -> tuple[float, float]:
+    """The 2.5 and 97.5 percentiles of bootstrap ``values`` (sorted here)."""
+    values.sort()
+    return values[int(0.025 * len(values))], values[int(0.975 * len(values)) - 1]
+
+
+def graph_ratios(launches: list[abi.Launch], by_corr: dict[int, list[abi.Activity]], windows: list[abi.Window],
+                 weighed: Weighed) -> tuple[float, float, int, int] | None:
     """(replayed / eager with graph work weighted by replay counts, the same weighted by windows, replays counted,
     graph launches sampled) over the whole run as one stretch: a sampled replay of an exec stands for its replays
     counted over its sampled ones (execs beyond the library's table, and eager work, by their windows)."""
-    weights = WindowWeights()
-    weight = {w.window_id: weights.add(w)[0] for w in windows}
+    weight = weighed.at_close(windows)
     replays = dict(windows[-1].graph_replays) if windows else {}
     sampled = Counter(r.graph_exec for r in launches if r.kind == abi.LAUNCH_GRAPH)
     by_counts = by_windows = eager = 0.0
@@ -402,14 +409,13 @@ def graph_ratios(launches: list[abi.Launch], by_corr: dict[int, list[abi.Activit
     return by_counts / eager, by_windows / eager, sum(replays.values()), sum(sampled.values())
 
 
-def ratio_interval(launches: list[abi.Launch], by_corr: dict[int, list[abi.Activity]],
-                   windows: list[abi.Window]) -> tuple[float, float, int] | None:
+def ratio_interval(launches: list[abi.Launch], by_corr: dict[int, list[abi.Activity]], windows: list[abi.Window],
+                   weighed: Weighed) -> tuple[float, float, int] | None:
     """The 2.5 and 97.5 percentiles of replayed / eager (graph launches' kernel time over eager launches') over
     resamplings of the windows, as the agent weights them: eager work by its window's weight, a graph whose replays
     the library counted by that count x the resampled windows' mean time per sampled replay (other graphs by
     window): how far sampling alone moves it."""
-    weights = WindowWeights()
-    weight = {w.window_id: weights.add(w)[0] for w in windows}
+    weight = weighed.at_close(windows)
     replays = dict(windows[-1].graph_replays) if windows else {}
     # per window: eager weighted ns, graph ns weighted by window (uncounted execs), and per counted exec (ns, launches)
     per_window: dict[int, tuple[list[float], Counter[int], Counter[int]]] = defaultdict(
@@ -442,8 +448,7 @@ def ratio_interval(launches: list[abi.Launch], by_corr: dict[int, list[abi.Activ
             ratios.append(graph / eager)
     if not ratios:
         return None
-    ratios.sort()
-    return ratios[int(0.025 * len(ratios))], ratios[int(0.975 * len(ratios)) - 1], len(rows)
+    return (*interval_95(ratios), len(rows))
 
 
 @dataclass

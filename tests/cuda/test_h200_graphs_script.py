@@ -36,13 +36,15 @@ def _records(windows: int, graph_in: set[int]) -> list[abi.Record]:
     return records
 
 
-def _split(records: list[abi.Record]):  # type: ignore[no-untyped-def]
+def _split(graphs, records: list[abi.Record]):  # type: ignore[no-untyped-def]
+    """The script's inputs from ``records``: launches, kernel records by correlation id, windows and their weights."""
     launches = [r for r in records if isinstance(r, abi.Launch)]
     by_corr: dict[int, list[abi.Activity]] = {}
     for r in records:
         if isinstance(r, abi.Activity):
             by_corr.setdefault(r.correlation_id, []).append(r)
-    return launches, by_corr, [r for r in records if isinstance(r, abi.Window)]
+    windows = [r for r in records if isinstance(r, abi.Window)]
+    return launches, by_corr, windows, graphs.weigh(windows)
 
 
 def test_the_diagnosis_counts_each_graph_launchs_kernel_records(graphs) -> None:  # type: ignore[no-untyped-def]
@@ -62,10 +64,10 @@ def test_the_diagnosis_counts_each_graph_launchs_kernel_records(graphs) -> None:
 
 def test_the_spread_is_exact_for_equal_windows_and_wide_for_clustered_work(graphs) -> None:  # type: ignore[no-untyped-def]
     truth = 60 * 2000 / (60 * 1900)
-    low, high, count = graphs.ratio_interval(*_split(_records(40, set(range(1, 41)))))
+    low, high, count = graphs.ratio_interval(*_split(graphs, _records(40, set(range(1, 41)))))
     assert count == 40 and low == pytest.approx(truth) and high == pytest.approx(truth)
     # graph phases in every other window only: the estimate is half the ratio, and resampling the windows spreads it
-    low, high, _ = graphs.ratio_interval(*_split(_records(40, set(range(1, 41, 2)))))
+    low, high, _ = graphs.ratio_interval(*_split(graphs, _records(40, set(range(1, 41, 2)))))
     assert low < truth / 2 < high and high - low > 0.1
 
 
@@ -75,7 +77,7 @@ def test_the_count_weighted_ratio_is_exact_where_windows_see_the_graph_half_the_
     # each window stands for 100 windows' time (covered 1 ms of 100 ms): the graph ran 4,000 times in all
     records = [replace(r, graph_replays=((0xABC, r.window_id * 100),)) if isinstance(r, abi.Window) else r
                for r in records]
-    by_counts, by_windows, replays, sampled = graphs.graph_ratios(*_split(records))
+    by_counts, by_windows, replays, sampled = graphs.graph_ratios(*_split(graphs, records))
     assert (replays, sampled) == (4000, 20)
     assert by_counts == pytest.approx(truth)
     assert by_windows == pytest.approx(truth / 2)
@@ -84,7 +86,7 @@ def test_the_count_weighted_ratio_is_exact_where_windows_see_the_graph_half_the_
     assert f"**{truth:.3f} weighted by replay counts**" in "\n".join(lines)
     # the spread of the agent's estimate: every sampled replay took the same time, so resampling the windows leaves
     # the counted replays x their mean time where it is (by windows it spread around half the ratio, above)
-    low, high, _ = graphs.ratio_interval(*_split(records))
+    low, high, _ = graphs.ratio_interval(*_split(graphs, records))
     assert low == pytest.approx(truth) and high == pytest.approx(truth)
 
 
