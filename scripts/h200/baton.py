@@ -88,6 +88,7 @@ MODE_SETUP: dict[str, tuple[str | None, dict[str, str]]] = {
     "S": ("agent", {"OTEL_GPU_CUDA_GRAPHS": "sample"}),
     "U": ("agent", {"OTEL_GPU_DEBUG_CHARGE_TAKE": "0"}),  # the takes of CUPTI after finalizes left out of the budget
     "C": ("agent", {"OTEL_GPU_DEBUG_CHARGE_TAKE": "cpu"}),  # only the controller's CPU time in them charged (before)
+    "A": ("agent", {"OTEL_GPU_DEBUG_FINALIZE_AT_ONCE": "1"}),  # no 50 ms patience for loops that never synchronize
 }
 MODES = tuple(os.environ.get("BATON_MODES", "P,E,N,I").split(","))
 

@@ -31,15 +31,15 @@ for step in "${steps[@]}"; do
     graphs)   timeout 560 python3 scripts/h200/graphs.py "$OUT/h200-graphs.md" ;;
     issue16*) # what issue 16 still needs verified, under 10 minutes in all (issue16 runs the three; each alone too, to
               # fit a short lease): the eager side's weights with the lingers weighted by their own launches (ABI 7)
-              # and copies against torch.profiler (_graphs), the take's charge (baton modes P, I: wall time capped,
-              # C: CPU time) on tiny kernels (_baton) and beside a GPU-bound matmul (_matmul)
+              # and copies against torch.profiler (_graphs), the budget (baton modes P, I; A: the finalize at once for
+              # loops that never synchronize) on tiny kernels (_baton) and beside a GPU-bound matmul (_matmul)
               [[ $step == issue16 || $step == issue16_graphs ]] && GRAPHS_COPIES=1 OTEL_GPU_WINDOW_MS=5 \
                 OTEL_GPU_OVERHEAD_BUDGET=0.2 GRAPHS_SECONDS=40 timeout 130 python3 scripts/h200/graphs.py \
                 "$OUT/h200-graphs-5ms.md"
-              [[ $step == issue16 || $step == issue16_baton ]] && BATON_PER=2 BATON_MODES=${BATON_MODES:-P,I,C} \
+              [[ $step == issue16 || $step == issue16_baton ]] && BATON_PER=2 BATON_MODES=${BATON_MODES:-P,I,A} \
                 timeout 190 python3 scripts/h200/baton.py "$OUT/h200-baton.md" 110
               [[ $step == issue16 || $step == issue16_matmul ]] && BATON_LOOP=matmul BATON_PER=2 \
-                BATON_MODES=${BATON_MODES:-P,I,C} timeout 190 python3 scripts/h200/baton.py "$OUT/h200-baton-matmul.md" 110
+                BATON_MODES=${BATON_MODES:-P,I,A} timeout 190 python3 scripts/h200/baton.py "$OUT/h200-baton-matmul.md" 110
               true ;;
     capture_loop) # the segfault in torch.cuda.graph's capture_begin (an H100, twenty-first session: 2 injected runs in
               # 20, none in 18 plain ones): scripts/h200/graphs.py's program, 3 s each, injected without an agent

@@ -616,11 +616,12 @@ def test_a_program_that_never_synchronizes_is_finalized_without_waiting_for_one(
     """After a window the library asks for a finalize at the next synchronize's exit, or at any exit once 50 ms went by
     without one; meanwhile every launch runs slowed by the activity kinds' residue (11-24 % on an H200). A launch-bound
     loop that never waits ran those 50 ms out after every window (an H100's baton: the loss grew with longer turns).
-    Three in a row, and the next finalizes take the next launch's exit (every 16th waits again, should the program
-    synchronize now); a program that synchronizes every step is still finalized at its synchronize's exits."""
+    With OTEL_GPU_DEBUG_FINALIZE_AT_ONCE=1 (off until a GPU has measured it), three in a row, and the next finalizes
+    take the next launch's exit (every 16th waits again, should the program synchronize now); a program that
+    synchronizes every step is still finalized at its synchronize's exits. Off, every finalize waits out the 50 ms."""
     stats = {"OTEL_GPU_DEBUG_STATS": "1"}
-    never = run_workload(injected_lib, tmp_path, [str(WORKLOAD), "--tiny", "1000000", "--tiny-wait-every", "0",
-                                                  "--graph-from", "100000"], extra_env=stats)  # no graph: finalized
+    argv = [str(WORKLOAD), "--tiny", "1000000", "--tiny-wait-every", "0", "--graph-from", "100000"]  # no graph
+    never = run_workload(injected_lib, tmp_path, argv, extra_env={**stats, "OTEL_GPU_DEBUG_FINALIZE_AT_ONCE": "1"})
     where = FINALIZED_WHERE.search(never.stderr)
     assert where, never.stderr
     at_sync, after_patience, at_once = int(where[1]), int(where[2]), int(where[3])
@@ -628,8 +629,12 @@ def test_a_program_that_never_synchronizes_is_finalized_without_waiting_for_one(
     assert at_sync <= 1  # the program's only synchronize is its last
     assert 3 <= after_patience <= 3 + (after_patience + at_once) // 16 + 1, where[0]
     assert at_once >= 5 and at_once > 2 * after_patience, where[0]
+    default = run_workload(injected_lib, tmp_path, argv, extra_env=stats)
+    where = FINALIZED_WHERE.search(default.stderr)
+    assert where and int(where[2]) >= 5 and int(where[3]) == 0, default.stderr
     synced = run_workload(injected_lib, tmp_path, [str(WORKLOAD), "--steps", "600", "--graph-every", "0",
-                                                   "--graph-from", "100000"], extra_env=stats)
+                                                   "--graph-from", "100000"],
+                          extra_env={**stats, "OTEL_GPU_DEBUG_FINALIZE_AT_ONCE": "1"})
     where = FINALIZED_WHERE.search(synced.stderr)
     assert where and int(where[1]) >= 10 and int(where[3]) == 0, synced.stderr
 

@@ -16,8 +16,9 @@
  * numbers in docs/benchmarks.md). So at a linger's end (and at detach) every record is flushed and a finalize is asked
  * for: the next exit of a synchronize call, in whatever thread, performs it (CUPTI's documented place for a dynamic
  * detach; any API exit after FINALIZE_PATIENCE_NS without one, and the next launch's exit at once after that happened
- * IMPATIENT_AFTER times in a row: a loop that never synchronizes otherwise ran 50 ms slowed by the residue after each
- * window), and the controller, woken by it, subscribes again at once so that waits between windows are recorded.
+ * IMPATIENT_AFTER times in a row, with OTEL_GPU_DEBUG_FINALIZE_AT_ONCE=1 until a GPU has measured it: a loop that
+ * never synchronizes otherwise runs 50 ms slowed by the residue after each window), and the controller, woken by it,
+ * subscribes again at once so that waits between windows are recorded.
  * Waits that begin between the finalize and the new subscription go unseen. OTEL_GPU_CUPTI_FINALIZE=0 keeps the
  * subscription.
  *
@@ -222,7 +223,8 @@ void hold_let_go(void)
      * waits) would run the patience out again, every launch slowed by the activity kinds' residue for those 50 ms:
      * the next launch's exit performs the finalize instead, as it would after the patience (the launch callbacks
      * stay on for it). */
-    int at_once = finalizing && atomic_load(&waited_in_vain) >= IMPATIENT_AFTER && ++asks % PATIENT_EVERY != 0;
+    int at_once = finalizing && g_settings.finalize_at_once && atomic_load(&waited_in_vain) >= IMPATIENT_AFTER &&
+                  ++asks % PATIENT_EVERY != 0;
     if (!at_once)
         cbids_enable_launches(0); /* after the kinds: no recorded launch goes without its own id */
     if (finalizing) {

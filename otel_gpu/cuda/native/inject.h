@@ -71,6 +71,8 @@ struct inject_settings {
     int cupti_finalize;        /* CUPTI is finalized after each window (OTEL_GPU_CUPTI_FINALIZE=0: never) */
     int finalize_with_graphs;  /* OTEL_GPU_DEBUG_FINALIZE_WITH_GRAPHS=1: finalize even once graphs are in use (the
                                 * crash-prone behaviour, kept as a control for scripts/h200/do_no_harm.py) */
+    int finalize_at_once;      /* OTEL_GPU_DEBUG_FINALIZE_AT_ONCE=1: a program that never synchronizes is finalized at
+                                * its next launch's exit once the patience ran out three times in a row (hold.c) */
     enum charge_take charge_take; /* what the budget is charged for the takes after finalizes */
     int sample_graphs;         /* OTEL_GPU_CUDA_GRAPHS=sample: keep sampling once graphs are in use whatever it costs */
     double graph_residue_ns;   /* what each launch is assumed to keep paying once the activity kinds were on (window.c;
