@@ -18,7 +18,10 @@ between processes and minutes (72k-143k kernels/s seen within one process) hits 
 
 Usage: baton.py REPORT.md [SECONDS]   (env: BATON_PER=3, BATON_SLICE=1.0, BATON_MODES=P,E,N,I, BATON_LOOP=tiny or
 matmul: 10 8192x8192 bf16 matmuls per step, the GPU-bound case; graph: replays of a captured 10-kernel CUDA graph;
-mixed: one replay and 20 eager kernels per step)
+mixed: one replay and 20 eager kernels per step; bursty: a server's requests, 50 ms without a CUDA call and then 100
+tiny kernels and a synchronize: what the windows that fall in its idle time cost the next request). Each mode's
+steps' durations (a request for bursty) are reported too: the median over turns of each turn's p50 and p99, and the
+longest step seen.
 """
 from __future__ import annotations
 
@@ -34,8 +37,10 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 CHILD = r'''
-import json, sys, time
+import json, statistics, sys, time
 import torch
+def pause():
+    pass
 if sys.argv[1] == "matmul":  # GPU-bound: 8192x8192 bf16 matmuls, 10 per step
     a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
     def step():
@@ -59,6 +64,15 @@ elif sys.argv[1] in ("graph", "mixed"):  # a captured graph of 10 tiny kernels r
         for _ in range(eager):
             x.add_(1)
         return 10 + eager
+elif sys.argv[1] == "bursty":  # a server: 50 ms without a CUDA call, then a request of 100 tiny kernels, answered
+    x = torch.zeros(1, device="cuda")
+    def pause():
+        time.sleep(0.05)
+    def step():
+        for _ in range(100):
+            x.add_(1)
+        torch.cuda.synchronize()
+        return 100
 else:  # launch-bound: 100 tiny kernels per step
     x = torch.zeros(1, device="cuda")
     def step():
@@ -71,11 +85,16 @@ torch.cuda.synchronize()
 print("ready", flush=True)
 for line in sys.stdin:
     seconds = float(line)
-    n, start = 0, time.perf_counter()
+    n, start, steps = 0, time.perf_counter(), []
     while time.perf_counter() - start < seconds:
+        pause()
+        began = time.perf_counter()
         n += step()
+        steps.append(time.perf_counter() - began)
     torch.cuda.synchronize()
-    print(json.dumps({"rate": n / (time.perf_counter() - start)}), flush=True)
+    q = statistics.quantiles(steps, n=100, method="inclusive") if len(steps) >= 2 else steps * 99
+    print(json.dumps({"rate": n / (time.perf_counter() - start), "p50_ms": q[49] * 1e3, "p99_ms": q[98] * 1e3,
+                      "max_ms": max(steps) * 1e3}), flush=True)
 '''
 # mode -> (injected library: None / "empty" / "inert" / "agent", extra environment); BATON_MODES picks (default P,E,N,I)
 MODE_SETUP: dict[str, tuple[str | None, dict[str, str]]] = {
@@ -110,6 +129,14 @@ def cycle_losses(cycles: list[dict[str, list[float]]], mode: str) -> list[float]
     return sorted(1 - statistics.median(c[mode]) / statistics.median(c["P"]) for c in cycles)
 
 
+def step_latency(turns: list[dict[str, float]]) -> str:
+    """A mode's step durations: the median over its turns of each turn's p50 and p99, and the longest step."""
+    if not turns:
+        return "-"
+    return (f"{statistics.median(t['p50_ms'] for t in turns):.2f} / {statistics.median(t['p99_ms'] for t in turns):.2f}"
+            f", {max(t['max_ms'] for t in turns):.1f}")
+
+
 def main(argv: list[str]) -> int:
     if len(argv) not in (2, 3):
         print(__doc__)
@@ -117,8 +144,8 @@ def main(argv: list[str]) -> int:
     out, seconds = Path(argv[1]), float(argv[2]) if len(argv) == 3 else 240.0
     per, slice_s = int(os.environ.get("BATON_PER", "3")), float(os.environ.get("BATON_SLICE", "1.0"))
     loop = os.environ.get("BATON_LOOP", "tiny")
-    if loop not in ("tiny", "matmul", "graph", "mixed"):
-        print(f"BATON_LOOP must be tiny, matmul, graph or mixed, not {loop!r}")
+    if loop not in ("tiny", "matmul", "graph", "mixed", "bursty"):
+        print(f"BATON_LOOP must be tiny, matmul, graph, mixed or bursty, not {loop!r}")
         return 2
     sys.path.insert(0, str(REPO))
     sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -165,6 +192,7 @@ def main(argv: list[str]) -> int:
         time.sleep(5.0)  # the agent discovers and attaches to the I processes
         cycles: list[dict[str, list[float]]] = []
         per_process: dict[int, list[float]] = {i: [] for i in range(len(procs))}
+        steps: dict[str, list[dict[str, float]]] = {m: [] for m in MODES}  # each turn's step durations, per mode
         end = time.monotonic() + seconds
         rng = random.Random(7)
         while time.monotonic() < end:
@@ -176,7 +204,9 @@ def main(argv: list[str]) -> int:
                 assert p.stdin is not None and p.stdout is not None
                 p.stdin.write(f"{slice_s}\n")
                 p.stdin.flush()
-                rate = json.loads(p.stdout.readline())["rate"]
+                turn = json.loads(p.stdout.readline())
+                rate = turn["rate"]
+                steps[mode].append(turn)
                 cycle[mode].append(rate)
                 per_process[i].append(rate)
             cycles.append(cycle)
@@ -195,14 +225,16 @@ def main(argv: list[str]) -> int:
 
     what = {"tiny": "Launch-bound overhead (tiny kernels)", "matmul": "GPU-bound overhead (large matmuls)",
             "graph": "CUDA graph replays (10 tiny kernels each)",
-            "mixed": "CUDA graph replays beside eager launches (10 + 20 tiny kernels per step)"}[loop]
+            "mixed": "CUDA graph replays beside eager launches (10 + 20 tiny kernels per step)",
+            "bursty": "Requests after idle time (50 ms idle, then 100 tiny kernels and a synchronize)"}[loop]
     lines = [f"## {what}, processes taking turns (scripts/h200/baton.py)", "",
              f"{len(procs)} {loop} processes ({per} per mode) pinned to CPUs {sorted(workload)}, the agent "
              f"(`otel-gpu run --no-cpu-profiling`) on the others; {len(cycles)} cycles of {slice_s} s slices, "
              "each process once per cycle in a random order.", "",
              f"| mode | median {'matmuls' if loop == 'matmul' else 'kernels'}/s | per-process medians | "
-             "loss vs P (median over cycles) | p25 / p75 of the cycle losses | loss of the mean rate (90 % interval) |",
-             "|---|---|---|---|---|---|"]
+             "loss vs P (median over cycles) | p25 / p75 of the cycle losses | loss of the mean rate (90 % interval) | "
+             "step p50 / p99 ms (median over turns), longest |",
+             "|---|---|---|---|---|---|---|"]
     for mode in MODES:
         rates = [r for c in cycles for r in c[mode]]
         losses = cycle_losses(cycles, mode)
@@ -211,7 +243,7 @@ def main(argv: list[str]) -> int:
         mean, low, high = mean_loss(cycles, mode)
         lines.append(f"| {mode} | {statistics.median(rates):.0f} | {' / '.join(f'{v:.0f}' for v in medians)} | "
                      f"{statistics.median(losses) * 100:+.2f} % | {q[0] * 100:+.2f} % / {q[2] * 100:+.2f} % | "
-                     f"{mean * 100:+.2f} % ({low * 100:+.2f} / {high * 100:+.2f}) |")
+                     f"{mean * 100:+.2f} % ({low * 100:+.2f} / {high * 100:+.2f}) | {step_latency(steps[mode])} |")
     lines += ["", "The library's lines on stderr, processes with the agent attached:"]
     for mode in MODES:
         for k in range(per):

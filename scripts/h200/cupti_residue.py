@@ -12,9 +12,11 @@ process, pinned to one CPU, and repeats CYCLES times:
   -> cleanup (unsubscribe, or finalize) -> measure again (the clean rate) -> ...
 
 and reports the median of the paired ratios residue / clean (the two measurements are 0.3 s apart, so the machine's
-drift cancels). Variants: X = nothing (subscribed only), each activity kind alone, the driver-API callbacks, and
-the library's own set (CONCURRENT_KERNEL + MEMCPY + MEMSET); cleanup by finalize (what the library does without
-graphs) or by unsubscribe only (what it could do with graphs).
+drift cancels). Variants: X = nothing (subscribed only), each activity kind alone, the driver-API callbacks, the
+library's set without and with the driver-API kind (library: CONCURRENT_KERNEL + MEMCPY + MEMSET; agent: + DRIVER,
+the library's default), and agent_idle: the same switched on for 0.2 s while the process makes no CUDA call (does a
+window in a server's idle time leave anything that the finalize after it must undo?); cleanup by finalize (what the
+library does without graphs) or by unsubscribe only (what it could do with graphs).
 
 Usage: cupti_residue.py REPORT.md   (env: RESIDUE_CYCLES=5, RESIDUE_VARIANTS=comma list)
 """
@@ -62,7 +64,7 @@ def requested(buf, size, max_records):
 def completed(ctx, stream, buf, size, valid):
     keep.pop(buf, None)
 KINDS = {"memcpy": [1], "memset": [2], "kernel": [3], "driver": [4], "runtime": [5], "concurrent_kernel": [10],
-         "synchronization": [38], "library": [10, 1, 2], "nothing": []}
+         "synchronization": [38], "library": [10, 1, 2], "agent": [10, 1, 2, 4], "nothing": []}
 def check(rc, what):
     if rc != 0:
         print(json.dumps({"error": f"{what} returned {rc}"}), flush=True)
@@ -78,10 +80,14 @@ for _ in range(cycles):
         rate(0.2)
         check(cupti.cuptiEnableDomain(0, sub, 1), "cuptiEnableDomain off")
     else:
-        for kind in KINDS[variant]:
+        kinds = KINDS[variant.removesuffix("_idle")]
+        for kind in kinds:
             check(cupti.cuptiActivityEnable(kind), f"cuptiActivityEnable({kind})")
-        rate(0.2)
-        for kind in KINDS[variant]:
+        if variant.endswith("_idle"):  # on while the process makes no CUDA call: a window in a server's idle time
+            time.sleep(0.2)
+        else:
+            rate(0.2)
+        for kind in kinds:
             check(cupti.cuptiActivityDisable(kind), f"cuptiActivityDisable({kind})")
     check(cupti.cuptiActivityFlushAll(1), "cuptiActivityFlushAll")
     if cleanup == "unsubscribe_first":
@@ -97,7 +103,7 @@ for _ in range(cycles):
 print(json.dumps({"ratios": pairs, "finalize_s": statistics.median(costs)}), flush=True)
 '''
 VARIANTS = ("nothing", "callbacks", "concurrent_kernel", "kernel", "memcpy", "memset", "driver", "runtime",
-            "synchronization", "library")
+            "synchronization", "library", "agent", "agent_idle")
 
 
 def main(argv: list[str]) -> int:

@@ -17,7 +17,7 @@ for step in "${steps[@]}"; do
     baton)    timeout 560 python3 scripts/h200/baton.py "$OUT/h200-baton.md" "${BATON_SECONDS:-240}" ;;
     baton_matmul) BATON_LOOP=matmul BATON_MODES=${BATON_MODES:-P,I} timeout 560 python3 scripts/h200/baton.py \
                 "$OUT/h200-baton-matmul.md" "${BATON_SECONDS:-240}" ;;
-    baton_graph|baton_mixed) BATON_LOOP=${step#baton_} BATON_MODES=${BATON_MODES:-P,I} timeout 560 \
+    baton_graph|baton_mixed|baton_bursty) BATON_LOOP=${step#baton_} BATON_MODES=${BATON_MODES:-P,I} timeout 560 \
                 python3 scripts/h200/baton.py "$OUT/h200-$step.md" "${BATON_SECONDS:-240}" ;;
     residue)  timeout 560 python3 scripts/h200/cupti_residue.py "$OUT/h200-cupti-residue.md" ;;
     facts)    # how the workload's own CUPTI users reach CUPTI (coexist.c needs them to import it through a GOT)
