@@ -108,6 +108,7 @@ MODE_SETUP: dict[str, tuple[str | None, dict[str, str]]] = {
     "U": ("agent", {"OTEL_GPU_DEBUG_CHARGE_TAKE": "0"}),  # the takes of CUPTI after finalizes left out of the budget
     "C": ("agent", {"OTEL_GPU_DEBUG_CHARGE_TAKE": "cpu"}),  # only the controller's CPU time in them charged (before)
     "A": ("agent", {"OTEL_GPU_DEBUG_FINALIZE_AT_ONCE": "1"}),  # no 50 ms patience for loops that never synchronize
+    "K": ("agent", {"OTEL_GPU_DEBUG_IDLE_KEEP": "1"}),  # no finalize after a window in which nothing was launched
 }
 MODES = tuple(os.environ.get("BATON_MODES", "P,E,N,I").split(","))
 

@@ -639,6 +639,35 @@ def test_a_program_that_never_synchronizes_is_finalized_without_waiting_for_one(
     assert where and int(where[1]) >= 10 and int(where[3]) == 0, synced.stderr
 
 
+FINALIZED = re.compile(r"CUPTI finalized (\d+) times .*taken (\d+) times")
+KEPT = re.compile(r"kept without one after (\d+) windows that saw no launch")
+
+
+def test_a_window_in_a_servers_idle_time_is_kept_without_a_finalize_with_the_setting(injected_lib: Path,
+                                                                                        tmp_path: Path) -> None:
+    """A server between requests makes no CUDA call; a window that falls there records nothing, yet its finalize and
+    the take after it land on the next request. With OTEL_GPU_DEBUG_IDLE_KEEP=1 (off until a GPU has shown that kinds
+    switched on with no launch leave nothing behind), such a window is let go without a finalize and CUPTI stays
+    subscribed; windows with launches are still finalized and their work recorded. Off, every window is finalized."""
+    argv = [str(WORKLOAD), "--steps", "40", "--graph-every", "0", "--graph-from", "100000", "--idle-ms", "50"]
+    stats = {"OTEL_GPU_DEBUG_STATS": "1"}
+    runs = {keep: run_workload(injected_lib, tmp_path, argv, extra_env={**stats, "OTEL_GPU_DEBUG_IDLE_KEEP": keep})
+            for keep in ("1", "0")}
+    counts = {}
+    for keep, run in runs.items():
+        finalized, kept = FINALIZED.search(run.stderr), KEPT.search(run.stderr)
+        assert finalized and kept, run.stderr
+        counts[keep] = int(finalized[1]), int(finalized[2]), int(kept[1])
+        windows = run.records.windows
+        assert sum(w.launches for w in windows) > 0 and run.records.activities, keep  # the requests still sampled
+        idle = sum(1 for w in windows if w.launches == 0)
+        print(keep, counts[keep], f"{len(windows)} windows, {idle} without a launch")
+    (finalized_kept, taken_kept, kept), (finalized_off, taken_off, kept_off) = counts["1"], counts["0"]
+    assert kept_off == 0 and finalized_off >= 10, counts
+    assert kept >= 10 and finalized_kept >= 1, counts
+    assert finalized_kept < finalized_off / 2 and taken_kept < taken_off / 2, counts
+
+
 def test_a_graph_program_that_launches_too_often_for_the_budget_is_left_alone(injected_lib: Path, tmp_path: Path) -> None:
     """Graphs forbid the finalize, and on a real driver a window's activity kinds leave every later launch slower until
     one: when graphs show up before any window, the library counts the launches for a moment and stands aside for

@@ -71,6 +71,7 @@ static _Atomic int asked_at_once;      /* the pending finalize was asked for at 
 static _Atomic uint64_t at_sync_exit, after_patience, at_once; /* where finalizes were performed (stats) */
 static _Atomic uint64_t ask_to_finalize_ns, at_once_ns; /* from ask to finalize, summed (all; those at once): the
                                                          * program runs with the kinds' residue meanwhile */
+static uint64_t kept;                  /* controller: windows let go without a finalize, nothing launched in them */
 static uint64_t retakes, retake_ns;    /* controller: subscriptions taken (attach, after each finalize), total time */
 static uint64_t subscribed_ns;         /* controller: CPU time of the takes that subscribed (after a finalize) */
 static uint64_t take_charged_ns;       /* controller: their wall time, each capped at CHARGE_MAX_NS (the budget's) */
@@ -239,6 +240,15 @@ void hold_let_go(void)
     }
 }
 
+void hold_keep(int was_dirty)
+{
+    activity_enable(0);
+    cbids_enable_launches(0); /* after the kinds, as in hold_let_go */
+    if (!was_dirty)
+        atomic_store(&dirty, 0);
+    kept++;
+}
+
 void hold_release_unless_asked(void)
 {
     if (atomic_load(&state) != HOLD_ASKED)
@@ -323,10 +333,11 @@ void hold_print_stats(void)
             (double)subscribed_ns / 1e6, (double)take_charged_ns / 1e6);
     fprintf(stderr, "otel-gpu: stats finalizes at a synchronize's exit %llu, at another exit after %.0f ms without one "
             "%llu, at once (no synchronize within that the last %u times) %llu; %.1f ms from the ask each (those at once "
-            "%.1f ms)\n", (unsigned long long)atomic_load(&at_sync_exit), (double)FINALIZE_PATIENCE_NS / 1e6,
+            "%.1f ms); kept without one after %llu windows that saw no launch\n",
+            (unsigned long long)atomic_load(&at_sync_exit), (double)FINALIZE_PATIENCE_NS / 1e6,
             (unsigned long long)atomic_load(&after_patience), IMPATIENT_AFTER, (unsigned long long)atomic_load(&at_once),
             mean_us(atomic_load(&ask_to_finalize_ns), count) / 1e3,
-            mean_us(atomic_load(&at_once_ns), atomic_load(&at_once)) / 1e3);
+            mean_us(atomic_load(&at_once_ns), atomic_load(&at_once)) / 1e3, (unsigned long long)kept);
     fprintf(stderr, "otel-gpu: stats CUDA graph calls %llu, graphs in use %d (CUPTI %s finalized since)\n",
             (unsigned long long)atomic_load(&graph_calls), atomic_load(&graphs_seen),
             may_finalize() ? "still" : "no longer");

@@ -71,6 +71,8 @@ struct inject_settings {
     int cupti_finalize;        /* CUPTI is finalized after each window (OTEL_GPU_CUPTI_FINALIZE=0: never) */
     int finalize_with_graphs;  /* OTEL_GPU_DEBUG_FINALIZE_WITH_GRAPHS=1: finalize even once graphs are in use (the
                                 * crash-prone behaviour, kept as a control for scripts/h200/do_no_harm.py) */
+    int idle_keep;             /* OTEL_GPU_DEBUG_IDLE_KEEP=1: a window and its linger that saw no launch leave CUPTI
+                                * subscribed without a finalize (window.c) */
     int finalize_at_once;      /* OTEL_GPU_DEBUG_FINALIZE_AT_ONCE=1: a program that never synchronizes is finalized at
                                 * its next launch's exit once the patience ran out three times in a row (hold.c) */
     enum charge_take charge_take; /* what the budget is charged for the takes after finalizes */
@@ -129,6 +131,7 @@ int hold_take(void);                 /* subscribe unless held, buffers, wait and
 int hold_holding(void);              /* whether subscribed; a finalize asked for is called off, one running awaited */
 void hold_settle(void);              /* a finalize an API exit has completed: CUPTI is no longer held */
 void hold_let_go(void);              /* kinds and launch callbacks off, then (if allowed) a finalize asked for */
+void hold_keep(int was_dirty);       /* kinds and launch callbacks off, no finalize: nothing was launched (window.c) */
 void hold_hurry(int launches_wanted); /* after FINALIZE_PATIENCE_NS without a synchronize: any API exit finalizes */
 void hold_release(void);             /* unsubscribe */
 void hold_release_unless_asked(void); /* unsubscribe unless a finalize was asked for (detach) */

@@ -86,6 +86,7 @@ static struct {
     int lingering;            /* the activity kinds are on outside a window, for late GPU work */
     uint64_t linger_start_ns; /* monotonic: the window closed */
     uint64_t linger_launches; /* launches during the last linger (counted by the callback); next window's cost */
+    int dirty_before_window;  /* the kinds had been on since the last finalize before this window opened */
     /* Totals since attach (the window record carries them): the program runs slowed in a linger, nearly as in a
      * window, so the agent weights that time by the launches counted in it, not by the shadows' pace. */
     uint64_t lingered_ns, lingered_launches;
@@ -164,6 +165,7 @@ static void open_window_locked(uint64_t begin)
     /* Callbacks before activity (a linger left both on): no launch whose work is recorded goes without its own id. */
     if (!launches_on && cbids_enable_launches(1) != 0)
         log_once("some launch callbacks could not be enabled");
+    ctl.dirty_before_window = hold_dirty();
     hold_mark_dirty();
     if (activity_enable(1) != 0)
         log_once("some CUPTI activity kinds could not be enabled");
@@ -313,7 +315,13 @@ static int linger_check_locked(void)
     atomic_store(&g_state.launches_entered, 0); /* an entry whose exit the callbacks missed must not hold the next */
     if (activity_outstanding() != 0)
         activity_expire(MAX_LAG_NS); /* counts what never came as dropped */
-    hold_let_go();
+    /* A window and its linger that saw no launch recorded nothing (a server's idle time): with
+     * OTEL_GPU_DEBUG_IDLE_KEEP=1, CUPTI is kept as it was, sparing the next request a finalize and a take. */
+    if (g_settings.idle_keep && atomic_load(&g_state.window_launches) == 0 &&
+        atomic_load(&g_state.outside_launches) == 0)
+        hold_keep(ctl.dirty_before_window);
+    else
+        hold_let_go();
     end_linger_locked();
     return 0;
 }

@@ -12,7 +12,7 @@
  *                      -> event_wait    (cuEventRecord + cuEventSynchronize), every 25 steps
  *   main -> drain (cuCtxSynchronize) and cuDevicePrimaryCtxRelease at the end
  *
- * usage: workload [--steps N] [--graph-every K] [--exit-at STEP] [--no-init] [--tiny N] [--skip-exit-handlers]
+ * usage: workload [--steps N] [--graph-every K] [--idle-ms MS] [--exit-at STEP] [--no-init] [--tiny N] [--skip-exit-handlers]
  *                 [--lagged-pace-us US] (launch a step every US microseconds, never wait: the GPU queue lags)
  *   --skip-exit-handlers ends with _exit() right after releasing the context: only the context-destruction
  *   callback can hand over the last records.
@@ -37,6 +37,7 @@
  *   launch_tiny calls (100 ns kernels, each after --mixed-cpu-us (10) of the program's own CPU time), then sync_point.
  *   --idle-before-graph-ms MS: with --graph-from, the program makes no CUDA call for MS before it instantiates the
  *   graph (CPU work, a data loader's stall), so the graph call is the first call the library sees after it.
+ *   --idle-ms MS: after each training step the program makes no CUDA call for MS (asleep: a server between requests).
  *   --tiny N replaces the training loop by a launch-bound one: N launches of "tiny_kernel" (100 ns), waiting every 1000
  *   (--tiny-wait-every K: every K; 0: only at the end, a loop that never synchronizes).
  *   --exit-at STEP exits in the middle of step STEP (after its launches, before any wait): a crash-free exit
@@ -359,7 +360,7 @@ static void setup(void)
 int main(int argc, char **argv)
 {
     int steps = 200, graph_every = 4, exit_at = -1, init = 1;
-    long tiny_launches = 0, tiny_wait_every = 1000, lag_pace_us = 0;
+    long tiny_launches = 0, tiny_wait_every = 1000, lag_pace_us = 0, idle_ms = 0;
     int phase_blocks = 0, mixed_iterations = 0;
     int skip_exit_handlers = 0, fork_children = 0, take_cupti = 0, profile_at = -1, profile_every = 0,
         profile_steps = 10;
@@ -386,6 +387,8 @@ int main(int argc, char **argv)
             lag_pace_us = atol(argv[++i]);
         else if (strcmp(argv[i], "--graph-from") == 0 && i + 1 < argc)
             graph_from = atoi(argv[++i]);
+        else if (strcmp(argv[i], "--idle-ms") == 0 && i + 1 < argc)
+            idle_ms = atol(argv[++i]);
         else if (strcmp(argv[i], "--idle-before-graph-ms") == 0 && i + 1 < argc)
             idle_before_graph_ms = atol(argv[++i]);
         else if (strcmp(argv[i], "--profiler-lib") == 0 && i + 1 < argc)
@@ -407,7 +410,7 @@ int main(int argc, char **argv)
         else if (strcmp(argv[i], "--no-init") == 0)
             init = 0;
         else {
-            fprintf(stderr, "usage: %s [--steps N] [--graph-every K] [--exit-at STEP] [--no-init] [--tiny N [--tiny-wait-every K]] [--skip-exit-handlers]"
+            fprintf(stderr, "usage: %s [--steps N] [--graph-every K] [--idle-ms MS] [--exit-at STEP] [--no-init] [--tiny N [--tiny-wait-every K]] [--skip-exit-handlers]"
                             " [--lagged-pace-us US] [--mixed N [--mixed-cpu-us US]] [--side-stream] [--fork-children] [--take-cupti]"
                             " [--graph-from STEP [--idle-before-graph-ms MS]] [--graph-phases N [--graph-execs K]] [--profiler-lib PATH --profile-at STEP [--profile-every K] [--profile-steps N]]\n",
                     argv[0]);
@@ -443,6 +446,10 @@ int main(int argc, char **argv)
             graph_every = 2;
         }
         train_step(step, graph_every, exit_at);
+        if (idle_ms > 0) {
+            struct timespec idle = {idle_ms / 1000, (idle_ms % 1000) * 1000000L};
+            nanosleep(&idle, NULL);
+        }
         if (fork_children && step % 5 == 0) {
             pid_t child = fork();
             if (child == 0)
