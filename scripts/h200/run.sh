@@ -41,6 +41,14 @@ for step in "${steps[@]}"; do
               [[ $step == issue16 || $step == issue16_matmul ]] && BATON_LOOP=matmul BATON_PER=2 \
                 BATON_MODES=${BATON_MODES:-P,I,A} timeout 190 python3 scripts/h200/baton.py "$OUT/h200-baton-matmul.md" 110
               true ;;
+    next16)   # the two settings issue 16 left off until measured, under 10 minutes: does a window in a process's idle
+              # time leave a residue (cupti_residue agent_idle against agent and nothing); the finalize at once (baton
+              # A) beside the default (I) on tiny kernels; idle windows kept (K) on a server's requests (bursty)
+              RESIDUE_VARIANTS=nothing,agent,agent_idle timeout 150 python3 scripts/h200/cupti_residue.py \
+                "$OUT/h200-cupti-residue-idle.md"
+              BATON_PER=3 BATON_MODES=P,I,A timeout 230 python3 scripts/h200/baton.py "$OUT/h200-baton-at-once.md" 180
+              BATON_LOOP=bursty BATON_SLICE=2 BATON_PER=2 BATON_MODES=P,I,K timeout 200 python3 scripts/h200/baton.py \
+                "$OUT/h200-baton-bursty.md" 150 ;;
     capture_loop) # the segfault in torch.cuda.graph's capture_begin (an H100, twenty-first session: 2 injected runs in
               # 20, none in 18 plain ones): scripts/h200/graphs.py's program, 3 s each, injected without an agent
               # (debug mode) as often as fits CAPTURE_LOOP_S (240), then plain as often; crashes with their traces
