@@ -49,6 +49,8 @@ for step in "${steps[@]}"; do
               BATON_PER=3 BATON_MODES=P,I,A timeout 230 python3 scripts/h200/baton.py "$OUT/h200-baton-at-once.md" 180
               BATON_LOOP=bursty BATON_SLICE=2 BATON_PER=2 BATON_MODES=P,I,K timeout 200 python3 scripts/h200/baton.py \
                 "$OUT/h200-baton-bursty.md" 150 ;;
+    four16)   # four injected processes each within the budget (issue 16): each one's loss of the mean rate, tiny kernels
+              BATON_PER=4 BATON_MODES=P,I timeout 560 python3 scripts/h200/baton.py "$OUT/h200-baton-four.md" 240 ;;
     capture_loop) # the segfault in torch.cuda.graph's capture_begin (an H100, twenty-first session: 2 injected runs in
               # 20, none in 18 plain ones): scripts/h200/graphs.py's program, 3 s each, injected without an agent
               # (debug mode) as often as fits CAPTURE_LOOP_S (240), then plain as often; crashes with their traces

@@ -102,3 +102,10 @@ def test_every_cupti_residue_variant_names_kinds_its_child_knows() -> None:
     assert kinds["agent"] == [10, 1, 2, 4]  # the library's default: concurrent kernels, copies, sets, driver API
     for variant in residue.VARIANTS:
         assert variant == "callbacks" or variant.removesuffix("_idle") in kinds, variant
+
+
+def test_each_process_loss_is_paired_with_plain_cycle_by_cycle(baton) -> None:  # type: ignore[no-untyped-def]
+    # two cycles, plain at 100 and then 50 (the machine halved its pace): a process at 95 and 47.5 lost 5 %
+    cycles = [{"P": [100.0, 100.0], "I": [95.0, 90.0]}, {"P": [40.0, 60.0], "I": [47.5, 45.0]}]
+    assert baton.process_loss(cycles, [95.0, 47.5]) == pytest.approx(0.05)
+    assert baton.process_loss(cycles, [100.0, 50.0]) == pytest.approx(0.0)
