@@ -240,12 +240,11 @@ void hold_let_go(void)
     }
 }
 
-void hold_keep(int was_dirty)
+void hold_keep(void)
 {
     activity_enable(0);
     cbids_enable_launches(0); /* after the kinds, as in hold_let_go */
-    if (!was_dirty)
-        atomic_store(&dirty, 0);
+    atomic_store(&dirty, 0);  /* the kinds were on with no launch, and CUPTI was clean before (window.c) */
     kept++;
 }
 

@@ -131,7 +131,7 @@ int hold_take(void);                 /* subscribe unless held, buffers, wait and
 int hold_holding(void);              /* whether subscribed; a finalize asked for is called off, one running awaited */
 void hold_settle(void);              /* a finalize an API exit has completed: CUPTI is no longer held */
 void hold_let_go(void);              /* kinds and launch callbacks off, then (if allowed) a finalize asked for */
-void hold_keep(int was_dirty);       /* kinds and launch callbacks off, no finalize: nothing was launched (window.c) */
+void hold_keep(void);                /* kinds and launch callbacks off, no finalize: nothing was launched (window.c) */
 void hold_hurry(int launches_wanted); /* after FINALIZE_PATIENCE_NS without a synchronize: any API exit finalizes */
 void hold_release(void);             /* unsubscribe */
 void hold_release_unless_asked(void); /* unsubscribe unless a finalize was asked for (detach) */

@@ -315,11 +315,13 @@ static int linger_check_locked(void)
     atomic_store(&g_state.launches_entered, 0); /* an entry whose exit the callbacks missed must not hold the next */
     if (activity_outstanding() != 0)
         activity_expire(MAX_LAG_NS); /* counts what never came as dropped */
-    /* A window and its linger that saw no launch recorded nothing (a server's idle time): with
-     * OTEL_GPU_DEBUG_IDLE_KEEP=1, CUPTI is kept as it was, sparing the next request a finalize and a take. */
-    if (g_settings.idle_keep && atomic_load(&g_state.window_launches) == 0 &&
+    /* A window and its linger that saw no launch, with CUPTI clean when the window opened, recorded nothing (a
+     * server's idle time): with OTEL_GPU_DEBUG_IDLE_KEEP=1, CUPTI is kept as it was, sparing the next request a
+     * finalize and a take. Not when the kinds had been on since the last finalize (an earlier window's linger ran
+     * into this one, or its finalize is still to come): what they left behind still needs the finalize. */
+    if (g_settings.idle_keep && !ctl.dirty_before_window && atomic_load(&g_state.window_launches) == 0 &&
         atomic_load(&g_state.outside_launches) == 0)
-        hold_keep(ctl.dirty_before_window);
+        hold_keep();
     else
         hold_let_go();
     end_linger_locked();
