@@ -114,8 +114,12 @@ def injected_lib(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def run_workload(
-    lib: Path, tmp_path: Path, argv: list[str], *, agent: bool = True, extra_env: dict[str, str] | None = None
+    lib: Path, tmp_path: Path, argv: list[str], *, agent: bool = True, extra_env: dict[str, str] | None = None,
+    ground_truth: bool = True,
 ) -> Run:
+    """Runs the fake workload under the library. ground_truth=False writes neither the fake driver's schedule nor the
+    library's records (a long run read for its stats only: millions of parsed lines would grow the test process by
+    hundreds of MB, which every later forked child, the fuzzers' included, starts with)."""
     debug = tmp_path / "records.bin"
     schedule = tmp_path / "schedule.txt"
     stats = tmp_path / "cupti-stats.txt"
@@ -140,6 +144,8 @@ def run_workload(
         }
     )
     env["CUDA_INJECTION64_PATH"] = str(lib)
+    if not ground_truth:
+        del env["OTEL_GPU_DEBUG_FILE"], env["FAKE_CUDA_SCHEDULE"]
     if agent:
         env["OTEL_GPU_DEBUG_ALWAYS_ON"] = "1"
     env.update(extra_env or {})
@@ -620,8 +626,9 @@ def test_a_program_that_never_synchronizes_is_finalized_without_waiting_for_one(
     take the next launch's exit (every 16th waits again, should the program synchronize now); a program that
     synchronizes every step is still finalized at its synchronize's exits. Off, every finalize waits out the 50 ms."""
     stats = {"OTEL_GPU_DEBUG_STATS": "1"}
-    argv = [str(WORKLOAD), "--tiny", "2000000", "--tiny-wait-every", "0", "--graph-from", "100000"]  # no graph
-    never = run_workload(injected_lib, tmp_path, argv, extra_env={**stats, "OTEL_GPU_DEBUG_FINALIZE_AT_ONCE": "1"})
+    argv = [str(WORKLOAD), "--tiny", "20000000", "--tiny-wait-every", "0", "--graph-from", "100000"]  # no graph
+    never = run_workload(injected_lib, tmp_path, argv, extra_env={**stats, "OTEL_GPU_DEBUG_FINALIZE_AT_ONCE": "1"},
+                         ground_truth=False)
     where = FINALIZED_WHERE.search(never.stderr)
     assert where, never.stderr
     at_sync, after_patience, at_once = int(where[1]), int(where[2]), int(where[3])
@@ -631,12 +638,12 @@ def test_a_program_that_never_synchronizes_is_finalized_without_waiting_for_one(
     # machine's load: the count of finalizes is not the point, where each was performed is)
     assert after_patience + at_once >= 5, where[0]
     assert 3 <= after_patience <= 3 + (after_patience + at_once) // 16 + 1 and at_once >= 1, where[0]
-    default = run_workload(injected_lib, tmp_path, argv, extra_env=stats)
+    default = run_workload(injected_lib, tmp_path, argv, extra_env=stats, ground_truth=False)
     where = FINALIZED_WHERE.search(default.stderr)
     assert where and int(where[2]) >= 4 and int(where[3]) == 0, default.stderr
     synced = run_workload(injected_lib, tmp_path, [str(WORKLOAD), "--steps", "600", "--graph-every", "0",
                                                    "--graph-from", "100000"],
-                          extra_env={**stats, "OTEL_GPU_DEBUG_FINALIZE_AT_ONCE": "1"})
+                          extra_env={**stats, "OTEL_GPU_DEBUG_FINALIZE_AT_ONCE": "1"}, ground_truth=False)
     where = FINALIZED_WHERE.search(synced.stderr)
     assert where and int(where[1]) >= 10 and int(where[3]) == 0, synced.stderr
 
