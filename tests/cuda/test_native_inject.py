@@ -1181,7 +1181,7 @@ def test_each_kernel_lands_on_its_own_call_site_under_queue_lag(injected_lib: Pa
 def test_debug_stats_account_for_every_launch_exit_in_a_window(injected_lib: Path, tmp_path: Path) -> None:
     """OTEL_GPU_DEBUG_STATS=1: one line at exit saying how launch exits paired with their entries; each recorded one
     (entered inside a window) is a launch record, and every call's exit finds its own entry (callbacks were on before
-    windows)."""
+    windows, but for a call already under way when they went on)."""
     argv = [str(WORKLOAD), "--steps", "300", "--lagged-pace-us", "1500", "--graph-every", "0"]
     run = run_workload(injected_lib, tmp_path, argv, extra_env={"OTEL_GPU_DEBUG_STATS": "1"})
     lines = [ln for ln in run.stderr.splitlines() if ln.startswith("otel-gpu: stats launch exits:")]
@@ -1189,7 +1189,10 @@ def test_debug_stats_account_for_every_launch_exit_in_a_window(injected_lib: Pat
     numbers = [int(n) for n in re.findall(r"\d+", lines[0])]
     recorded, id_differed, _closed_during_call, no_entry, _entered_before = numbers
     assert recorded == len(run.records.launches) > 0
-    assert id_differed == 0 and no_entry == 0
+    assert id_differed == 0
+    # callbacks go on just before a window opens: only a launch already inside its call then (one per opening at
+    # most, on this one-thread workload) exits with no entry; a broken pairing would leave hundreds
+    assert no_entry <= len(run.records.windows)
 
 
 def test_driver_api_records_give_launches_ids_of_their_own_and_are_discarded(injected_lib: Path, tmp_path: Path) -> None:
