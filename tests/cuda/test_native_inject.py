@@ -657,20 +657,27 @@ def test_a_window_in_a_servers_idle_time_is_kept_without_a_finalize_with_the_set
     """A server between requests makes no CUDA call; a window that falls there records nothing, yet its finalize and
     the take after it land on the next request. With OTEL_GPU_DEBUG_IDLE_KEEP=1 (off until a GPU has shown that kinds
     switched on with no launch leave nothing behind), such a window is let go without a finalize and CUPTI stays
-    subscribed; windows with launches are still finalized and their work recorded. Off, every window is finalized."""
+    subscribed; windows with launches are still finalized and their work recorded, and what they leave behind (the
+    fake CUPTI's residue: every call slower until the finalize) lasts no longer than without the setting. Off, every
+    window is finalized."""
     argv = [str(WORKLOAD), "--steps", "40", "--graph-every", "0", "--graph-from", "100000", "--idle-ms", "50"]
     stats = {"OTEL_GPU_DEBUG_STATS": "1"}
     runs = {keep: run_workload(injected_lib, tmp_path, argv, extra_env={**stats, "OTEL_GPU_DEBUG_IDLE_KEEP": keep})
             for keep in ("1", "0")}
-    counts = {}
+    counts, residue = {}, {}
     for keep, run in runs.items():
         finalized, taken, where = (r.search(run.stderr) for r in (FINALIZED, TAKES, FINALIZED_WHERE))
         assert finalized and taken and where, run.stderr
         counts[keep] = int(finalized[1]), int(taken[1]), int(where[4])
+        residue[keep] = run.stats["residue_calls"]
         windows = run.records.windows
         assert sum(w.launches for w in windows) > 0 and run.records.activities, keep  # the requests still sampled
         idle = sum(1 for w in windows if w.launches == 0)
-        print(keep, counts[keep], f"{len(windows)} windows, {idle} without a launch")
+        print(keep, counts[keep], f"{len(windows)} windows, {idle} without a launch, {residue[keep]} calls on residue")
+        # what a window leaves behind lasts until the finalize at the next step's synchronize: at most one step's
+        # driver calls (two launches and the synchronize, a fill and a copy every 10th step) per finalize, and the last
+        # step's; a window kept while an earlier one's residue was still there would leave it for many steps
+        assert residue[keep] <= 5 * (counts[keep][0] + 1), (keep, residue[keep], counts[keep])
     (finalized_kept, taken_kept, kept), (finalized_off, taken_off, kept_off) = counts["1"], counts["0"]
     assert kept_off == 0 and finalized_off >= 10, counts
     assert kept >= 10 and finalized_kept >= 1, counts

@@ -16,8 +16,11 @@
  *
  * FAKE_CUPTI_STATS=<path> writes counters at exit ("name value" lines): api_callbacks, resource_callbacks, records_produced,
  * records_delivered, records_dropped, records_lost, enable_calls, subscribes, stale_ids, api_records, finalizes,
- * finalizes_outside_callbacks, finalizes_at_entry, graph_faults. One subscriber at a time, as the real CUPTI; cuptiFinalize
- * drops everything it holds.
+ * finalizes_outside_callbacks, finalizes_at_entry, graph_faults, residue_calls. One subscriber at a time, as the
+ * real CUPTI; cuptiFinalize drops everything it holds.
+ * The residue, as H100s and H200s showed: once GPU work ran while an activity kind was on, every later driver call is
+ * slower, kinds off or not, until cuptiFinalize; residue_calls counts the calls made with every kind off on such a
+ * CUPTI (what a window costs the program after it, until its finalize).
  * CUDA graphs and cuptiFinalize, as PyTorch's profiler found and an H200 showed (XID 31 in a torch.compile
  * "reduce-overhead" program): a graph whose kernels ran while a kernel activity kind was on is instrumented by that
  * CUPTI; once CUPTI has been finalized and subscribed again, every kernel of that graph that runs counts as a GPU
@@ -58,6 +61,8 @@ static char subscriber_name[64];
 static _Atomic uint8_t enabled[CUPTI_DRIVER_TRACE_CBID_SIZE];
 static _Atomic uint8_t context_destroy_enabled;
 static _Atomic int kernel_on, memcpy_on, memset_on, api_on;
+static _Atomic int residue;             /* GPU work ran while a kind was on, since the last finalize */
+static _Atomic uint64_t residue_calls;  /* driver calls made with every kind off while the residue lasted */
 static CUpti_BuffersCallbackRequestFunc buffer_requested;
 static CUpti_BuffersCallbackCompleteFunc buffer_completed;
 
@@ -184,6 +189,8 @@ static uint64_t trace_cost_ns(void)
 static void on_enter(struct fake_call *call)
 {
     uint64_t cost = trace_cost_ns();
+    if (atomic_load(&residue) && !any_activity_on())
+        atomic_fetch_add(&residue_calls, 1);
     if (cost != 0 && any_activity_on()) {
         uint64_t until = realtime_ns() + cost;
         while (realtime_ns() < until) {
@@ -218,6 +225,8 @@ static void on_exit_(struct fake_call *call)
 
 static void on_work(const struct fake_work *w)
 {
+    if (any_activity_on())
+        atomic_store(&residue, 1);
     if (w->kind == FAKE_WORK_KERNEL && w->graph_id != 0 && w->graph_id < MAX_GRAPHS) {
         uint32_t by = atomic_load(&instrumented[w->graph_id]), now = atomic_load(&generation) + 1;
         if (by != 0 && by != now && subscribed)
@@ -384,6 +393,7 @@ API CUptiResult CUPTIAPI cuptiFinalize(void)
     atomic_store(&memcpy_on, 0);
     atomic_store(&memset_on, 0);
     atomic_store(&api_on, 0);
+    atomic_store(&residue, 0);
     pthread_mutex_lock(&pending_lock);
     atomic_fetch_add(&records_lost, pending_count);
     pending_count = 0;
@@ -593,13 +603,13 @@ __attribute__((destructor)) static void write_stats(void)
     fprintf(f, "api_callbacks %llu\nresource_callbacks %llu\nrecords_produced %llu\nrecords_delivered %llu\n"
                "records_dropped %llu\nrecords_lost %llu\nenable_calls %llu\nsubscribes %llu\nstale_ids %llu\n"
             "api_records %llu\nfinalizes %llu\nfinalizes_outside_callbacks %llu\nfinalizes_at_entry %llu\n"
-            "graph_faults %llu\n",
+            "graph_faults %llu\nresidue_calls %llu\n",
             (unsigned long long)api_callbacks, (unsigned long long)resource_callbacks,
             (unsigned long long)records_produced,
             (unsigned long long)records_delivered, (unsigned long long)records_dropped,
             (unsigned long long)records_lost, (unsigned long long)enable_calls, (unsigned long long)subscribes,
             (unsigned long long)stale_ids, (unsigned long long)api_records, (unsigned long long)finalizes,
             (unsigned long long)finalizes_outside_callbacks, (unsigned long long)finalizes_at_entry,
-            (unsigned long long)graph_faults);
+            (unsigned long long)graph_faults, (unsigned long long)residue_calls);
     fclose(f);
 }
