@@ -189,9 +189,10 @@ static uint64_t trace_cost_ns(void)
 static void on_enter(struct fake_call *call)
 {
     uint64_t cost = trace_cost_ns();
-    if (atomic_load(&residue) && !any_activity_on())
+    int recording = any_activity_on();
+    if (atomic_load(&residue) && !recording)
         atomic_fetch_add(&residue_calls, 1);
-    if (cost != 0 && any_activity_on()) {
+    if (cost != 0 && recording) {
         uint64_t until = realtime_ns() + cost;
         while (realtime_ns() < until) {
         }
