@@ -49,6 +49,12 @@ for step in "${steps[@]}"; do
               BATON_PER=3 BATON_MODES=P,I,A timeout 230 python3 scripts/h200/baton.py "$OUT/h200-baton-at-once.md" 180
               BATON_LOOP=bursty BATON_SLICE=2 BATON_PER=2 BATON_MODES=P,I,K timeout 200 python3 scripts/h200/baton.py \
                 "$OUT/h200-baton-bursty.md" 150 ;;
+    next16_short) # next16 cut to fit a ~480 s lease: shorter baton runs, the same three comparisons
+              RESIDUE_VARIANTS=nothing,agent,agent_idle timeout 150 python3 scripts/h200/cupti_residue.py \
+                "$OUT/h200-cupti-residue-idle.md"
+              BATON_PER=3 BATON_MODES=P,I,A timeout 200 python3 scripts/h200/baton.py "$OUT/h200-baton-at-once.md" 140
+              BATON_LOOP=bursty BATON_SLICE=2 BATON_PER=2 BATON_MODES=P,I,K timeout 130 python3 scripts/h200/baton.py \
+                "$OUT/h200-baton-bursty.md" 90 ;;
     four16)   # four injected processes each within the budget (issue 16): each one's loss of the mean rate, tiny kernels
               BATON_PER=4 BATON_MODES=P,I timeout 560 python3 scripts/h200/baton.py "$OUT/h200-baton-four.md" 240 ;;
     capture_loop) # the segfault in torch.cuda.graph's capture_begin (an H100, twenty-first session: 2 injected runs in
