@@ -41,20 +41,17 @@ for step in "${steps[@]}"; do
               [[ $step == issue16 || $step == issue16_matmul ]] && BATON_LOOP=matmul BATON_PER=2 \
                 BATON_MODES=${BATON_MODES:-P,I,A} timeout 190 python3 scripts/h200/baton.py "$OUT/h200-baton-matmul.md" 110
               true ;;
-    next16)   # the two settings issue 16 left off until measured, under 10 minutes: does a window in a process's idle
-              # time leave a residue (cupti_residue agent_idle against agent and nothing); the finalize at once (baton
-              # A) beside the default (I) on tiny kernels; idle windows kept (K) on a server's requests (bursty)
+    next16|next16_short) # the two settings issue 16 left off until measured, under 10 minutes (next16_short: shorter
+              # baton runs, to fit a ~480 s lease): does a window in a process's idle time leave a residue (cupti_residue
+              # agent_idle against agent and nothing); the finalize at once (baton A) beside the default (I) on tiny
+              # kernels; idle windows kept (K) on a server's requests (bursty)
+              at_once=(230 180) bursty=(200 150); [[ $step == next16_short ]] && at_once=(200 140) bursty=(130 90)  # timeout, s
               RESIDUE_VARIANTS=nothing,agent,agent_idle timeout 150 python3 scripts/h200/cupti_residue.py \
                 "$OUT/h200-cupti-residue-idle.md"
-              BATON_PER=3 BATON_MODES=P,I,A timeout 230 python3 scripts/h200/baton.py "$OUT/h200-baton-at-once.md" 180
-              BATON_LOOP=bursty BATON_SLICE=2 BATON_PER=2 BATON_MODES=P,I,K timeout 200 python3 scripts/h200/baton.py \
-                "$OUT/h200-baton-bursty.md" 150 ;;
-    next16_short) # next16 cut to fit a ~480 s lease: shorter baton runs, the same three comparisons
-              RESIDUE_VARIANTS=nothing,agent,agent_idle timeout 150 python3 scripts/h200/cupti_residue.py \
-                "$OUT/h200-cupti-residue-idle.md"
-              BATON_PER=3 BATON_MODES=P,I,A timeout 200 python3 scripts/h200/baton.py "$OUT/h200-baton-at-once.md" 140
-              BATON_LOOP=bursty BATON_SLICE=2 BATON_PER=2 BATON_MODES=P,I,K timeout 130 python3 scripts/h200/baton.py \
-                "$OUT/h200-baton-bursty.md" 90 ;;
+              BATON_PER=3 BATON_MODES=P,I,A timeout "${at_once[0]}" python3 scripts/h200/baton.py \
+                "$OUT/h200-baton-at-once.md" "${at_once[1]}"
+              BATON_LOOP=bursty BATON_SLICE=2 BATON_PER=2 BATON_MODES=P,I,K timeout "${bursty[0]}" python3 \
+                scripts/h200/baton.py "$OUT/h200-baton-bursty.md" "${bursty[1]}" ;;
     four16)   # four injected processes each within the budget (issue 16): each one's loss of the mean rate, tiny kernels
               BATON_PER=4 BATON_MODES=P,I timeout 560 python3 scripts/h200/baton.py "$OUT/h200-baton-four.md" 240 ;;
     capture_loop) # the segfault in torch.cuda.graph's capture_begin (an H100, twenty-first session: 2 injected runs in
