@@ -107,7 +107,8 @@ MODE_SETUP: dict[str, tuple[str | None, dict[str, str]]] = {
     "S": ("agent", {"OTEL_GPU_CUDA_GRAPHS": "sample"}),
     "U": ("agent", {"OTEL_GPU_DEBUG_CHARGE_TAKE": "0"}),  # the takes of CUPTI after finalizes left out of the budget
     "C": ("agent", {"OTEL_GPU_DEBUG_CHARGE_TAKE": "cpu"}),  # only the controller's CPU time in them charged (before)
-    "A": ("agent", {"OTEL_GPU_DEBUG_FINALIZE_AT_ONCE": "1"}),  # no 50 ms patience for loops that never synchronize
+    "A": ("agent", {"OTEL_GPU_FINALIZE_AT_ONCE": "1"}),  # no 50 ms patience for loops that never synchronize (default)
+    "L": ("agent", {"OTEL_GPU_FINALIZE_AT_ONCE": "0"}),  # every finalize waits up to 50 ms for a synchronize
     "K": ("agent", {"OTEL_GPU_DEBUG_IDLE_KEEP": "1"}),  # no finalize after a window in which nothing was launched
 }
 MODES = tuple(os.environ.get("BATON_MODES", "P,E,N,I").split(","))

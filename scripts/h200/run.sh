@@ -43,12 +43,12 @@ for step in "${steps[@]}"; do
               true ;;
     next16|next16_short) # the two settings issue 16 left off until measured, under 10 minutes (next16_short: shorter
               # baton runs, to fit a ~480 s lease): does a window in a process's idle time leave a residue (cupti_residue
-              # agent_idle against agent and nothing); the finalize at once (baton A) beside the default (I) on tiny
-              # kernels; idle windows kept (K) on a server's requests (bursty)
+              # agent_idle against agent and nothing); the default, finalize at once (I), beside waiting up to 50 ms
+              # for a synchronize (L) on tiny kernels; idle windows kept (K) on a server's requests (bursty)
               at_once=(230 180) bursty=(200 150); [[ $step == next16_short ]] && at_once=(200 140) bursty=(130 90)  # timeout, s
               RESIDUE_VARIANTS=nothing,agent,agent_idle timeout 150 python3 scripts/h200/cupti_residue.py \
                 "$OUT/h200-cupti-residue-idle.md"
-              BATON_PER=3 BATON_MODES=P,I,A timeout "${at_once[0]}" python3 scripts/h200/baton.py \
+              BATON_PER=3 BATON_MODES=P,I,L timeout "${at_once[0]}" python3 scripts/h200/baton.py \
                 "$OUT/h200-baton-at-once.md" "${at_once[1]}"
               BATON_LOOP=bursty BATON_SLICE=2 BATON_PER=2 BATON_MODES=P,I,K timeout "${bursty[0]}" python3 \
                 scripts/h200/baton.py "$OUT/h200-baton-bursty.md" "${bursty[1]}" ;;

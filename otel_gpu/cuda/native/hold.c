@@ -16,9 +16,9 @@
  * numbers in docs/benchmarks.md). So at a linger's end (and at detach) every record is flushed and a finalize is asked
  * for: the next exit of a synchronize call, in whatever thread, performs it (CUPTI's documented place for a dynamic
  * detach; any API exit after FINALIZE_PATIENCE_NS without one, and the next launch's exit at once after that happened
- * IMPATIENT_AFTER times in a row, with OTEL_GPU_DEBUG_FINALIZE_AT_ONCE=1 until a GPU has measured it: a loop that
- * never synchronizes otherwise runs 50 ms slowed by the residue after each window), and the controller, woken by it,
- * subscribes again at once so that waits between windows are recorded.
+ * IMPATIENT_AFTER times in a row, unless OTEL_GPU_FINALIZE_AT_ONCE=0: a loop that never synchronizes otherwise runs
+ * 50 ms slowed by the residue after each window), and the controller, woken by it, subscribes again at once so that
+ * waits between windows are recorded.
  * Waits that begin between the finalize and the new subscription go unseen. OTEL_GPU_CUPTI_FINALIZE=0 keeps the
  * subscription.
  *

@@ -17,11 +17,12 @@
  *   OTEL_GPU_CUPTI_FINALIZE=0  keep CUPTI subscribed between windows instead of finalizing it after each (window.c);
  *                              never finalized either once the process uses CUDA graphs (cbids.c)
  *   OTEL_GPU_DEBUG_FINALIZE_WITH_GRAPHS=1  diagnostics: finalize even with graphs in use (the crash-prone control)
- *   OTEL_GPU_DEBUG_FINALIZE_AT_ONCE=1  a program whose finalizes waited 50 ms for a synchronize three times in a row
- *                              is finalized at its next launch's exit (hold.c); off until measured on a GPU (baton A)
- *   OTEL_GPU_DEBUG_IDLE_KEEP=1  a window in which the program launched nothing (a server's idle time) is not followed
- *                              by a finalize and a take (window.c); off until a GPU has shown that the kinds switched
- *                              on with no launch leave nothing behind (cupti_residue.py agent_idle; baton K)
+ *   OTEL_GPU_FINALIZE_AT_ONCE=0  always wait up to 50 ms for a synchronize to finalize at; by default a program whose
+ *                              finalizes waited that long in vain three times in a row is finalized at its next
+ *                              launch's exit (hold.c; on an H100 this halved a never-synchronizing loop's loss: baton A)
+ *   OTEL_GPU_DEBUG_IDLE_KEEP=1  diagnostics: a window in which the program launched nothing (a server's idle time) is
+ *                              not followed by a finalize and a take (window.c); off, since on an H100 such a window
+ *                              left the same residue as a busy one (cupti_residue.py agent_idle; baton K)
  *   OTEL_GPU_DEBUG_CHARGE_TAKE=0|cpu  diagnostics (baton.py's modes U, C): leave the controller's time taking
  *                              CUPTI again after each finalize (subscribe, buffers, callbacks) out of the budget, or
  *                              charge only its CPU time (by default its wall time is charged, capped: hold.c)
@@ -435,7 +436,7 @@ static void read_settings(void)
     g_settings.api_activity = !env_is("OTEL_GPU_API_ACTIVITY", "0");
     g_settings.cupti_finalize = !env_is("OTEL_GPU_CUPTI_FINALIZE", "0");
     g_settings.finalize_with_graphs = env_is("OTEL_GPU_DEBUG_FINALIZE_WITH_GRAPHS", "1");
-    g_settings.finalize_at_once = env_is("OTEL_GPU_DEBUG_FINALIZE_AT_ONCE", "1");
+    g_settings.finalize_at_once = !env_is("OTEL_GPU_FINALIZE_AT_ONCE", "0");
     g_settings.idle_keep = env_is("OTEL_GPU_DEBUG_IDLE_KEEP", "1");
     g_settings.charge_take = env_is("OTEL_GPU_DEBUG_CHARGE_TAKE", "0")     ? CHARGE_TAKE_NONE
                              : env_is("OTEL_GPU_DEBUG_CHARGE_TAKE", "cpu") ? CHARGE_TAKE_CPU

@@ -73,8 +73,9 @@ struct inject_settings {
                                 * crash-prone behaviour, kept as a control for scripts/h200/do_no_harm.py) */
     int idle_keep;             /* OTEL_GPU_DEBUG_IDLE_KEEP=1: a window and its linger that saw no launch leave CUPTI
                                 * subscribed without a finalize (window.c) */
-    int finalize_at_once;      /* OTEL_GPU_DEBUG_FINALIZE_AT_ONCE=1: a program that never synchronizes is finalized at
-                                * its next launch's exit once the patience ran out three times in a row (hold.c) */
+    int finalize_at_once;      /* on unless OTEL_GPU_FINALIZE_AT_ONCE=0: a program that never synchronizes is
+                                * finalized at its next launch's exit once the patience ran out three times in a row
+                                * (hold.c) */
     enum charge_take charge_take; /* what the budget is charged for the takes after finalizes */
     int sample_graphs;         /* OTEL_GPU_CUDA_GRAPHS=sample: keep sampling once graphs are in use whatever it costs */
     double graph_residue_ns;   /* what each launch is assumed to keep paying once the activity kinds were on (window.c;
