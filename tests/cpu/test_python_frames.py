@@ -278,7 +278,7 @@ def test_python_called_back_from_c_sits_below_the_c_frames_that_called_it(name: 
     """main -> outer -> call_back (C, libpyspin.so, no frame pointers) -> inner -> loop: each run of Python frames
     takes the place of the evaluation loop that runs it, so the C frame sits between outer and inner."""
     python = _interpreter(name)
-    process = subprocess.Popen([python, str(WORKLOAD), "callback", "40", str(UNIT)], stdin=subprocess.PIPE,
+    process = subprocess.Popen([python, str(WORKLOAD), "callback", "80", str(UNIT)], stdin=subprocess.PIPE,
                                stdout=subprocess.PIPE, text=True)
     assert process.stdin is not None and process.stdout is not None
     try:
@@ -636,7 +636,7 @@ def test_a_python_process_that_exits_before_the_first_drain_keeps_its_python_fra
     source = CPUProfileSource(ProfilingConfig(frequency_hz=199), ProcessResolver())
     source.open()
     try:
-        process = subprocess.Popen([_interpreter(name), str(WORKLOAD), "one", "40", str(UNIT)], stdin=subprocess.PIPE,
+        process = subprocess.Popen([_interpreter(name), str(WORKLOAD), "one", "50", str(UNIT)], stdin=subprocess.PIPE,
                                    stdout=subprocess.PIPE, text=True)
         out, _ = process.communicate("go\n", timeout=60)  # the rounds, then "done", then stdin's end: it exits
         assert out.split()[-1:] == ["done"], out
