@@ -36,10 +36,10 @@ for step in "${steps[@]}"; do
               [[ $step == issue16 || $step == issue16_graphs ]] && GRAPHS_COPIES=1 OTEL_GPU_WINDOW_MS=5 \
                 OTEL_GPU_OVERHEAD_BUDGET=0.2 GRAPHS_SECONDS=40 timeout 130 python3 scripts/h200/graphs.py \
                 "$OUT/h200-graphs-5ms.md"
-              [[ $step == issue16 || $step == issue16_baton ]] && BATON_PER=2 BATON_MODES=${BATON_MODES:-P,I,A} \
+              [[ $step == issue16 || $step == issue16_baton ]] && BATON_PER=2 BATON_MODES=${BATON_MODES:-P,I,L} \
                 timeout 190 python3 scripts/h200/baton.py "$OUT/h200-baton.md" 110
               [[ $step == issue16 || $step == issue16_matmul ]] && BATON_LOOP=matmul BATON_PER=2 \
-                BATON_MODES=${BATON_MODES:-P,I,A} timeout 190 python3 scripts/h200/baton.py "$OUT/h200-baton-matmul.md" 110
+                BATON_MODES=${BATON_MODES:-P,I,L} timeout 190 python3 scripts/h200/baton.py "$OUT/h200-baton-matmul.md" 110
               true ;;
     next16|next16_short) # the two settings issue 16 left off until measured, under 10 minutes (next16_short: shorter
               # baton runs, to fit a ~480 s lease): does a window in a process's idle time leave a residue (cupti_residue

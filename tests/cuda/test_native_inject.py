@@ -661,8 +661,8 @@ def test_a_window_in_a_servers_idle_time_is_kept_without_a_finalize_with_the_set
                                                                                         tmp_path: Path) -> None:
     """A server between requests makes no CUDA call; a window that falls there records nothing, yet its finalize and
     the take after it land on the next request. With OTEL_GPU_DEBUG_IDLE_KEEP=1 (off by default: on an H100 kinds
-    switched on with no launch left the same residue as a busy window), such a window is let go without a finalize and CUPTI stays
-    subscribed; windows with launches are still finalized and their work recorded, and what they leave behind (the
+    switched on with no launch left the same residue as a busy window), such a window is let go without a finalize
+    and CUPTI stays subscribed; windows with launches are still finalized and their work recorded, and what they leave behind (the
     fake CUPTI's residue: every call slower until the finalize) lasts no longer than without the setting. Off, every
     window is finalized."""
     argv = [str(WORKLOAD), "--steps", "40", "--graph-every", "0", "--graph-from", "100000", "--idle-ms", "50"]

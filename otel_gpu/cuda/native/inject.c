@@ -19,7 +19,8 @@
  *   OTEL_GPU_DEBUG_FINALIZE_WITH_GRAPHS=1  diagnostics: finalize even with graphs in use (the crash-prone control)
  *   OTEL_GPU_FINALIZE_AT_ONCE=0  always wait up to 50 ms for a synchronize to finalize at; by default a program whose
  *                              finalizes waited that long in vain three times in a row is finalized at its next
- *                              launch's exit (hold.c; on an H100 this halved a never-synchronizing loop's loss: baton A)
+ *                              launch's exit (hold.c; on an H100 this halved a never-synchronizing loop's loss:
+ *                              baton I against L)
  *   OTEL_GPU_DEBUG_IDLE_KEEP=1  diagnostics: a window in which the program launched nothing (a server's idle time) is
  *                              not followed by a finalize and a take (window.c); off, since on an H100 such a window
  *                              left the same residue as a busy one (cupti_residue.py agent_idle; baton K)
